@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Start/stop a 2-node Slurm cluster on this host: one slurmctld and `slurmd -N node1|node2`.
+# Facts and settings: ../shared/docs/hpc.md (e). Needs root and Debian's slurm-wlm + munge.
+# Usage: scripts/slurm-local.sh up|down|status|env
+set -euo pipefail
+
+STATE_DIR="${TRAINSTACK_SLURM_DIR:-/tmp/trainstack-slurm}"
+CONF="$STATE_DIR/slurm.conf"
+CPUS="${TRAINSTACK_SLURM_CPUS:-$(nproc)}"
+# Each fake node advertises all host cores: 2 nodes x 2 tasks need 2 CPUs per node.
+[[ "$CPUS" -lt 2 ]] && CPUS=2
+
+die() { echo "slurm-local: $*" >&2; exit 1; }
+
+write_conf() {
+  mkdir -p "$STATE_DIR/state" "$STATE_DIR/spool" "$STATE_DIR/log"
+  cat > "$CONF" <<CONF
+ClusterName=trainstack
+SlurmctldHost=localhost
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort=26817
+SlurmdPort=26818
+AuthType=auth/munge
+StateSaveLocation=$STATE_DIR/state
+SlurmdSpoolDir=$STATE_DIR/spool/%n
+SlurmctldPidFile=$STATE_DIR/slurmctld.pid
+SlurmdPidFile=$STATE_DIR/slurmd-%n.pid
+SlurmctldLogFile=$STATE_DIR/log/slurmctld.log
+SlurmdLogFile=$STATE_DIR/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+KillWait=10
+MinJobAge=300
+GresTypes=gpu
+NodeName=node[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[27001-27002] CPUs=$CPUS RealMemory=4000 Gres=gpu:2 State=UNKNOWN
+PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+CONF
+  # Fake GPUs: Slurm fills CUDA_VISIBLE_DEVICES/SLURM_GPUS_ON_NODE as on a real GPU node.
+  cat > "$STATE_DIR/gres.conf" <<CONF
+AutoDetect=off
+NodeName=node[1-2] Name=gpu File=/dev/tty[1-2]
+CONF
+}
+
+ensure_hosts() {
+  # MASTER_ADDR=node1 must resolve on every "node".
+  grep -qE '^127\.0\.0\.1[[:space:]].*\bnode1\b' /etc/hosts || echo "127.0.0.1 node1 node2" >> /etc/hosts
+}
+
+start_munge() {
+  pgrep -x munged >/dev/null && return 0
+  [[ -f /etc/munge/munge.key ]] || { command -v mungekey >/dev/null && mungekey --create; }
+  mkdir -p /run/munge && chown munge:munge /run/munge 2>/dev/null || true
+  if id munge >/dev/null 2>&1; then
+    su -s /bin/sh munge -c "munged --force" || munged --force
+  else
+    munged --force
+  fi
+}
+
+wait_idle() {
+  for _ in $(seq 1 60); do
+    if [[ "$(sinfo -h -o %t 2>/dev/null | sort -u | tr '\n' ' ')" == "idle " ]]; then return 0; fi
+    sleep 0.5
+  done
+  sinfo >&2 || true
+  die "nodes did not become idle; see $STATE_DIR/log/"
+}
+
+up() {
+  command -v slurmctld >/dev/null || die "slurmctld not found. Install: apt-get install -y slurm-wlm munge"
+  [[ "$(id -u)" == 0 ]] || die "must run as root (slurmd needs it)"
+  export SLURM_CONF="$CONF"
+  if [[ -f "$CONF" ]] && scontrol ping >/dev/null 2>&1 && sinfo -h -o %t | grep -q idle; then
+    echo "slurm-local: already up (SLURM_CONF=$CONF)"; return 0
+  fi
+  write_conf
+  ensure_hosts
+  start_munge
+  slurmctld -f "$CONF"
+  slurmd -f "$CONF" -N node1
+  slurmd -f "$CONF" -N node2
+  wait_idle
+  echo "slurm-local: up. Use: export SLURM_CONF=$CONF"
+}
+
+down() {
+  export SLURM_CONF="$CONF"
+  if [[ -f "$CONF" ]]; then scancel --quiet --user=root 2>/dev/null || true; fi
+  for pidf in "$STATE_DIR"/slurmd-*.pid "$STATE_DIR"/slurmctld.pid; do
+    [[ -f "$pidf" ]] && kill "$(cat "$pidf")" 2>/dev/null || true
+  done
+  sleep 1
+  pkill -f "slurmd -f $CONF" 2>/dev/null || true
+  pkill -f "slurmctld -f $CONF" 2>/dev/null || true
+  echo "slurm-local: down"
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) export SLURM_CONF="$CONF"; sinfo; squeue ;;
+  env) echo "export SLURM_CONF=$CONF" ;;
+  *) die "usage: $0 up|down|status|env" ;;
+esac

@@ -1,0 +1,58 @@
+"""Hermetic tests: the environment and the process group are restored after every test."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parents[1]
+# Variables torch itself sets lazily (e.g. on first DDP construction); not ours to police.
+_TORCH_OWN = ("TORCHINDUCTOR_", "TRITON_", "KMP_", "CUDA_MODULE_LOADING")
+
+
+@pytest.fixture(autouse=True)
+def restore_environ():
+    """Fail loudly if code under test leaks variables into os.environ, then restore it."""
+    before = dict(os.environ)
+    yield
+    leaked = {k: os.environ[k] for k in os.environ.keys() - before.keys() if not k.startswith(_TORCH_OWN)}
+    os.environ.clear()
+    os.environ.update(before)
+    assert not leaked, f"test leaked environment variables: {leaked}"
+
+
+@pytest.fixture(autouse=True)
+def teardown_process_group():
+    yield
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def run_py(tmp_path):
+    """Run a command with a hard timeout; return the CompletedProcess (output merged)."""
+
+    def _run(args, timeout=120, env=None, cwd=None, check=True):
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        proc = subprocess.run(args, cwd=cwd or ROOT, env=full_env, timeout=timeout, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        if check and proc.returncode != 0:
+            pytest.fail(f"command failed ({proc.returncode}): {' '.join(map(str, args))}\n{proc.stdout[-4000:]}")
+        return proc
+
+    return _run
+
+
+def python_exe() -> str:
+    return sys.executable
+
+
+def torchrun_exe() -> str:
+    exe = Path(sys.executable).with_name("torchrun")
+    return str(exe) if exe.exists() else shutil.which("torchrun") or "torchrun"

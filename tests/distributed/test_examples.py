@@ -1,0 +1,34 @@
+"""The seed examples run unchanged (but for the import) under python and torchrun, within a timeout."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import python_exe, torchrun_exe
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+
+def test_seed_000_under_python_spawns_four_processes(run_py):
+    start = time.monotonic()
+    out = run_py([python_exe(), "examples/accelerator_loop.py"], timeout=240).stdout
+    print(f"seed 000 under python (4 procs): {time.monotonic() - start:.1f}s")
+    assert out.count("Epoch:  9") == 4  # every rank finished all 10 epochs (lines may interleave)
+    for rank in range(4):
+        assert f"Rank:  {rank}" in out
+    assert "DistributedDataParallel" in out
+
+
+def test_seed_000_under_torchrun_joins_its_workers(run_py):
+    start = time.monotonic()
+    out = run_py([torchrun_exe(), "--standalone", "--nproc_per_node", "2", "examples/accelerator_loop.py"],
+                 timeout=240).stdout
+    print(f"seed 000 under torchrun (2 procs): {time.monotonic() - start:.1f}s")
+    assert out.count("Epoch:  9") == 2
+    assert "nprocs=4 ignored: torchrun started 2 processes" in out
+
+
+def test_demo_prints_per_epoch_loss(run_py):
+    out = run_py([python_exe(), "examples/demo.py", "--nprocs", "2", "--epochs", "3"], timeout=240).stdout
+    assert "training on 2 process(es)" in out and "epoch   3/3" in out and "from rank 0" in out

@@ -1,0 +1,106 @@
+"""Sharding of DataLoaders, checked rank by rank without a process group."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset, WeightedRandomSampler
+
+from trainstack.data import PreparedDataLoader, ResumableDistributedSampler, prepare_dataloader
+from trainstack.errors import ConfigError
+
+
+def _dataset(n=10):
+    return TensorDataset(torch.arange(n, dtype=torch.float32).unsqueeze(1), torch.arange(n))
+
+
+def _indices(loader):
+    return [int(i) for _, ys in loader for i in ys]
+
+
+def _collate(batch):
+    xs, ys = zip(*batch, strict=True)
+    return {"x": torch.stack(xs), "y": torch.stack(ys)}
+
+
+def _init(worker_id):  # pragma: no cover - runs in loader workers
+    pass
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_shards_are_disjoint_and_cover(shuffle):
+    loader = DataLoader(_dataset(12), batch_size=2, shuffle=shuffle)
+    shards = [_indices(prepare_dataloader(loader, r, 3)) for r in range(3)]
+    assert all(len(s) == 4 for s in shards)
+    flat = [i for s in shards for i in s]
+    assert sorted(flat) == list(range(12))
+
+
+def test_uneven_tail_is_padded_so_ranks_step_together():
+    loader = DataLoader(_dataset(10), batch_size=2)
+    shards = [_indices(prepare_dataloader(loader, r, 3)) for r in range(3)]
+    assert [len(s) for s in shards] == [4, 4, 4]
+    assert set(i for s in shards for i in s) == set(range(10))
+
+
+def test_shuffle_order_changes_between_epochs_and_is_the_same_on_every_rank():
+    loader = DataLoader(_dataset(64), batch_size=8, shuffle=True)
+    ranks = [prepare_dataloader(loader, r, 2) for r in range(2)]
+    epoch0 = [_indices(r) for r in ranks]
+    epoch1 = [_indices(r) for r in ranks]
+    assert epoch0[0] != epoch1[0]
+    for epoch in (epoch0, epoch1):  # the two ranks still partition the data each epoch
+        assert sorted(epoch[0] + epoch[1]) == list(range(64))
+
+
+def test_options_are_preserved():
+    gen = torch.Generator().manual_seed(7)
+    loader = DataLoader(_dataset(8), batch_size=3, shuffle=True, drop_last=True, collate_fn=_collate,
+                        num_workers=1, persistent_workers=True, worker_init_fn=_init, generator=gen,
+                        prefetch_factor=3, timeout=5)
+    out = prepare_dataloader(loader, 1, 2)
+    assert isinstance(out, PreparedDataLoader) and isinstance(out.sampler, ResumableDistributedSampler)
+    assert out.sampler.shuffle and out.sampler.rank == 1 and out.sampler.num_replicas == 2
+    assert (out.batch_size, out.drop_last, out.collate_fn, out.num_workers) == (3, True, _collate, 1)
+    assert (out.persistent_workers, out.worker_init_fn, out.generator, out.prefetch_factor, out.timeout) == (
+        True, _init, gen, 3, 5)
+    batches = list(out)
+    assert len(batches) == 1 and set(batches[0]) == {"x", "y"}
+
+
+def test_skip_batches_resumes_mid_epoch():
+    loader = DataLoader(_dataset(16), batch_size=2, shuffle=True)
+    a = prepare_dataloader(loader, 0, 2)
+    full = _indices(a)
+    b = prepare_dataloader(loader, 0, 2)
+    b.set_epoch(0)
+    b.skip_batches(2)
+    assert _indices(b) == full[4:]
+    assert _indices(b) != full  # next epoch: full length again, new order
+    assert len(_indices(b)) == 8
+
+
+class _Stream(IterableDataset):
+    def __iter__(self):
+        return iter(range(10))
+
+
+def test_iterable_dataset_is_strided_per_rank():
+    loader = DataLoader(_Stream(), batch_size=2)
+    got = [[int(x) for b in prepare_dataloader(loader, r, 2) for x in b] for r in range(2)]
+    assert got == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
+
+
+def test_custom_sampler_is_a_clear_error_when_sharding():
+    ds = _dataset(8)
+    loader = DataLoader(ds, batch_size=2, sampler=WeightedRandomSampler([1.0] * 8, 8))
+    with pytest.raises(ConfigError, match="custom sampler WeightedRandomSampler"):
+        prepare_dataloader(loader, 0, 2)
+    assert prepare_dataloader(loader, 0, 1) is loader  # one process: nothing to shard
+
+
+def test_mismatched_distributed_sampler_is_rejected():
+    ds = _dataset(8)
+    loader = DataLoader(ds, batch_size=2, sampler=torch.utils.data.DistributedSampler(ds, num_replicas=4, rank=0))
+    with pytest.raises(ConfigError, match="rank 0 of 4"):
+        prepare_dataloader(loader, 0, 2)

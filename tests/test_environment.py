@@ -1,0 +1,155 @@
+"""Environment detection and process planning from explicit variable tables (real-world values)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainstack.environment import (
+    LocalEnvironment,
+    SlurmEnvironment,
+    TorchrunEnvironment,
+    detect_environment,
+    expand_nodelist,
+    plan_processes,
+    port_from_job_id,
+)
+from trainstack.errors import LaunchError
+
+# Captured from `srun` on the local 2-node cluster (sbatch --nodes=2 --ntasks-per-node=2), task 3.
+SLURM_STEP = {
+    "SLURM_JOB_ID": "4242", "SLURM_JOBID": "4242", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NODELIST": "node[1-2]",
+    "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2", "SLURM_NTASKS": "4", "SLURM_NPROCS": "4",
+    "SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
+    "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "4",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+}
+# The batch shell of the same job: SLURM_PROCID=0 and SLURM_NTASKS=4 but no job step.
+SLURM_BATCH = {k: v for k, v in SLURM_STEP.items() if not k.startswith("SLURM_STEP")} | {
+    "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
+# torchrun --nnodes 2 --nproc-per-node 2 (c10d), worker with global rank 2 on the second agent.
+TORCHRUN = {
+    "TORCHELASTIC_RUN_ID": "4242", "RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+    "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "ROLE_RANK": "2", "MASTER_ADDR": "node1", "MASTER_PORT": "29500",
+    "TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "3",
+}
+
+
+@pytest.mark.parametrize("nodelist, expected", [
+    ("node1", ["node1"]),
+    ("node[1-2]", ["node1", "node2"]),
+    ("node[01-03,7]", ["node01", "node02", "node03", "node7"]),
+    ("gpu-a[1-2],gpu-b3", ["gpu-a1", "gpu-a2", "gpu-b3"]),
+    ("juwels[07-08]i", ["juwels07i", "juwels08i"]),
+    ("n[1-2]-ib,login", ["n1-ib", "n2-ib", "login"]),
+    ("a[009-011]", ["a009", "a010", "a011"]),
+])
+def test_nodelists_expand_like_scontrol(nodelist, expected):
+    assert expand_nodelist(nodelist) == expected
+
+
+def test_bad_nodelist_names_the_value():
+    with pytest.raises(LaunchError, match=r"node\[1-"):
+        expand_nodelist("node[1-")
+
+
+def test_priority_torchrun_over_slurm_over_local():
+    assert isinstance(detect_environment({}), LocalEnvironment)
+    assert isinstance(detect_environment(SLURM_STEP), SlurmEnvironment)
+    assert isinstance(detect_environment(TORCHRUN), TorchrunEnvironment)
+    # srun torchrun: both sets present, torchrun's describe the workers
+    assert isinstance(detect_environment(SLURM_STEP | TORCHRUN), TorchrunEnvironment)
+
+
+def test_batch_shell_is_not_a_slurm_step():
+    assert isinstance(detect_environment(SLURM_BATCH), LocalEnvironment)
+
+
+def test_slurm_step_fields():
+    env = detect_environment(SLURM_STEP)
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (3, 4, 1, 2)
+    assert (env.node_rank, env.num_nodes, env.job_id) == (1, 2, "4242")
+    assert env.master_addr == "node1" and env.nodes == ("node1", "node2")
+    assert env.master_port == port_from_job_id(4242) == 61000 + 4242 % 4536
+    assert env.restart_count == 0
+
+
+def test_slurm_master_overrides_and_restart_count():
+    env = detect_environment(SLURM_STEP | {"MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "12345",
+                                           "SLURM_RESTART_COUNT": "2"})
+    assert (env.master_addr, env.master_port, env.restart_count) == ("10.0.0.5", 12345, 2)
+
+
+def test_slurm_uneven_tasks_per_node():
+    environ = SLURM_STEP | {"SLURM_STEP_TASKS_PER_NODE": "3,1", "SLURM_NODEID": "0", "SLURM_PROCID": "2",
+                            "SLURM_LOCALID": "2"}
+    assert detect_environment(environ).local_world_size == 3
+
+
+def test_job_ids_of_arrays_and_hetjobs_give_ports_in_range():
+    for job_id in ("1", "123456789", "77_3", "4536"):
+        assert 61000 <= port_from_job_id(job_id) < 61000 + 4536
+
+
+def test_torchrun_fields():
+    env = detect_environment(TORCHRUN)
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (2, 4, 0, 2)
+    assert (env.node_rank, env.num_nodes, env.restart_count) == (1, 2, 1)
+    assert (env.master_addr, env.master_port) == ("node1", 29500)
+
+
+def test_manual_env_launch_counts_as_torchrun():
+    environ = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "1234"}
+    env = detect_environment(environ)
+    assert env.name == "torchrun" and env.rank == 1
+
+
+@pytest.mark.parametrize("environ, needle", [
+    (TORCHRUN | {"RANK": "two"}, "RANK='two'"),
+    (TORCHRUN | {"RANK": "7"}, "rank 7 not in"),
+    (SLURM_STEP | {"SLURM_NTASKS": "x", "SLURM_STEP_NUM_TASKS": ""}, "SLURM_NTASKS='x'"),
+    (SLURM_STEP | {"SLURM_STEP_TASKS_PER_NODE": "2(y2)"}, "SLURM_STEP_TASKS_PER_NODE"),
+])
+def test_bad_variables_are_named(environ, needle):
+    with pytest.raises(LaunchError) as exc:
+        detect_environment(environ)
+    assert needle in str(exc.value)
+
+
+def test_plan_local():
+    plan = plan_processes(LocalEnvironment(), 4)
+    assert (plan.world_size, plan.nprocs_local, plan.spawn, plan.hosts_store) == (4, 4, True, True)
+    single = plan_processes(LocalEnvironment(), 1)
+    assert (single.world_size, single.spawn) == (1, False)
+
+
+def test_plan_torchrun_ignores_nprocs():
+    env = detect_environment(TORCHRUN)
+    plan = plan_processes(env, 8)
+    assert (plan.world_size, plan.nprocs_local, plan.rank_offset, plan.spawn) == (4, 1, 2, False)
+
+
+def test_plan_slurm_one_task_per_process():
+    env = detect_environment(SLURM_STEP)
+    for nprocs in (1, 4):
+        plan = plan_processes(env, nprocs)
+        assert (plan.world_size, plan.rank_offset, plan.spawn) == (4, 3, False)
+
+
+def test_plan_slurm_one_task_per_node_spawns_its_share():
+    # seeds: sbatch --nodes=2 --ntasks=2; srun python train.py --nprocs 4
+    environ = SLURM_STEP | {"SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+                            "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_NTASKS_PER_NODE": "1", "SLURM_PROCID": "1",
+                            "SLURM_LOCALID": "0", "SLURM_NODEID": "1"}
+    plan = plan_processes(detect_environment(environ), 4)
+    assert (plan.world_size, plan.nprocs_local, plan.rank_offset, plan.local_rank_offset) == (4, 2, 2, 0)
+    assert plan.spawn and not plan.hosts_store
+    first = plan_processes(detect_environment(environ | {"SLURM_PROCID": "0", "SLURM_NODEID": "0"}), 4)
+    assert first.rank_offset == 0 and first.hosts_store
+
+
+@pytest.mark.parametrize("nprocs, needle", [(3, "nprocs=3 is not a multiple of the 4 Slurm tasks"),
+                                            (2, "nprocs=2 is not a multiple"),
+                                            (0, "positive integer"), (True, "positive integer")])
+def test_plan_slurm_mismatch_is_a_clear_error(nprocs, needle):
+    with pytest.raises(LaunchError, match=needle):
+        plan_processes(detect_environment(SLURM_STEP), nprocs)

@@ -1,0 +1,23 @@
+"""trainstack: one PyTorch training script from a laptop to a multi-node Slurm cluster."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .accelerator import Accelerator, seed_everything
+from .errors import ConfigError, LaunchError, TrainstackError, WorkerError
+
+try:
+    __version__ = version("trainstack")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+    __version__ = "0.0.0"
+
+__all__ = [
+    "Accelerator",
+    "seed_everything",
+    "TrainstackError",
+    "ConfigError",
+    "LaunchError",
+    "WorkerError",
+    "__version__",
+]

@@ -1,0 +1,373 @@
+"""`Accelerator`: one object that runs the same training code on 1 process, N local processes,
+torchrun workers or Slurm tasks, on CPU (gloo) or GPU (nccl).
+
+Example::
+
+    from trainstack import Accelerator
+
+    def train(model, loader, optimizer, accelerator):
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        for xs, ys in loader:
+            xs, ys = accelerator.prepare_batch((xs, ys))
+            ...
+
+    if __name__ == "__main__":
+        acc = Accelerator(nprocs=2, compute_setup="cpu")
+        acc.distribute(train)(model, loader, optimizer, acc)
+
+    # python train.py                                 -> spawns 2 processes
+    # torchrun --nproc_per_node 2 train.py            -> joins torchrun's 2 workers
+    # srun --ntasks-per-node=2 python train.py        -> one Slurm task per process
+    # srun --ntasks-per-node=1 python train.py        -> one task per node, each spawns its share of nprocs
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import random
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from . import collectives, state
+from .data import generator_seed, prepare_dataloader
+from .environment import ProcessPlan, detect_environment, plan_processes, warn_if_outside_step
+from .errors import ConfigError, LaunchError
+from .launcher import ProcessGroupSession, launch
+
+__all__ = ["Accelerator", "seed_everything"]
+
+log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
+
+_COMPUTE = ("auto", "gpu", "cpu")
+_LOG_SETUPS = ("cpu", "auto")
+_BACKENDS = (None, "nccl", "gloo", "mpi")
+# complex model dtypes train on real-valued data of the matching precision
+_DATA_DTYPE = {torch.complex128: torch.float64, torch.complex64: torch.float32, torch.complex32: torch.float16}
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy (when installed) and torch (all devices)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        return
+    np.random.seed(seed % 2**32)
+
+
+class Accelerator:
+    """Distributes a function over processes and prepares models, optimizers and data for them.
+
+    Args:
+        nprocs: total number of processes (all nodes). Under torchrun the launcher's count wins.
+        compute_setup: ``"auto"`` (CUDA if available), ``"gpu"`` (CUDA required) or ``"cpu"``.
+        log_setup: where reduced metrics live: ``"cpu"`` or ``"auto"`` (the compute device).
+        dtype: model dtype; floating batch tensors are cast to it (complex dtypes use the real counterpart).
+        backend: ``None`` picks nccl on GPU and gloo on CPU; ``"nccl"``, ``"gloo"`` or ``"mpi"`` explicitly.
+    """
+
+    def __init__(self, nprocs: int = 1, compute_setup: str = "auto", log_setup: str = "cpu",
+                 dtype: torch.dtype | None = None, backend: str | None = None) -> None:
+        if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+            raise ConfigError(f"nprocs={nprocs!r}: must be an integer >= 1 (total number of processes).")
+        if compute_setup not in _COMPUTE:
+            raise ConfigError(f"compute_setup={compute_setup!r}: must be one of {_COMPUTE}.")
+        if log_setup not in _LOG_SETUPS:
+            raise ConfigError(f"log_setup={log_setup!r}: must be one of {_LOG_SETUPS}.")
+        if backend not in _BACKENDS:
+            raise ConfigError(f"backend={backend!r}: must be one of {_BACKENDS} (None chooses for you).")
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise ConfigError(f"dtype={dtype!r}: must be a torch.dtype such as torch.float32, or None.")
+        self.nprocs = nprocs
+        self.compute_setup = compute_setup
+        self.log_setup = log_setup
+        self.dtype = dtype
+        self.data_dtype = _DATA_DTYPE.get(dtype, dtype) if dtype is not None else None
+        self.use_cuda = self._resolve_cuda(compute_setup)
+        self.backend = self._resolve_backend(backend)
+        self._plan: ProcessPlan | None = None
+
+    # ------------------------------------------------------------------ set-up
+    @staticmethod
+    def _resolve_cuda(compute_setup: str) -> bool:
+        if compute_setup == "cpu":
+            return False
+        available = torch.cuda.is_available()
+        if compute_setup == "gpu" and not available:
+            raise ConfigError("compute_setup='gpu' but no CUDA device is visible. HINT: use compute_setup='cpu' "
+                              "(or 'auto'), or check CUDA_VISIBLE_DEVICES and the driver (trainstack doctor).")
+        return available
+
+    def _resolve_backend(self, backend: str | None) -> str:
+        if backend is None:
+            return "nccl" if self.use_cuda else "gloo"
+        if backend == "nccl" and not self.use_cuda:
+            raise ConfigError(
+                f"backend='nccl' needs CUDA GPUs, but compute_setup={self.compute_setup!r} runs on the CPU here "
+                f"(no CUDA device is visible). HINT: use backend='gloo' (or backend=None to choose automatically) "
+                f"on CPU-only machines, e.g. --backend gloo --compute_setup cpu.")
+        if backend == "mpi" and not dist.is_mpi_available():
+            raise ConfigError("backend='mpi' but this torch build has no MPI support. HINT: use 'gloo' or 'nccl'.")
+        return backend
+
+    @property
+    def plan(self) -> ProcessPlan:
+        """The process layout for this Accelerator in the current environment (computed once)."""
+        if self._plan is None:
+            self._plan = plan_processes(detect_environment(), self.nprocs)
+            self._check_devices(self._plan)
+        return self._plan
+
+    def _check_devices(self, plan: ProcessPlan) -> None:
+        if self.compute_setup != "gpu":
+            return
+        count = torch.cuda.device_count()
+        if plan.local_world_size > count:
+            raise LaunchError(
+                f"compute_setup='gpu' with {plan.local_world_size} processes on this node but only {count} "
+                f"visible CUDA device(s). HINT: lower nprocs (or --nproc-per-node) to {count}, or request more "
+                f"GPUs (--gpus-per-node).")
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The plan describes the launching process; a worker recomputes nothing from it.
+        return {**self.__dict__, "_plan": None}
+
+    # ------------------------------------------------------------------ identity
+    def _ctx(self) -> state.WorkerContext:
+        ctx = state.current()
+        if ctx is not None:
+            return ctx
+        p = self.plan
+        env = p.environment
+        return state.WorkerContext(p.rank_offset, p.local_rank_offset, p.world_size, p.local_world_size,
+                                   env.node_rank, env.num_nodes, p.master_addr, p.master_port, env.name)
+
+    @property
+    def rank(self) -> int:
+        return self._ctx().rank
+
+    @property
+    def local_rank(self) -> int:
+        return self._ctx().local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self._ctx().world_size
+
+    @property
+    def node_rank(self) -> int:
+        return self._ctx().node_rank
+
+    @property
+    def num_nodes(self) -> int:
+        return self._ctx().num_nodes
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_rank == 0
+
+    @property
+    def device(self) -> torch.device:
+        if not self.use_cuda:
+            return torch.device("cpu")
+        return torch.device("cuda", self.local_rank % max(torch.cuda.device_count(), 1))
+
+    @property
+    def log_device(self) -> torch.device:
+        return self.device if self.log_setup == "auto" else torch.device("cpu")
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1 and dist.is_available() and dist.is_initialized()
+
+    # ------------------------------------------------------------------ launching
+    def distribute(self, fn: F) -> F:
+        """Wrap ``fn`` so that calling it runs it on every process; returns rank 0's return value.
+
+        Spawns workers only when the environment started fewer processes than ``nprocs``; inside
+        torchrun/srun-per-process it joins the existing processes instead.
+        """
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if state.current() is not None:  # already inside a worker: never spawn again
+                return fn(*args, **kwargs)
+            warn_if_outside_step()
+            plan = self.plan
+            device_type = "cuda" if self.use_cuda else "cpu"
+            if plan.spawn:
+                return launch(fn, args, kwargs, plan, self.backend, device_type)
+            session = self._session(plan)
+            session.start()
+            ok = False
+            try:
+                result = fn(*args, **kwargs)
+                ok = True
+                return result
+            finally:
+                session.stop(ok)
+
+        return wrapper  # type: ignore[return-value]
+
+    def _session(self, plan: ProcessPlan) -> ProcessGroupSession:
+        env = plan.environment
+        ctx = state.WorkerContext(plan.rank_offset, plan.local_rank_offset, plan.world_size, plan.local_world_size,
+                                  env.node_rank, env.num_nodes, plan.master_addr, plan.master_port, env.name)
+        return ProcessGroupSession(ctx, self.backend, "cuda" if self.use_cuda else "cpu",
+                                   use_env_store=env.name == "torchrun", host_store=plan.rank_offset == 0)
+
+    def setup(self) -> None:
+        """Join the process group when running under torchrun/srun without :meth:`distribute` (idempotent)."""
+        if state.current() is not None:
+            return
+        plan = self.plan
+        if plan.spawn:
+            raise LaunchError(
+                f"Accelerator(nprocs={self.nprocs}) needs to start {plan.nprocs_local} processes, which only "
+                f"distribute() can do. HINT: call accelerator.distribute(train_fn)(...) or launch the script "
+                f"with torchrun --nproc_per_node {self.nprocs}.")
+        if plan.world_size > 1:
+            self._session(plan).start()
+
+    # ------------------------------------------------------------------ preparing objects
+    def prepare(self, *objs: Any) -> Any:
+        """Move models to the device (DDP-wrapped when world > 1) and shard DataLoaders.
+
+        Optimizers keep optimizing the prepared model's parameters. ``None`` and unknown objects pass
+        through. Returns one object for one argument, else a tuple of the same length.
+        """
+        self.setup()
+        moved: dict[int, nn.Parameter] = {}
+        out = [self._prepare_one(obj, moved) for obj in objs]
+        for obj in out:
+            if isinstance(obj, torch.optim.Optimizer):
+                self._retarget_optimizer(obj, moved)
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def _prepare_one(self, obj: Any, moved: dict[int, nn.Parameter]) -> Any:
+        if isinstance(obj, nn.Module):
+            return self.prepare_model(obj, moved)
+        if isinstance(obj, DataLoader):
+            return prepare_dataloader(obj, self.rank, self.world_size, seed=generator_seed(obj))
+        return obj
+
+    def prepare_model(self, model: nn.Module, moved: dict[int, nn.Parameter] | None = None) -> nn.Module:
+        if isinstance(model, DistributedDataParallel):
+            return model
+        before = {name: id(p) for name, p in model.named_parameters()}
+        model = model.to(device=self.device, dtype=self.dtype) if self.dtype else model.to(self.device)
+        if moved is not None:
+            for name, p in model.named_parameters():
+                if id(p) != before.get(name):
+                    moved[before[name]] = p
+        if self.world_size <= 1 or not dist.is_initialized():
+            return model
+        if not any(p.requires_grad for p in model.parameters()):
+            log.warning("Model has no trainable parameters; not wrapping it in DistributedDataParallel.")
+            return model
+        device_ids = [self.device.index] if self.use_cuda else None
+        return DistributedDataParallel(model, device_ids=device_ids)
+
+    def _retarget_optimizer(self, optimizer: torch.optim.Optimizer, moved: dict[int, nn.Parameter]) -> None:
+        """Point the optimizer at moved parameters and move its state next to them."""
+        for group in optimizer.param_groups:
+            group["params"] = [moved.get(id(p), p) for p in group["params"]]
+        for param, st in list(optimizer.state.items()):
+            for key, value in st.items():
+                if isinstance(value, torch.Tensor) and value.device != param.device and key != "step":
+                    st[key] = value.to(param.device)
+        if moved:
+            optimizer.state = type(optimizer.state)(
+                {moved.get(id(p), p): s for p, s in optimizer.state.items()})
+
+    def prepare_batch(self, batch: Any) -> Any:
+        """Move a (nested) batch to the device; floating tensors are cast to ``dtype``, labels never."""
+        return _move(batch, self.device, self.data_dtype, self.dtype)
+
+    # ------------------------------------------------------------------ collectives
+    def all_reduce_dict(self, d: dict[str, Any], op: str = "mean") -> dict[str, Any]:
+        """Reduce every value across ranks (``mean|sum|max|min``) in one collective; identity when world = 1."""
+        return collectives.all_reduce_dict(d, op, self.log_device if self.backend != "nccl" else self.device,
+                                           self.log_device)
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate ``tensor`` from all ranks along dim 0 (shapes may differ in dim 0)."""
+        return collectives.gather(tensor, self.device if self.backend == "nccl" else torch.device("cpu"))
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Send ``obj`` (a tensor or any picklable object) from rank ``src`` to every rank."""
+        return collectives.broadcast(obj, src, self.device if self.backend == "nccl" else torch.device("cpu"))
+
+    def barrier(self) -> None:
+        if self.is_distributed:
+            dist.barrier()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the main process only."""
+        if self.is_main_process:
+            print(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on rank 0 first (e.g. to download/cache data), then on the other ranks."""
+        if not self.is_main_process:
+            self.barrier()
+        yield
+        if self.is_main_process:
+            self.barrier()
+
+    @staticmethod
+    def unwrap_model(model: nn.Module) -> nn.Module:
+        """The user's module inside DDP (or the module itself)."""
+        while isinstance(model, DistributedDataParallel):
+            model = model.module
+        return model
+
+    @staticmethod
+    def seed_everything(seed: int) -> None:
+        seed_everything(seed)
+
+    def __repr__(self) -> str:
+        return (f"Accelerator(nprocs={self.nprocs}, compute_setup={self.compute_setup!r}, backend={self.backend!r}, "
+                f"device={self.device}, rank={self.rank}, world_size={self.world_size})")
+
+
+def _move(obj: Any, device: torch.device, data_dtype: torch.dtype | None, dtype: torch.dtype | None) -> Any:
+    if isinstance(obj, torch.Tensor):
+        target = None
+        if data_dtype is not None and obj.is_floating_point():
+            target = data_dtype
+        elif dtype is not None and obj.is_complex() and dtype.is_complex:
+            target = dtype
+        non_blocking = device.type == "cuda" and obj.device.type == "cpu" and obj.is_pinned()
+        return obj.to(device=device, dtype=target, non_blocking=non_blocking)
+    if isinstance(obj, dict):
+        moved = {k: _move(v, device, data_dtype, dtype) for k, v in obj.items()}
+        return moved if type(obj) is dict else _rebuild(obj, moved)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(_move(v, device, data_dtype, dtype) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_move(v, device, data_dtype, dtype) for v in obj)
+    return obj
+
+
+def _rebuild(original: dict, moved: dict) -> dict:
+    """Keep a dict subclass (OrderedDict, BatchEncoding-like) when its constructor allows it."""
+    try:
+        return type(original)(moved)
+    except TypeError:
+        return moved

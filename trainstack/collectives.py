@@ -1,0 +1,87 @@
+"""Collectives that are identities on one process, so user code needs no ``if world_size > 1``."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .errors import ConfigError
+
+__all__ = ["all_reduce_dict", "gather", "broadcast", "active"]
+
+_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+def active() -> bool:
+    """True when a process group with more than one rank is initialised."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _as_tensor(name: str, value: Any) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ConfigError(f"all_reduce_dict: value {name!r} has shape {tuple(value.shape)}; only scalars "
+                              f"(0-d tensors or numbers) can be reduced together. HINT: reduce it with gather().")
+        return value.detach().reshape(())
+    if isinstance(value, numbers.Number) and not isinstance(value, complex):
+        return torch.tensor(float(value))
+    raise ConfigError(f"all_reduce_dict: value {name!r} is a {type(value).__name__}; expected a tensor or number.")
+
+
+def all_reduce_dict(d: dict[str, Any], op: str = "mean", comm_device: torch.device | None = None,
+                    out_device: torch.device | None = None) -> dict[str, Any]:
+    """Reduce all values of ``d`` with one collective. Tensors come back as tensors on ``out_device``,
+    numbers as floats. ``op`` is ``mean``, ``sum``, ``max`` or ``min``."""
+    if op not in _OPS:
+        raise ConfigError(f"all_reduce_dict: op={op!r} must be one of {sorted(_OPS)}.")
+    if not d or not active():
+        return dict(d)
+    keys = list(d)
+    flat = torch.stack([_as_tensor(k, d[k]).to(dtype=torch.float64, device=comm_device or "cpu") for k in keys])
+    dist.all_reduce(flat, op=_OPS[op])
+    if op == "mean":
+        flat /= dist.get_world_size()
+    out: dict[str, Any] = {}
+    for i, k in enumerate(keys):
+        v = d[k]
+        if isinstance(v, torch.Tensor):
+            out[k] = flat[i].to(dtype=v.dtype if v.is_floating_point() else torch.float64,
+                                device=out_device or v.device)
+        else:
+            out[k] = float(flat[i])
+    return out
+
+
+def gather(tensor: torch.Tensor, comm_device: torch.device) -> torch.Tensor:
+    """Concatenate a tensor from every rank along dim 0; the sizes of dim 0 may differ between ranks."""
+    if not active():
+        return tensor
+    world = dist.get_world_size()
+    local = tensor.detach().to(comm_device)
+    if local.dim() == 0:
+        local = local.reshape(1)
+    sizes = [torch.zeros(1, dtype=torch.long, device=comm_device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([local.shape[0]], device=comm_device))
+    longest = int(max(s.item() for s in sizes))
+    padded = torch.zeros((longest, *local.shape[1:]), dtype=local.dtype, device=comm_device)
+    padded[: local.shape[0]] = local
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    out = torch.cat([p[: int(s.item())] for p, s in zip(parts, sizes, strict=True)])
+    return out.to(tensor.device)
+
+
+def broadcast(obj: Any, src: int, comm_device: torch.device) -> Any:
+    """Send a tensor (in place, same shape everywhere) or any picklable object from ``src``."""
+    if not active():
+        return obj
+    if isinstance(obj, torch.Tensor):
+        buf = obj.detach().to(comm_device).clone()
+        dist.broadcast(buf, src=src)
+        return buf.to(obj.device)
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]

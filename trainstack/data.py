@@ -1,0 +1,146 @@
+"""Shard a user's DataLoader across ranks without losing any of its options.
+
+The rebuilt loader keeps ``batch_size``, ``shuffle``, ``drop_last``, ``collate_fn``, ``num_workers``,
+``pin_memory``, ``generator``, ``worker_init_fn``, ``persistent_workers``, ``timeout``,
+``prefetch_factor`` and ``multiprocessing_context``; it calls ``set_epoch`` on every new pass, so the
+shuffle order changes between epochs; and it can skip the first batches of a pass (exact mid-epoch resume).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+)
+from torch.utils.data import DistributedSampler as _TorchDistributedSampler
+
+from .errors import ConfigError
+
+__all__ = ["ResumableDistributedSampler", "PreparedDataLoader", "prepare_dataloader", "ShardedIterableDataset"]
+
+_COPIED = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "generator",
+           "persistent_workers", "pin_memory_device", "in_order")
+
+
+class ResumableDistributedSampler(_TorchDistributedSampler):
+    """torch's DistributedSampler that can skip the first ``n`` indices of its next pass."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._skip = 0
+
+    def skip_next(self, n_indices: int) -> None:
+        self._skip = max(int(n_indices), 0)
+
+    def __iter__(self) -> Iterator[int]:
+        it = super().__iter__()
+        if self._skip:
+            it, self._skip = itertools.islice(it, self._skip, None), 0
+        return it
+
+
+class ShardedIterableDataset(IterableDataset):
+    """Every ``world_size``-th element of an iterable dataset, starting at ``rank``."""
+
+    def __init__(self, dataset: IterableDataset, rank: int, world_size: int) -> None:
+        self.dataset, self.rank, self.world_size = dataset, rank, world_size
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(iter(self.dataset), self.rank, None, self.world_size)
+
+
+class PreparedDataLoader(DataLoader):
+    """A DataLoader that advances its sampler's epoch on each ``iter()`` (so shuffles differ per epoch)."""
+
+    epoch: int = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass use ``epoch``'s order (used when resuming)."""
+        self.epoch = epoch
+
+    def skip_batches(self, n_batches: int) -> None:
+        """Skip the first ``n_batches`` batches of the next pass (mid-epoch resume)."""
+        sampler = self.sampler
+        if not isinstance(sampler, ResumableDistributedSampler):
+            raise ConfigError("this loader cannot skip batches: its sampler is not a ResumableDistributedSampler")
+        sampler.skip_next(n_batches * (self.batch_size or 1))
+
+    def __iter__(self):  # type: ignore[override]
+        sampler = self.sampler
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(self.epoch)
+        self.epoch += 1
+        return super().__iter__()
+
+
+def _loader_kwargs(loader: DataLoader) -> dict[str, Any]:
+    kwargs = {name: getattr(loader, name) for name in _COPIED if hasattr(loader, name)}
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+        kwargs["multiprocessing_context"] = loader.multiprocessing_context
+    else:
+        kwargs["persistent_workers"] = False
+    return kwargs
+
+
+def _shuffles(loader: DataLoader) -> bool | None:
+    """True/False for the samplers we understand, None for a custom one."""
+    sampler = loader.sampler
+    if isinstance(sampler, RandomSampler):
+        if sampler.replacement or sampler._num_samples is not None:
+            return None  # sampling with replacement / a custom num_samples is not a plain shuffle
+        return True
+    if isinstance(sampler, SequentialSampler):
+        return False
+    return None
+
+
+def prepare_dataloader(loader: DataLoader, rank: int, world_size: int, seed: int = 0) -> DataLoader:
+    """Return a loader that yields this rank's shard; see the module docstring for what is preserved."""
+    if not isinstance(loader, DataLoader):
+        raise ConfigError(f"prepare() expected a torch DataLoader, got {type(loader).__name__}")
+    dataset = loader.dataset
+    kwargs = _loader_kwargs(loader)
+    if isinstance(dataset, IterableDataset):
+        if world_size == 1:
+            return loader
+        return DataLoader(ShardedIterableDataset(dataset, rank, world_size), batch_size=loader.batch_size,
+                          drop_last=loader.drop_last, **kwargs)
+    custom_batches = loader.batch_size is None or not isinstance(loader.batch_sampler, BatchSampler) \
+        or type(loader.batch_sampler) is not BatchSampler
+    if isinstance(loader.sampler, _TorchDistributedSampler):
+        sampler = loader.sampler
+        if sampler.num_replicas != world_size or sampler.rank != rank:
+            raise ConfigError(
+                f"the DataLoader already has a DistributedSampler for rank {sampler.rank} of "
+                f"{sampler.num_replicas}, but this process is rank {rank} of {world_size}. HINT: pass a plain "
+                f"DataLoader (shuffle=True/False) and let prepare() shard it.")
+        return PreparedDataLoader(dataset, batch_size=loader.batch_size, sampler=sampler,
+                                  drop_last=loader.drop_last, **kwargs)
+    shuffle = _shuffles(loader)
+    if shuffle is None or custom_batches:
+        if world_size == 1:
+            return loader
+        what = "batch_sampler" if custom_batches else f"sampler {type(loader.sampler).__name__}"
+        raise ConfigError(
+            f"cannot shard a DataLoader with a custom {what} across {world_size} processes: its order is "
+            f"unknown to trainstack. HINT: build the loader with shuffle=True/False and batch_size, or give "
+            f"it a torch DistributedSampler(dataset, num_replicas=world_size, rank=rank) yourself.")
+    sampler = ResumableDistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
+                                          seed=seed, drop_last=loader.drop_last)
+    return PreparedDataLoader(dataset, batch_size=loader.batch_size, sampler=sampler,
+                              drop_last=loader.drop_last, **kwargs)
+
+
+def generator_seed(loader: DataLoader) -> int:
+    """A deterministic seed for the sampler: the loader's generator's initial seed, else 0."""
+    gen = getattr(loader, "generator", None)
+    return int(gen.initial_seed()) if isinstance(gen, torch.Generator) else 0

@@ -1,0 +1,308 @@
+"""Start worker processes, rendezvous them into one process group, and tear everything down cleanly.
+
+Design choices (see ../shared/docs/pitfalls.md):
+* Arguments are serialised with plain :mod:`pickle` before spawning, so each worker gets its **own copy**
+  of the model; torch's multiprocessing reductions would put CPU tensors in shared memory and apply every
+  optimizer step once per process.
+* The launching process hosts the rendezvous ``TCPStore`` (port 0 = the OS picks a free one, no races).
+  When a worker hosts it instead (``srun`` with one task per process), it waits until every rank has
+  left the group before it exits, which avoids the "terminate called without an active exception" crash.
+* Workers are started with :func:`torch.multiprocessing.start_processes`; when one raises, the others are
+  terminated within a grace period and the caller gets :class:`~trainstack.errors.WorkerError` naming
+  the rank with the worker's traceback.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as tmp
+
+from . import state
+from .environment import ProcessPlan
+from .errors import LaunchError, WorkerError
+
+__all__ = ["LaunchSpec", "launch", "ProcessGroupSession"]
+
+log = logging.getLogger(__name__)
+
+_EXITED_KEY = "trainstack/exited"
+GRACE_PERIOD_S = 3.0
+
+
+def _timeout() -> datetime.timedelta:
+    """Collective/rendezvous timeout; ``TRAINSTACK_TIMEOUT_S`` overrides the 30-minute default."""
+    raw = os.environ.get("TRAINSTACK_TIMEOUT_S", "1800")
+    try:
+        return datetime.timedelta(seconds=float(raw))
+    except ValueError:
+        raise LaunchError(f"TRAINSTACK_TIMEOUT_S={raw!r} is not a number of seconds") from None
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything a worker needs to join the group (picklable, no torch objects)."""
+
+    plan: ProcessPlan
+    backend: str
+    device_type: str  # "cpu" or "cuda"
+    store_port: int
+
+    def context(self, local_index: int) -> state.WorkerContext:
+        p = self.plan
+        env = p.environment
+        return state.WorkerContext(
+            rank=p.rank_offset + local_index,
+            local_rank=p.local_rank_offset + local_index,
+            world_size=p.world_size,
+            local_world_size=p.local_world_size,
+            node_rank=env.node_rank,
+            num_nodes=env.num_nodes,
+            master_addr=p.master_addr,
+            master_port=self.store_port,
+            launcher=env.name,
+        )
+
+
+class ProcessGroupSession:
+    """Join (and later leave) the default process group for one worker context."""
+
+    def __init__(self, ctx: state.WorkerContext, backend: str, device_type: str,
+                 use_env_store: bool = False, host_store: bool = False) -> None:
+        self.ctx = ctx
+        self.backend = backend
+        self.device_type = device_type
+        self.use_env_store = use_env_store  # torchrun: its agent hosts the store (env://)
+        self.host_store = host_store
+        self.store: dist.TCPStore | None = None
+
+    def start(self) -> None:
+        ctx = self.ctx
+        state.activate(ctx)
+        device_id = None
+        if self.device_type == "cuda":
+            index = ctx.local_rank % max(torch.cuda.device_count(), 1)
+            torch.cuda.set_device(index)
+            device_id = torch.device("cuda", index)
+        if ctx.world_size == 1 or dist.is_initialized():
+            return
+        timeout = _timeout()
+        if self.use_env_store:
+            dist.init_process_group(self.backend, rank=ctx.rank, world_size=ctx.world_size,
+                                    timeout=timeout, device_id=device_id)
+            return
+        self.store = dist.TCPStore(ctx.master_addr, ctx.master_port, is_master=self.host_store,
+                                   timeout=timeout, wait_for_workers=False)
+        dist.init_process_group(self.backend, store=dist.PrefixStore("pg", self.store), rank=ctx.rank,
+                                world_size=ctx.world_size, timeout=timeout, device_id=device_id)
+
+    def stop(self, ok: bool) -> None:
+        """Leave the group. After success, a barrier first so no rank tears down mid-collective."""
+        try:
+            if dist.is_initialized():
+                if ok:
+                    dist.barrier()
+                dist.destroy_process_group()
+            if self.store is not None and ok:
+                self.store.add(_EXITED_KEY, 1)
+                if self.host_store:
+                    _wait_for_count(self.store, self.ctx.world_size)
+        finally:
+            self.store = None
+            state.deactivate()
+
+
+def _wait_for_count(store: dist.Store, expected: int, limit_s: float = 60.0) -> None:
+    """Keep a hosted store alive until ``expected`` ranks have left (bounded, never a hang)."""
+    deadline = time.monotonic() + limit_s
+    while store.add(_EXITED_KEY, 0) < expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _set_child_environ(ctx: state.WorkerContext) -> None:
+    """Export the usual env:// variables in the worker (never in the launching process)."""
+    os.environ.update({
+        "RANK": str(ctx.rank), "LOCAL_RANK": str(ctx.local_rank), "WORLD_SIZE": str(ctx.world_size),
+        "LOCAL_WORLD_SIZE": str(ctx.local_world_size), "GROUP_RANK": str(ctx.node_rank),
+        "MASTER_ADDR": ctx.master_addr, "MASTER_PORT": str(ctx.master_port),
+    })
+
+
+def _worker(local_index: int, payload: Any, spec: LaunchSpec, result_path: str) -> None:
+    """Entry point of a spawned worker: join the group, run the function, hand rank 0's result back."""
+    ctx = spec.context(local_index)
+    _set_child_environ(ctx)
+    fn, args, kwargs = pickle.loads(payload) if isinstance(payload, bytes) else payload
+    session = ProcessGroupSession(ctx, spec.backend, spec.device_type)
+    session.start()
+    ok = False
+    try:
+        result = fn(*args, **kwargs)
+        ok = True
+    finally:
+        session.stop(ok)
+    if ctx.rank == 0:
+        tmp_path = result_path + ".tmp"
+        with open(tmp_path, "wb") as fh:
+            pickle.dump(result, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp_path, result_path)
+
+
+def _start_method() -> str:
+    """``spawn`` for scripts; ``fork`` in notebooks/REPLs where spawn cannot re-import ``__main__``."""
+    forced = os.environ.get("TRAINSTACK_START_METHOD")
+    if forced:
+        return forced
+    main = sys.modules.get("__main__")
+    interactive = main is None or not hasattr(main, "__file__")
+    if not interactive:
+        return "spawn"
+    if torch.cuda.is_initialized():
+        raise LaunchError(
+            "cannot start workers from this notebook: CUDA was already initialised in this kernel, and forked "
+            "processes cannot re-initialise it. HINT: restart the kernel and call the distributed function "
+            "before anything touches CUDA (no .cuda()/.to('cuda') at top level).")
+    return "fork"
+
+
+def _serialise(fn: Callable, args: tuple, kwargs: dict, method: str) -> Any:
+    """Plain-pickle the call so each worker gets a private copy (fork copies memory by itself)."""
+    if method == "fork":
+        return (fn, args, kwargs)
+    try:
+        return pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise LaunchError(
+            f"cannot send {name!r} and its arguments to the worker processes: {exc}.\n"
+            "Workers are started with 'spawn', so the function and every argument must be picklable: define "
+            "the function at module top level (not a lambda or a function inside another function) and start "
+            "the run under a main guard:\n\n"
+            "    def train(model, loader, accelerator):\n        ...\n\n"
+            "    if __name__ == \"__main__\":\n"
+            "        accelerator.distribute(train)(model, loader, accelerator)\n") from None
+
+
+def _host_store(plan: ProcessPlan) -> dist.TCPStore | None:
+    if not plan.hosts_store:
+        return None
+    addr = plan.master_addr if plan.environment.name != "local" else "127.0.0.1"
+    try:
+        return dist.TCPStore(addr, plan.master_port, is_master=True, timeout=_timeout(), wait_for_workers=False)
+    except (RuntimeError, OSError) as exc:
+        raise LaunchError(f"cannot open the rendezvous port {addr}:{plan.master_port}: {exc}. HINT: set "
+                          f"MASTER_PORT to a free port, or unset it to let trainstack choose one.") from None
+
+
+def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: str, device_type: str) -> Any:
+    """Run ``fn`` in ``plan.nprocs_local`` new processes and return rank 0's result (None elsewhere)."""
+    method = _start_method()
+    payload = _serialise(fn, args, kwargs, method)
+    store = _host_store(plan)
+    port = store.port if store is not None else plan.master_port
+    spec = LaunchSpec(plan=plan, backend=backend, device_type=device_type, store_port=port)
+    with tempfile.TemporaryDirectory(prefix="trainstack-") as tmpdir:
+        result_path = os.path.join(tmpdir, "result.pkl")
+        context = tmp.start_processes(_worker, args=(payload, spec, result_path), nprocs=plan.nprocs_local,
+                                      join=False, start_method=method)
+        try:
+            failure = _monitor(context)
+        finally:
+            _reap(context)
+        if failure is not None:
+            index, detail, code = failure
+            raise WorkerError(plan.rank_offset + index, detail, exitcode=code)
+        if store is not None:
+            _wait_for_count(store, plan.world_size)
+        if not os.path.exists(result_path):
+            return None
+        with open(result_path, "rb") as fh:
+            return pickle.load(fh)
+
+
+# Errors a rank raises because *another* rank died; never reported as the root cause when a better one exists.
+_SECONDARY = ("remote worker", "Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "NCCL communicator was aborted", "SIGINT")
+
+
+def _monitor(context: tmp.ProcessContext) -> tuple[int, str, int] | None:
+    """Wait for the workers. On the first failure, give the others a grace period, then stop them.
+
+    Returns ``(local_index, detail, exit_code)`` of the root-cause failure, or None when all succeeded.
+    """
+    procs = context.processes
+    failed: dict[int, float] = {}
+    deadline: float | None = None
+    while True:
+        now = time.time()
+        for i, proc in enumerate(procs):
+            if i not in failed and not proc.is_alive() and proc.exitcode not in (0, None):
+                failed[i] = now
+        alive = [p for p in procs if p.is_alive()]
+        if not alive:
+            break
+        if failed and deadline is None:
+            deadline = now + GRACE_PERIOD_S
+        if deadline is not None and now >= deadline:
+            break  # the rest is stopped by _reap
+        wait = 1.0 if deadline is None else max(deadline - now, 0.01)
+        multiprocessing.connection.wait([p.sentinel for p in alive], timeout=wait)
+    if not failed:
+        return None
+    reports = []
+    for i, observed in failed.items():
+        detail, when = _read_error(context.error_files[i], observed)
+        code = procs[i].exitcode or 1
+        if detail is None:
+            detail = _describe_exit(code)
+        secondary = any(marker in detail for marker in _SECONDARY)
+        reports.append((secondary, when, i, detail, code))
+    _, _, index, detail, code = min(reports)
+    return index, detail, code
+
+
+def _read_error(path: str, observed: float) -> tuple[str | None, float]:
+    """The traceback torch's wrapper wrote for a worker, with the time it was written."""
+    try:
+        when = os.path.getmtime(path)
+        with open(path, "rb") as fh:
+            return str(pickle.load(fh)).strip(), when
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return None, observed
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (killed by the kernel's OOM killer?)" if name == "SIGKILL" else ""
+        return f"the process was killed by {name}{hint}"
+    return f"the process exited with code {code} without a Python traceback"
+
+
+def _reap(context: tmp.ProcessContext) -> None:
+    """Make sure no worker outlives the launch, whatever happened (e.g. KeyboardInterrupt)."""
+    for proc in context.processes:
+        if proc.is_alive():
+            proc.terminate()
+    deadline = time.monotonic() + GRACE_PERIOD_S
+    for proc in context.processes:
+        proc.join(max(deadline - time.monotonic(), 0.1))
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
