@@ -1,0 +1,56 @@
+"""Access to the local 2-node Slurm (`make slurm-up`). In CI (CI=true) a missing cluster is a failure."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+DEFAULT_CONF = "/tmp/trainstack-slurm/slurm.conf"
+
+
+def _cluster_ready(env: dict[str, str]) -> str | None:
+    if not shutil.which("sbatch"):
+        return "sbatch not found (apt-get install slurm-wlm munge)"
+    if not Path(env.get("SLURM_CONF", "")).exists():
+        return f"no slurm.conf at {env.get('SLURM_CONF')!r}"
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        return "sinfo timed out"
+    if out.returncode != 0 or "idle" not in out.stdout and "mix" not in out.stdout and "alloc" not in out.stdout:
+        return f"cluster not up: {out.stdout.strip()} {out.stderr.strip()}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm_env() -> dict[str, str]:
+    """Environment for Slurm client commands; skips (or fails in CI) when no cluster is running."""
+    env = dict(os.environ)
+    env.setdefault("SLURM_CONF", DEFAULT_CONF)
+    problem = _cluster_ready(env)
+    if problem:
+        msg = f"local Slurm unavailable: {problem}. Start it with `make slurm-up` (root), then run `make test-slurm`."
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return env
+
+
+@pytest.fixture
+def shared_tmp(tmp_path):
+    """A folder both fake nodes can read and write (they share this host's file system)."""
+    tmp_path.chmod(0o777)
+    return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def no_jobs_left_behind(request):
+    """Cancel every job a test submitted, whatever happened."""
+    yield
+    env = request.node.funcargs.get("slurm_env")
+    if env:
+        subprocess.run(["scancel", "--quiet", "--name", "trainstack-test"], env=env, timeout=30)
