@@ -5,6 +5,10 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from .accelerator import Accelerator, seed_everything
+from .callbacks import Callback
+from .config import TrainConfig
+from .steps import optimize_step
+from .trainer import Trainer
 from .errors import ConfigError, LaunchError, TrainstackError, WorkerError
 
 try:
@@ -14,6 +18,10 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
 
 __all__ = [
     "Accelerator",
+    "Trainer",
+    "TrainConfig",
+    "Callback",
+    "optimize_step",
     "seed_everything",
     "TrainstackError",
     "ConfigError",

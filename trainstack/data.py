@@ -144,3 +144,30 @@ def generator_seed(loader: DataLoader) -> int:
     """A deterministic seed for the sampler: the loader's generator's initial seed, else 0."""
     gen = getattr(loader, "generator", None)
     return int(gen.initial_seed()) if isinstance(gen, torch.Generator) else 0
+
+
+class EvalShardSampler(torch.utils.data.Sampler[int]):
+    """Indices ``rank, rank + world, ...``: every sample exactly once over all ranks (no padding)."""
+
+    def __init__(self, length: int, rank: int, world_size: int) -> None:
+        self.length, self.rank, self.world_size = length, rank, world_size
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.length, self.world_size))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.length, self.world_size))
+
+
+def prepare_eval_dataloader(loader: DataLoader, rank: int, world_size: int) -> DataLoader:
+    """Shard an evaluation loader without the padding duplicates a DistributedSampler adds."""
+    if world_size == 1 or loader is None:
+        return loader
+    if isinstance(loader.dataset, IterableDataset):
+        return prepare_dataloader(loader, rank, world_size)
+    if _shuffles(loader) is None or loader.batch_size is None:
+        raise ConfigError("cannot shard an evaluation DataLoader with a custom sampler/batch_sampler without "
+                          "duplicates. HINT: build it with batch_size and shuffle=False.")
+    sampler = EvalShardSampler(len(loader.dataset), rank, world_size)
+    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, drop_last=False,
+                      **_loader_kwargs(loader))

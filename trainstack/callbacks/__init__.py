@@ -1,0 +1,25 @@
+"""Callbacks: everything beyond the core loop hangs off these events."""
+
+from .base import EVENTS, Callback, OptimizeResult
+from .builtin import (
+    EarlyStopping,
+    GradientMonitoring,
+    LoadCheckpoint,
+    LogHyperparameters,
+    LogModelTracker,
+    LRScheduler,
+    LRSchedulerCosineAnnealing,
+    LRSchedulerCyclic,
+    LRSchedulerStepDecay,
+    PlotMetrics,
+    PrintMetrics,
+    SaveBestCheckpoint,
+    SaveCheckpoint,
+    WriteMetrics,
+)
+from .manager import CallbackManager, default_callbacks
+
+__all__ = ["EVENTS", "Callback", "OptimizeResult", "CallbackManager", "default_callbacks", "EarlyStopping",
+           "GradientMonitoring", "LoadCheckpoint", "LogHyperparameters", "LogModelTracker", "LRScheduler",
+           "LRSchedulerCosineAnnealing", "LRSchedulerCyclic", "LRSchedulerStepDecay", "PlotMetrics",
+           "PrintMetrics", "SaveBestCheckpoint", "SaveCheckpoint", "WriteMetrics"]

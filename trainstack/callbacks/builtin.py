@@ -1,0 +1,224 @@
+"""Built-in callbacks. Logging/plotting ones run on rank 0; training-affecting ones on every rank."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..errors import ConfigError
+from .base import Callback
+
+__all__ = ["PrintMetrics", "WriteMetrics", "PlotMetrics", "LogHyperparameters", "LogModelTracker",
+           "SaveCheckpoint", "SaveBestCheckpoint", "LoadCheckpoint", "EarlyStopping", "GradientMonitoring",
+           "LRScheduler", "LRSchedulerStepDecay", "LRSchedulerCyclic", "LRSchedulerCosineAnnealing"]
+
+
+def _fmt(value: Any) -> str:
+    v = float(value.item() if hasattr(value, "item") else value)
+    return f"{v:.7f}" if abs(v) >= 1e-4 or v == 0 else f"{v:.4e}"
+
+
+class PrintMetrics(Callback):
+    """One line from rank 0: ``Iteration N | train_loss: ... | val_loss: ...``."""
+
+    main_process_only = True
+
+    def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
+        res = trainer.opt_result
+        parts = [f"{k}: {_fmt(v)}" for k, v in res.metrics.items()]
+        trainer.console_print(f"Iteration {res.iteration:>6} | " + " | ".join(parts))
+
+
+class WriteMetrics(Callback):
+    main_process_only = True
+
+    def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
+        writer.write(trainer.opt_result.iteration, trainer.opt_result.metrics)
+
+
+class PlotMetrics(Callback):
+    main_process_only = True
+
+    def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
+        writer.plot(trainer.unwrapped_model, trainer.opt_result.iteration, config.plotting_functions)
+
+
+class LogHyperparameters(Callback):
+    main_process_only = True
+
+    def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
+        writer.log_hyperparams(config.hyperparams)
+
+
+class LogModelTracker(Callback):
+    main_process_only = True
+
+    def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
+        writer.log_model(trainer.unwrapped_model)
+
+
+class SaveCheckpoint(Callback):
+    """Save a complete checkpoint (every rank takes part: RNG states are gathered)."""
+
+    def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
+        trainer.save_checkpoint()
+
+
+class SaveBestCheckpoint(Callback):
+    """Save ``best.pt`` when ``validation_criterion(val_loss, best, eps)`` says so (default: lower by eps)."""
+
+    def __init__(self, on: str = "val_epoch_end", called_every: int = 1, **kwargs: Any) -> None:
+        super().__init__(on=on, called_every=called_every, **kwargs)
+        self.best_val_loss = math.inf
+
+    def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
+        loss = float(trainer.opt_result.metrics.get("val_loss", math.nan))
+        criterion = config.validation_criterion or (lambda cur, best, eps: cur < best - eps)
+        if math.isfinite(loss) and criterion(loss, self.best_val_loss, config.val_epsilon):
+            self.best_val_loss = loss
+            trainer.save_checkpoint(best=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best_val_loss": self.best_val_loss}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best_val_loss = float(state.get("best_val_loss", math.inf))
+
+
+class LoadCheckpoint(Callback):
+    """Load a checkpoint on every rank at ``train_start`` (``path=None``: the latest of the run folder)."""
+
+    def __init__(self, on: str = "train_start", called_every: int = 1, path: Any = None, **kwargs: Any) -> None:
+        super().__init__(on=on, called_every=called_every, **kwargs)
+        self.path = path
+
+    def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
+        trainer.load_checkpoint(self.path)
+
+
+class EarlyStopping(Callback):
+    """Stop when ``monitor`` has not improved for ``patience`` calls; every rank stops at the same epoch."""
+
+    def __init__(self, on: str = "val_epoch_end", called_every: int = 1, monitor: str = "val_loss",
+                 patience: int = 5, mode: str = "min", min_delta: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(on=on, called_every=called_every, **kwargs)
+        if mode not in ("min", "max"):
+            raise ConfigError(f"EarlyStopping(mode={mode!r}): must be 'min' or 'max'.")
+        if not isinstance(patience, int) or patience < 1:
+            raise ConfigError(f"EarlyStopping(patience={patience!r}): must be an integer >= 1.")
+        self.monitor, self.patience, self.mode, self.min_delta = monitor, patience, mode, min_delta
+        self.best = math.inf if mode == "min" else -math.inf
+        self.wait = 0
+
+    def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
+        metrics = trainer.opt_result.metrics
+        if self.monitor not in metrics:
+            raise ConfigError(f"EarlyStopping: metric {self.monitor!r} not found; available: {sorted(metrics)}.")
+        value = float(metrics[self.monitor])
+        better = value < self.best - self.min_delta if self.mode == "min" else value > self.best + self.min_delta
+        if better:
+            self.best, self.wait = value, 0
+            return
+        self.wait += 1
+        if self.wait >= self.patience:
+            trainer.request_stop(f"EarlyStopping: {self.monitor} did not improve for {self.patience} checks")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "wait": self.wait}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.wait = float(state.get("best", self.best)), int(state.get("wait", 0))
+
+
+class GradientMonitoring(Callback):
+    """Write mean/std/max/min of every parameter's gradient (rank 0; gradients are synchronised)."""
+
+    main_process_only = True
+
+    def __init__(self, on: str = "train_batch_end", called_every: int = 1, **kwargs: Any) -> None:
+        super().__init__(on=on, called_every=called_every, **kwargs)
+
+    def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
+        stats: dict[str, float] = {}
+        for name, p in trainer.unwrapped_model.named_parameters():
+            if p.grad is not None:
+                g = p.grad.detach().float()
+                stats.update({f"{name}_mean": g.mean().item(), f"{name}_std": g.std().item() if g.numel() > 1
+                              else 0.0, f"{name}_max": g.max().item(), f"{name}_min": g.min().item()})
+        writer.write(trainer.opt_result.iteration, stats)
+
+
+class LRScheduler(Callback):
+    """Step any ``torch.optim.lr_scheduler`` on an event (its state is checkpointed)."""
+
+    def __init__(self, scheduler: Any, on: str = "train_epoch_end", called_every: int = 1, **kwargs: Any) -> None:
+        super().__init__(on=on, called_every=called_every, **kwargs)
+        if not hasattr(scheduler, "step") or not hasattr(scheduler, "state_dict"):
+            raise ConfigError(f"LRScheduler({scheduler!r}): expected a torch.optim.lr_scheduler object.")
+        self.scheduler = scheduler
+
+    def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
+        self.scheduler.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state)
+
+
+class _LRFunction(Callback):
+    """Set the learning rate of every param group from ``new_lr(current_lr, iteration)``."""
+
+    def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
+        it = trainer.opt_result.iteration
+        for group in trainer.optimizer.param_groups:
+            group["lr"] = self.new_lr(group["lr"], it)
+
+    def new_lr(self, lr: float, iteration: int) -> float:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class LRSchedulerStepDecay(_LRFunction):
+    def __init__(self, on: str = "train_epoch_end", called_every: int = 1, gamma: float = 0.5, **kw: Any) -> None:
+        super().__init__(on=on, called_every=called_every, **kw)
+        self.gamma = gamma
+
+    def new_lr(self, lr: float, iteration: int) -> float:
+        return lr * self.gamma
+
+
+class LRSchedulerCyclic(_LRFunction):
+    def __init__(self, on: str = "train_batch_end", called_every: int = 1, base_lr: float = 1e-3,
+                 max_lr: float = 1e-2, step_size: int = 2000, **kw: Any) -> None:
+        super().__init__(on=on, called_every=called_every, **kw)
+        if step_size < 1:
+            raise ConfigError(f"LRSchedulerCyclic(step_size={step_size!r}): must be >= 1.")
+        self.base_lr, self.max_lr, self.step_size = base_lr, max_lr, step_size
+
+    def new_lr(self, lr: float, iteration: int) -> float:
+        cycle = math.floor(1 + iteration / (2 * self.step_size))
+        x = abs(iteration / self.step_size - 2 * cycle + 1)
+        return self.base_lr + (self.max_lr - self.base_lr) * max(0.0, 1 - x)
+
+
+class LRSchedulerCosineAnnealing(_LRFunction):
+    def __init__(self, on: str = "train_epoch_end", called_every: int = 1, t_max: int = 100, min_lr: float = 0.0,
+                 **kw: Any) -> None:
+        super().__init__(on=on, called_every=called_every, **kw)
+        if t_max < 1:
+            raise ConfigError(f"LRSchedulerCosineAnnealing(t_max={t_max!r}): must be >= 1.")
+        self.t_max, self.min_lr, self.max_lr = t_max, min_lr, None
+
+    def new_lr(self, lr: float, iteration: int) -> float:
+        if self.max_lr is None:
+            self.max_lr = lr
+        return self.min_lr + (self.max_lr - self.min_lr) * (1 + math.cos(math.pi * iteration / self.t_max)) / 2
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"max_lr": self.max_lr}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.max_lr = state.get("max_lr")
+
+

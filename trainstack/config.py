@@ -1,0 +1,201 @@
+"""`TrainConfig`: every training setting in one keyword dataclass, validated when it is built.
+
+Names and meanings follow the qadence reference (``max_iter``, ``print_every``, ``val_every`` ...);
+additions follow what Accelerate/Lightning users expect (``seed``, ``gradient_accumulation_steps`` ...).
+A bad or contradictory value fails here, with the field name and the fix, not hours into a job.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import ConfigError
+
+__all__ = ["TrainConfig", "TRACKING_TOOLS", "MIXED_PRECISION"]
+
+TRACKING_TOOLS = ("jsonl", "tensorboard", "mlflow")
+MIXED_PRECISION = ("no", "bf16", "fp16")
+_COMPUTE = ("auto", "gpu", "cpu")
+_BACKENDS = (None, "nccl", "gloo", "mpi")
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """Settings of one training run (see the README table for every field)."""
+
+    max_iter: int = 10000
+    """Number of passes (epochs) over the training data -- exactly this many."""
+    print_every: int = 0
+    """Print one metrics line from rank 0 every N epochs (0: never). Needs ``verbose``."""
+    write_every: int = 0
+    """Write metrics to the tracker every N epochs (0: only at the end). metrics.jsonl is always written."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every N epochs and at the end (0: never, unless ``resume`` is on)."""
+    plot_every: int = 0
+    """Call ``plotting_functions`` every N epochs (0: never)."""
+    val_every: int = 0
+    """Validate every N epochs (0: never). Needs a validation DataLoader."""
+    val_epsilon: float = 1e-5
+    """Passed to ``validation_criterion``."""
+    validation_criterion: Callable[[float, float, float], bool] | None = None
+    """``(val_loss, best_val_loss, val_epsilon) -> bool``: is this validation the new best? Default: lower by eps."""
+    checkpoint_best_only: bool = False
+    """Save only the best checkpoint (by ``validation_criterion``) at each validation."""
+    trainstop_criterion: Callable[[Any], bool] | None = None
+    """``(trainer) -> bool`` checked after every epoch; True stops training on every rank."""
+    callbacks: list = field(default_factory=list)
+    """User :class:`~trainstack.callbacks.Callback` objects."""
+    log_model: bool = False
+    """Log the final model to the tracker (MLflow)."""
+    root_folder: Path = Path("./qml_logs")
+    """Parent folder of the per-run folders."""
+    create_subfolder_per_run: bool = False
+    """Create a new run folder on every ``fit`` even when one could be reused."""
+    log_folder: Path = Path("./")
+    """Explicit run folder; ``./`` (the default) means a new subfolder of ``root_folder``."""
+    verbose: bool = True
+    """Print the banner, metrics lines and the progress bar (rank 0 only)."""
+    tracking_tool: str = "jsonl"
+    """``jsonl`` (dependency-free, always written), ``tensorboard`` or ``mlflow`` (optional extras)."""
+    hyperparams: dict = field(default_factory=dict)
+    """Logged to the tracker at the end of training."""
+    plotting_functions: tuple = ()
+    """Functions ``(model, iteration) -> (description, matplotlib Figure)``."""
+    nprocs: int = 1
+    """Total number of processes (all nodes). Under torchrun the launcher's count wins."""
+    compute_setup: str = "cpu"
+    """``cpu``, ``gpu`` or ``auto`` (GPU when available)."""
+    backend: str | None = None
+    """``None`` (nccl on GPU, gloo on CPU), ``nccl``, ``gloo`` or ``mpi``."""
+    log_setup: str = "cpu"
+    """Where reduced metrics live: ``cpu`` or ``auto`` (the compute device)."""
+    dtype: torch.dtype | None = None
+    """Model dtype; floating batch tensors are cast to it."""
+    all_reduce_metrics: bool = False
+    """Average training metrics over all ranks once per epoch (validation metrics always are)."""
+    seed: int | None = None
+    """Seed Python/NumPy/torch (``seed + rank`` per process) and the data shuffle. None: leave RNGs alone."""
+    gradient_accumulation_steps: int = 1
+    """Optimizer step every N batches (no DDP gradient sync on the others)."""
+    grad_clip_norm: float | None = None
+    """Clip the global gradient norm to this value before each optimizer step."""
+    mixed_precision: str = "no"
+    """``no``, ``bf16`` (autocast) or ``fp16`` (autocast + GradScaler, CUDA only)."""
+    max_batches: int | None = None
+    """Use at most this many batches per epoch."""
+    resume: str | Path | None = None
+    """``"auto"``: continue from the latest complete checkpoint of the run folder; a path: that checkpoint."""
+    keep_last_checkpoints: int | None = None
+    """Keep only the newest N periodic checkpoints (None: keep all). ``best.pt`` is kept separately."""
+
+    def __post_init__(self) -> None:
+        self.root_folder = _as_path("root_folder", self.root_folder)
+        self.log_folder = _as_path("log_folder", self.log_folder)
+        for name in ("max_iter", "print_every", "write_every", "checkpoint_every", "plot_every", "val_every"):
+            _check_int(name, getattr(self, name), minimum=0)
+        _check_int("nprocs", self.nprocs, minimum=1)
+        _check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, minimum=1)
+        for name in ("max_batches", "keep_last_checkpoints", "seed"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), minimum=0 if name == "seed" else 1)
+        self._check_choices()
+        self._check_callables()
+        self._check_combinations()
+
+    def _check_choices(self) -> None:
+        choices = {"compute_setup": _COMPUTE, "backend": _BACKENDS, "log_setup": ("cpu", "auto"),
+                   "tracking_tool": TRACKING_TOOLS, "mixed_precision": MIXED_PRECISION}
+        if hasattr(self.tracking_tool, "value"):  # accept enum-like values (qadence ExperimentTrackingTool)
+            self.tracking_tool = str(self.tracking_tool.value)
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"TrainConfig.{name}={getattr(self, name)!r} is not one of {allowed}.")
+        if self.dtype is not None and not isinstance(self.dtype, torch.dtype):
+            raise ConfigError(f"TrainConfig.dtype={self.dtype!r} must be a torch.dtype (e.g. torch.float64) or None.")
+        if not isinstance(self.val_epsilon, (int, float)) or self.val_epsilon < 0:
+            raise ConfigError(f"TrainConfig.val_epsilon={self.val_epsilon!r} must be a number >= 0.")
+        if self.grad_clip_norm is not None and (not isinstance(self.grad_clip_norm, (int, float))
+                                                or self.grad_clip_norm <= 0):
+            raise ConfigError(f"TrainConfig.grad_clip_norm={self.grad_clip_norm!r} must be a number > 0 or None.")
+        if self.resume not in (None, False, "auto") and not isinstance(self.resume, (str, os.PathLike)):
+            raise ConfigError(f"TrainConfig.resume={self.resume!r} must be 'auto', a checkpoint path, or None.")
+        if self.resume is False:
+            self.resume = None
+
+    def _check_callables(self) -> None:
+        from .callbacks import Callback  # local import: callbacks import config for type hints
+
+        for name in ("validation_criterion", "trainstop_criterion"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise ConfigError(f"TrainConfig.{name}={value!r} must be a function or None.")
+        if not isinstance(self.callbacks, (list, tuple)) or not all(isinstance(c, Callback) for c in self.callbacks):
+            raise ConfigError(f"TrainConfig.callbacks must be a list of trainstack Callback objects, got "
+                              f"{self.callbacks!r}.")
+        self.callbacks = list(self.callbacks)
+        if not all(callable(f) for f in self.plotting_functions):
+            raise ConfigError("TrainConfig.plotting_functions must be functions (model, iteration) -> (name, figure).")
+        if not isinstance(self.hyperparams, dict):
+            raise ConfigError(f"TrainConfig.hyperparams must be a dict, got {type(self.hyperparams).__name__}.")
+
+    def _check_combinations(self) -> None:
+        if self.checkpoint_best_only and self.val_every == 0:
+            raise ConfigError("TrainConfig.checkpoint_best_only=True needs validation: set val_every > 0 (and pass a "
+                              "validation DataLoader).")
+        if self.plot_every and not self.plotting_functions:
+            raise ConfigError(f"TrainConfig.plot_every={self.plot_every} but plotting_functions is empty: nothing to "
+                              f"plot. HINT: pass plotting_functions=(fn,) or set plot_every=0.")
+        if self.create_subfolder_per_run and self.log_folder != Path("./"):
+            raise ConfigError(f"TrainConfig.log_folder={str(self.log_folder)!r} and create_subfolder_per_run=True "
+                              f"contradict each other: pick one run folder or a new subfolder of root_folder per run.")
+        if self.resume == "auto" and self.create_subfolder_per_run:
+            raise ConfigError("TrainConfig.resume='auto' cannot find earlier checkpoints when "
+                              "create_subfolder_per_run=True makes a new folder every time. HINT: set one of them.")
+        if self.mixed_precision == "fp16" and self.compute_setup == "cpu":
+            raise ConfigError("TrainConfig.mixed_precision='fp16' needs CUDA (GradScaler); on CPU use 'bf16' or 'no'.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (loadable with ``torch.load(weights_only=True)``): functions become their names."""
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def changed(self) -> dict[str, Any]:
+        """Fields that differ from their defaults (for banners and logs)."""
+        out = {}
+        for f in fields(self):
+            default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+            if getattr(self, f.name) != default:
+                out[f.name] = getattr(self, f.name)
+        return out
+
+
+def _as_path(name: str, value: Any) -> Path:
+    if isinstance(value, (str, os.PathLike)):
+        return Path(value)
+    raise ConfigError(f"TrainConfig.{name}={value!r} must be a path (str or pathlib.Path).")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"TrainConfig.{name}={value!r} must be an integer >= {minimum}.")
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (Path, torch.dtype)):
+        return str(value)
+    return getattr(value, "__name__", type(value).__name__)
