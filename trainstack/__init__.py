@@ -7,9 +7,9 @@ from importlib.metadata import PackageNotFoundError, version
 from .accelerator import Accelerator, seed_everything
 from .callbacks import Callback
 from .config import TrainConfig
+from .errors import ConfigError, LaunchError, TrainstackError, WorkerError
 from .steps import optimize_step
 from .trainer import Trainer
-from .errors import ConfigError, LaunchError, TrainstackError, WorkerError
 
 try:
     __version__ = version("trainstack")

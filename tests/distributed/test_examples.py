@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import python_exe, torchrun_exe
+import torch
+from conftest import ROOT, python_exe, torchrun_exe
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -32,3 +33,27 @@ def test_seed_000_under_torchrun_joins_its_workers(run_py):
 def test_demo_prints_per_epoch_loss(run_py):
     out = run_py([python_exe(), "examples/demo.py", "--nprocs", "2", "--epochs", "3"], timeout=240).stdout
     assert "training on 2 process(es)" in out and "epoch   3/3" in out and "from rank 0" in out
+
+
+def test_seed_001_train_py_on_two_cpu_processes(run_py, tmp_path):
+    start = time.monotonic()
+    out = run_py([python_exe(), str(ROOT / "examples/train.py"), "--nprocs", "2", "--backend", "gloo",
+                  "--compute_setup", "cpu"], cwd=tmp_path, timeout=240).stdout
+    print(f"seed 001 nprocs=2: {time.monotonic() - start:.1f}s")
+    assert out.count("Iteration ") == 10 and "Iteration     50" in out  # print_every=5, max_iter=50, rank 0 only
+    assert list((tmp_path / "qml_logs").glob("*/checkpoints/ckpt-e00050-*.pt"))
+
+
+def test_seed_001_default_nccl_on_cpu_fails_fast_with_the_fix(run_py, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU-only message")
+    proc = run_py([python_exe(), str(ROOT / "examples/train.py"), "--nprocs", "1"], cwd=tmp_path, timeout=60,
+                  check=False)
+    assert proc.returncode != 0
+    assert "backend='nccl' needs CUDA GPUs" in proc.stdout and "--backend gloo --compute_setup cpu" in proc.stdout
+
+
+def test_classification_example(run_py, tmp_path):
+    out = run_py([python_exe(), str(ROOT / "examples/classification.py"), "--nprocs", "2", "--epochs", "1",
+                  "--samples", "256"], cwd=tmp_path, timeout=240).stdout
+    assert "val_accuracy" in out and "test: {'test_loss'" in out

@@ -1,0 +1,90 @@
+"""Trainer.fit on 2 real gloo processes: equivalence with 1 process, the model comes back, exact resume."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from psutil_free import own_children
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainstack import Callback, TrainConfig, Trainer
+from trainstack.callbacks import EarlyStopping
+from trainstack.errors import WorkerError
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
+
+
+def _loader(n=32, batch=8, shuffle=False):
+    g = torch.Generator().manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(n, 3, generator=g), torch.randn(n, 1, generator=g)),
+                      batch_size=batch, shuffle=shuffle)
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Linear(16, 1))
+
+
+def _cfg(tmp_path, name, **kw):
+    return TrainConfig(**({"max_iter": 3, "log_folder": tmp_path / name, "verbose": False, "compute_setup": "cpu",
+                           "backend": "gloo"} | kw))
+
+
+def test_fit_on_one_and_two_processes_agree_and_the_model_comes_back(tmp_path):
+    m1, m2 = _model(), _model()
+    initial = {k: v.clone() for k, v in m2.state_dict().items()}
+    Trainer(m1, torch.optim.SGD(m1.parameters(), lr=0.1, momentum=0.9), _cfg(tmp_path, "one")).fit(_loader(32, 8))
+    opt2 = torch.optim.SGD(m2.parameters(), lr=0.1, momentum=0.9)
+    trainer = Trainer(m2, opt2, _cfg(tmp_path, "two", nprocs=2))
+    model, optimizer = trainer.fit(_loader(32, 4))
+    assert model is m2 and optimizer is opt2
+    assert any(not torch.equal(initial[k], v) for k, v in m2.state_dict().items())  # trained weights returned
+    assert all(s.get("momentum_buffer") is not None for s in opt2.state.values())  # optimizer state returned
+    diff = max((m1.state_dict()[k] - m2.state_dict()[k]).abs().max().item() for k in initial)
+    assert diff < 1e-6, diff
+    assert trainer.current_epoch == 3 and trainer.config.log_folder == tmp_path / "two"
+
+
+def _interrupt(trainer, config, writer):
+    if trainer.current_epoch == 3 and trainer.accelerator.rank == 1:
+        raise RuntimeError("simulated failure on rank 1")
+
+
+def _fit_two(tmp_path, name, shuffle=True, **kw):
+    model = _model(seed=kw.pop("init_seed", 0))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    cfg = _cfg(tmp_path, name, nprocs=2, max_iter=5, checkpoint_every=1, seed=1, **kw)
+    Trainer(model, opt, cfg).fit(_loader(40, 4, shuffle=shuffle))
+    return model
+
+
+def test_exact_resume_on_two_processes(tmp_path):
+    reference = _fit_two(tmp_path, "ref")
+    with pytest.raises(WorkerError) as exc:
+        _fit_two(tmp_path, "crash", callbacks=[Callback(on="train_epoch_end", callback=_interrupt)])
+    assert exc.value.rank == 1 and "simulated failure on rank 1" in str(exc.value)
+    assert not own_children()
+    resumed = _fit_two(tmp_path, "crash", resume="auto", init_seed=7)
+    for k, v in reference.state_dict().items():
+        assert torch.equal(resumed.state_dict()[k], v), k
+
+
+def test_early_stopping_on_diverging_ranks_stops_everyone(tmp_path):
+    # each rank monitors its own (unreduced) train loss, so their decisions differ; all must stop together
+    model = _model()
+    stopper = EarlyStopping(on="train_epoch_end", monitor="train_loss", patience=1, min_delta=0.0)
+    cfg = _cfg(tmp_path, "es", nprocs=2, max_iter=200, callbacks=[stopper])
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=5.0), cfg)  # lr too big: loss goes up
+    trainer.fit(_loader(32, 4, shuffle=True))
+    assert 1 < trainer.current_epoch < 200 and "EarlyStopping" in trainer.stop_reason
+
+
+def test_test_metrics_do_not_count_padding_duplicates(tmp_path):
+    model = _model()
+    loader = _loader(n=11, batch=3)  # 11 samples on 2 ranks: a DistributedSampler would pad to 12
+    one = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _cfg(tmp_path, "t1")).test(loader)
+    two = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _cfg(tmp_path, "t2", nprocs=2)).test(loader)
+    direct = nn.functional.mse_loss(model(loader.dataset.tensors[0]), loader.dataset.tensors[1]).item()
+    assert one["test_loss"] == pytest.approx(direct, rel=1e-6)
+    assert two["test_loss"] == pytest.approx(direct, rel=1e-6)

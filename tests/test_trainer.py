@@ -1,0 +1,269 @@
+"""Trainer in one process: call counts, callbacks, metrics, checkpoints, exact resume, seeding."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainstack import Callback, TrainConfig, Trainer
+from trainstack.callbacks import EarlyStopping, LRScheduler
+from trainstack.checkpoint import Checkpointer
+from trainstack.errors import ConfigError
+
+
+def _loader(n=32, batch=8, shuffle=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return DataLoader(TensorDataset(torch.randn(n, 3, generator=g), torch.randn(n, 1, generator=g)),
+                      batch_size=batch, shuffle=shuffle)
+
+
+def _model(seed=0, dropout=0.0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Dropout(dropout), nn.Linear(16, 1))
+
+
+def _config(tmp_path, **kw):
+    base = dict(max_iter=3, log_folder=tmp_path / "run", verbose=False, compute_setup="cpu")
+    return TrainConfig(**(base | kw))
+
+
+class CountingLoss:
+    def __init__(self):
+        self.calls = 0
+        self.none_batches = 0
+
+    def __call__(self, model, batch):
+        self.calls += 1
+        if batch is None:
+            self.none_batches += 1
+            return model[0].weight.pow(2).sum()
+        x, y = batch
+        loss = nn.functional.mse_loss(model(x), y)
+        return loss, {"mae": (model(x) - y).abs().mean()}
+
+
+def test_max_iter_is_exactly_that_many_passes(tmp_path):
+    loss = CountingLoss()
+    trainer = Trainer(_model(), torch.optim.SGD(_model().parameters(), lr=0.1), _config(tmp_path), loss_fn=loss)
+    trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=0.1)
+    trainer.fit(_loader())
+    assert loss.calls == 3 * 4 and trainer.current_epoch == 3 and trainer.global_step == 12
+
+
+def test_validation_calls_and_metric_prefixes(tmp_path):
+    loss = CountingLoss()
+    model = _model()
+    cfg = _config(tmp_path, max_iter=5, val_every=2)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg, loss_fn=loss,
+                      val_dataloader=_loader(16, 8))
+    trainer.fit(_loader())
+    assert loss.calls == 5 * 4 + 2 * 2  # validation after epochs 2 and 4, 2 batches each
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4, 5]
+    assert set(rows[1]) == {"iteration", "time", "train_loss", "train_mae", "val_loss", "val_mae"}
+    assert "val_loss" not in rows[0]
+
+
+def test_no_data_calls_loss_once_per_iteration(tmp_path):
+    loss = CountingLoss()
+    model = _model()
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _config(tmp_path, max_iter=4), loss_fn=loss).fit()
+    assert loss.calls == loss.none_batches == 4
+
+
+def test_callback_firing_rules(tmp_path):
+    seen = []
+
+    def rec(name):
+        return lambda trainer, config, writer: seen.append((name, trainer.opt_result.iteration))
+
+    cbs = [Callback(on="train_start", callback=rec("start")), Callback(on="train_end", callback=rec("end")),
+           Callback(on="train_epoch_end", called_every=2, callback=rec("epoch")),
+           Callback(on="train_batch_end", called_every=3, callback=rec("batch")),
+           Callback(on="train_epoch_end", called_every=1, callback=rec("cond"),
+                    callback_condition=lambda res: res.iteration == 5),
+           Callback(on="train_epoch_end", called_every=0, callback=rec("never")),
+           Callback(on="train_epoch_start", callback=rec("epoch_start"), modify_optimize_result={"tag": 1})]
+    model = _model()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _config(tmp_path, max_iter=5, callbacks=cbs))
+    trainer.fit(_loader(16, 8))  # 2 batches per epoch, 10 global steps
+    assert seen[0] == ("start", 0) and seen[-1] == ("end", 5)
+    assert [it for n, it in seen if n == "epoch"] == [2, 4]
+    assert [it for n, it in seen if n == "batch"] == [3, 6, 9]
+    assert [it for n, it in seen if n == "cond"] == [5]
+    assert not [s for s in seen if s[0] == "never"]
+    assert [it for n, it in seen if n == "epoch_start"] == [1, 2, 3, 4]  # iteration 0 is skipped, as qadence
+    assert trainer.opt_result.extra == {"tag": 1}
+
+
+def test_bad_callback_arguments():
+    with pytest.raises(ConfigError, match="on='idle'"):
+        Callback(on="idle")
+    with pytest.raises(ConfigError, match="called_every=-1"):
+        Callback(called_every=-1)
+    with pytest.raises(ConfigError, match="mode='median'"):
+        EarlyStopping(mode="median")
+
+
+def test_print_metrics_from_the_main_process(tmp_path, capsys):
+    model = _model()
+    cfg = _config(tmp_path, max_iter=4, print_every=2, verbose=True)
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg).fit(_loader())
+    out = capsys.readouterr().out
+    assert "***** Running training *****" in out and "Total optimization steps" in out
+    lines = [line for line in out.splitlines() if line.startswith("Iteration")]
+    assert len(lines) == 2 and "train_loss:" in lines[0] and "train_mse:" in lines[0]
+
+
+def test_checkpoints_round_trip_rotate_and_load_weights_only(tmp_path):
+    model = _model()
+    cfg = _config(tmp_path, max_iter=5, checkpoint_every=1, keep_last_checkpoints=2)
+    trainer = Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), cfg)
+    trainer.fit(_loader())
+    ckpts = Checkpointer(tmp_path / "run").checkpoints()
+    assert [p.name for p in ckpts] == ["ckpt-e00004-s000000016.pt", "ckpt-e00005-s000000020.pt"]
+    state = torch.load(ckpts[-1], weights_only=True)
+    assert not any(k.startswith("module.") for k in state["model"])
+    assert state["epoch"] == 5 and state["global_step"] == 20 and len(state["rng"]) == 1
+    assert state["optimizer"]["state"] and state["config"]["max_iter"] == 5
+    for k, v in model.state_dict().items():
+        assert torch.equal(state["model"][k], v)
+    assert not list((tmp_path / "run" / "checkpoints").glob(".*tmp*"))
+
+
+def _stop_at(epoch):
+    def cb(trainer, config, writer):
+        if trainer.current_epoch == epoch:
+            raise KeyboardInterrupt("simulated crash")
+    return Callback(on="train_epoch_end", callback=cb)
+
+
+def _run(tmp_path, folder, max_iter=6, callbacks=(), resume=None, seed=0):
+    model = _model(seed=seed, dropout=0.2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    cfg = _config(tmp_path, max_iter=max_iter, log_folder=tmp_path / folder, checkpoint_every=1, seed=3,
+                  callbacks=list(callbacks), resume=resume)
+    trainer = Trainer(model, opt, cfg, scheduler=sched)
+    trainer.fit(_loader(40, 8, shuffle=True))
+    return trainer
+
+
+def test_exact_resume_after_a_crash_is_bitwise_identical(tmp_path):
+    reference = _run(tmp_path, "ref")
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, "crash", callbacks=[_stop_at(4)])
+    assert Checkpointer(tmp_path / "crash").latest().name.startswith("ckpt-e00003")
+    resumed = _run(tmp_path, "crash", resume="auto", seed=99)  # different init: the checkpoint must win
+    assert resumed.current_epoch == 6
+    for k, v in reference.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[k], v), k
+    assert resumed.optimizer.param_groups[0]["lr"] == reference.optimizer.param_groups[0]["lr"]
+
+
+def test_resume_from_explicit_missing_path_is_clear(tmp_path):
+    model = _model()
+    cfg = _config(tmp_path, resume=tmp_path / "nope.pt")
+    with pytest.raises(OSError, match="does not exist"):
+        Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg).fit(_loader())
+
+
+def test_seed_makes_runs_reproducible(tmp_path):
+    a = _run(tmp_path, "a", max_iter=2).model.state_dict()
+    b = _run(tmp_path, "b", max_iter=2).model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_early_stopping_and_trainstop_criterion(tmp_path, capsys):
+    model = _model()
+    cfg = _config(tmp_path, max_iter=50, verbose=True,
+                  callbacks=[EarlyStopping(on="train_epoch_end", monitor="train_loss", patience=1, min_delta=10.0)])
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), cfg)
+    trainer.fit(_loader())
+    assert trainer.current_epoch == 2 and "EarlyStopping" in capsys.readouterr().out
+    cfg2 = _config(tmp_path / "b", max_iter=50, trainstop_criterion=lambda t: t.current_epoch >= 3)
+    trainer2 = Trainer(_model(), torch.optim.SGD(_model().parameters(), lr=0.01), cfg2)
+    trainer2.fit(_loader())
+    assert trainer2.current_epoch == 3
+
+
+def test_best_checkpoint_and_lr_scheduler_callback(tmp_path):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = LRScheduler(torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5))
+    cfg = _config(tmp_path, max_iter=3, val_every=1, checkpoint_best_only=True, callbacks=[sched])
+    Trainer(model, opt, cfg, val_dataloader=_loader(8, 4)).fit(_loader())
+    assert (tmp_path / "run" / "checkpoints" / "best.pt").exists()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**3)
+    assert not Checkpointer(tmp_path / "run").checkpoints()  # best-only: no periodic files
+
+
+def test_test_uses_its_own_loader_and_batch_count(tmp_path):
+    model = _model()
+    loss = CountingLoss()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _config(tmp_path), loss_fn=loss,
+                      test_dataloader=_loader(64, 8), max_batches=1)
+    out = trainer.test()
+    assert loss.calls == 8 and set(out) == {"test_loss", "test_mae"}
+    with pytest.raises(ConfigError, match="test\\(\\) needs a DataLoader"):
+        Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _config(tmp_path)).test()
+
+
+def test_gradient_accumulation_matches_a_bigger_batch(tmp_path):
+    def train(batch, accum):
+        model = _model()
+        cfg = _config(tmp_path, max_iter=2, gradient_accumulation_steps=accum, grad_clip_norm=100.0,
+                      log_folder=tmp_path / f"acc{accum}")
+        Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg).fit(_loader(32, batch))
+        return model.state_dict()
+
+    a, b = train(16, 1), train(8, 2)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+
+
+def test_bf16_mixed_precision_runs_on_cpu(tmp_path):
+    model = _model()
+    cfg = _config(tmp_path, max_iter=1, mixed_precision="bf16")
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg).fit(_loader())
+
+
+def test_lbfgs_through_the_closure(tmp_path):
+    model = _model()
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5)
+    loss = CountingLoss()
+    Trainer(model, opt, _config(tmp_path, max_iter=1), loss_fn=loss).fit(_loader(8, 8))
+    assert loss.calls > 1  # LBFGS re-evaluated the closure
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"loss_fn": "hinge"}, "loss_fn='hinge'"),
+    ({"optimizer": "adam"}, "optimizer must be a torch.optim.Optimizer"),
+    ({"config": {"max_iter": 1}}, "config must be a trainstack TrainConfig"),
+])
+def test_trainer_argument_errors(tmp_path, kwargs, needle):
+    model = _model()
+    args = {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1), "config": _config(tmp_path)}
+    with pytest.raises(ConfigError, match=needle):
+        Trainer(**(args | kwargs))
+
+
+def test_val_every_without_loader_and_custom_step_conflicts(tmp_path):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ConfigError, match="no validation DataLoader"):
+        Trainer(model, opt, _config(tmp_path, val_every=1)).fit(_loader())
+    with pytest.raises(ConfigError, match="custom optimize_step"):
+        Trainer(model, opt, _config(tmp_path, gradient_accumulation_steps=2), optimize_step=lambda *a, **k: None)
+
+
+def test_tensorboard_and_loss_curve(tmp_path):
+    model = _model()
+    cfg = _config(tmp_path, tracking_tool="tensorboard", hyperparams={"lr": 0.1})
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg).fit(_loader())
+    run = tmp_path / "run"
+    assert list(run.glob("events.out.tfevents.*")) and (run / "loss_curve.png").stat().st_size > 1000
+    assert json.loads((run / "hyperparams.json").read_text()) == {"lr": 0.1}
