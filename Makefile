@@ -54,3 +54,12 @@ slurm-down:  ## stop the local Slurm
 
 clean:  ## remove build outputs and run folders
 	rm -rf build dist .pytest_cache runs
+
+MN_LAUNCHER ?= torchrun
+run-multinode: $(VENV)/.installed slurm-up  ## demo on the local 2-node Slurm: 2 nodes x 2 CPU processes
+	SLURM_CONF=$(SLURM_CONF_PATH) $(VENV)/bin/trainstack submit --setup multi-node --nodes 2 --cpu \
+	  --procs-per-node 2 --launcher $(MN_LAUNCHER) --job-name demo-multinode --time 00:10:00 \
+	  --venv $(CURDIR)/$(VENV) --wait -- examples/demo.py --nprocs 4
+
+render-examples: $(VENV)/.installed  ## render the template matrix into build/scripts for eyeballing
+	$(PY) scripts/render_matrix.py build/scripts

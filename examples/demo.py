@@ -53,7 +53,7 @@ def main() -> None:
     accelerator = Accelerator(nprocs=args.nprocs, compute_setup=args.compute_setup, backend=args.backend)
     start = time.perf_counter()
     result = accelerator.distribute(train)(model, loader, args.epochs, accelerator)
-    if result is not None:
+    if result is not None and result["rank"] == 0:  # under torchrun/srun every rank is its own caller
         print(f"done in {time.perf_counter() - start:.1f}s: final loss {result['final_loss']:.5f} (from rank "
               f"{result['rank']})")
 

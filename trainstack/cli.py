@@ -1,0 +1,178 @@
+"""`trainstack` command line: thin click layer over :mod:`trainstack.render` and :mod:`trainstack.submit`.
+
+Never imports torch (``trainstack generate`` must answer in well under a second).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import __version__
+from .render import CONTAINERS, LAUNCHERS, SETUPS, LaunchSpec, SpecError, render
+
+EXAMPLES = """\b
+Examples:
+  trainstack generate --setup multi-node --nodes 2 --gpus-per-node 4 --launcher torchrun -- train.py --epochs 10
+  trainstack generate --setup multi-gpu --gpus-per-node 2 --launcher srun --explain -- train.py
+  trainstack generate --setup multi-node --nodes 2 --cpu --procs-per-node 2 -o job.sbatch -- examples/demo.py
+  trainstack submit --setup single-gpu --time 00:30:00 --wait -- train.py
+"""
+
+
+def _spec_options(fn: Any) -> Any:
+    """The options shared by `generate` and `submit` (they map 1:1 onto LaunchSpec fields)."""
+    options = [
+        click.option("--setup", type=click.Choice(SETUPS), default="single-gpu", show_default=True),
+        click.option("--launcher", type=click.Choice(LAUNCHERS), default="srun", show_default=True,
+                     help="srun: one task per process; torchrun: one agent per node; spawn: one task per node "
+                          "that spawns its share (the seeds' recipe); custom: --command with placeholders."),
+        click.option("--nodes", type=int, default=1, show_default=True),
+        click.option("--gpus-per-node", type=int, default=None, help="GPU setups: processes per node."),
+        click.option("--cpu", is_flag=True, help="CPU-only nodes (gloo, no GPU requests)."),
+        click.option("--procs-per-node", type=int, default=None, help="With --cpu: processes per node."),
+        click.option("--cpus-per-task", type=int, default=None),
+        click.option("--mem", default=None, help="e.g. 64G; 0 = all memory of the node."),
+        click.option("--time", default="01:00:00", show_default=True),
+        click.option("--partition", default=None), click.option("--account", default=None),
+        click.option("--qos", default=None), click.option("--constraint", default=None),
+        click.option("--job-name", default="trainstack", show_default=True),
+        click.option("--log-dir", default="logs", show_default=True),
+        click.option("--exclusive", is_flag=True),
+        click.option("--requeue/--no-requeue", default=False, help="Requeue on preemption/time limit."),
+        click.option("--signal", default=None, help="e.g. B:USR1@90 (sent before the time limit)."),
+        click.option("--max-requeues", type=int, default=3, show_default=True),
+        click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Repeatable."),
+        click.option("--nccl-ifname", default=None), click.option("--nccl-debug", default=None),
+        click.option("--container", type=click.Choice(CONTAINERS), default="none", show_default=True),
+        click.option("--image", default=None), click.option("--bind", multiple=True, help="Repeatable."),
+        click.option("--venv", default=None, help="Virtual environment to activate on the nodes."),
+        click.option("--setup-cmd", multiple=True, help="Shell line run before launching (repeatable)."),
+        click.option("--command", default=None, help="--launcher custom: {num_processes} {num_machines} "
+                                                     "{machine_rank} {main_process_ip} {main_process_port}."),
+        click.option("--max-restarts", type=int, default=0, show_default=True, help="torchrun worker restarts."),
+        click.option("--python", default="python3", show_default=True),
+        click.option("--chdir", default=None, help="Working directory of the job (default: here)."),
+        click.option("--profile", type=click.Path(exists=True, dir_okay=False), default=None,
+                     help="TOML/YAML file with default option values (a site profile); flags override it."),
+        click.option("--templates-dir", type=click.Path(exists=True, file_okay=False), default=None),
+        click.argument("program", nargs=-1, type=click.UNPROCESSED),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _load_profile(path: str) -> dict[str, Any]:
+    text = Path(path).read_text()
+    if path.endswith((".yaml", ".yml")):
+        try:
+            import yaml
+        except ImportError:
+            raise click.BadParameter("YAML profiles need pyyaml (pip install pyyaml)", param_hint="'--profile'")
+        data = yaml.safe_load(text) or {}
+    else:
+        import tomllib
+
+        data = tomllib.loads(text)
+    if not isinstance(data, dict):
+        raise click.BadParameter(f"{path} must hold a table of option values", param_hint="'--profile'")
+    return {k.replace("-", "_"): v for k, v in data.get("trainstack", data).items()}
+
+
+def build_spec(ctx: click.Context, params: dict[str, Any]) -> LaunchSpec:
+    """Profile values for options left at their defaults, then validation with the option named on error."""
+    params = dict(params)
+    profile_path = params.pop("profile")
+    params.pop("templates_dir", None)
+    if profile_path:
+        known = set(LaunchSpec.__dataclass_fields__)
+        for key, value in _load_profile(profile_path).items():
+            if key not in known:
+                raise click.BadParameter(f"unknown option {key!r} in {profile_path}", param_hint="'--profile'")
+            source = ctx.get_parameter_source(key)
+            if source is None or source.name in ("DEFAULT", "DEFAULT_MAP"):
+                params[key] = tuple(value) if isinstance(value, list) else value
+    env = params.pop("env")
+    pairs = env.items() if isinstance(env, dict) else [_split_env(item) for item in env]
+    try:
+        return LaunchSpec(env=dict(pairs), program=list(params.pop("program")), bind=list(params.pop("bind")),
+                          setup_cmd=list(params.pop("setup_cmd")), **params)
+    except SpecError as exc:
+        raise click.BadParameter(str(exc).split(": ", 1)[1], param_hint=f"'{exc.option}'") from None
+
+
+def _split_env(item: str) -> tuple[str, str]:
+    if "=" not in item:
+        raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="'--env'")
+    key, value = item.split("=", 1)
+    return key, value
+
+
+@click.group(epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="trainstack")
+def main() -> None:
+    """Render, lint-clean and submit Slurm/torchrun scripts for trainstack programs."""
+
+
+@main.command(epilog=EXAMPLES)
+@_spec_options
+@click.option("--explain", is_flag=True, help="Annotate why each line is there.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here instead of stdout.")
+@click.option("--force", is_flag=True, help="Overwrite --output if it exists.")
+@click.option("--dry-run", is_flag=True, help="Print the script (the default without -o).")
+@click.pass_context
+def generate(ctx: click.Context, output: str | None, force: bool, dry_run: bool, **params: Any) -> None:
+    """Render one sbatch script; the program and its arguments follow `--`."""
+    templates_dir = params.get("templates_dir")
+    spec = build_spec(ctx, params)
+    text = _render(spec, templates_dir)
+    if output and not dry_run:
+        from .submit import write_script
+
+        path = Path(output)
+        if path.exists() and not force:
+            raise click.BadParameter(f"{output} exists; pass --force to overwrite it", param_hint="'-o'")
+        write_script(path, text)
+        click.echo(f"wrote {path}", err=True)
+    else:
+        click.echo(text, nl=False)
+
+
+@main.command(epilog=EXAMPLES)
+@_spec_options
+@click.option("--wait", is_flag=True, help="Follow the log and exit with the job's exit code.")
+@click.pass_context
+def submit(ctx: click.Context, wait: bool, **params: Any) -> None:
+    """Render, create the log directory, sbatch; print the job id and the log path."""
+    from .submit import SubmitError, submit_spec
+
+    templates_dir = params.get("templates_dir")
+    spec = build_spec(ctx, params)
+    try:
+        job = submit_spec(spec, wait=wait, templates_dir=templates_dir, command_line=_command_line(),
+                          echo=lambda line: click.echo(line, nl=False))
+    except SubmitError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"job {job.job_id} log {job.log_path}")
+    if wait:
+        sys.exit(job.exit_code or 0)
+
+
+def _render(spec: LaunchSpec, templates_dir: str | None) -> str:
+    try:
+        return render(spec, templates_dir, command_line=_command_line())
+    except SpecError as exc:
+        raise click.BadParameter(str(exc), param_hint=f"'{exc.option}'") from None
+
+
+def _command_line() -> str:
+    return "trainstack " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,113 @@
+"""Write scripts and hand them to Slurm (`sbatch`); the I/O half of the generator."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import TrainstackError
+from .render import LaunchSpec, render
+
+__all__ = ["SubmitError", "SubmittedJob", "write_script", "submit", "submit_spec"]
+
+
+class SubmitError(TrainstackError, RuntimeError):
+    """sbatch is missing or refused the script."""
+
+
+@dataclass
+class SubmittedJob:
+    job_id: str
+    script: Path
+    log_path: Path
+    exit_code: int | None = None
+
+
+def write_script(path: Path, text: str) -> Path:
+    """Write atomically (temp + rename) and make it executable; a partial script never appears."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    tmp.chmod(0o755)
+    os.replace(tmp, path)
+    return path
+
+
+def _sbatch() -> str:
+    exe = shutil.which("sbatch")
+    if exe is None:
+        raise SubmitError("sbatch not found on PATH. HINT: run on a Slurm login node, or use `trainstack generate` "
+                          "to write the script and submit it there.")
+    return exe
+
+
+def submit_spec(spec: LaunchSpec, wait: bool = False, templates_dir: str | None = None,
+                command_line: str | None = None, echo: Callable[[str], None] | None = None,
+                timeout: float | None = None) -> SubmittedJob:
+    """Render ``spec``, create the log directory (a missing one kills the job without any log), sbatch it."""
+    log_dir = Path(spec.log_dir).expanduser().absolute()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    script = write_script(log_dir / f"{_safe(spec.job_name)}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.sbatch",
+                          render(spec, templates_dir, command_line))
+    proc = subprocess.run([_sbatch(), "--parsable", str(script)], capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise SubmitError(f"sbatch rejected {script}: {proc.stderr.strip() or proc.stdout.strip()}")
+    job_id = proc.stdout.strip().split(";")[0]
+    job = SubmittedJob(job_id, script, log_dir / f"{spec.job_name}-{job_id}.out")
+    if wait:
+        job.exit_code = wait_for(job, echo=echo, timeout=timeout)
+    return job
+
+
+def submit(spec: LaunchSpec, wait: bool = False, **kwargs: object) -> str:
+    """Python API: submit ``spec`` and return the Slurm job id."""
+    return submit_spec(spec, wait=wait, **kwargs).job_id  # type: ignore[arg-type]
+
+
+def _state(job_id: str) -> tuple[str, int | None]:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
+    state = re.search(r"JobState=(\S+)", out.stdout)
+    code = re.search(r"ExitCode=(\d+):(\d+)", out.stdout)
+    exit_code = None
+    if code:
+        exit_code = int(code.group(1)) or (128 + int(code.group(2)) if int(code.group(2)) else 0)
+    return (state.group(1) if state else "UNKNOWN"), exit_code
+
+
+_DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+         "DEADLINE", "UNKNOWN"}
+
+
+def wait_for(job: SubmittedJob, echo: Callable[[str], None] | None = None, timeout: float | None = None,
+             poll: float = 0.5) -> int:
+    """Follow the job's log until it ends; return its exit code (non-zero for any failure state)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    offset = 0
+    while True:
+        state, code = _state(job.job_id)
+        if echo and job.log_path.exists():
+            with open(job.log_path, encoding="utf-8", errors="replace") as fh:
+                fh.seek(offset)
+                chunk = fh.read()
+                offset = fh.tell()
+            if chunk:
+                echo(chunk)
+        if state in _DONE:
+            if state == "COMPLETED":
+                return 0
+            return code or 1
+        if deadline is not None and time.monotonic() > deadline:
+            subprocess.run(["scancel", job.job_id], timeout=30)
+            raise SubmitError(f"job {job.job_id} did not finish within {timeout:.0f}s; cancelled it.")
+        time.sleep(poll)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:60] or "job"
