@@ -220,3 +220,27 @@ def render(spec: LaunchSpec, templates_dir: str | Path | None = None, command_li
 
     one_line = " ".join((command_line or "").split())  # a newline in a comment would start a command
     return template.render(**spec.context(), version=__version__, command_line=one_line)
+
+
+def spec_matrix(**overrides: Any) -> list[LaunchSpec]:
+    """One valid spec per setup x launcher x container x (GPU, CPU): what `make lint` and the tests render."""
+    specs = []
+    for setup in SETUPS:
+        for launcher in LAUNCHERS:
+            for container in CONTAINERS:
+                for cpu in (False, True):
+                    kw: dict[str, Any] = {"setup": setup, "launcher": launcher, "container": container, "cpu": cpu,
+                                          "nodes": 2 if setup == "multi-node" else 1}
+                    if container != "none":
+                        kw.update(image="/images/train.sif" if container == "apptainer" else "nvcr.io#nvidia/pytorch:25.08-py3",
+                                  bind=["/data:/data:ro", "/scratch"])
+                    if launcher == "custom":
+                        kw["command"] = ("accelerate launch --num_processes {num_processes} --num_machines "
+                                         "{num_machines} --machine_rank {machine_rank} --main_process_ip "
+                                         "{main_process_ip} --main_process_port {main_process_port} train.py")
+                    else:
+                        kw["program"] = ["train.py", "--epochs", "3"]
+                    if setup != "single-gpu":
+                        kw.update(requeue=True, signal="B:USR1@90", cpus_per_task=4, mem="16G")
+                    specs.append(LaunchSpec(**(kw | overrides)))
+    return specs

