@@ -1,0 +1,83 @@
+"""Generated scripts submitted to the real local 2-node Slurm with the CLI, checked rank by rank."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from trainstack.cli import main
+from trainstack.render import LaunchSpec, render
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(300)]
+PROBE = str(Path(__file__).with_name("_probe_train.py"))
+VENV = str(Path(sys.executable).parents[1])
+
+
+def _submit(slurm_env, monkeypatch, tmp, *args, program=(PROBE,), job_name="trainstack-test"):
+    for k, v in slurm_env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("PROBE_OUT", str(tmp))
+    start = time.monotonic()
+    result = CliRunner().invoke(main, ["submit", "--cpu", "--time", "5", "--log-dir", str(tmp / "logs"),
+                                       "--job-name", job_name, "--venv", VENV, "--wait", *args, "--", *program],
+                                catch_exceptions=False)
+    elapsed = time.monotonic() - start
+    logs = "".join(p.read_text() for p in (tmp / "logs").glob("*.out"))
+    records = [json.loads(p.read_text()) for p in sorted(tmp.glob("rank*.json"))]
+    return result, records, logs, elapsed
+
+
+@pytest.mark.parametrize("setup, launcher, nodes, procs", [
+    ("single-gpu", "srun", 1, 1), ("single-gpu", "torchrun", 1, 1),
+    ("multi-gpu", "srun", 1, 2), ("multi-gpu", "torchrun", 1, 2),
+    ("multi-node", "srun", 2, 2), ("multi-node", "torchrun", 2, 2), ("multi-node", "spawn", 2, 2),
+])
+def test_generated_script_trains_on_the_right_ranks(slurm_env, shared_tmp, monkeypatch, setup, launcher, nodes, procs):
+    world = nodes * procs
+    args = ["--setup", setup, "--launcher", launcher, "--nodes", str(nodes), "--procs-per-node", str(procs)]
+    result, records, logs, elapsed = _submit(slurm_env, monkeypatch, shared_tmp, *args, program=(PROBE, str(world)))
+    print(f"{setup}/{launcher}: {elapsed:.1f}s")
+    assert result.exit_code == 0, result.output + logs
+    assert sorted(r["rank"] for r in records) == list(range(world)), logs
+    assert all(r["world"] == world and r["epoch"] == 2 for r in records)
+    assert len({round(r["param_sum"], 6) for r in records}) == 1  # one model, trained together
+    assert len({r["node"] for r in records}) == nodes
+    assert "=== trainstack job" in logs and "torch 2." in logs
+
+
+def test_hostile_values_stay_literal_in_the_running_job(slurm_env, shared_tmp, monkeypatch):
+    marker = shared_tmp / "pwned"
+    evil = f"$(touch {marker})"
+    result, records, logs, _ = _submit(slurm_env, monkeypatch, shared_tmp, "--env", f"NOTE=a b {evil} `id`",
+                                       program=(PROBE, "x; rm -rf ~", evil, "it's"), job_name="x; rm -rf ~")
+    assert result.exit_code == 0, result.output + logs
+    assert records[0]["argv"] == ["x; rm -rf ~", evil, "it's"]
+    assert records[0]["note"] == f"a b {evil} `id`"
+    assert not marker.exists()
+    job_id = re.search(r"^job (\d+) log ", result.output, re.M).group(1)
+    out = subprocess.run(["scontrol", "show", "job", job_id], env=slurm_env, capture_output=True, text=True).stdout
+    assert "JobName=x; rm -rf ~" in out
+
+
+def test_failing_program_fails_the_job(slurm_env, shared_tmp, monkeypatch):
+    result, _, logs, _ = _submit(slurm_env, monkeypatch, shared_tmp, "--setup", "multi-node", "--nodes", "2",
+                                 "--launcher", "srun", program=("/no/such/program.py",))
+    assert result.exit_code != 0 and "No such file" in logs
+
+
+def test_sbatch_test_only_accepts_and_rejects_like_slurm(slurm_env, shared_tmp):
+    ok = shared_tmp / "ok.sbatch"
+    ok.write_text(render(LaunchSpec(setup="multi-node", nodes=2, cpu=True, program=["t.py"], log_dir=str(shared_tmp))))
+    bad = shared_tmp / "bad.sbatch"
+    bad.write_text(render(LaunchSpec(setup="multi-node", nodes=3, cpu=True, program=["t.py"], log_dir=str(shared_tmp))))
+    good = subprocess.run(["sbatch", "--test-only", str(ok)], env=slurm_env, capture_output=True, text=True)
+    assert good.returncode == 0, good.stderr
+    rejected = subprocess.run(["sbatch", "--test-only", str(bad)], env=slurm_env, capture_output=True, text=True)
+    assert rejected.returncode != 0 and "node configuration is not available" in rejected.stderr

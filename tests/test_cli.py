@@ -1,0 +1,121 @@
+"""The click CLI through CliRunner: every option reaches the script, every bad input exits 2 naming the option."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from trainstack.cli import main
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+def _gen(runner, *args):
+    return runner.invoke(main, ["generate", *args], catch_exceptions=False)
+
+
+def test_help_lists_commands_with_examples(runner):
+    out = runner.invoke(main, ["--help"]).output
+    assert "generate" in out and "submit" in out and "Examples:" in out
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--nodes", "2", "--setup", "multi-node", "--gpus-per-node", "8"], "#SBATCH --gpus-per-node=8"),
+    (["--cpus-per-task", "6"], "#SBATCH --cpus-per-task=6"),
+    (["--cpus-per-task", "6"], 'export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"'),
+    (["--mem", "32G"], "#SBATCH --mem=32G"),
+    (["--time", "2-00:00:00"], "#SBATCH --time=2-00:00:00"),
+    (["--partition", "p1"], "#SBATCH --partition=p1"),
+    (["--account", "acct"], "#SBATCH --account=acct"),
+    (["--qos", "q"], "#SBATCH --qos=q"),
+    (["--constraint", "a100&ib"], '#SBATCH --constraint="a100&ib"'),
+    (["--job-name", "exp 1"], '#SBATCH --job-name="exp 1"'),
+    (["--log-dir", "/tmp/my logs"], '#SBATCH --output="/tmp/my logs/%x-%j.out"'),
+    (["--exclusive"], "#SBATCH --exclusive"),
+    (["--requeue", "--signal", "B:USR1@60"], "#SBATCH --signal=B:USR1@60"),
+    (["--requeue"], "#SBATCH --open-mode=append"),
+    (["--env", "A=1", "--env", "B=x y"], "export B='x y'"),
+    (["--nccl-ifname", "ib0"], "export NCCL_SOCKET_IFNAME=ib0"),
+    (["--nccl-debug", "INFO"], "NCCL_DEBUG_FILE="),
+    (["--container", "apptainer", "--image", "t.sif", "--bind", "/d:/d"], "apptainer exec --nv --bind /d:/d t.sif"),
+    (["--container", "pyxis", "--image", "img:1"], "--container-image=img:1"),
+    (["--venv", "/opt/venv"], "source /opt/venv/bin/activate"),
+    (["--setup-cmd", "module load cuda"], "module load cuda"),
+    (["--python", "/usr/bin/python3.11"], "/usr/bin/python3.11 -u train.py"),
+    (["--chdir", "/work/x"], "#SBATCH --chdir=/work/x"),
+    (["--cpu", "--setup", "multi-gpu", "--procs-per-node", "3"], "#SBATCH --ntasks-per-node=3"),
+    (["--setup", "multi-gpu", "--launcher", "torchrun", "--max-restarts", "2"], "--max-restarts=2"),
+    (["--explain"], "# WHY:"),
+])
+def test_options_reach_the_script(runner, args, needle):
+    result = _gen(runner, *args, "--", "train.py")
+    assert result.exit_code == 0, result.output
+    assert needle in result.output
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--nodes", "0"], "--nodes"), (["--setup", "multi-node"], "--nodes"), (["--time", "soon"], "--time"),
+    (["--mem", "big"], "--mem"), (["--env", "NOEQUALS"], "--env"), (["--env", "9X=1"], "--env"),
+    (["--container", "apptainer"], "--image"), (["--setup", "bogus"], "--setup"), (["--nodes", "x"], "--nodes"),
+    (["--gpus-per-node", "99", "--setup", "multi-gpu"], "--gpus-per-node"), (["--cpu", "--gpus-per-node", "2"],
+                                                                            "--gpus-per-node"),
+    (["--launcher", "custom"], "--command"), (["--signal", "USR1 now"], "--signal"),
+])
+def test_bad_input_exits_2_naming_the_option(runner, args, option):
+    result = runner.invoke(main, ["generate", *args, "--", "train.py"])
+    assert result.exit_code == 2, result.output
+    assert option in result.output
+
+
+def test_missing_program_is_a_usage_error(runner):
+    result = runner.invoke(main, ["generate"])
+    assert result.exit_code == 2 and "PROGRAM" in result.output
+
+
+def test_output_file_refuses_to_overwrite_without_force(runner, tmp_path):
+    out = tmp_path / "job.sbatch"
+    assert _gen(runner, "-o", str(out), "--", "t.py").exit_code == 0
+    assert out.read_text().startswith("#!/bin/bash") and out.stat().st_mode & 0o111
+    again = runner.invoke(main, ["generate", "-o", str(out), "--", "t.py"])
+    assert again.exit_code == 2 and "--force" in again.output
+    assert _gen(runner, "-o", str(out), "--force", "--time", "5", "--", "t.py").exit_code == 0
+    assert "#SBATCH --time=5" in out.read_text()
+
+
+def test_profile_supplies_defaults_and_flags_override(runner, tmp_path):
+    toml = tmp_path / "site.toml"
+    toml.write_text('partition = "gpu"\naccount = "proj"\ngpus-per-node = 4\nsetup = "multi-gpu"\nenv = {X = "1"}\n')
+    out = _gen(runner, "--profile", str(toml), "--account", "mine", "--", "t.py").output
+    assert "#SBATCH --partition=gpu" in out and "#SBATCH --account=mine" in out and "--gpus-per-node=4" in out
+    assert "export X=1" in out
+    yml = tmp_path / "site.yaml"
+    yml.write_text("qos: long\nbind: [/a, /b]\ncontainer: apptainer\nimage: x.sif\n")
+    assert "--bind /a --bind /b x.sif" in _gen(runner, "--profile", str(yml), "--qos", "short", "--", "t.py").output
+    bad = tmp_path / "bad.toml"
+    bad.write_text('nodez = 3\n')
+    result = runner.invoke(main, ["generate", "--profile", str(bad), "--", "t.py"])
+    assert result.exit_code == 2 and "nodez" in result.output
+
+
+def test_submit_without_sbatch_is_a_clear_error(runner, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    result = runner.invoke(main, ["submit", "--log-dir", str(tmp_path / "logs"), "--", "t.py"])
+    assert result.exit_code == 1 and "sbatch not found" in result.output
+    assert (tmp_path / "logs").is_dir()
+
+
+def test_generate_does_not_import_torch():
+    code = ("import sys; from trainstack.cli import main; "
+            "sys.argv=['trainstack','generate','--','t.py']; "
+            "import contextlib, io\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try: main()\n"
+            "    except SystemExit: pass\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
