@@ -14,7 +14,8 @@ from pathlib import Path
 from .errors import TrainstackError
 from .render import LaunchSpec, render
 
-__all__ = ["SubmitError", "SubmittedJob", "write_script", "submit", "submit_spec"]
+__all__ = ["SubmitError", "SubmittedJob", "FunctionJob", "write_script", "submit", "submit_spec",
+           "submit_function"]
 
 
 class SubmitError(TrainstackError, RuntimeError):
@@ -111,3 +112,44 @@ def wait_for(job: SubmittedJob, echo: Callable[[str], None] | None = None, timeo
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:60] or "job"
+
+
+@dataclass
+class FunctionJob(SubmittedJob):
+    """A submitted Python call; :meth:`result` waits for the job and returns rank 0's return value."""
+
+    result_path: Path | None = None
+
+    def result(self, timeout: float | None = None) -> object:
+        import pickle
+
+        if self.exit_code is None:
+            self.exit_code = wait_for(self, timeout=timeout)
+        if self.exit_code != 0 or self.result_path is None or not self.result_path.exists():
+            log = self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else "(no log)"
+            raise SubmitError(f"job {self.job_id} failed with exit code {self.exit_code}; log tail:\n{log}")
+        with open(self.result_path, "rb") as fh:
+            return pickle.load(fh)
+
+
+def submit_function(fn: Callable, args: tuple = (), kwargs: dict | None = None, **spec: object) -> FunctionJob:
+    """Send ``fn(*args, **kwargs)`` to Slurm (like nntool's ``slurm_fn``); ``spec`` are LaunchSpec fields.
+
+    ``fn`` and its arguments are pickled into the log directory, so ``fn`` must be importable by the job
+    (a module-level function of an installed package or of a file on the job's PYTHONPATH).
+    """
+    import pickle
+
+    spec.setdefault("job_name", getattr(fn, "__name__", "function"))
+    log_dir = Path(str(spec.pop("log_dir", "logs"))).expanduser().absolute()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    call = log_dir / f"{_safe(str(spec['job_name']))}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.pkl"
+    try:
+        call.write_bytes(pickle.dumps((fn, tuple(args), dict(kwargs or {}))))
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise SubmitError(f"cannot pickle {fn!r} for the job: {exc}. HINT: use a module-level function.") from None
+    python = str(spec.pop("python", "python3"))
+    launch = LaunchSpec(program=["-m", "trainstack.remote", str(call)], python=python, log_dir=str(log_dir),
+                        **spec)  # type: ignore[arg-type]
+    job = submit_spec(launch)
+    return FunctionJob(job.job_id, job.script, job.log_path, result_path=call.with_suffix(".result.pkl"))
