@@ -73,7 +73,8 @@ def _load_profile(path: str) -> dict[str, Any]:
         try:
             import yaml
         except ImportError:
-            raise click.BadParameter("YAML profiles need pyyaml (pip install pyyaml)", param_hint="'--profile'")
+            raise click.BadParameter("YAML profiles need pyyaml (pip install pyyaml)",
+                                     param_hint="'--profile'") from None
         data = yaml.safe_load(text) or {}
     else:
         import tomllib

@@ -141,7 +141,8 @@ class LaunchSpec:
     def _check_program(self) -> None:
         if self.launcher == "custom":
             if not self.command:
-                raise SpecError("--command", "--launcher custom needs --command 'accelerate launch ... {num_processes} ...'")
+                raise SpecError("--command", "--launcher custom needs --command 'accelerate launch "
+                                             "--num_processes {num_processes} ...'")
             unknown = set(re.findall(r"{(\w+)}", self.command)) - set(PLACEHOLDERS)
             if unknown:
                 raise SpecError("--command", f"unknown placeholder(s) {sorted(unknown)}; use {list(PLACEHOLDERS)}")
@@ -227,7 +228,8 @@ def render(spec: LaunchSpec, templates_dir: str | Path | None = None, command_li
     try:
         template = env.get_template(f"{spec.setup}.sbatch.j2")
     except jinja2.TemplateNotFound as exc:
-        raise SpecError("--templates-dir", f"template {exc.name!r} not found in {template_dirs(templates_dir)}")
+        raise SpecError("--templates-dir",
+                        f"template {exc.name!r} not found in {template_dirs(templates_dir)}") from None
     from . import __version__
 
     one_line = " ".join((command_line or "").split())  # a newline in a comment would start a command
@@ -244,8 +246,8 @@ def spec_matrix(**overrides: Any) -> list[LaunchSpec]:
                     kw: dict[str, Any] = {"setup": setup, "launcher": launcher, "container": container, "cpu": cpu,
                                           "nodes": 2 if setup == "multi-node" else 1}
                     if container != "none":
-                        kw.update(image="/images/train.sif" if container == "apptainer" else "nvcr.io#nvidia/pytorch:25.08-py3",
-                                  bind=["/data:/data:ro", "/scratch"])
+                        image = "/images/train.sif" if container == "apptainer" else "nvcr.io#nvidia/pytorch:25.08-py3"
+                        kw.update(image=image, bind=["/data:/data:ro", "/scratch"])
                     if launcher == "custom":
                         kw["command"] = ("accelerate launch --num_processes {num_processes} --num_machines "
                                          "{num_machines} --machine_rank {machine_rank} --main_process_ip "

@@ -16,7 +16,8 @@ from trainstack import Callback, TrainConfig, Trainer
 def report(trainer, config, writer):
     acc = trainer.accelerator
     out = Path(os.environ["PROBE_OUT"])
-    record = {"rank": acc.rank, "world": acc.world_size, "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
+    node = os.environ.get("SLURMD_NODENAME", socket.gethostname())
+    record = {"rank": acc.rank, "world": acc.world_size, "node": node,
               "epoch": trainer.current_epoch, "param_sum": float(sum(p.sum() for p in trainer.model.parameters())),
               "argv": sys.argv[1:], "note": os.environ.get("NOTE"), "restart": os.environ.get("SLURM_RESTART_COUNT")}
     (out / f"rank{acc.rank}.json").write_text(json.dumps(record))
