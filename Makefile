@@ -43,7 +43,7 @@ test-dist: $(VENV)/.installed  ## multi-process gloo tests
 test-slurm: $(VENV)/.installed slurm-up  ## tests on the local 2-node Slurm
 	SLURM_CONF=$(SLURM_CONF_PATH) $(PY) -m pytest -m slurm $(PYTEST_ARGS)
 
-lint: $(VENV)/.installed  ## ruff
+lint: $(VENV)/.installed lint-hpc  ## ruff + lint-hpc
 	$(PY) -m ruff check trainstack tests examples bench
 
 slurm-up:  ## start a 2-node Slurm on this host (root; apt-get install slurm-wlm munge)
@@ -63,3 +63,46 @@ run-multinode: $(VENV)/.installed slurm-up  ## demo on the local 2-node Slurm: 2
 
 render-examples: $(VENV)/.installed  ## render the template matrix into build/scripts for eyeballing
 	$(PY) scripts/render_matrix.py build/scripts
+
+IMAGE ?= trainstack:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' trainstack/_version.py)
+SIF ?= trainstack.sif
+CONTAINER_ENGINE ?= docker
+REVISION := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+
+define need_engine
+	@command -v $(1) >/dev/null || { echo "error: '$(1)' not found. $(2)"; exit 1; }
+endef
+
+docker-build:  ## build the CUDA image (CPU variant: make docker-build DOCKER_VARIANT=cpu)
+	$(call need_engine,$(CONTAINER_ENGINE),Install Docker (or set CONTAINER_ENGINE=podman); images cannot be built without an engine.)
+	@$(CONTAINER_ENGINE) info >/dev/null 2>&1 || { echo "error: the $(CONTAINER_ENGINE) daemon is not running (only the client is installed?)."; exit 1; }
+	$(CONTAINER_ENGINE) build -t $(IMAGE)$(if $(filter cpu,$(DOCKER_VARIANT)),-cpu) \
+	  --build-arg TORCH_VERSION=$(TORCH_VERSION) --build-arg REVISION=$(REVISION) \
+	  --build-arg CREATED=$(shell date -u +%Y-%m-%dT%H:%M:%SZ) \
+	  $(if $(filter cpu,$(DOCKER_VARIANT)),--build-arg BASE_IMAGE=ubuntu:24.04 --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu) .
+
+docker-run:  ## run the demo in the image (GPU when available)
+	$(call need_engine,$(CONTAINER_ENGINE),Install Docker (or set CONTAINER_ENGINE=podman).)
+	$(CONTAINER_ENGINE) run --rm --shm-size=1g $(if $(filter cpu,$(DOCKER_VARIANT)),,--gpus all) $(IMAGE)$(if $(filter cpu,$(DOCKER_VARIANT)),-cpu)
+
+wheel: $(VENV)/.installed  ## build the project wheel into dist/
+	$(PIP) wheel -q --no-deps --wheel-dir dist .
+
+apptainer-build: wheel  ## build trainstack.sif from apptainer.def (FROM_DOCKER=1: from the local Docker image)
+	$(call need_engine,apptainer,Install Apptainer (https://apptainer.org/docs/admin/main/installation.html) on the build host.)
+ifeq ($(FROM_DOCKER),1)
+	apptainer build --fakeroot $(SIF) docker-daemon://$(IMAGE)
+else
+	apptainer build --fakeroot --build-arg TORCH_VERSION=$(TORCH_VERSION) $(SIF) apptainer.def
+endif
+
+NCCL_CHECK_ARGS ?= --setup multi-node --nodes 2 --launcher torchrun
+nccl-check: $(VENV)/.installed  ## all_reduce/barrier sanity job through the generated scripts (single node: NCCL_CHECK_ARGS=--setup multi-gpu)
+	$(call need_engine,sbatch,nccl-check submits a Slurm job: run it on a login node (or make slurm-up + NCCL_CHECK_ARGS+=--cpu).)
+	$(VENV)/bin/trainstack submit $(NCCL_CHECK_ARGS) --job-name nccl-check --time 00:10:00 --wait -- -m trainstack.nccl_check
+
+lint-hpc: $(VENV)/.installed  ## hadolint, the def-file validator, shellcheck over the rendered template matrix
+	$(VENV)/bin/hadolint --config .hadolint.yaml Dockerfile
+	$(PY) -m trainstack.defcheck apptainer.def
+	$(PY) scripts/render_matrix.py build/scripts >/dev/null
+	shellcheck -s bash -S style build/scripts/*.sbatch

@@ -21,6 +21,7 @@ Examples:
   trainstack generate --setup multi-gpu --gpus-per-node 2 --launcher srun --explain -- train.py
   trainstack generate --setup multi-node --nodes 2 --cpu --procs-per-node 2 -o job.sbatch -- examples/demo.py
   trainstack submit --setup single-gpu --time 00:30:00 --wait -- train.py
+  trainstack doctor --compute-setup gpu
 """
 
 
@@ -173,6 +174,26 @@ def _render(spec: LaunchSpec, templates_dir: str | None) -> str:
 
 def _command_line() -> str:
     return "trainstack " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--compute-setup", type=click.Choice(["auto", "gpu", "cpu"]), default="auto", show_default=True,
+              help="What the job will ask for: 'gpu' makes a missing GPU a problem.")
+def doctor(as_json: bool, compute_setup: str) -> None:
+    """Check this machine/job for what breaks distributed training; exit 1 with a fix for each problem."""
+    from .doctor import run_doctor
+
+    sys.exit(run_doctor(as_json=as_json, compute_setup=compute_setup))
+
+
+@main.command(name="env")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def env_cmd(as_json: bool) -> None:
+    """Print versions, GPUs, launcher and NCCL settings (paste it into bug reports)."""
+    from .doctor import run_doctor
+
+    run_doctor(as_json=as_json, report_only=True)
 
 
 if __name__ == "__main__":  # pragma: no cover
