@@ -93,6 +93,12 @@ class TrainConfig:
     """``"auto"``: continue from the latest complete checkpoint of the run folder; a path: that checkpoint."""
     keep_last_checkpoints: int | None = None
     """Keep only the newest N periodic checkpoints (None: keep all). ``best.pt`` is kept separately."""
+    stop_signals: tuple[str, ...] | None = None
+    """Signals that request a graceful stop (checkpoint, then exit 0). None: ``TRAINSTACK_STOP_SIGNALS`` or SIGUSR2."""
+    stop_file: Path | None = None
+    """A file whose existence requests a graceful stop. None: ``TRAINSTACK_STOP_FILE`` (set by generated scripts)."""
+    stop_check_every: int = 20
+    """Poll for stop requests every N batches (one small all-reduce when distributed) and at every epoch end."""
 
     def __post_init__(self) -> None:
         self.root_folder = _as_path("root_folder", self.root_folder)
@@ -101,6 +107,14 @@ class TrainConfig:
             _check_int(name, getattr(self, name), minimum=0)
         _check_int("nprocs", self.nprocs, minimum=1)
         _check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, minimum=1)
+        _check_int("stop_check_every", self.stop_check_every, minimum=1)
+        if self.stop_file is not None:
+            self.stop_file = _as_path("stop_file", self.stop_file)
+        if self.stop_signals is not None:
+            from .preemption import resolve_signals
+
+            self.stop_signals = tuple(self.stop_signals)
+            resolve_signals(self.stop_signals)
         for name in ("max_batches", "keep_last_checkpoints", "seed"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), minimum=0 if name == "seed" else 1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["TrainstackError", "ConfigError", "LaunchError", "WorkerError"]
+__all__ = ["TrainstackError", "ConfigError", "LaunchError", "WorkerError", "Preempted"]
 
 
 class TrainstackError(Exception):
@@ -26,3 +26,18 @@ class WorkerError(TrainstackError, RuntimeError):
         self.exitcode = exitcode
         super().__init__(f"worker rank {rank} failed" + (f" (exit code {exitcode})" if exitcode else "")
                          + f":\n{detail}")
+
+
+class Preempted(SystemExit):
+    """Training stopped on request (signal or stop file) after writing a complete checkpoint.
+
+    A ``SystemExit`` with status 0, so ``except Exception`` does not swallow it, the process exits cleanly, and
+    torchrun does not count it as a failure; the batch script requeues and ``resume="auto"`` continues.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message

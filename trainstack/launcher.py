@@ -100,9 +100,14 @@ class ProcessGroupSession:
         if ctx.world_size == 1 or dist.is_initialized():
             return
         timeout = _timeout()
-        if self.use_env_store:
-            dist.init_process_group(self.backend, rank=ctx.rank, world_size=ctx.world_size,
-                                    timeout=timeout, device_id=device_id)
+        if self.use_env_store and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # torchrun's agent hosts the store and keeps it across worker restarts (same MASTER_PORT), so the
+            # keys of the previous attempt's group are still there; with torch 2.13 a restarted gloo group then
+            # fails in connectFullMesh about 2 times in 3. A per-attempt key prefix keeps attempts apart.
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            agent_store = dist.TCPStore(ctx.master_addr, ctx.master_port, is_master=False, timeout=timeout)
+            dist.init_process_group(self.backend, store=dist.PrefixStore(f"trainstack/attempt_{attempt}", agent_store),
+                                    rank=ctx.rank, world_size=ctx.world_size, timeout=timeout, device_id=device_id)
             return
         self.store = dist.TCPStore(ctx.master_addr, ctx.master_port, is_master=self.host_store,
                                    timeout=timeout, wait_for_workers=False)

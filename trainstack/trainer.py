@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import logging
 import math
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,8 +31,9 @@ from .accelerator import Accelerator, seed_everything
 from .callbacks import CallbackManager, LRScheduler, OptimizeResult, default_callbacks
 from .checkpoint import BEST, FORMAT_VERSION, Checkpointer, checkpoint_name, gather_rng, load_file, restore_rng
 from .config import TrainConfig
-from .data import PreparedDataLoader, prepare_dataloader, prepare_eval_dataloader
-from .errors import ConfigError
+from .data import PreparedDataLoader, ResumableDistributedSampler, prepare_dataloader, prepare_eval_dataloader
+from .errors import ConfigError, Preempted
+from .preemption import GracefulStop, resolve_signals
 from .progress import ProgressBar, banner, progress_enabled
 from .runfolder import choose_run_folder
 from .steps import call_loss, get_loss_fn, nevergrad_step, optimize_step
@@ -40,6 +42,7 @@ from .writers import NullWriter, make_writers, save_loss_curve
 __all__ = ["Trainer"]
 
 log = logging.getLogger(__name__)
+PREEMPTED = "preempted"
 
 
 def _fit_entry(trainer: Trainer) -> dict[str, Any] | None:
@@ -119,6 +122,9 @@ class Trainer:
         result = self.accelerator.distribute(_fit_entry)(self)
         if self.accelerator.plan.spawn and result is not None:
             self._absorb(result)
+        if self.stop_reason.startswith(PREEMPTED):
+            raise Preempted(f"trainstack: {self.stop_reason}; a complete checkpoint is in {self.run_folder}. "
+                            f"Run again with resume='auto' to continue exactly where it stopped.")
         return self.model, self.optimizer
 
     def test(self, test_dataloader: Any = None) -> dict[str, float]:
@@ -147,8 +153,11 @@ class Trainer:
         self.callbacks.fire("train_start", self)
         try:
             while self.current_epoch < cfg.max_iter and not self.stop_training:
-                self.callbacks.fire("train_epoch_start", self)
+                if not self._resume_batch:
+                    self.callbacks.fire("train_epoch_start", self)
                 self.metrics = self._train_epoch()
+                if self.stop_training:  # preempted mid-epoch: checkpoint written, epoch not finished
+                    break
                 self.current_epoch += 1
                 if cfg.val_every and self.current_epoch % cfg.val_every == 0:
                     self._validate()
@@ -160,11 +169,11 @@ class Trainer:
         return self._export() if self.accelerator.is_main_process else None
 
     def _train_epoch(self) -> dict[str, Any]:
-        model, loss_sum, sums, n = self._model, None, {}, 0
+        model, (loss_sum, sums, n, batches) = self._model, self._start_epoch()
         model.train()
         on_start, on_end = self.callbacks.has("train_batch_start"), self.callbacks.has("train_batch_end")
-        self._micro_left = self._batches_per_epoch() or 0
-        for batch in self._batches(self._train_loader, self.max_batches):
+        poll = self.config.stop_check_every
+        for batch in batches:
             batch = self.accelerator.prepare_batch(batch)
             if on_start:
                 self._set_result(self.global_step + 1)
@@ -178,14 +187,62 @@ class Trainer:
             if on_end:
                 self._set_result(self.global_step, loss, metrics)
                 self.callbacks.fire("train_batch_end", self)
+            if self.global_step % poll == 0 and not self._micro and self._preempt_now(n, loss_sum, sums):
+                return {}
         return self._epoch_metrics("train", loss_sum, sums, n)
+
+    def _start_epoch(self) -> tuple[Any, dict[str, Any], int, Iterable[Any]]:
+        """Fresh accumulators and batches, or, after a mid-epoch checkpoint, its partial sums and the rest."""
+        start, partial = self._resume_batch, self._resume_partial or {}
+        self._resume_batch, self._resume_partial = 0, None
+        self._micro_left = (self._batches_per_epoch() or 0) - start
+        loader = self._train_loader
+        if not start:
+            return None, {}, 0, self._batches(loader, self.max_batches)
+        cap = self.max_batches - start if self.max_batches else None
+        if isinstance(loader, PreparedDataLoader) and isinstance(loader.sampler, ResumableDistributedSampler):
+            loader.skip_batches(start)
+            batches = self._batches(loader, cap)
+        else:  # a loader we could not rebuild: replay the epoch and drop the consumed batches
+            batches = itertools.islice(loader, start, self.max_batches)
+        batches = iter(batches)  # the DataLoader iterator draws its base seed from the global RNG here ...
+        if self._pending_rng is not None:  # ... so the saved RNG state is restored only after that draw
+            restore_rng(self._pending_rng)
+            self._pending_rng = None
+        return partial.get("loss_sum"), dict(partial.get("sums") or {}), start, batches
+
+    def _preempt_now(self, n: int, loss_sum: Any, sums: dict[str, Any]) -> bool:
+        """Every rank asks at the same step; if any rank was asked to stop, all save and stop together."""
+        local = self._stopper.requested()
+        wanted = bool(local)
+        if self.accelerator.world_size > 1:
+            wanted = bool(collectives.all_reduce_dict({"stop": float(wanted)}, "max")["stop"])
+        if not wanted:
+            return False
+        self._partial = {"batch_in_epoch": n, "loss_sum": loss_sum, "sums": sums}
+        self._stop_for_preemption(local or "another rank was asked to stop")
+        return True
+
+    def _stop_for_preemption(self, why: str) -> None:
+        self.stop_training, self.stop_reason = True, f"{PREEMPTED} ({why})"
+        path = self.save_checkpoint()
+        took = self.checkpointer.last_save_seconds
+        self.console_print(f"Graceful stop at epoch {self.current_epoch}, step {self.global_step}: {why}. "
+                           f"Checkpoint {path.name if path else '(already saved)'}"
+                           f"{f' written in {took:.2f}s' if took else ''}.")
 
     def _end_epoch(self) -> None:
         self._set_result(self.current_epoch)
         self.callbacks.fire("train_epoch_end", self)
         stop = self.stop_training or bool(self.config.trainstop_criterion and self.config.trainstop_criterion(self))
+        local_preempt = self._stopper.requested()
+        preempt = bool(local_preempt)
         if self.accelerator.world_size > 1:  # one small collective per epoch keeps every rank in step
-            stop = bool(collectives.all_reduce_dict({"stop": float(stop)}, "max")["stop"])
+            flags = collectives.all_reduce_dict({"stop": float(stop), "preempt": float(preempt)}, "max")
+            stop, preempt = bool(flags["stop"]), bool(flags["preempt"])
+        if preempt and self.current_epoch < self.config.max_iter:
+            self._stop_for_preemption(local_preempt or "another rank was asked to stop")
+            return
         if stop and not self.stop_training:
             self.stop_reason = self.stop_reason or "trainstop_criterion returned True"
         self.stop_training = stop
@@ -291,6 +348,11 @@ class Trainer:
         self._val_loader = prepare_eval_dataloader(self.val_dataloader, acc.rank, acc.world_size) \
             if self.val_dataloader is not None else None
         self._choose_step()
+        self._resume_batch, self._resume_partial, self._partial, self._pending_rng = 0, None, None, None
+        self._saved_at = -1
+        self._stopper = GracefulStop(resolve_signals(cfg.stop_signals),
+                                     cfg.stop_file or os.environ.get("TRAINSTACK_STOP_FILE"))
+        self._stopper.install()
         self.run_folder = Path(acc.broadcast(str(self._pick_folder()) if acc.is_main_process else None))
         self.config.log_folder = self.run_folder
         self.checkpointer = Checkpointer(self.run_folder, cfg.keep_last_checkpoints)
@@ -353,6 +415,8 @@ class Trainer:
         res.rank, res.device = self.accelerator.rank, self.accelerator.device
 
     def _close(self) -> None:
+        if getattr(self, "_stopper", None) is not None:
+            self._stopper.restore()
         if self.accelerator.is_main_process and self.run_folder is not None:
             if self.writer.history:
                 save_loss_curve(self.writer.history, self.run_folder / "loss_curve.png")
@@ -386,14 +450,18 @@ class Trainer:
                 "scaler": self._scaler.state_dict() if getattr(self, "_scaler", None) else None,
                 "scheduler": sched[0].state_dict() if sched else None,
                 "callbacks": self.callbacks.state_dict(), "rng": gather_rng(),
+                "partial_epoch": self._partial or {"batch_in_epoch": 0},
                 "world_size": self.accelerator.world_size, "config": self.config.to_dict()}
 
     def save_checkpoint(self, best: bool = False) -> Path | None:
         """Collective: every rank calls it, rank 0 writes ``ckpt-e<epoch>-s<step>.pt`` (or ``best.pt``)."""
         name = BEST if best else checkpoint_name(self.current_epoch, self.global_step)
-        if not best and (self.checkpointer.folder / name).exists():
-            return None  # already saved at this step (e.g. periodic + final)
-        return self.checkpointer.save(self.state_dict(), name, self.accelerator.is_main_process)
+        if not best and self._saved_at == self.global_step:
+            return None  # already saved at this step (periodic + final): decided from memory, same on every rank
+        path = self.checkpointer.save(self.state_dict(), name, self.accelerator.is_main_process)
+        if not best:
+            self._saved_at = self.global_step
+        return path
 
     def load_checkpoint(self, path: Any = None) -> bool:
         """Load on **every** rank (``None``: the latest complete checkpoint of the run folder)."""
@@ -411,15 +479,21 @@ class Trainer:
             sched[0].load_state_dict(state["scheduler"])
         self.callbacks.load_state_dict(state.get("callbacks", []))
         self.current_epoch, self.global_step = int(state["epoch"]), int(state["global_step"])
+        partial = state.get("partial_epoch") or {}
+        self._resume_batch, self._resume_partial = int(partial.get("batch_in_epoch", 0)), partial
         if isinstance(self._train_loader, PreparedDataLoader):
             self._train_loader.set_epoch(self.current_epoch)
         rngs = state.get("rng") or []
         if len(rngs) == self.accelerator.world_size:
-            restore_rng(rngs[self.accelerator.rank])
+            if self._resume_batch:
+                self._pending_rng = rngs[self.accelerator.rank]  # restored once the epoch's iterator exists
+            else:
+                restore_rng(rngs[self.accelerator.rank])
         else:
             log.warning("checkpoint was written by %d processes, this run has %d: RNG states not restored, so the "
                         "continuation is not bitwise identical.", len(rngs), self.accelerator.world_size)
-        self.console_print(f"Resumed from {target} (epoch {self.current_epoch}, step {self.global_step}).")
+        where = f", batch {self._resume_batch} of the epoch" if self._resume_batch else ""
+        self.console_print(f"Resumed from {target} (epoch {self.current_epoch}, step {self.global_step}{where}).")
         return True
 
     def _export(self) -> dict[str, Any]:
@@ -441,7 +515,8 @@ class Trainer:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_model", "_train_loader", "_val_loader", "callbacks", "writer", "checkpointer", "_step"):
+        for key in ("_model", "_train_loader", "_val_loader", "callbacks", "writer", "checkpointer", "_step",
+                    "_stopper"):
             state.pop(key, None)
         state["writer"] = NullWriter()
         return state
@@ -481,3 +556,4 @@ def _to_cpu(obj: Any) -> Any:
     if isinstance(obj, list):
         return [_to_cpu(v) for v in obj]
     return obj
+

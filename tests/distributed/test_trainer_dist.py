@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 import torch
 from psutil_free import own_children
@@ -10,7 +13,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainstack import Callback, TrainConfig, Trainer
 from trainstack.callbacks import EarlyStopping
-from trainstack.errors import WorkerError
+from trainstack.checkpoint import Checkpointer
+from trainstack.errors import Preempted, WorkerError
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 
@@ -88,3 +92,20 @@ def test_test_metrics_do_not_count_padding_duplicates(tmp_path):
     direct = nn.functional.mse_loss(model(loader.dataset.tensors[0]), loader.dataset.tensors[1]).item()
     assert one["test_loss"] == pytest.approx(direct, rel=1e-6)
     assert two["test_loss"] == pytest.approx(direct, rel=1e-6)
+
+
+def _signal_rank1(trainer, config, writer):
+    if trainer.accelerator.rank == 1 and trainer.global_step == 7:
+        os.kill(os.getpid(), signal.SIGUSR2)  # only rank 1 hears it: the ranks must agree to stop together
+
+
+def test_preemption_on_one_rank_stops_all_at_the_same_step_and_resumes_exactly(tmp_path):
+    reference = _fit_two(tmp_path, "pref", stop_check_every=2)
+    with pytest.raises(Preempted):
+        _fit_two(tmp_path, "prun", stop_check_every=2,
+                 callbacks=[Callback(on="train_batch_end", callback=_signal_rank1)])
+    state = torch.load(Checkpointer(tmp_path / "prun").latest(), weights_only=True)
+    assert state["global_step"] == 8 and len(state["rng"]) == 2  # next poll after the signal, on both ranks
+    resumed = _fit_two(tmp_path, "prun", resume="auto", init_seed=3, stop_check_every=2)
+    for k, v in reference.state_dict().items():
+        assert torch.equal(resumed.state_dict()[k], v), k

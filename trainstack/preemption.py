@@ -1,0 +1,76 @@
+"""Graceful stop: a signal or a stop file asks for it, every rank agrees at the same step, nobody saves in a
+signal handler.
+
+The handler only sets a flag. The training loop polls the flag (and the stop file) every
+``stop_check_every`` steps and at every epoch end, agrees across ranks with one small all-reduce, then
+writes a complete checkpoint at a step boundary and stops. The generated sbatch scripts use the stop file:
+``#SBATCH --signal=B:USR2@<grace>`` reaches only the batch shell, whose trap touches ``$TRAINSTACK_STOP_FILE``;
+so no signal ever reaches NCCL's own handlers or torchrun's agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+__all__ = ["GracefulStop", "resolve_signals", "DEFAULT_SIGNALS"]
+
+log = logging.getLogger(__name__)
+
+#: SIGUSR1 is avoided on purpose: NCCL installs its own handler for it (submitit#1697).
+DEFAULT_SIGNALS = ("SIGUSR2",)
+
+
+def resolve_signals(names: Sequence[str] | None, environ: dict[str, str] | None = None) -> tuple[signal.Signals, ...]:
+    """Signal names from the config, else ``TRAINSTACK_STOP_SIGNALS`` (comma separated), else SIGUSR2."""
+    env = os.environ if environ is None else environ
+    if names is None:
+        raw = env.get("TRAINSTACK_STOP_SIGNALS")
+        names = [n.strip() for n in raw.split(",") if n.strip()] if raw else list(DEFAULT_SIGNALS)
+    out = []
+    for name in names:
+        key = name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"
+        try:
+            out.append(signal.Signals[key])
+        except KeyError:
+            from .errors import ConfigError
+
+            raise ConfigError(f"stop signal {name!r} is not a signal name (e.g. SIGUSR2, SIGTERM).") from None
+    return tuple(out)
+
+
+class GracefulStop:
+    """Collects stop requests (signals, a stop file); the Trainer decides when to act on them."""
+
+    def __init__(self, signals: Sequence[signal.Signals], stop_file: str | os.PathLike | None) -> None:
+        self.signals = tuple(signals)
+        self.stop_file = Path(stop_file) if stop_file else None
+        self.received: str | None = None
+        self._previous: dict[signal.Signals, object] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # handlers can only be set from the main thread (e.g. not in a notebook worker thread)
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handler)
+
+    def restore(self) -> None:
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signal.Signals(signum).name  # only a flag: saving here is unsafe (Lightning#21406)
+
+    def requested(self) -> str | None:
+        """Why a stop is wanted here (this rank), or None."""
+        if self.received:
+            return f"signal {self.received}"
+        if self.stop_file is not None and self.stop_file.exists():
+            return f"stop file {self.stop_file}"
+        return None
