@@ -127,6 +127,8 @@ class LaunchSpec:
         for key in self.env:
             if not _ENV_KEY.match(key):
                 raise SpecError("--env", f"{key!r} is not a valid variable name (KEY=VALUE)")
+        if self.requeue and self.signal is None:
+            self.signal = "B:USR2@120"  # 120 s before the time limit, to the batch shell only (see requeue_run)
         if self.signal is not None and not _SIGNAL.match(self.signal):
             raise SpecError("--signal", f"{self.signal!r} is not a Slurm signal spec such as B:USR1@90")
         if self.container != "none" and not self.image:

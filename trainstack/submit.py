@@ -28,6 +28,7 @@ class SubmittedJob:
     script: Path
     log_path: Path
     exit_code: int | None = None
+    state: str | None = None
 
 
 def write_script(path: Path, text: str) -> Path:
@@ -101,9 +102,11 @@ def wait_for(job: SubmittedJob, echo: Callable[[str], None] | None = None, timeo
             if chunk:
                 echo(chunk)
         if state in _DONE:
-            if state == "COMPLETED":
-                return 0
-            return code or 1
+            time.sleep(1.0)  # a requeue passes through terminal-looking states: believe only a stable one
+            again, code = _state(job.job_id)
+            if again in _DONE:
+                job.state = again
+                return 0 if again == "COMPLETED" else (code or 1)
         if deadline is not None and time.monotonic() > deadline:
             subprocess.run(["scancel", job.job_id], timeout=30)
             raise SubmitError(f"job {job.job_id} did not finish within {timeout:.0f}s; cancelled it.")

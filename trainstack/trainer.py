@@ -227,6 +227,9 @@ class Trainer:
         self.stop_training, self.stop_reason = True, f"{PREEMPTED} ({why})"
         path = self.save_checkpoint()
         took = self.checkpointer.last_save_seconds
+        marker = os.environ.get("TRAINSTACK_STOP_FILE")
+        if marker and self.accelerator.is_main_process:  # tells the batch script: checkpoint complete, requeue me
+            Path(marker + ".saved").write_text(str(path or self.checkpointer.latest()))
         self.console_print(f"Graceful stop at epoch {self.current_epoch}, step {self.global_step}: {why}. "
                            f"Checkpoint {path.name if path else '(already saved)'}"
                            f"{f' written in {took:.2f}s' if took else ''}.")
