@@ -223,9 +223,12 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
         result_path = os.path.join(tmpdir, "result.pkl")
         context = tmp.start_processes(_worker, args=(payload, spec, result_path), nprocs=plan.nprocs_local,
                                       join=False, start_method=method)
+        previous = _forward_stop_signals(context)
         try:
             failure = _monitor(context)
         finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             _reap(context)
         if failure is not None:
             index, detail, code = failure
@@ -287,6 +290,27 @@ def _read_error(path: str, observed: float) -> tuple[str | None, float]:
             return str(pickle.load(fh)).strip(), when
     except (OSError, EOFError, pickle.UnpicklingError):
         return None, observed
+
+
+def _forward_stop_signals(context: tmp.ProcessContext) -> dict[signal.Signals, Any]:
+    """While workers run, relay stop signals sent to this (launching) process to them, as torchrun does.
+
+    Without this, ``kill -USR2 <launcher>`` (or Slurm signalling a task that spawned its share) would kill the
+    launcher and, through PDEATHSIG, the workers before they could checkpoint.
+    """
+    import threading
+
+    from .preemption import resolve_signals
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def relay(signum: int, frame: Any) -> None:
+        for proc in context.processes:
+            if proc.is_alive() and proc.pid:
+                os.kill(proc.pid, signum)
+
+    return {sig: signal.signal(sig, relay) for sig in resolve_signals(None)}
 
 
 def _describe_exit(code: int) -> str:

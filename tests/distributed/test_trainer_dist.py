@@ -109,3 +109,19 @@ def test_preemption_on_one_rank_stops_all_at_the_same_step_and_resumes_exactly(t
     resumed = _fit_two(tmp_path, "prun", resume="auto", init_seed=3, stop_check_every=2)
     for k, v in reference.state_dict().items():
         assert torch.equal(resumed.state_dict()[k], v), k
+
+
+def _slow_batches(trainer, config, writer):
+    import time
+
+    time.sleep(0.05)
+    if trainer.accelerator.rank == 0 and trainer.global_step == 5:
+        os.kill(os.getppid(), signal.SIGUSR2)  # signal the launching process, not the workers
+
+
+def test_stop_signal_to_the_launching_process_is_relayed_to_the_workers(tmp_path):
+    with pytest.raises(Preempted):
+        _fit_two(tmp_path, "relay", stop_check_every=1,
+                 callbacks=[Callback(on="train_batch_end", callback=_slow_batches)])
+    assert Checkpointer(tmp_path / "relay").latest() is not None
+    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL and not own_children()
