@@ -106,3 +106,12 @@ lint-hpc: $(VENV)/.installed  ## hadolint, the def-file validator, shellcheck ov
 	$(PY) -m trainstack.defcheck apptainer.def
 	$(PY) scripts/render_matrix.py build/scripts >/dev/null
 	shellcheck -s bash -S style build/scripts/*.sbatch
+
+bench: $(VENV)/.installed  ## benchmark vs a raw DDP loop (and HF Accelerate / Lightning Fabric if installed)
+	$(PY) bench/run.py $(BENCH_ARGS)
+
+bench-smoke: $(VENV)/.installed  ## a few steps of every benchmark (also run by the test suite)
+	$(PY) bench/run.py --smoke $(BENCH_ARGS)
+
+bench-peers: $(VENV)/.installed  ## install the peers for the comparison (keeps the pinned torch)
+	$(PIP) install -q "torch==$(TORCH_VERSION)" -e '.[bench]'

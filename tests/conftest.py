@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -40,8 +42,18 @@ def run_py(tmp_path):
 
     def _run(args, timeout=120, env=None, cwd=None, check=True):
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        proc = subprocess.run(args, cwd=cwd or ROOT, env=full_env, timeout=timeout, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        child = subprocess.Popen(args, cwd=cwd or ROOT, env=full_env, text=True, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            out, _ = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)  # the whole session: launchers and their workers
+            out, _ = child.communicate()
+            pytest.fail(f"timed out after {timeout}s: {' '.join(map(str, args))}\n{out[-4000:]}")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)  # nothing of this command may outlive the test
+        proc = subprocess.CompletedProcess(args, child.returncode, out, None)
         if check and proc.returncode != 0:
             pytest.fail(f"command failed ({proc.returncode}): {' '.join(map(str, args))}\n{proc.stdout[-4000:]}")
         return proc

@@ -104,3 +104,38 @@ def test_mismatched_distributed_sampler_is_rejected():
     loader = DataLoader(ds, batch_size=2, sampler=torch.utils.data.DistributedSampler(ds, num_replicas=4, rank=0))
     with pytest.raises(ConfigError, match="rank 0 of 4"):
         prepare_dataloader(loader, 0, 2)
+
+
+@pytest.mark.parametrize("shuffle, drop_last", [(True, False), (False, True), (True, True)])
+def test_fast_tensor_path_gives_the_same_batches_and_rng_draws(shuffle, drop_last, monkeypatch):
+    from trainstack.data import FastTensorLoader
+
+    ds = TensorDataset(torch.randn(37, 3), torch.arange(37))
+    loader = DataLoader(ds, batch_size=4, shuffle=shuffle, drop_last=drop_last)
+    fast = prepare_dataloader(loader, 1, 2, seed=3)
+    monkeypatch.setenv("TRAINSTACK_FAST_TENSOR_PATH", "0")
+    slow = prepare_dataloader(loader, 1, 2, seed=3)
+    assert isinstance(fast, FastTensorLoader) and not isinstance(slow, FastTensorLoader)
+    for _ in range(2):  # two epochs: reshuffled identically
+        torch.manual_seed(0)
+        a = list(fast)
+        ra = torch.rand(1)
+        torch.manual_seed(0)
+        b = list(slow)
+        rb = torch.rand(1)
+        assert len(a) == len(b) == len(fast) and torch.equal(ra, rb)  # same draws from the global RNG
+        for x, y in zip(a, b, strict=True):
+            assert isinstance(x, list) and isinstance(y, list)
+            assert all(torch.equal(p, q) for p, q in zip(x, y, strict=True))
+    fast.set_epoch(0)
+    fast.skip_batches(2)
+    assert len(list(fast)) == len(a) - 2
+
+
+def test_fast_path_is_not_used_when_it_could_change_semantics():
+    from trainstack.data import FastTensorLoader
+
+    ds = TensorDataset(torch.randn(8, 3), torch.arange(8))
+    assert not isinstance(prepare_dataloader(DataLoader(ds, batch_size=2, collate_fn=_collate), 0, 1),
+                          FastTensorLoader)
+    assert not isinstance(prepare_dataloader(DataLoader(ds, batch_size=2, num_workers=1), 0, 1), FastTensorLoader)

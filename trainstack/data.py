@@ -9,6 +9,7 @@ shuffle order changes between epochs; and it can skip the first batches of a pas
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,7 +25,8 @@ from torch.utils.data import DistributedSampler as _TorchDistributedSampler
 
 from .errors import ConfigError
 
-__all__ = ["ResumableDistributedSampler", "PreparedDataLoader", "prepare_dataloader", "ShardedIterableDataset"]
+__all__ = ["ResumableDistributedSampler", "PreparedDataLoader", "FastTensorLoader", "prepare_dataloader",
+           "ShardedIterableDataset", "EvalShardSampler", "prepare_eval_dataloader"]
 
 _COPIED = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "generator",
            "persistent_workers", "pin_memory_device", "in_order")
@@ -79,6 +81,42 @@ class PreparedDataLoader(DataLoader):
             sampler.set_epoch(self.epoch)
         self.epoch += 1
         return super().__iter__()
+
+
+class FastTensorLoader(PreparedDataLoader):
+    """Fast path for in-memory ``TensorDataset``: index whole batches instead of ``__getitem__`` + collate.
+
+    Same sampler (so the same seeded, per-epoch order and the same shard per rank), the same batches
+    (``drop_last`` included), the same list-of-tensors structure ``default_collate`` returns, and the same draw
+    from the loader's generator (or the global RNG) a DataLoader iterator makes, so training is bit-identical
+    to the standard path, just without ~batch_size Python calls per batch.
+    """
+
+    def __iter__(self):  # type: ignore[override]
+        sampler = self.sampler
+        sampler.set_epoch(self.epoch)
+        self.epoch += 1
+        order = torch.as_tensor(list(sampler), dtype=torch.long)
+        torch.empty((), dtype=torch.int64).random_(generator=self.generator)  # what _BaseDataLoaderIter draws
+        return _tensor_batches(self.dataset.tensors, order, self.batch_size, self.drop_last,
+                               self.pin_memory and torch.cuda.is_available())
+
+
+def _tensor_batches(tensors: tuple[torch.Tensor, ...], order: torch.Tensor, batch_size: int, drop_last: bool,
+                    pin: bool) -> Iterator[list[torch.Tensor]]:
+    stop = len(order) - len(order) % batch_size if drop_last else len(order)
+    for start in range(0, stop, batch_size):
+        idx = order[start:start + batch_size]
+        batch = [t[idx] for t in tensors]
+        yield [b.pin_memory() for b in batch] if pin else batch
+
+
+def _fast_path_ok(loader: DataLoader) -> bool:
+    from torch.utils.data import TensorDataset
+    from torch.utils.data._utils.collate import default_collate
+
+    return (type(loader.dataset) is TensorDataset and loader.num_workers == 0 and loader.collate_fn is default_collate
+            and loader.batch_size is not None and os.environ.get("TRAINSTACK_FAST_TENSOR_PATH", "1") != "0")
 
 
 def _loader_kwargs(loader: DataLoader) -> dict[str, Any]:
@@ -136,8 +174,8 @@ def prepare_dataloader(loader: DataLoader, rank: int, world_size: int, seed: int
             f"it a torch DistributedSampler(dataset, num_replicas=world_size, rank=rank) yourself.")
     sampler = ResumableDistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
                                           seed=seed, drop_last=loader.drop_last)
-    return PreparedDataLoader(dataset, batch_size=loader.batch_size, sampler=sampler,
-                              drop_last=loader.drop_last, **kwargs)
+    cls = FastTensorLoader if _fast_path_ok(loader) else PreparedDataLoader
+    return cls(dataset, batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last, **kwargs)
 
 
 def generator_seed(loader: DataLoader) -> int:

@@ -149,9 +149,9 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
     def _fit(self) -> dict[str, Any] | None:
         cfg = self.config
-        self._setup_runtime(for_training=True)
-        self.callbacks.fire("train_start", self)
         try:
+            self._setup_runtime(for_training=True)
+            self.callbacks.fire("train_start", self)
             while self.current_epoch < cfg.max_iter and not self.stop_training:
                 if not self._resume_batch:
                     self.callbacks.fire("train_epoch_start", self)
