@@ -260,6 +260,15 @@ def run_fabric(name: str, nprocs: int, steps: int, out: Path, count: bool) -> No
         report(out, -1, None)
 
 
-SYSTEMS = {"raw": run_raw, "accelerator": run_accelerator, "trainer": run_trainer, "accelerate": run_accelerate,
-           "fabric": run_fabric}
+def _standard_loader(run):  # noqa: ANN001, ANN202
+    """The same system with the TensorDataset fast path off: isolates the framework's own per-step overhead."""
+    def wrapped(*args):  # noqa: ANN002, ANN202
+        os.environ["TRAINSTACK_FAST_TENSOR_PATH"] = "0"
+        return run(*args)
+    return wrapped
+
+
+SYSTEMS = {"raw": run_raw, "accelerator": run_accelerator, "trainer": run_trainer,
+           "accelerator-std": _standard_loader(run_accelerator), "trainer-std": _standard_loader(run_trainer),
+           "accelerate": run_accelerate, "fabric": run_fabric}
 PEER_MODULES = {"accelerate": "accelerate", "fabric": "lightning"}

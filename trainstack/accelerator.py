@@ -139,8 +139,8 @@ class Accelerator:
                 f"GPUs (--gpus-per-node).")
 
     def __getstate__(self) -> dict[str, Any]:
-        # The plan describes the launching process; a worker recomputes nothing from it.
-        return {**self.__dict__, "_plan": None}
+        # The plan and the device describe the launching process; a worker works them out for itself.
+        return {**self.__dict__, "_plan": None, "_device": None, "_device_ctx": None}
 
     # ------------------------------------------------------------------ identity
     def _ctx(self) -> state.WorkerContext:
@@ -182,9 +182,13 @@ class Accelerator:
 
     @property
     def device(self) -> torch.device:
-        if not self.use_cuda:
-            return torch.device("cpu")
-        return torch.device("cuda", self.local_rank % max(torch.cuda.device_count(), 1))
+        """This process's device (computed once per process: it sits on the per-step path)."""
+        dev = self.__dict__.get("_device")
+        if dev is None or state.current() is not self.__dict__.get("_device_ctx"):
+            dev = torch.device("cuda", self.local_rank % max(torch.cuda.device_count(), 1)) if self.use_cuda \
+                else torch.device("cpu")
+            self.__dict__["_device"], self.__dict__["_device_ctx"] = dev, state.current()
+        return dev
 
     @property
     def log_device(self) -> torch.device:
@@ -296,7 +300,10 @@ class Accelerator:
 
     def prepare_batch(self, batch: Any) -> Any:
         """Move a (nested) batch to the device; floating tensors are cast to ``dtype``, labels never."""
-        return _move(batch, self.device, self.data_dtype, self.dtype)
+        device = self.device
+        if device.type == "cpu" and self.data_dtype is None:
+            return batch  # nothing to move or cast: the raw loop does no work here either
+        return _move(batch, device, self.data_dtype, self.dtype)
 
     # ------------------------------------------------------------------ collectives
     def all_reduce_dict(self, d: dict[str, Any], op: str = "mean") -> dict[str, Any]:

@@ -26,13 +26,13 @@ def banner(info: dict[str, Any]) -> str:
 
 
 class ProgressBar:
-    """A rich bar over all batches of the run, advanced every ~1 % of an epoch (not on every step)."""
+    """A rich bar over all batches of the run, advanced every ~5 % of an epoch (never a redraw per step)."""
 
     def __init__(self, total_epochs: int, start_epoch: int, batches_per_epoch: int | None) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.batches = batches_per_epoch
-        self.every = max((batches_per_epoch or 100) // 100, 1)
+        self.every = max((batches_per_epoch or 20) // 20, 1)
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[loss]}"), TimeRemainingColumn(), transient=False)
         total = total_epochs * batches_per_epoch if batches_per_epoch else total_epochs

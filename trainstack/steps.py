@@ -36,6 +36,10 @@ def cross_entropy_loss(model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict
 
 
 _BUILTIN = {"mse": mse_loss, "cross_entropy": cross_entropy_loss}
+# Exact types whose step(closure) calls the closure once, like loss.backward(); optimizer.step() does.
+_NO_CLOSURE = {getattr(torch.optim, name) for name in ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta",
+                                                       "Adamax", "NAdam", "RAdam", "ASGD", "Rprop", "Adafactor")
+               if hasattr(torch.optim, name)}
 
 
 def get_loss_fn(loss_fn: str | LossFn | None) -> LossFn:
@@ -57,8 +61,15 @@ def optimize_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: L
                   ) -> tuple[torch.Tensor, dict[str, Any]]:
     """One optimizer step on batch ``xs`` through a closure (LBFGS may call it several times).
 
-    Returns the (detached) loss of the last closure call and its metrics; no host synchronisation.
+    Optimizers known never to re-evaluate the loss take the same step without the closure machinery (fewer
+    Python calls per step). Returns the (detached) loss and its metrics; no host synchronisation.
     """
+    if type(optimizer) in _NO_CLOSURE:
+        optimizer.zero_grad(set_to_none=True)
+        loss, metrics = call_loss(loss_fn, model, xs)
+        loss.backward()
+        optimizer.step()
+        return loss.detach(), metrics
     result: list = [None, None]
 
     def closure() -> torch.Tensor:

@@ -171,11 +171,11 @@ class Trainer:
     def _train_epoch(self) -> dict[str, Any]:
         model, (loss_sum, sums, n, batches) = self._model, self._start_epoch()
         model.train()
-        on_start, on_end = self.callbacks.has("train_batch_start"), self.callbacks.has("train_batch_end")
-        poll = self.config.stop_check_every
+        on_start, on_end = self.callbacks.period("train_batch_start"), self.callbacks.period("train_batch_end")
+        poll, prepare_batch = self.config.stop_check_every, self.accelerator.prepare_batch
         for batch in batches:
-            batch = self.accelerator.prepare_batch(batch)
-            if on_start:
+            batch = prepare_batch(batch)
+            if on_start and (self.global_step + 1) % on_start == 0:
                 self._set_result(self.global_step + 1)
                 self.callbacks.fire("train_batch_start", self)
             loss, metrics = self._step(model, batch)
@@ -184,7 +184,7 @@ class Trainer:
             loss_sum = loss if loss_sum is None else loss_sum + loss
             for k, v in metrics.items():
                 sums[k] = v.detach() if k not in sums else sums[k] + v.detach()
-            if on_end:
+            if on_end and self.global_step % on_end == 0:
                 self._set_result(self.global_step, loss, metrics)
                 self.callbacks.fire("train_batch_end", self)
             if self.global_step % poll == 0 and not self._micro and self._preempt_now(n, loss_sum, sums):
@@ -298,8 +298,7 @@ class Trainer:
             raise ConfigError("gradient-free training (use_grad=False) runs in one process; set nprocs=1.")
 
     def _step(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
-        return self.optimize_step(model, self.optimizer, self.loss_fn, batch, self.accelerator.device,
-                                  self.accelerator.data_dtype)
+        return self.optimize_step(model, self.optimizer, self.loss_fn, batch, self._device, self._data_dtype)
 
     def _amp_step(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         """Accumulation, clipping and mixed precision: backward every batch, optimizer step every A batches."""
@@ -351,6 +350,7 @@ class Trainer:
         self._val_loader = prepare_eval_dataloader(self.val_dataloader, acc.rank, acc.world_size) \
             if self.val_dataloader is not None else None
         self._choose_step()
+        self._device, self._data_dtype = acc.device, acc.data_dtype
         self._resume_batch, self._resume_partial, self._partial, self._pending_rng = 0, None, None, None
         self._saved_at = -1
         self._stopper = GracefulStop(resolve_signals(cfg.stop_signals),
@@ -519,7 +519,7 @@ class Trainer:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         for key in ("_model", "_train_loader", "_val_loader", "callbacks", "writer", "checkpointer", "_step",
-                    "_stopper"):
+                    "_stopper", "_device"):
             state.pop(key, None)
         state["writer"] = NullWriter()
         return state

@@ -52,6 +52,17 @@ class CallbackManager:
     def has(self, event: str) -> bool:
         return bool(self.by_event[event])
 
+    def period(self, event: str) -> int:
+        """Steps between possible firings of ``event`` (gcd of the intervals; 0: never), for the hot loop."""
+        import math
+
+        cbs = self.by_event[event]
+        if not cbs:
+            return 0
+        if any(cb.called_every == 0 and cb.on not in ("train_start", "train_end") for cb in cbs):
+            cbs = [cb for cb in cbs if cb.called_every]
+        return math.gcd(*[cb.called_every for cb in cbs]) if cbs else 0
+
     def fire(self, event: str, trainer: Any) -> None:
         for cb in self.by_event[event]:
             cb(event, trainer, trainer.config, trainer.writer)
