@@ -267,3 +267,23 @@ def test_tensorboard_and_loss_curve(tmp_path):
     run = tmp_path / "run"
     assert list(run.glob("events.out.tfevents.*")) and (run / "loss_curve.png").stat().st_size > 1000
     assert json.loads((run / "hyperparams.json").read_text()) == {"lr": 0.1}
+
+
+def test_fast_tensor_path_and_standard_loader_train_identically(tmp_path, monkeypatch):
+    losses = {}
+
+    def record(name):
+        def cb(trainer, config, writer):
+            losses.setdefault(name, []).append(trainer.opt_result.loss.item())
+        return Callback(on="train_batch_end", callback=cb)
+
+    params = {}
+    for name, flag in (("fast", "1"), ("standard", "0")):
+        monkeypatch.setenv("TRAINSTACK_FAST_TENSOR_PATH", flag)
+        model = _model(dropout=0.2)
+        cfg = _config(tmp_path, max_iter=3, seed=4, log_folder=tmp_path / name, callbacks=[record(name)])
+        trainer = Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), cfg)
+        trainer.fit(_loader(40, 8, shuffle=True))
+        params[name] = model.state_dict()
+    assert losses["fast"] == losses["standard"] and len(losses["fast"]) == 15
+    assert all(torch.equal(params["fast"][k], params["standard"][k]) for k in params["fast"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import pytest
@@ -171,3 +172,23 @@ def test_unpicklable_function_explains_the_main_guard():
             acc.distribute(fn)()
         assert 'if __name__ == "__main__":' in str(exc.value) and "picklable" in str(exc.value)
     assert not own_children()
+
+
+NOTEBOOK_CELL = """
+import torch, torch.distributed as dist
+from trainstack import Accelerator
+
+def cell_fn(acc):            # defined in __main__ without a file, as in a notebook cell
+    t = torch.tensor([float(acc.rank + 1)])
+    dist.all_reduce(t)
+    return (acc.rank, t.item())
+
+acc = Accelerator(nprocs=2, compute_setup="cpu")
+print("RESULT", acc.distribute(cell_fn)(acc))
+"""
+
+
+def test_functions_from_an_interactive_main_run_via_fork(run_py):
+    # `python -c` has no __main__.__file__, like a notebook kernel: spawn could not re-import it, fork can
+    out = run_py([sys.executable, "-c", NOTEBOOK_CELL], timeout=120).stdout
+    assert "RESULT (0, 3.0)" in out

@@ -1,0 +1,23 @@
+"""The benchmark runs end to end in smoke mode, so it cannot rot (numbers are not asserted: not a timed test)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def test_bench_smoke(run_py, tmp_path):
+    out = run_py([sys.executable, str(ROOT / "bench/run.py"), "--smoke", "--workloads", "tiny,classify",
+                  "--nprocs", "1,2", "--systems", "raw,accelerator,trainer,trainer-std", "--out", str(tmp_path)],
+                 timeout=560).stdout
+    assert "| tiny | 2 | trainer |" in out and "| classify | 1 | raw |" in out and "fast path" in out
+    rows = [json.loads(line) for line in next(Path(tmp_path).glob("*.jsonl")).read_text().splitlines()]
+    measured = [r for r in rows if "system" in r]
+    assert len(measured) == 2 * 2 * 4 and all(r["steps_per_s"] > 0 and r["peak_rss_mb"] > 0 for r in measured)
+    assert all("calls_per_step" in r for r in measured if r["workload"] == "tiny")
