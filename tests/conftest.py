@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from helpers import ROOT  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 # Variables torch itself sets lazily (e.g. on first DDP construction); not ours to police.
 _TORCH_OWN = ("TORCHINDUCTOR_", "TRITON_", "KMP_", "CUDA_MODULE_LOADING")
 
@@ -59,12 +56,3 @@ def run_py(tmp_path):
         return proc
 
     return _run
-
-
-def python_exe() -> str:
-    return sys.executable
-
-
-def torchrun_exe() -> str:
-    exe = Path(sys.executable).with_name("torchrun")
-    return str(exe) if exe.exists() else shutil.which("torchrun") or "torchrun"

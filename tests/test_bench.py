@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

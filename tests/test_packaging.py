@@ -7,7 +7,7 @@ import sys
 import zipfile
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 pytestmark = pytest.mark.timeout(300)
 

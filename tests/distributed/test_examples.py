@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, python_exe, torchrun_exe
+from helpers import ROOT, python_exe, torchrun_exe
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
