@@ -207,8 +207,10 @@ def test_test_uses_its_own_loader_and_batch_count(tmp_path):
     loss = CountingLoss()
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _config(tmp_path), loss_fn=loss,
                       test_dataloader=_loader(64, 8), max_batches=1)
+    seen = []
+    trainer.config.callbacks.append(Callback(on="test_batch_end", callback=lambda t, c, w: seen.append(1)))
     out = trainer.test()
-    assert loss.calls == 8 and set(out) == {"test_loss", "test_mae"}
+    assert loss.calls == 8 and set(out) == {"test_loss", "test_mae"} and len(seen) == 8
     with pytest.raises(ConfigError, match="test\\(\\) needs a DataLoader"):
         Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _config(tmp_path)).test()
 

@@ -224,15 +224,16 @@ class Trainer(StateMixin, StepsMixin):
         count = 0.0
         start, end = f"{phase}_batch_start", f"{phase}_batch_end"
         with torch.no_grad():
-            for batch in self._batches(loader):
+            for i, batch in enumerate(self._batches(loader), 1):  # batch events count this pass's batches
                 batch = self.accelerator.prepare_batch(batch)
+                self._set_result(i)
                 self.callbacks.fire(start, self)
                 loss, metrics = call_loss(self.loss_fn, model, batch)
                 size = float(_batch_size(batch))
                 count += size
                 for k, v in {"loss": loss, **metrics}.items():
                     totals[k] = totals.get(k, 0.0) + v.detach().float() * size
-                self._set_result(self.current_epoch, loss, metrics)
+                self._set_result(i, loss, metrics)
                 self.callbacks.fire(end, self)
         model.train(was_training)
         reduced = collectives.all_reduce_dict({**totals, "__count": count}, "sum")
@@ -247,7 +248,7 @@ class Trainer(StateMixin, StepsMixin):
         acc.setup()
         if cfg.seed is not None:
             seed_everything(cfg.seed + acc.rank)
-        self.callbacks = CallbackManager([], acc.is_main_process)
+        self.callbacks = CallbackManager(list(cfg.callbacks), acc.is_main_process)  # test_* events for test()
         if not for_training:  # evaluation uses the plain module: no DDP needed
             self.model = acc.prepare_model(self.model) if acc.world_size == 1 else self.model.to(acc.device)
             return
