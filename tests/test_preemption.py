@@ -41,9 +41,12 @@ def test_mid_epoch_stop_then_resume_is_bitwise_identical(tmp_path, how, capsys):
     reference = _fit(tmp_path, "ref").model.state_dict()
     stop_file = tmp_path / "STOP"
     action = (lambda: os.kill(os.getpid(), signal.SIGUSR2)) if how == "signal" else stop_file.touch
+    ended = []
+    on_end = Callback(on="train_end", callback=lambda t, c, w: ended.append(t.current_epoch))
     with pytest.raises(Preempted) as exc:
-        _fit(tmp_path, "run", callbacks=[_at_step(17, action)], stop_file=stop_file)  # epoch 2, batch 5 of 12
+        _fit(tmp_path, "run", callbacks=[_at_step(17, action), on_end], stop_file=stop_file)  # epoch 2, batch 5
     assert exc.value.code == 0 and "resume='auto'" in str(exc.value)
+    assert ended == []  # the run was stopped, not finished: train_end callbacks do not fire
     assert "Graceful stop at epoch 1, step 17" in capsys.readouterr().out
     state = torch.load(Checkpointer(tmp_path / "run").latest(), weights_only=True)
     assert state["global_step"] == 17 and state["partial_epoch"]["batch_in_epoch"] == 5

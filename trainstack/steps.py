@@ -83,8 +83,12 @@ def optimize_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: L
     return result[0].detach(), result[1]
 
 
-def nevergrad_step(model: nn.Module, optimizer: Any, loss_fn: LossFn, xs: Any, ng_params: Any) -> tuple[Any, Any]:
-    """Gradient-free step: tell the optimizer the loss of the current candidate, then ask for the next one."""
+def nevergrad_step(model: nn.Module, optimizer: Any, loss_fn: LossFn, xs: Any,
+                   ng_params: Any) -> tuple[torch.Tensor, dict[str, Any], Any]:
+    """Gradient-free step: tell the optimizer the loss of the current candidate, then ask for the next one.
+
+    Returns the loss, its metrics and the next candidate (to be told about on the following step).
+    """
     from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
     with torch.no_grad():

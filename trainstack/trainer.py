@@ -162,8 +162,9 @@ class Trainer(StateMixin, StepsMixin):
                 if cfg.val_every and self.current_epoch % cfg.val_every == 0:
                     self._validate()
                 self._end_epoch()
-            self._set_result(self.current_epoch)
-            self.callbacks.fire("train_end", self)
+            if not self.stop_reason.startswith(PREEMPTED):  # a preempted run has not ended: no final hooks
+                self._set_result(self.current_epoch)
+                self.callbacks.fire("train_end", self)
         finally:
             self._close()
         return self._export() if self.accelerator.is_main_process else None
