@@ -9,11 +9,14 @@ import torch
 from helpers import ROOT, python_exe, torchrun_exe
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+# The seed script prints from every rank; unbuffered, two ranks' print() pieces interleave mid-line
+# (../shared/docs/pitfalls.md #3). Block-buffered, each worker writes its short output in one piece at exit.
+BLOCK_BUFFERED = {"PYTHONUNBUFFERED": ""}
 
 
 def test_seed_000_under_python_spawns_four_processes(run_py):
     start = time.monotonic()
-    out = run_py([python_exe(), "examples/accelerator_loop.py"], timeout=240).stdout
+    out = run_py([python_exe(), "examples/accelerator_loop.py"], timeout=240, env=BLOCK_BUFFERED).stdout
     print(f"seed 000 under python (4 procs): {time.monotonic() - start:.1f}s")
     assert out.count("Epoch:  9") == 4  # every rank finished all 10 epochs (lines may interleave)
     for rank in range(4):
@@ -24,7 +27,7 @@ def test_seed_000_under_python_spawns_four_processes(run_py):
 def test_seed_000_under_torchrun_joins_its_workers(run_py):
     start = time.monotonic()
     out = run_py([torchrun_exe(), "--standalone", "--nproc_per_node", "2", "examples/accelerator_loop.py"],
-                 timeout=240).stdout
+                 timeout=240, env=BLOCK_BUFFERED).stdout
     print(f"seed 000 under torchrun (2 procs): {time.monotonic() - start:.1f}s")
     assert out.count("Epoch:  9") == 2
     assert "nprocs=4 ignored: torchrun started 2 processes" in out
