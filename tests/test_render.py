@@ -6,6 +6,7 @@ import difflib
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import jinja2
@@ -173,3 +174,14 @@ def test_golden_files(name):
     if text != expected:
         diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), "golden", "rendered"))
         pytest.fail(f"{name} differs from its golden file; if intended, run UPDATE_GOLDEN=1 make test\n{diff}")
+
+
+def test_rendering_writes_nothing_outside_its_output(tmp_path, run_py):
+    """No cache under the home folder: a shared cache folder was a pickle sink (jinja bytecode cache)."""
+    home, cache = tmp_path / "home", tmp_path / "cache"
+    home.mkdir()
+    cache.mkdir()
+    proc = run_py([str(Path(sys.executable).with_name("trainstack")), "generate", "--cpu", "--", "train.py"],
+                  env={"HOME": str(home), "XDG_CACHE_HOME": str(cache)}, cwd=tmp_path)
+    assert "#SBATCH" in proc.stdout
+    assert list(home.iterdir()) == [] and list(cache.iterdir()) == []

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import random
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -129,14 +130,16 @@ class Accelerator:
         return self._plan
 
     def _check_devices(self, plan: ProcessPlan) -> None:
-        if self.compute_setup != "gpu":
+        """One GPU per process: NCCL refuses two ranks on one device (with a raw 'Duplicate GPU detected')."""
+        if not self.use_cuda:
             return
         count = torch.cuda.device_count()
         if plan.local_world_size > count:
             raise LaunchError(
-                f"compute_setup='gpu' with {plan.local_world_size} processes on this node but only {count} "
-                f"visible CUDA device(s). HINT: lower nprocs (or --nproc-per-node) to {count}, or request more "
-                f"GPUs (--gpus-per-node).")
+                f"compute_setup={self.compute_setup!r} runs on the GPU here, with {plan.local_world_size} processes "
+                f"on this node but only {count} visible CUDA device(s); NCCL needs one GPU per process. HINT: lower "
+                f"nprocs (or --nproc-per-node) to {count}, request more GPUs (--gpus-per-node), or use "
+                f"compute_setup='cpu' to train on CPU processes.")
 
     def __getstate__(self) -> dict[str, Any]:
         # The plan and the device describe the launching process; a worker works them out for itself.
@@ -189,6 +192,11 @@ class Accelerator:
                 else torch.device("cpu")
             self.__dict__["_device"], self.__dict__["_device_ctx"] = dev, state.current()
         return dev
+
+    @property
+    def pin_memory(self) -> bool:
+        """Pin prepared loaders' batches on CUDA (asynchronous copies); ``TRAINSTACK_PIN_MEMORY=0`` turns it off."""
+        return self.use_cuda and os.environ.get("TRAINSTACK_PIN_MEMORY", "1") != "0"
 
     @property
     def log_device(self) -> torch.device:
@@ -266,7 +274,8 @@ class Accelerator:
         if isinstance(obj, nn.Module):
             return self.prepare_model(obj, moved)
         if isinstance(obj, DataLoader):
-            return prepare_dataloader(obj, self.rank, self.world_size, seed=generator_seed(obj))
+            return prepare_dataloader(obj, self.rank, self.world_size, seed=generator_seed(obj),
+                                      pin_memory=self.pin_memory)
         return obj
 
     def prepare_model(self, model: nn.Module, moved: dict[int, nn.Parameter] | None = None) -> nn.Module:
@@ -360,8 +369,9 @@ def _move(obj: Any, device: torch.device, data_dtype: torch.dtype | None, dtype:
             target = data_dtype
         elif dtype is not None and obj.is_complex() and dtype.is_complex:
             target = dtype
-        non_blocking = device.type == "cuda" and obj.device.type == "cpu" and obj.is_pinned()
-        return obj.to(device=device, dtype=target, non_blocking=non_blocking)
+        # non_blocking for every host-to-GPU copy: a pageable source is staged by the driver before the call
+        # returns, so this is safe, and the host never waits for the GPU (a blocking copy syncs the stream)
+        return obj.to(device=device, dtype=target, non_blocking=device.type == "cuda")
     if isinstance(obj, dict):
         moved = {k: _move(v, device, data_dtype, dtype) for k, v in obj.items()}
         return moved if type(obj) is dict else _rebuild(obj, moved)

@@ -101,16 +101,26 @@ def capture_rng() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
+    """Restore states captured by :func:`capture_rng`, wherever the checkpoint was loaded to.
+
+    RNG states are byte tensors that torch only accepts on the CPU, so they are moved back first; CUDA states
+    are restored for the devices both the saving and this process have.
+    """
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(_byte_state(state["torch"]))
     if "numpy" in state:
         import numpy as np
 
         kind, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        np.random.set_state((kind, keys.cpu().numpy().astype("uint32"), pos, has_gauss, cached))
+    if state.get("cuda") and torch.cuda.is_available():
+        for index, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(_byte_state(cuda_state), index)
+
+
+def _byte_state(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to(device="cpu", dtype=torch.uint8)
 
 
 def gather_rng() -> list[dict[str, Any]]:

@@ -107,8 +107,12 @@ def _tensor_batches(tensors: tuple[torch.Tensor, ...], order: torch.Tensor, batc
     stop = len(order) - len(order) % batch_size if drop_last else len(order)
     for start in range(0, stop, batch_size):
         idx = order[start:start + batch_size]
-        batch = [t[idx] for t in tensors]
-        yield [b.pin_memory() for b in batch] if pin else batch
+        if pin:  # gather straight into page-locked memory (one copy, not two); the caching host allocator
+            # keeps each block until the asynchronous host-to-GPU copy that reads it has finished
+            yield [torch.index_select(t, 0, idx, out=torch.empty((len(idx), *t.shape[1:]), dtype=t.dtype,
+                                                                 pin_memory=True)) for t in tensors]
+        else:
+            yield [t[idx] for t in tensors]
 
 
 def _fast_path_ok(loader: DataLoader) -> bool:
@@ -141,15 +145,24 @@ def _shuffles(loader: DataLoader) -> bool | None:
     return None
 
 
-def prepare_dataloader(loader: DataLoader, rank: int, world_size: int, seed: int = 0) -> DataLoader:
-    """Return a loader that yields this rank's shard; see the module docstring for what is preserved."""
+def prepare_dataloader(loader: DataLoader, rank: int, world_size: int, seed: int = 0,
+                       pin_memory: bool = False) -> DataLoader:
+    """Return a loader that yields this rank's shard; see the module docstring for what is preserved.
+
+    ``pin_memory=True`` (the Accelerator asks for it on CUDA) turns page-locked batches on, so host-to-GPU copies
+    run asynchronously; a loader that already pins keeps its own settings.
+    """
     if not isinstance(loader, DataLoader):
         raise ConfigError(f"prepare() expected a torch DataLoader, got {type(loader).__name__}")
     dataset = loader.dataset
     kwargs = _loader_kwargs(loader)
+    pin = pin_memory and not loader.pin_memory
+    if pin:
+        kwargs["pin_memory"] = True
     if isinstance(dataset, IterableDataset):
         if world_size == 1:
-            return loader
+            return DataLoader(dataset, batch_size=loader.batch_size, drop_last=loader.drop_last, **kwargs) \
+                if pin and loader.batch_size is not None else loader
         return DataLoader(ShardedIterableDataset(dataset, rank, world_size), batch_size=loader.batch_size,
                           drop_last=loader.drop_last, **kwargs)
     custom_batches = loader.batch_size is None or not isinstance(loader.batch_sampler, BatchSampler) \

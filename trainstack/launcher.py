@@ -1,6 +1,6 @@
 """Start worker processes, rendezvous them into one process group, and tear everything down cleanly.
 
-Design choices (see ../shared/docs/pitfalls.md):
+Design choices:
 * Arguments are serialised with plain :mod:`pickle` before spawning, so each worker gets its **own copy**
   of the model; torch's multiprocessing reductions would put CPU tensors in shared memory and apply every
   optimizer step once per process.
@@ -23,6 +23,7 @@ import signal
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ import torch.distributed as dist
 import torch.multiprocessing as tmp
 
 from . import state
+from ._files import atomic_write
 from .environment import ProcessPlan
 from .errors import LaunchError, WorkerError
 
@@ -89,6 +91,11 @@ class ProcessGroupSession:
         self.host_store = host_store
         self.store: dist.TCPStore | None = None
 
+    @property
+    def pg_backend(self) -> str:
+        """NCCL for CUDA tensors plus gloo for CPU ones: stop flags and object collectives never touch the GPU."""
+        return "cpu:gloo,cuda:nccl" if self.backend == "nccl" else self.backend
+
     def start(self) -> None:
         ctx = self.ctx
         state.activate(ctx)
@@ -106,12 +113,12 @@ class ProcessGroupSession:
             # fails in connectFullMesh about 2 times in 3. A per-attempt key prefix keeps attempts apart.
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
             agent_store = dist.TCPStore(ctx.master_addr, ctx.master_port, is_master=False, timeout=timeout)
-            dist.init_process_group(self.backend, store=dist.PrefixStore(f"trainstack/attempt_{attempt}", agent_store),
+            dist.init_process_group(self.pg_backend, store=dist.PrefixStore(f"trainstack/attempt_{attempt}", agent_store),
                                     rank=ctx.rank, world_size=ctx.world_size, timeout=timeout, device_id=device_id)
             return
         self.store = dist.TCPStore(ctx.master_addr, ctx.master_port, is_master=self.host_store,
                                    timeout=timeout, wait_for_workers=False)
-        dist.init_process_group(self.backend, store=dist.PrefixStore("pg", self.store), rank=ctx.rank,
+        dist.init_process_group(self.pg_backend, store=dist.PrefixStore("pg", self.store), rank=ctx.rank,
                                 world_size=ctx.world_size, timeout=timeout, device_id=device_id)
 
     def stop(self, ok: bool) -> None:
@@ -146,30 +153,85 @@ def _set_child_environ(ctx: state.WorkerContext) -> None:
     })
 
 
-def _worker(local_index: int, payload: Any, spec: LaunchSpec, result_path: str) -> None:
-    """Entry point of a spawned worker: join the group, run the function, hand rank 0's result back."""
-    ctx = spec.context(local_index)
-    _set_child_environ(ctx)
-    fn, args, kwargs = pickle.loads(payload) if isinstance(payload, bytes) else payload
-    session = ProcessGroupSession(ctx, spec.backend, spec.device_type)
-    session.start()
-    ok = False
+def _worker(local_index: int, payload: Any, spec: LaunchSpec, private_dir: str) -> None:
+    """Entry point of a spawned worker: join the group, run the function, hand rank 0's result back.
+
+    A failure is reported as plain text in the launch's private folder (never as a pickle: the launching process
+    must not unpickle anything another local user could have written).
+    """
+    _write_private(os.path.join(private_dir, f"started-{local_index}"), b"")
     try:
-        result = fn(*args, **kwargs)
-        ok = True
-    finally:
-        session.stop(ok)
-    if ctx.rank == 0:
-        tmp_path = result_path + ".tmp"
-        with open(tmp_path, "wb") as fh:
-            pickle.dump(result, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp_path, result_path)
+        ctx = spec.context(local_index)
+        _set_child_environ(ctx)
+        fn, args, kwargs = pickle.loads(payload) if isinstance(payload, bytes) else payload
+        session = ProcessGroupSession(ctx, spec.backend, spec.device_type)
+        session.start()
+        ok = False
+        try:
+            result = fn(*args, **kwargs)
+            ok = True
+        finally:
+            session.stop(ok)
+        if ctx.rank == 0:
+            _write_private(os.path.join(private_dir, _RESULT), pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
+    except BaseException as exc:
+        if not (isinstance(exc, SystemExit) and not exc.code):
+            text = "".join(traceback.format_exception(exc)).strip()
+            _write_private(os.path.join(private_dir, f"error-{local_index}.txt"), text.encode("utf-8", "replace"))
+        raise
+
+
+_RESULT = "result.pkl"
+
+
+def _write_private(path: str, data: bytes) -> None:
+    atomic_write(path, data, mode=0o600)
+
+
+_START_METHODS = ("spawn", "fork", "forkserver")
+_MAIN_GUARD = ("start the run under a main guard, so that the worker processes (which re-import your script) do "
+               "not start it again:\n\n"
+               "    def train(model, loader, accelerator):\n        ...\n\n"
+               "    if __name__ == \"__main__\":\n"
+               "        accelerator.distribute(train)(model, loader, accelerator)\n")
+
+
+def check_not_bootstrapping() -> None:
+    """Refuse to launch from a worker that is still importing the user's main module (no main guard).
+
+    A spawned child re-imports ``__main__``; without a guard the script's top level would start a whole new run in
+    every worker (Python's own check is bypassed because such a child looks like a notebook to us).
+    """
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise LaunchError("this script started training at import time, and a worker process re-imported it. "
+                          "HINT: " + _MAIN_GUARD)
+
+
+def _autograd_threads() -> list[str]:
+    """Names of autograd's per-device worker threads in this process (started by a backward when CUDA exists)."""
+    names = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:  # not Linux: nothing to inspect
+        return names
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as fh:
+                name = fh.read().strip()
+        except OSError:
+            continue
+        if name.startswith("pt_autograd_"):
+            names.append(name)
+    return names
 
 
 def _start_method() -> str:
     """``spawn`` for scripts; ``fork`` in notebooks/REPLs where spawn cannot re-import ``__main__``."""
     forced = os.environ.get("TRAINSTACK_START_METHOD")
     if forced:
+        if forced not in _START_METHODS:
+            raise LaunchError(f"TRAINSTACK_START_METHOD={forced!r} is not one of {', '.join(_START_METHODS)}. "
+                              f"HINT: unset it to let trainstack choose (spawn for scripts, fork in notebooks).")
         return forced
     main = sys.modules.get("__main__")
     interactive = main is None or not hasattr(main, "__file__")
@@ -180,6 +242,14 @@ def _start_method() -> str:
             "cannot start workers from this notebook: CUDA was already initialised in this kernel, and forked "
             "processes cannot re-initialise it. HINT: restart the kernel and call the distributed function "
             "before anything touches CUDA (no .cuda()/.to('cuda') at top level).")
+    threads = _autograd_threads()
+    if threads:
+        raise LaunchError(
+            f"cannot start workers from this notebook: a backward pass already ran in this kernel and started "
+            f"autograd's device threads ({', '.join(sorted(threads))}), and forked processes cannot use autograd "
+            f"after that (every worker would die with 'Unable to handle autograd's threading in combination with "
+            f"fork-based multiprocessing'). HINT: restart the kernel and call the distributed function before any "
+            f"loss.backward() in the kernel, or move the code into a script and run it with python.")
     return "fork"
 
 
@@ -214,18 +284,18 @@ def _host_store(plan: ProcessPlan) -> dist.TCPStore | None:
 
 def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: str, device_type: str) -> Any:
     """Run ``fn`` in ``plan.nprocs_local`` new processes and return rank 0's result (None elsewhere)."""
+    check_not_bootstrapping()
     method = _start_method()
     payload = _serialise(fn, args, kwargs, method)
     store = _host_store(plan)
     port = store.port if store is not None else plan.master_port
     spec = LaunchSpec(plan=plan, backend=backend, device_type=device_type, store_port=port)
-    with tempfile.TemporaryDirectory(prefix="trainstack-") as tmpdir:
-        result_path = os.path.join(tmpdir, "result.pkl")
-        context = tmp.start_processes(_worker, args=(payload, spec, result_path), nprocs=plan.nprocs_local,
-                                      join=False, start_method=method)
+    # mkdtemp makes the folder 0700: reports, the result and torch's own error files live where only we can write.
+    with tempfile.TemporaryDirectory(prefix="trainstack-") as private_dir:
+        context = _start(payload, spec, private_dir, plan.nprocs_local, method)
         previous = _forward_stop_signals(context)
         try:
-            failure = _monitor(context)
+            failure = _monitor(context, private_dir)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -235,10 +305,22 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
             raise WorkerError(plan.rank_offset + index, detail, exitcode=code)
         if store is not None:
             _wait_for_count(store, plan.world_size)
+        result_path = os.path.join(private_dir, _RESULT)
         if not os.path.exists(result_path):
             return None
         with open(result_path, "rb") as fh:
             return pickle.load(fh)
+
+
+def _start(payload: Any, spec: LaunchSpec, private_dir: str, nprocs: int, method: str) -> tmp.ProcessContext:
+    """Start the workers. torch names its per-worker error files in ``tempfile``'s folder: point it at ours."""
+    previous = tempfile.tempdir
+    tempfile.tempdir = private_dir
+    try:
+        return tmp.start_processes(_worker, args=(payload, spec, private_dir), nprocs=nprocs, join=False,
+                                   start_method=method)
+    finally:
+        tempfile.tempdir = previous
 
 
 # Errors a rank raises because *another* rank died; never reported as the root cause when a better one exists.
@@ -246,7 +328,7 @@ _SECONDARY = ("remote worker", "Connection closed by peer", "Connection reset by
               "NCCL communicator was aborted", "SIGINT")
 
 
-def _monitor(context: tmp.ProcessContext) -> tuple[int, str, int] | None:
+def _monitor(context: tmp.ProcessContext, private_dir: str) -> tuple[int, str, int] | None:
     """Wait for the workers. On the first failure, give the others a grace period, then stop them.
 
     Returns ``(local_index, detail, exit_code)`` of the root-cause failure, or None when all succeeded.
@@ -272,10 +354,11 @@ def _monitor(context: tmp.ProcessContext) -> tuple[int, str, int] | None:
         return None
     reports = []
     for i, observed in failed.items():
-        detail, when = _read_error(context.error_files[i], observed)
+        detail, when = _read_error(os.path.join(private_dir, f"error-{i}.txt"), observed)
         code = procs[i].exitcode or 1
         if detail is None:
-            detail = _describe_exit(code)
+            started = os.path.exists(os.path.join(private_dir, f"started-{i}"))
+            detail = _describe_exit(code) if started else _died_while_importing(code)
         secondary = any(marker in detail for marker in _SECONDARY)
         reports.append((secondary, when, i, detail, code))
     _, _, index, detail, code = min(reports)
@@ -283,12 +366,12 @@ def _monitor(context: tmp.ProcessContext) -> tuple[int, str, int] | None:
 
 
 def _read_error(path: str, observed: float) -> tuple[str | None, float]:
-    """The traceback torch's wrapper wrote for a worker, with the time it was written."""
+    """The traceback a worker wrote as text into the private folder, with the time it was written."""
     try:
         when = os.path.getmtime(path)
-        with open(path, "rb") as fh:
-            return str(pickle.load(fh)).strip(), when
-    except (OSError, EOFError, pickle.UnpicklingError):
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read().strip() or None, when
+    except OSError:
         return None, observed
 
 
@@ -322,6 +405,12 @@ def _describe_exit(code: int) -> str:
         hint = " (killed by the kernel's OOM killer?)" if name == "SIGKILL" else ""
         return f"the process was killed by {name}{hint}"
     return f"the process exited with code {code} without a Python traceback"
+
+
+def _died_while_importing(code: int) -> str:
+    return (f"the worker exited with code {code} before it started: it failed while importing your script (its "
+            f"traceback is printed above). A script that starts training at import time does this. HINT: "
+            + _MAIN_GUARD)
 
 
 def _reap(context: tmp.ProcessContext) -> None:

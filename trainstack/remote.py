@@ -1,33 +1,29 @@
 """Entry point of jobs sent with :func:`trainstack.submit.submit_function`: unpickle, call, store the result.
 
-    python -m trainstack.remote /path/to/call.pkl
+    python -m trainstack.remote /path/to/private/folder/call.pkl
+
+The call is loaded only from a folder and file this user owns and nobody else can write (see ``_files``), and the
+result is written next to it with mode 0600.
 """
 
 from __future__ import annotations
 
-import os
 import pickle
 import sys
 from pathlib import Path
 
-
-def _is_rank_zero() -> bool:
-    for name in ("RANK", "SLURM_PROCID"):
-        if name in os.environ:
-            return os.environ[name] == "0"
-    return True
+from ._files import UntrustedFileError, atomic_write, load_private_pickle
+from .environment import detect_environment
 
 
 def main(path: str) -> None:
-    with open(path, "rb") as fh:
-        fn, args, kwargs = pickle.load(fh)
+    try:
+        fn, args, kwargs = load_private_pickle(path)
+    except UntrustedFileError as exc:
+        sys.exit(f"trainstack.remote: {exc}")
     result = fn(*args, **kwargs)
-    if _is_rank_zero():
-        out = Path(path).with_suffix(".result.pkl")
-        tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
-        with open(tmp, "wb") as fh:
-            pickle.dump(result, fh)
-        os.replace(tmp, out)
+    if detect_environment().rank == 0:
+        atomic_write(Path(path).with_name("result.pkl"), pickle.dumps(result), mode=0o600)
 
 
 if __name__ == "__main__":

@@ -205,25 +205,13 @@ def _sbatch_value(value: Any) -> str:
     return text if re.match(r"^[A-Za-z0-9_.,:@%/=+-]+$", text) else '"' + text.replace('"', "'") + '"'
 
 
-def _bytecode_cache(jinja2: Any) -> Any:
-    """Cache compiled templates (keyed on source checksums) so repeated CLI calls skip ~40 ms of compiling."""
-    import os
-
-    folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainstack" / "jinja"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return jinja2.FileSystemBytecodeCache(str(folder))
-
-
 def render(spec: LaunchSpec, templates_dir: str | Path | None = None, command_line: str | None = None) -> str:
     """The sbatch script for ``spec`` (deterministic apart from the provenance comment)."""
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader([str(d) for d in template_dirs(templates_dir)]),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
-                             lstrip_blocks=True, autoescape=False, bytecode_cache=_bytecode_cache(jinja2))
+                             lstrip_blocks=True, autoescape=False)
     env.filters["q"] = _quote
     env.filters["sb"] = _sbatch_value
     env.filters["qq"] = _always_quote

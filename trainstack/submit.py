@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._files import UntrustedFileError, atomic_write, load_private_pickle, private_dir
 from .errors import TrainstackError
 from .render import LaunchSpec, render
 
@@ -35,11 +36,7 @@ def write_script(path: Path, text: str) -> Path:
     """Write atomically (temp + rename) and make it executable; a partial script never appears."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    tmp.chmod(0o755)
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, text, mode=0o755)
 
 
 def _sbatch() -> str:
@@ -124,35 +121,37 @@ class FunctionJob(SubmittedJob):
     result_path: Path | None = None
 
     def result(self, timeout: float | None = None) -> object:
-        import pickle
-
         if self.exit_code is None:
             self.exit_code = wait_for(self, timeout=timeout)
         if self.exit_code != 0 or self.result_path is None or not self.result_path.exists():
             log = self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else "(no log)"
             raise SubmitError(f"job {self.job_id} failed with exit code {self.exit_code}; log tail:\n{log}")
-        with open(self.result_path, "rb") as fh:
-            return pickle.load(fh)
+        try:
+            return load_private_pickle(self.result_path)
+        except UntrustedFileError as exc:
+            raise SubmitError(str(exc)) from None
 
 
 def submit_function(fn: Callable, args: tuple = (), kwargs: dict | None = None, **spec: object) -> FunctionJob:
     """Send ``fn(*args, **kwargs)`` to Slurm (like nntool's ``slurm_fn``); ``spec`` are LaunchSpec fields.
 
-    ``fn`` and its arguments are pickled into the log directory, so ``fn`` must be importable by the job
-    (a module-level function of an installed package or of a file on the job's PYTHONPATH).
+    The call is pickled into a new private folder ``<log_dir>/<job_name>-XXXX/`` (0700, files 0600: the arguments
+    may hold secrets, and a pickle someone else could replace is code execution), which also holds the script, the
+    log and the result. ``fn`` must be importable by the job (a module-level function of an installed package or
+    of a file on the job's PYTHONPATH).
     """
     import pickle
 
     spec.setdefault("job_name", getattr(fn, "__name__", "function"))
-    log_dir = Path(str(spec.pop("log_dir", "logs"))).expanduser().absolute()
-    log_dir.mkdir(parents=True, exist_ok=True)
-    call = log_dir / f"{_safe(str(spec['job_name']))}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.pkl"
     try:
-        call.write_bytes(pickle.dumps((fn, tuple(args), dict(kwargs or {}))))
+        payload = pickle.dumps((fn, tuple(args), dict(kwargs or {})))
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         raise SubmitError(f"cannot pickle {fn!r} for the job: {exc}. HINT: use a module-level function.") from None
+    log_dir = Path(str(spec.pop("log_dir", "logs"))).expanduser().absolute()
+    folder = private_dir(log_dir, prefix=f"{_safe(str(spec['job_name']))}-")
+    call = atomic_write(folder / "call.pkl", payload, mode=0o600)
     python = str(spec.pop("python", "python3"))
-    launch = LaunchSpec(program=["-m", "trainstack.remote", str(call)], python=python, log_dir=str(log_dir),
+    launch = LaunchSpec(program=["-m", "trainstack.remote", str(call)], python=python, log_dir=str(folder),
                         **spec)  # type: ignore[arg-type]
     job = submit_spec(launch)
-    return FunctionJob(job.job_id, job.script, job.log_path, result_path=call.with_suffix(".result.pkl"))
+    return FunctionJob(job.job_id, job.script, job.log_path, result_path=folder / "result.pkl")

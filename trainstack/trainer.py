@@ -358,7 +358,7 @@ class Trainer(StateMixin, StepsMixin):
 
 def _prepare_train(loader: Any, acc: Accelerator, seed: int) -> Any:
     if isinstance(loader, DataLoader):
-        return prepare_dataloader(loader, acc.rank, acc.world_size, seed=seed)
+        return prepare_dataloader(loader, acc.rank, acc.world_size, seed=seed, pin_memory=acc.pin_memory)
     return loader
 
 

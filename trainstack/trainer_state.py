@@ -96,7 +96,7 @@ class StateMixin:
         target = Path(path) if path is not None else self.checkpointer.latest()
         if target is None:
             return False
-        state = load_file(target, self.accelerator.device)
+        state = load_file(target)  # to CPU: load_state_dict copies onto the device; RNG states stay CPU tensors
         self.model.load_state_dict(state["model"])
         if state.get("optimizer") is not None and self.use_grad:
             self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,120 @@
+"""The launcher as a user meets it: no foreign pickle is ever loaded, nothing left in the temp folder, a script
+without a main guard or a notebook that cannot fork gets a clear error instead of a silently wrong run."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from trainstack.launcher import _read_error
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
+
+
+class _Evil:
+    def __init__(self, canary: Path) -> None:
+        self.canary = str(canary)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.canary}",))
+
+
+def test_error_reports_are_read_as_text_never_unpickled(tmp_path):
+    canary = tmp_path / "CANARY"
+    planted = tmp_path / "error-0.txt"
+    planted.write_bytes(pickle.dumps(_Evil(canary)))
+    detail, _ = _read_error(str(planted), 0.0)
+    assert detail and not canary.exists()
+
+
+_FAILING = textwrap.dedent("""
+    import sys
+    from trainstack import Accelerator
+    from trainstack.errors import WorkerError
+
+    def work(acc):
+        if acc.rank == 1:
+            raise ValueError("rank one fails on purpose")
+        return acc.rank
+
+    if __name__ == "__main__":
+        acc = Accelerator(nprocs=2, compute_setup="cpu")
+        try:
+            acc.distribute(work)(acc)
+        except WorkerError as exc:
+            print("WORKER-ERROR", exc.rank, "rank one fails on purpose" in str(exc))
+            sys.exit(3)
+""")
+
+
+def test_a_failed_run_leaves_nothing_in_the_temp_folder(tmp_path, run_py):
+    """torch writes per-worker error files into tempfile's folder and never deletes them; trainstack points them
+    at its private 0700 launch folder, so another user cannot plant a pickle there and nothing is left behind."""
+    shared = tmp_path / "shared-tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp: anyone may create files here
+    script = tmp_path / "failing.py"
+    script.write_text(_FAILING)
+    proc = run_py([sys.executable, str(script)], env={"TMPDIR": str(shared)}, check=False, timeout=120)
+    assert proc.returncode == 3 and "WORKER-ERROR 1 True" in proc.stdout, proc.stdout
+    assert sorted(p.name for p in shared.iterdir()) == [], proc.stdout
+
+
+_NO_GUARD = textwrap.dedent("""
+    from trainstack import Accelerator
+
+    def work(acc):
+        return acc.rank
+
+    print("BODY RAN", flush=True)
+    acc = Accelerator(nprocs=2, compute_setup="cpu")
+    print("RESULT", acc.distribute(work)(acc), flush=True)
+""")
+
+
+def test_a_script_without_main_guard_fails_with_the_fix_and_trains_once(tmp_path, run_py):
+    script = tmp_path / "noguard.py"
+    script.write_text(_NO_GUARD)
+    proc = run_py([sys.executable, str(script)], check=False, timeout=120)
+    assert proc.returncode != 0, proc.stdout
+    assert "main guard" in proc.stdout and 'if __name__ == "__main__":' in proc.stdout
+    assert "RESULT 0" not in proc.stdout, proc.stdout  # never a silent second (or third) training run
+
+
+_NOTEBOOK = textwrap.dedent("""
+    import ctypes, threading, time
+    from trainstack import Accelerator
+    from trainstack.errors import LaunchError
+
+    def autograd_like_thread():  # what a backward starts on a CUDA machine: a thread named pt_autograd_0
+        ctypes.CDLL(None).prctl(15, b"pt_autograd_0", 0, 0, 0)
+        time.sleep(60)
+
+    threading.Thread(target=autograd_like_thread, daemon=True).start()
+    time.sleep(0.2)
+    acc = Accelerator(nprocs=2, compute_setup="cpu")
+    try:
+        acc.distribute(print)("never")
+    except LaunchError as exc:
+        print("LAUNCH-ERROR", exc)
+""")
+
+
+def test_notebook_after_a_backward_on_a_cuda_machine_explains_instead_of_forking(run_py):
+    proc = run_py([sys.executable, "-c", _NOTEBOOK], timeout=60)  # -c: no __main__.__file__, like a notebook
+    assert "LAUNCH-ERROR" in proc.stdout and "pt_autograd_0" in proc.stdout and "restart the kernel" in proc.stdout
+    assert "never" not in proc.stdout.replace("call the distributed", "")
+
+
+def test_bad_start_method_override_is_a_clear_error(run_py):
+    code = ("from trainstack import Accelerator\n"
+            "acc = Accelerator(nprocs=2, compute_setup='cpu')\n"
+            "acc.distribute(print)('x')\n")
+    proc = run_py([sys.executable, "-c", code], env={"TRAINSTACK_START_METHOD": "bogus"}, check=False, timeout=60)
+    assert proc.returncode == 1 and "TRAINSTACK_START_METHOD='bogus'" in proc.stdout
+    assert proc.stdout.count("Traceback") <= 1 and "spawn" in proc.stdout

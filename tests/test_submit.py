@@ -1,0 +1,39 @@
+"""The I/O half of the generator without a cluster: scripts written atomically, function results trusted only
+from the job's private folder."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import stat
+
+import pytest
+
+from trainstack._files import atomic_write, private_dir
+from trainstack.submit import FunctionJob, SubmitError, write_script
+
+
+def test_write_script_is_executable_and_atomic(tmp_path):
+    path = write_script(tmp_path / "deep" / "job.sbatch", "#!/bin/bash\n")
+    assert path.read_text() == "#!/bin/bash\n" and stat.S_IMODE(path.stat().st_mode) == 0o755
+    assert [p.name for p in path.parent.iterdir()] == ["job.sbatch"]
+
+
+class _Evil:
+    def __init__(self, canary):
+        self.canary = str(canary)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.canary}",))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_a_result_planted_by_another_user_is_refused(tmp_path):
+    folder = private_dir(tmp_path, prefix="job-")
+    canary = tmp_path / "CANARY"
+    result = atomic_write(folder / "result.pkl", pickle.dumps(_Evil(canary)), mode=0o600)
+    os.chown(result, 65534, 65534)
+    job = FunctionJob("1", folder / "job.sbatch", folder / "job-1.out", exit_code=0, result_path=result)
+    with pytest.raises(SubmitError, match="refusing to load"):
+        job.result()
+    assert not canary.exists()

@@ -1,0 +1,74 @@
+"""Small file helpers shared by the launcher, the generator and the job runner.
+
+* :func:`atomic_write`: a file appears under its name only when complete (temp file + ``os.replace``).
+* :func:`private_dir` / :func:`load_private_pickle`: pickles are only ever read from folders and files that this
+  user owns and nobody else can write, because unpickling runs code (a planted pickle is code execution).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import TrainstackError
+
+__all__ = ["atomic_write", "private_dir", "check_private", "load_private_pickle", "UntrustedFileError"]
+
+
+class UntrustedFileError(TrainstackError, PermissionError):
+    """A file that would be unpickled could have been written by someone else."""
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str, mode: int = 0o644) -> Path:
+    """Write ``data`` to ``path`` through a temp file in the same folder, then rename; never a partial file."""
+    path = Path(path)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+        os.chmod(tmp, mode)  # the umask may have removed bits we asked for
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def private_dir(parent: str | os.PathLike, prefix: str) -> Path:
+    """A new folder under ``parent`` that only this user can read and write (0700)."""
+    Path(parent).mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+
+
+def check_private(path: str | os.PathLike) -> None:
+    """Raise unless ``path`` and its folder are owned by this user and writable by nobody else."""
+    path = Path(path)
+    uid = os.getuid()
+    for item in (path.parent, path):
+        try:
+            st = item.lstat()
+        except FileNotFoundError:
+            raise UntrustedFileError(f"{item} does not exist.") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise UntrustedFileError(f"refusing to load {path}: {item} is a symbolic link.")
+        if st.st_uid != uid:
+            raise UntrustedFileError(f"refusing to load {path}: {item} is owned by uid {st.st_uid}, not by you "
+                                     f"(uid {uid}); another user may have written it. HINT: resubmit; trainstack "
+                                     f"keeps these files in a private (0700) folder.")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise UntrustedFileError(f"refusing to load {path}: {item} is writable by other users (mode "
+                                     f"{stat.S_IMODE(st.st_mode):o}). HINT: resubmit; trainstack keeps these files "
+                                     f"in a private (0700) folder.")
+
+
+def load_private_pickle(path: str | os.PathLike) -> Any:
+    """Unpickle ``path`` after :func:`check_private` (the only way trainstack reads a pickle from disk)."""
+    check_private(path)
+    with open(path, "rb") as fh:
+        return pickle.load(fh)
