@@ -113,8 +113,9 @@ class ProcessGroupSession:
             # fails in connectFullMesh about 2 times in 3. A per-attempt key prefix keeps attempts apart.
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
             agent_store = dist.TCPStore(ctx.master_addr, ctx.master_port, is_master=False, timeout=timeout)
-            dist.init_process_group(self.pg_backend, store=dist.PrefixStore(f"trainstack/attempt_{attempt}", agent_store),
-                                    rank=ctx.rank, world_size=ctx.world_size, timeout=timeout, device_id=device_id)
+            store = dist.PrefixStore(f"trainstack/attempt_{attempt}", agent_store)
+            dist.init_process_group(self.pg_backend, store=store, rank=ctx.rank, world_size=ctx.world_size,
+                                    timeout=timeout, device_id=device_id)
             return
         self.store = dist.TCPStore(ctx.master_addr, ctx.master_port, is_master=self.host_store,
                                    timeout=timeout, wait_for_workers=False)
