@@ -103,7 +103,7 @@ nccl-check: $(VENV)/.installed  ## all_reduce/barrier sanity job through the gen
 
 lint-hpc: $(VENV)/.installed  ## hadolint, the def-file validator, shellcheck over the rendered template matrix
 	$(VENV)/bin/hadolint --config .hadolint.yaml Dockerfile
-	$(PY) -m trainstack.defcheck apptainer.def
+	$(PY) scripts/defcheck.py apptainer.def
 	$(PY) scripts/render_matrix.py build/scripts >/dev/null
 	shellcheck -s bash -S style build/scripts/*.sbatch
 

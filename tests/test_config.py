@@ -56,7 +56,7 @@ def test_positional_arguments_are_rejected():
 def test_defaults_and_normalisation():
     cfg = TrainConfig(root_folder="logs", resume=False, callbacks=(Callback(callback=print),))
     assert cfg.root_folder == Path("logs") and cfg.resume is None and isinstance(cfg.callbacks, list)
-    assert cfg.max_iter == 10000 and cfg.tracking_tool == "jsonl" and cfg.compute_setup == "cpu"
+    assert cfg.max_iter == 10000 and cfg.tracking_tool == "jsonl" and cfg.compute_setup == "auto"
 
 
 def test_to_dict_is_plain_and_weights_only_loadable(tmp_path):

@@ -12,9 +12,11 @@ import pytest
 import tomllib
 
 from trainstack import __version__
-from trainstack.defcheck import check_def
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from defcheck import check_def  # noqa: E402  (a development tool, not part of the package)
+
 PINS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["trainstack"]
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from trainstack._layout import plan_processes
 from trainstack.environment import (
     LocalEnvironment,
     SlurmEnvironment,
     TorchrunEnvironment,
     detect_environment,
     expand_nodelist,
-    plan_processes,
     port_from_job_id,
 )
 from trainstack.errors import LaunchError

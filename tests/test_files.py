@@ -78,7 +78,7 @@ def test_remote_refuses_a_planted_call(tmp_path):
     canary = tmp_path / "CANARY"
     call = atomic_write(folder / "call.pkl", pickle.dumps(_Evil(canary)), mode=0o600)
     os.chown(call, NOBODY, NOBODY)
-    proc = subprocess.run([sys.executable, "-m", "trainstack.remote", str(call)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "trainstack._remote", str(call)], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 1 and "refusing to load" in proc.stderr and "Traceback" not in proc.stderr
     assert not canary.exists() and not (folder / "result.pkl").exists()

@@ -1,6 +1,12 @@
 """trainstack: one PyTorch training script from a laptop to a multi-node Slurm cluster.
 
-Names are imported lazily (PEP 562) so that ``trainstack generate`` and ``trainstack --help`` never import torch.
+The public surface is ``__all__``; errors live in :mod:`trainstack.errors`. Names are imported lazily (PEP 562) so
+that ``trainstack generate`` and ``trainstack --help`` never import torch.
+
+For code moving over from ``qadence.ml_tools``, the old import paths keep working with the package name replaced:
+``trainstack.train_utils.Accelerator``, ``trainstack.trainer.Trainer``, ``trainstack.optimize_step.optimize_step``,
+and ``DictDataLoader``, ``to_dataloader``, ``InfiniteTensorDataset``, ``OptimizeResult``, ``load_checkpoint``,
+``write_checkpoint`` from ``trainstack`` itself (see docs/migrating-from-qadence.md).
 """
 
 from __future__ import annotations
@@ -10,21 +16,23 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__  # a plain constant: importlib.metadata costs ~0.1 s at CLI start-up
 
+__all__ = ["Accelerator", "Trainer", "TrainConfig", "Callback", "optimize_step", "seed_everything", "LaunchSpec",
+           "render", "submit", "__version__"]
+
 _LAZY = {
     "Accelerator": "accelerator", "seed_everything": "accelerator", "Trainer": "trainer",
     "TrainConfig": "config", "Callback": "callbacks", "optimize_step": "steps",
-    "TrainstackError": "errors", "ConfigError": "errors", "LaunchError": "errors", "WorkerError": "errors",
     "LaunchSpec": "render", "render": "render", "submit": "submit",
+    # qadence.ml_tools names (importable, not advertised) and the errors' old home
+    "DictDataLoader": "data", "to_dataloader": "data", "InfiniteTensorDataset": "data",
+    "OptimizeResult": "callbacks", "load_checkpoint": "checkpoint", "write_checkpoint": "checkpoint",
+    "TrainstackError": "errors", "ConfigError": "errors", "LaunchError": "errors", "WorkerError": "errors",
 }
-
-__all__ = ["Accelerator", "Trainer", "TrainConfig", "Callback", "optimize_step", "seed_everything", "LaunchSpec",
-           "render", "submit", "TrainstackError", "ConfigError", "LaunchError", "WorkerError", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from .accelerator import Accelerator, seed_everything
     from .callbacks import Callback
     from .config import TrainConfig
-    from .errors import ConfigError, LaunchError, TrainstackError, WorkerError
     from .render import LaunchSpec, render
     from .steps import optimize_step
     from .submit import submit

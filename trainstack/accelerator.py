@@ -37,20 +37,20 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from . import collectives, state
-from .data import generator_seed, prepare_dataloader
-from .environment import ProcessPlan, detect_environment, plan_processes, warn_if_outside_step
+from . import _collectives as collectives
+from . import _layout
+from ._choices import BACKENDS, COMPUTE_SETUPS, DEFAULT_COMPUTE_SETUP, LOG_SETUPS
+from ._launcher import ProcessGroupSession, launch
+from ._layout import ProcessPlan, WorkerContext, plan_processes
+from .data import DictDataLoader, generator_seed, prepare_dataloader
+from .environment import detect_environment, warn_if_outside_step
 from .errors import ConfigError, LaunchError
-from .launcher import ProcessGroupSession, launch
 
 __all__ = ["Accelerator", "seed_everything"]
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 
-_COMPUTE = ("auto", "gpu", "cpu")
-_LOG_SETUPS = ("cpu", "auto")
-_BACKENDS = (None, "nccl", "gloo", "mpi")
 # complex model dtypes train on real-valued data of the matching precision
 _DATA_DTYPE = {torch.complex128: torch.float64, torch.complex64: torch.float32, torch.complex32: torch.float16}
 
@@ -77,16 +77,16 @@ class Accelerator:
         backend: ``None`` picks nccl on GPU and gloo on CPU; ``"nccl"``, ``"gloo"`` or ``"mpi"`` explicitly.
     """
 
-    def __init__(self, nprocs: int = 1, compute_setup: str = "auto", log_setup: str = "cpu",
+    def __init__(self, nprocs: int = 1, compute_setup: str = DEFAULT_COMPUTE_SETUP, log_setup: str = "cpu",
                  dtype: torch.dtype | None = None, backend: str | None = None) -> None:
         if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
             raise ConfigError(f"nprocs={nprocs!r}: must be an integer >= 1 (total number of processes).")
-        if compute_setup not in _COMPUTE:
-            raise ConfigError(f"compute_setup={compute_setup!r}: must be one of {_COMPUTE}.")
-        if log_setup not in _LOG_SETUPS:
-            raise ConfigError(f"log_setup={log_setup!r}: must be one of {_LOG_SETUPS}.")
-        if backend not in _BACKENDS:
-            raise ConfigError(f"backend={backend!r}: must be one of {_BACKENDS} (None chooses for you).")
+        if compute_setup not in COMPUTE_SETUPS:
+            raise ConfigError(f"compute_setup={compute_setup!r}: must be one of {COMPUTE_SETUPS}.")
+        if log_setup not in LOG_SETUPS:
+            raise ConfigError(f"log_setup={log_setup!r}: must be one of {LOG_SETUPS}.")
+        if backend not in BACKENDS:
+            raise ConfigError(f"backend={backend!r}: must be one of {BACKENDS} (None chooses for you).")
         if dtype is not None and not isinstance(dtype, torch.dtype):
             raise ConfigError(f"dtype={dtype!r}: must be a torch.dtype such as torch.float32, or None.")
         self.nprocs = nprocs
@@ -97,6 +97,8 @@ class Accelerator:
         self.use_cuda = self._resolve_cuda(compute_setup)
         self.backend = self._resolve_backend(backend)
         self._plan: ProcessPlan | None = None
+        self._home: WorkerContext | None = None
+        self._device: tuple[WorkerContext, torch.device] | None = None
 
     # ------------------------------------------------------------------ set-up
     @staticmethod
@@ -142,18 +144,23 @@ class Accelerator:
                 f"compute_setup='cpu' to train on CPU processes.")
 
     def __getstate__(self) -> dict[str, Any]:
-        # The plan and the device describe the launching process; a worker works them out for itself.
-        return {**self.__dict__, "_plan": None, "_device": None, "_device_ctx": None}
+        # The plan and the identity describe the launching process; a worker works them out for itself.
+        return {**self.__dict__, "_plan": None, "_home": None, "_device": None}
+
+    @property
+    def _device_type(self) -> str:
+        return "cuda" if self.use_cuda else "cpu"
 
     # ------------------------------------------------------------------ identity
-    def _ctx(self) -> state.WorkerContext:
-        ctx = state.current()
+    def _ctx(self) -> WorkerContext:
+        """Who this process is: the running worker's identity, else the first process of the plan (this one)."""
+        ctx = _layout.current()
         if ctx is not None:
             return ctx
-        p = self.plan
-        env = p.environment
-        return state.WorkerContext(p.rank_offset, p.local_rank_offset, p.world_size, p.local_world_size,
-                                   env.node_rank, env.num_nodes, p.master_addr, p.master_port, env.name)
+        if self._home is None:
+            gpus = torch.cuda.device_count() if self.use_cuda else 0
+            self._home = self.plan.context(0, self._device_type, gpus)
+        return self._home
 
     @property
     def rank(self) -> int:
@@ -185,13 +192,12 @@ class Accelerator:
 
     @property
     def device(self) -> torch.device:
-        """This process's device (computed once per process: it sits on the per-step path)."""
-        dev = self.__dict__.get("_device")
-        if dev is None or state.current() is not self.__dict__.get("_device_ctx"):
-            dev = torch.device("cuda", self.local_rank % max(torch.cuda.device_count(), 1)) if self.use_cuda \
-                else torch.device("cpu")
-            self.__dict__["_device"], self.__dict__["_device_ctx"] = dev, state.current()
-        return dev
+        """This process's device (its ``torch.device`` is built once per identity: it sits on the per-step path)."""
+        ctx = self._ctx()
+        cached = self._device
+        if cached is None or cached[0] is not ctx:
+            cached = self._device = (ctx, torch.device(ctx.device))
+        return cached[1]
 
     @property
     def pin_memory(self) -> bool:
@@ -216,35 +222,20 @@ class Accelerator:
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if state.current() is not None:  # already inside a worker: never spawn again
+            if _layout.current() is not None:  # already inside a worker: never spawn again
                 return fn(*args, **kwargs)
             warn_if_outside_step()
             plan = self.plan
-            device_type = "cuda" if self.use_cuda else "cpu"
             if plan.spawn:
-                return launch(fn, args, kwargs, plan, self.backend, device_type)
-            session = self._session(plan)
-            session.start()
-            ok = False
-            try:
-                result = fn(*args, **kwargs)
-                ok = True
-                return result
-            finally:
-                session.stop(ok)
+                return launch(fn, args, kwargs, plan, self.backend, self._device_type)
+            with ProcessGroupSession(self._ctx(), self.backend, host_store=plan.rank_offset == 0):
+                return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
 
-    def _session(self, plan: ProcessPlan) -> ProcessGroupSession:
-        env = plan.environment
-        ctx = state.WorkerContext(plan.rank_offset, plan.local_rank_offset, plan.world_size, plan.local_world_size,
-                                  env.node_rank, env.num_nodes, plan.master_addr, plan.master_port, env.name)
-        return ProcessGroupSession(ctx, self.backend, "cuda" if self.use_cuda else "cpu",
-                                   use_env_store=env.name == "torchrun", host_store=plan.rank_offset == 0)
-
     def setup(self) -> None:
         """Join the process group when running under torchrun/srun without :meth:`distribute` (idempotent)."""
-        if state.current() is not None:
+        if _layout.current() is not None:
             return
         plan = self.plan
         if plan.spawn:
@@ -253,7 +244,7 @@ class Accelerator:
                 f"distribute() can do. HINT: call accelerator.distribute(train_fn)(...) or launch the script "
                 f"with torchrun --nproc_per_node {self.nprocs}.")
         if plan.world_size > 1:
-            self._session(plan).start()
+            ProcessGroupSession(self._ctx(), self.backend, host_store=plan.rank_offset == 0).start()
 
     # ------------------------------------------------------------------ preparing objects
     def prepare(self, *objs: Any) -> Any:
@@ -273,6 +264,8 @@ class Accelerator:
     def _prepare_one(self, obj: Any, moved: dict[int, nn.Parameter]) -> Any:
         if isinstance(obj, nn.Module):
             return self.prepare_model(obj, moved)
+        if isinstance(obj, DictDataLoader):
+            return obj.prepared(lambda dl: self._prepare_one(dl, moved))
         if isinstance(obj, DataLoader):
             return prepare_dataloader(obj, self.rank, self.world_size, seed=generator_seed(obj),
                                       pin_memory=self.pin_memory)
@@ -353,9 +346,7 @@ class Accelerator:
             model = model.module
         return model
 
-    @staticmethod
-    def seed_everything(seed: int) -> None:
-        seed_everything(seed)
+    seed_everything = staticmethod(seed_everything)
 
     def __repr__(self) -> str:
         return (f"Accelerator(nprocs={self.nprocs}, compute_setup={self.compute_setup!r}, backend={self.backend!r}, "

@@ -1,8 +1,16 @@
-"""Checkpoints: one self-contained file per save, written atomically, rotated, loadable everywhere.
+"""Checkpoints: what one holds, how it is written (atomically), found, rotated and restored -- with or without a
+Trainer.
 
-A file appears under its final name only once complete (temp file + fsync + rename), so a crash or a
-SIGKILL mid-write never leaves a half-written checkpoint where `latest()` would pick it up.
-Files hold only tensors and plain Python values: ``torch.load(path, weights_only=True)`` works.
+One self-contained file per save, ``<run>/checkpoints/ckpt-e<epoch>-s<step>.pt`` (and ``best.pt``), holding:
+
+* the *parts*: anything with ``state_dict``/``load_state_dict`` (model -- unwrapped, no ``module.`` prefixes --,
+  optimizer, scheduler, scaler, callbacks), by name;
+* the *counters* of the loop (epoch, global step, the position inside a stopped epoch, ...);
+* every rank's RNG states (gathered: saving is a collective) and the config.
+
+A file appears under its final name only once complete (temp file + fsync + rename), so a crash, a SIGKILL or a
+full disk mid-write never leaves a half-written checkpoint where :meth:`Checkpointer.latest` would pick it up. Files
+hold only tensors and plain values: ``torch.load(path, weights_only=True)`` works.
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ import os
 import random
 import re
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +31,13 @@ import torch.distributed as dist
 
 from .errors import TrainstackError
 
-__all__ = ["CheckpointError", "Checkpointer", "atomic_save", "capture_rng", "restore_rng", "checkpoint_name",
-           "load_checkpoint", "write_checkpoint"]
+__all__ = ["CheckpointError", "Checkpointer", "Restored", "atomic_save", "capture_rng", "restore_rng",
+           "checkpoint_name", "has_checkpoint", "load_file", "load_checkpoint", "write_checkpoint"]
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 _PATTERN = re.compile(r"^ckpt-e(\d+)-s(\d+)\.pt$")
+_TEMP = re.compile(r"^\..+\.tmp-\d+$")
 BEST = "best.pt"
 
 
@@ -38,6 +49,12 @@ def checkpoint_name(epoch: int, global_step: int) -> str:
     return f"ckpt-e{epoch:05d}-s{global_step:09d}.pt"
 
 
+def has_checkpoint(run_folder: str | os.PathLike) -> bool:
+    """True when ``run_folder`` holds at least one complete periodic checkpoint."""
+    return bool(Checkpointer(run_folder).checkpoints())
+
+
+# ---------------------------------------------------------------------------------------------------- writing
 def _fsync_dir(folder: Path) -> None:
     try:
         fd = os.open(folder, os.O_RDONLY)
@@ -51,40 +68,59 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+_REASONS = {errno.ENOSPC: "the disk is full", errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+            errno.EROFS: "the file system is read-only", errno.EDQUOT: "the disk quota is exceeded"}
+
+
+def _why(exc: BaseException, folder: Path) -> str:
+    """The cause of a failed write in words. torch reports a full disk as a RuntimeError from its zip writer, so
+    when no OSError is attached the free space decides."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno in _REASONS:
+            return _REASONS[cause.errno]
+        cause = cause.__cause__ or cause.__context__
+    try:
+        st = os.statvfs(folder)
+        if st.f_bavail * st.f_frsize < 1 << 20:
+            return _REASONS[errno.ENOSPC]
+    except OSError:
+        pass
+    return (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)).strip() or type(exc).__name__
+
+
 def atomic_save(obj: Any, path: Path) -> float:
-    """``torch.save`` to a temp file next to ``path``, fsync, then rename. Returns the seconds it took."""
+    """``torch.save`` to a temp file next to ``path``, fsync, then rename. Returns the seconds it took.
+
+    Any failure becomes :class:`CheckpointError` naming the cause; the temp file is removed whatever happened.
+    """
     start = time.perf_counter()
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    committed = False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as fh:
             torch.save(obj, fh)
             fh.flush()
             os.fsync(fh.fileno())
-        _test_delay()
         os.replace(tmp, path)
+        committed = True
         _fsync_dir(path.parent)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        reason = {errno.ENOSPC: "the disk is full", errno.EACCES: "permission denied",
-                  errno.EROFS: "the file system is read-only", errno.EDQUOT: "the disk quota is exceeded"}
-        why = reason.get(exc.errno, exc.strerror or str(exc))
-        raise CheckpointError(f"could not write checkpoint {path}: {why}. The previous checkpoint is kept. "
-                              f"HINT: free space or choose another root_folder/log_folder.") from exc
+    except Exception as exc:
+        raise CheckpointError(f"could not write checkpoint {path}: {_why(exc, path.parent)}. The previous "
+                              f"checkpoint is kept. HINT: free space or choose another root_folder/log_folder.") \
+            from exc
+    finally:
+        if not committed:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:  # never let the clean-up replace the real error
+                pass
     return time.perf_counter() - start
 
 
-def _test_delay() -> None:
-    """Test hook: TRAINSTACK_TEST_SAVE_DELAY_S pauses between writing and committing (kill-during-write tests)."""
-    delay = os.environ.get("TRAINSTACK_TEST_SAVE_DELAY_S")
-    if delay:
-        marker = os.environ.get("TRAINSTACK_TEST_SAVE_MARKER")
-        if marker:
-            Path(marker).touch()
-        time.sleep(float(delay))
-
-
+# ---------------------------------------------------------------------------------------------------- RNG
 def capture_rng() -> dict[str, Any]:
     """This process's RNG states as weights_only-loadable values."""
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
@@ -124,7 +160,7 @@ def _byte_state(t: torch.Tensor) -> torch.Tensor:
 
 
 def gather_rng() -> list[dict[str, Any]]:
-    """Every rank's RNG state, in rank order (a collective when distributed)."""
+    """Every rank's RNG state, in rank order (a collective when distributed; over gloo, no device sync)."""
     mine = capture_rng()
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return [mine]
@@ -133,24 +169,88 @@ def gather_rng() -> list[dict[str, Any]]:
     return out
 
 
-class Checkpointer:
-    """Save/find/rotate checkpoints of one run folder (``<run>/checkpoints``)."""
+# ---------------------------------------------------------------------------------------------------- contents
+def _unwrap(model: Any) -> Any:
+    while isinstance(getattr(model, "module", None), torch.nn.Module):  # DDP and similar wrappers
+        model = model.module
+    return model
 
-    def __init__(self, run_folder: Path, keep_last: int | None = None) -> None:
+
+def _state_of(part: Any) -> Any:
+    if part is None:
+        return None
+    if isinstance(part, torch.nn.Module):
+        return _unwrap(part).state_dict()
+    return part.state_dict()
+
+
+@dataclass
+class Restored:
+    """What :meth:`Checkpointer.restore` found: the counters, this rank's RNG state (None when the checkpoint was
+    written by another number of processes) and the file."""
+
+    counters: dict[str, Any]
+    rng: dict[str, Any] | None
+    path: Path
+    world_size: int
+
+
+_RESERVED = ("format_version", "rng", "world_size", "config")
+
+
+class Checkpointer:
+    """Save, find, rotate and restore the checkpoints of one run folder (``<run>/checkpoints``).
+
+    Saving and restoring are collective: every rank calls them (RNG states are gathered; every rank loads).
+    """
+
+    def __init__(self, run_folder: str | os.PathLike, keep_last: int | None = None, is_main: bool = True) -> None:
         self.folder = Path(run_folder) / "checkpoints"
         self.keep_last = keep_last
+        self.is_main = is_main
         self.last_save_seconds: float | None = None
+        self.saved_step: int | None = None  # the global step of the newest periodic save of this run
 
-    def save(self, state: dict[str, Any], name: str, is_main: bool) -> Path | None:
-        """Write ``state`` on the main process (the caller built it on every rank). Rotates afterwards."""
-        if not is_main:
+    # -------------------------------------------------------------- saving
+    def save(self, counters: Mapping[str, Any], parts: Mapping[str, Any], config: dict | None = None,
+             best: bool = False) -> Path | None:
+        """Write ``ckpt-e<epoch>-s<step>.pt`` (or ``best.pt``) from every part's state; None if already saved at
+        this step (decided from memory, identically on every rank) or on non-main ranks."""
+        step = int(counters["global_step"])
+        if not best and self.saved_step == step:
             return None
+        state: dict[str, Any] = {"format_version": FORMAT_VERSION, **counters}
+        for name, part in parts.items():
+            state[name] = _state_of(part)
+            if name == "optimizer" and part is not None:
+                state["optimizer_class"] = type(part).__name__
+        state["rng"] = gather_rng()
+        state["world_size"] = len(state["rng"])
+        state["config"] = config
+        if not best:
+            self.saved_step = step
+        if not self.is_main:
+            return None
+        return self.write(state, BEST if best else checkpoint_name(int(counters["epoch"]), step))
+
+    def write(self, state: Mapping[str, Any], name: str) -> Path:
+        """Write one prepared state atomically under ``name`` (this process only), then rotate."""
         path = self.folder / name
-        self.last_save_seconds = atomic_save(state, path)
+        self.last_save_seconds = atomic_save(dict(state), path)
         if name != BEST:
             self._rotate()
         return path
 
+    def remove_stale_temp_files(self) -> list[Path]:
+        """Delete temp files a killed writer left behind (call only while holding the run folder's lock)."""
+        if not self.folder.is_dir():
+            return []
+        stale = [p for p in self.folder.iterdir() if _TEMP.match(p.name)]
+        for p in stale:
+            p.unlink(missing_ok=True)
+        return stale
+
+    # -------------------------------------------------------------- finding
     def checkpoints(self) -> list[Path]:
         """Complete periodic checkpoints, oldest first."""
         if not self.folder.is_dir():
@@ -172,45 +272,124 @@ class Checkpointer:
         for old in self.checkpoints()[: -self.keep_last]:
             old.unlink(missing_ok=True)
 
+    # -------------------------------------------------------------- restoring
+    def load(self, path: str | os.PathLike | None = None) -> tuple[dict[str, Any], Path] | None:
+        """The checkpoint at ``path``, or the newest readable one (None when there is none).
 
-def load_file(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint file with ``weights_only=True``; a clear error for missing or foreign files."""
+        When the newest file cannot be read (e.g. truncated by a copy), the previous one is used with a warning
+        naming both; an explicit ``path`` never falls back.
+        """
+        if path is not None:
+            return load_file(path), Path(path)
+        failed: list[tuple[Path, CheckpointError]] = []
+        for candidate in reversed(self.checkpoints()):
+            try:
+                state = load_file(candidate)
+            except CheckpointError as exc:
+                failed.append((candidate, exc))
+                continue
+            for bad, exc in failed:
+                log.warning("checkpoint %s is unreadable (%s); using the previous one, %s.", bad.name, exc,
+                            candidate.name)
+                print(f"trainstack: WARNING: checkpoint {bad} is unreadable; resuming from the previous one, "
+                      f"{candidate.name}.", flush=True)
+            return state, candidate
+        if failed:
+            raise CheckpointError(f"no readable checkpoint in {self.folder}: " + "; ".join(
+                f"{p.name}: {e}" for p, e in failed))
+        return None
+
+    def restore(self, parts: Mapping[str, Any], path: str | os.PathLike | None = None,
+                rank: int = 0) -> Restored | None:
+        """Load the checkpoint (see :meth:`load`) into ``parts`` by name; return its counters, or None if none.
+
+        Works without a Trainer: ``Checkpointer(run).restore({"model": model, "optimizer": optimizer})``.
+        """
+        found = self.load(path)
+        if found is None:
+            return None
+        state, where = found
+        for name, part in parts.items():
+            if part is not None and state.get(name) is not None:
+                _load_part(name, part, state, where)
+        rngs = state.get("rng") or []
+        counters = {k: v for k, v in state.items() if k not in _RESERVED and k not in parts}
+        world = int(state.get("world_size") or len(rngs) or 1)
+        return Restored(counters, rngs[rank] if rank < len(rngs) and len(rngs) == world else None, where, world)
+
+
+def _load_part(name: str, part: Any, state: Mapping[str, Any], where: Path) -> None:
+    saved = state[name]
+    if name == "optimizer" and state.get("optimizer_class") not in (None, type(part).__name__):
+        raise CheckpointError(f"{where} holds the state of a {state['optimizer_class']} optimizer, but this run uses "
+                              f"{type(part).__name__}. HINT: resume with the same optimizer, or start a new run "
+                              f"(another log_folder, or resume=None).")
+    try:
+        if isinstance(part, torch.nn.Module):
+            _unwrap(part).load_state_dict(saved)
+        else:
+            part.load_state_dict(saved)
+    except (RuntimeError, KeyError, ValueError) as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+        first = " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]  # torch: a heading, then the details
+        raise CheckpointError(f"{where} does not fit this run's {name}: {first.rstrip('.')}. HINT: a checkpoint only "
+                              f"loads into the same model and optimizer it was written from; start a new run "
+                              f"(another log_folder, or resume=None) after changing them.") from exc
+
+
+def load_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Load a checkpoint file to the CPU with ``weights_only=True``; a clear error for missing or foreign files."""
     path = Path(path)
+    if path.is_dir():
+        run = path.parent if path.name == "checkpoints" else path
+        latest = Checkpointer(run).latest()
+        hint = f" (its newest checkpoint is {latest})" if latest else ""
+        raise CheckpointError(f"resume={str(path)!r} is a folder{hint}; a path must point at one ckpt-*.pt file. "
+                              f"HINT: resume='auto' continues from the newest checkpoint of the run folder.")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist. HINT: resume='auto' picks the latest one "
                               f"in the run folder; a path must point at a ckpt-*.pt file.")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise CheckpointError(f"cannot load checkpoint {path}: {exc}") from exc
+        raise CheckpointError(f"cannot load checkpoint {path}: the file is damaged or not a torch checkpoint "
+                              f"({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})"
+                              f".") from exc
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{path} is not a trainstack checkpoint (format {FORMAT_VERSION}).")
     return state
 
 
-def write_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                     iteration: int) -> Path:
-    """Stand-alone helper (qadence name): save model/optimizer state for a hand-written loop."""
-    from .accelerator import Accelerator
+# ---------------------------------------------------------------------------------------------------- qadence helpers
+def write_checkpoint(folder: str | os.PathLike, model: torch.nn.Module, optimizer: Any, iteration: int | str) -> Path:
+    """qadence's helper for hand-written loops: save model and optimizer as ``ckpt-e<it>-s<it>.pt`` (or ``best.pt``
+    for ``iteration="best"``) in ``folder/checkpoints``; one file holds both."""
+    name = BEST if iteration == "best" else checkpoint_name(int(iteration), int(iteration))
+    it = 0 if iteration == "best" else int(iteration)
+    state = {"format_version": FORMAT_VERSION, "epoch": it, "global_step": it, "model": _state_of(model),
+             "optimizer": optimizer.state_dict() if optimizer is not None else None,
+             "optimizer_class": type(optimizer).__name__ if optimizer is not None else None}
+    return Checkpointer(folder).write(state, name)
 
-    state = {"format_version": FORMAT_VERSION, "epoch": int(iteration), "global_step": int(iteration),
-             "model": Accelerator.unwrap_model(model).state_dict(),
-             "optimizer": optimizer.state_dict() if optimizer is not None else None}
-    path = Path(folder) / "checkpoints" / checkpoint_name(int(iteration), int(iteration))
-    atomic_save(state, path)
-    return path
 
-
-def load_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+def load_checkpoint(folder: str | os.PathLike, model: torch.nn.Module, optimizer: Any = None,
+                    model_ckpt_name: str | os.PathLike = "", opt_ckpt_name: str | os.PathLike = "",
                     device: str | torch.device = "cpu") -> tuple[torch.nn.Module, Any, int]:
-    """Stand-alone helper (qadence name): load the latest checkpoint of ``folder`` (iteration 0 if none)."""
-    from .accelerator import Accelerator
+    """qadence's helper: load the newest checkpoint of ``folder`` (or ``model_ckpt_name``; the optimizer from
+    ``opt_ckpt_name`` when given) into ``model``/``optimizer``; returns ``(model, optimizer, epoch)``, epoch 0 when
+    the folder holds none. ``device`` is where the model ends up."""
+    checkpointer = Checkpointer(folder)
 
-    latest = Checkpointer(Path(folder)).latest()
-    if latest is None:
+    def resolve(name: str | os.PathLike) -> Path:
+        given = Path(name)
+        return given if given.is_absolute() or given.exists() else checkpointer.folder / given
+
+    model_path = resolve(model_ckpt_name) if model_ckpt_name else checkpointer.latest()
+    if model_path is None:
         return model, optimizer, 0
-    state = load_file(latest, device)
-    Accelerator.unwrap_model(model).load_state_dict(state["model"])
-    if optimizer is not None and state.get("optimizer") is not None:
-        optimizer.load_state_dict(state["optimizer"])
-    return model, optimizer, int(state["epoch"])
+    restored = checkpointer.restore({"model": model}, model_path)
+    if optimizer is not None:
+        opt_path = resolve(opt_ckpt_name) if opt_ckpt_name else model_path
+        checkpointer.restore({"optimizer": optimizer}, opt_path)
+    model.to(device)
+    return model, optimizer, int(restored.counters.get("epoch", 0)) if restored else 0

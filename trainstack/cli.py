@@ -182,7 +182,7 @@ def _command_line() -> str:
               help="What the job will ask for: 'gpu' makes a missing GPU a problem.")
 def doctor(as_json: bool, compute_setup: str) -> None:
     """Check this machine/job for what breaks distributed training; exit 1 with a fix for each problem."""
-    from .doctor import run_doctor
+    from ._doctor import run_doctor
 
     sys.exit(run_doctor(as_json=as_json, compute_setup=compute_setup))
 
@@ -191,7 +191,7 @@ def doctor(as_json: bool, compute_setup: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def env_cmd(as_json: bool) -> None:
     """Print versions, GPUs, launcher and NCCL settings (paste it into bug reports)."""
-    from .doctor import run_doctor
+    from ._doctor import run_doctor
 
     run_doctor(as_json=as_json, report_only=True)
 

@@ -15,14 +15,10 @@ from typing import Any
 
 import torch
 
+from ._choices import BACKENDS, COMPUTE_SETUPS, DEFAULT_COMPUTE_SETUP, LOG_SETUPS, MIXED_PRECISION, TRACKING_TOOLS
 from .errors import ConfigError
 
-__all__ = ["TrainConfig", "TRACKING_TOOLS", "MIXED_PRECISION"]
-
-TRACKING_TOOLS = ("jsonl", "tensorboard", "mlflow")
-MIXED_PRECISION = ("no", "bf16", "fp16")
-_COMPUTE = ("auto", "gpu", "cpu")
-_BACKENDS = (None, "nccl", "gloo", "mpi")
+__all__ = ["TrainConfig"]
 
 
 @dataclass(kw_only=True)
@@ -69,8 +65,8 @@ class TrainConfig:
     """Functions ``(model, iteration) -> (description, matplotlib Figure)``."""
     nprocs: int = 1
     """Total number of processes (all nodes). Under torchrun the launcher's count wins."""
-    compute_setup: str = "cpu"
-    """``cpu``, ``gpu`` or ``auto`` (GPU when available)."""
+    compute_setup: str = DEFAULT_COMPUTE_SETUP
+    """``auto`` (GPU when available, else CPU), ``gpu`` or ``cpu``; the same default as ``Accelerator``."""
     backend: str | None = None
     """``None`` (nccl on GPU, gloo on CPU), ``nccl``, ``gloo`` or ``mpi``."""
     log_setup: str = "cpu"
@@ -88,7 +84,8 @@ class TrainConfig:
     mixed_precision: str = "no"
     """``no``, ``bf16`` (autocast) or ``fp16`` (autocast + GradScaler, CUDA only)."""
     max_batches: int | None = None
-    """Use at most this many batches per epoch."""
+    """Use at most this many batches per epoch. An endless loader (``to_dataloader(..., infinite=True)``) takes
+    this many per epoch (1 when unset, as qadence does)."""
     resume: str | Path | None = None
     """``"auto"``: continue from the latest complete checkpoint of the run folder; a path: that checkpoint."""
     keep_last_checkpoints: int | None = None
@@ -99,6 +96,9 @@ class TrainConfig:
     """A file whose existence requests a graceful stop. None: ``TRAINSTACK_STOP_FILE`` (set by generated scripts)."""
     stop_check_every: int = 20
     """Poll for stop requests every N batches (one small all-reduce when distributed) and at every epoch end."""
+    stop_on_nonfinite: bool = True
+    """Stop when an epoch's training loss is NaN or infinite (checked on the epoch mean: no extra sync); the last
+    finite checkpoint is kept. False: train on."""
 
     def __post_init__(self) -> None:
         self.root_folder = _as_path("root_folder", self.root_folder)
@@ -113,8 +113,8 @@ class TrainConfig:
         if self.stop_signals is not None:
             from .preemption import resolve_signals
 
+            resolve_signals(self.stop_signals)  # a plain string is refused before it could become characters
             self.stop_signals = tuple(self.stop_signals)
-            resolve_signals(self.stop_signals)
         for name in ("max_batches", "keep_last_checkpoints", "seed"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), minimum=0 if name == "seed" else 1)
@@ -123,15 +123,17 @@ class TrainConfig:
         self._check_combinations()
 
     def _check_choices(self) -> None:
-        choices = {"compute_setup": _COMPUTE, "backend": _BACKENDS, "log_setup": ("cpu", "auto"),
+        choices = {"compute_setup": COMPUTE_SETUPS, "backend": BACKENDS, "log_setup": LOG_SETUPS,
                    "tracking_tool": TRACKING_TOOLS, "mixed_precision": MIXED_PRECISION}
         if hasattr(self.tracking_tool, "value"):  # accept enum-like values (qadence ExperimentTrackingTool)
             self.tracking_tool = str(self.tracking_tool.value)
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"TrainConfig.{name}={getattr(self, name)!r} is not one of {allowed}.")
-        if self.dtype is not None and not isinstance(self.dtype, torch.dtype):
-            raise ConfigError(f"TrainConfig.dtype={self.dtype!r} must be a torch.dtype (e.g. torch.float64) or None.")
+        if self.dtype is not None and not (isinstance(self.dtype, torch.dtype)
+                                           and (self.dtype.is_floating_point or self.dtype.is_complex)):
+            raise ConfigError(f"TrainConfig.dtype={self.dtype!r} must be a floating or complex torch.dtype (e.g. "
+                              f"torch.float64) or None: model parameters cannot be integers.")
         if not isinstance(self.val_epsilon, (int, float)) or self.val_epsilon < 0:
             raise ConfigError(f"TrainConfig.val_epsilon={self.val_epsilon!r} must be a number >= 0.")
         if self.grad_clip_norm is not None and (not isinstance(self.grad_clip_norm, (int, float))
@@ -143,7 +145,7 @@ class TrainConfig:
             self.resume = None
 
     def _check_callables(self) -> None:
-        from .callbacks import Callback  # local import: callbacks import config for type hints
+        from .callbacks import Callback  # lazily: the callbacks package is only needed when a config is checked
 
         for name in ("validation_criterion", "trainstop_criterion"):
             value = getattr(self, name)
@@ -178,12 +180,8 @@ class TrainConfig:
         """A plain dict (loadable with ``torch.load(weights_only=True)``): functions become their names."""
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
 
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
-
     def changed(self) -> dict[str, Any]:
-        """Fields that differ from their defaults (for banners and logs)."""
+        """Fields that differ from their defaults (shown in the start banner)."""
         out = {}
         for f in fields(self):
             default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]

@@ -1,16 +1,21 @@
-"""Shard a user's DataLoader across ranks without losing any of its options.
+"""Data: shard a user's DataLoader across ranks without losing any of its options, and qadence's data helpers.
 
 The rebuilt loader keeps ``batch_size``, ``shuffle``, ``drop_last``, ``collate_fn``, ``num_workers``,
 ``pin_memory``, ``generator``, ``worker_init_fn``, ``persistent_workers``, ``timeout``,
 ``prefetch_factor`` and ``multiprocessing_context``; it calls ``set_epoch`` on every new pass, so the
-shuffle order changes between epochs; and it can skip the first batches of a pass (exact mid-epoch resume).
+shuffle order changes between epochs; and it can jump over the first batches of a pass (exact mid-epoch resume)
+without loading them.
+
+qadence names: :class:`DictDataLoader` (``{name: batch}`` from several loaders), :class:`InfiniteTensorDataset` and
+:func:`to_dataloader`.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
+import random
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -26,7 +31,8 @@ from torch.utils.data import DistributedSampler as _TorchDistributedSampler
 from .errors import ConfigError
 
 __all__ = ["ResumableDistributedSampler", "PreparedDataLoader", "FastTensorLoader", "prepare_dataloader",
-           "ShardedIterableDataset", "EvalShardSampler", "prepare_eval_dataloader"]
+           "ShardedIterableDataset", "EvalShardSampler", "prepare_eval_dataloader", "DictDataLoader",
+           "InfiniteTensorDataset", "to_dataloader", "epoch_batches", "batches_per_epoch", "check_loader"]
 
 _COPIED = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "generator",
            "persistent_workers", "pin_memory_device", "in_order")
@@ -67,6 +73,11 @@ class PreparedDataLoader(DataLoader):
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass use ``epoch``'s order (used when resuming)."""
         self.epoch = epoch
+
+    @property
+    def can_skip(self) -> bool:
+        """True when the first batches of a pass can be jumped over in the sampler, without loading them."""
+        return isinstance(self.sampler, ResumableDistributedSampler)
 
     def skip_batches(self, n_batches: int) -> None:
         """Skip the first ``n_batches`` batches of the next pass (mid-epoch resume)."""
@@ -222,3 +233,145 @@ def prepare_eval_dataloader(loader: DataLoader, rank: int, world_size: int) -> D
     sampler = EvalShardSampler(len(loader.dataset), rank, world_size)
     return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, drop_last=False,
                       **_loader_kwargs(loader))
+
+
+# ---------------------------------------------------------------------------------------------------- qadence helpers
+class InfiniteTensorDataset(IterableDataset):
+    """Samples of ``tensors`` (equal first dimension) in a fresh random order, forever (qadence's dataset).
+
+    A loader over it has no end: the Trainer takes ``max_batches`` batches from it per epoch (1 when unset, as
+    qadence does).
+    """
+
+    infinite = True
+
+    def __init__(self, *tensors: torch.Tensor) -> None:
+        sizes = {t.size(0) for t in tensors}
+        if len(sizes) != 1:
+            raise ConfigError(f"InfiniteTensorDataset: every tensor needs the same first dimension, got "
+                              f"{[t.size(0) for t in tensors]}.")
+        self.tensors = tensors
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        indices = list(range(self.tensors[0].size(0)))
+        while True:
+            random.shuffle(indices)
+            for i in indices:
+                yield tuple(t[i] for t in self.tensors)
+
+
+def to_dataloader(*tensors: torch.Tensor, batch_size: int = 1, infinite: bool = False) -> DataLoader:
+    """qadence's helper: a DataLoader over ``tensors`` (no shuffle), endless with ``infinite=True``."""
+    from torch.utils.data import TensorDataset
+
+    dataset = InfiniteTensorDataset(*tensors) if infinite else TensorDataset(*tensors)
+    return DataLoader(dataset, batch_size=batch_size)
+
+
+def is_infinite(loader: Any) -> bool:
+    """A loader whose dataset says it never ends (``infinite = True``, as :class:`InfiniteTensorDataset`)."""
+    if isinstance(loader, DictDataLoader):
+        return all(is_infinite(dl) for dl in loader.dataloaders.values())
+    dataset = getattr(loader, "dataset", None)
+    while isinstance(dataset, ShardedIterableDataset):
+        dataset = dataset.dataset
+    return bool(getattr(dataset, "infinite", False))
+
+
+class DictDataLoader:
+    """Batches from several loaders at once: each item is ``{name: batch}``; a pass ends with the shortest loader.
+
+    Under several processes every inner loader is sharded on its own (``prepare`` and ``Trainer.fit`` do it).
+    """
+
+    def __init__(self, dataloaders: Mapping[str, Any]) -> None:
+        if not isinstance(dataloaders, Mapping) or not dataloaders:
+            raise ConfigError(f"DictDataLoader needs a non-empty dict of DataLoaders, got {dataloaders!r}.")
+        bad = {k: type(v).__name__ for k, v in dataloaders.items() if not isinstance(v, Iterable)}
+        if bad:
+            raise ConfigError(f"DictDataLoader: the values must be DataLoaders; {bad} are not iterable.")
+        self.dataloaders = dict(dataloaders)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        iterators = {k: iter(v) for k, v in self.dataloaders.items()}
+        while True:
+            try:
+                yield {k: next(it) for k, it in iterators.items()}
+            except StopIteration:
+                return
+
+    def __len__(self) -> int:
+        return min(len(v) for v in self.dataloaders.values())
+
+    @property
+    def can_skip(self) -> bool:
+        return all(getattr(v, "can_skip", False) for v in self.dataloaders.values())
+
+    def set_epoch(self, epoch: int) -> None:
+        for v in self.dataloaders.values():
+            if hasattr(v, "set_epoch"):
+                v.set_epoch(epoch)
+
+    def skip_batches(self, n_batches: int) -> None:
+        for v in self.dataloaders.values():
+            v.skip_batches(n_batches)
+
+    def prepared(self, prepare: Any) -> DictDataLoader:
+        """The same dict with every inner loader passed through ``prepare`` (sharding)."""
+        return DictDataLoader({k: prepare(v) for k, v in self.dataloaders.items()})
+
+
+def check_loader(loader: Any, what: str = "training") -> Any:
+    """Refuse what is not a loader (a Dataset, a one-shot generator, an empty loader) with the fix; wrap a plain
+    dict of loaders into a :class:`DictDataLoader`."""
+    if loader is None:
+        return None
+    if isinstance(loader, Mapping):
+        return DictDataLoader(loader)
+    if isinstance(loader, torch.utils.data.Dataset) and not isinstance(loader, DataLoader):
+        raise ConfigError(f"the {what} data is a {type(loader).__name__} (a Dataset), not a DataLoader: it would be "
+                          f"read one sample at a time and not sharded across processes. HINT: pass "
+                          f"DataLoader(dataset, batch_size=..., shuffle=...).")
+    if isinstance(loader, Iterator):
+        raise ConfigError(f"the {what} data is a one-shot iterator ({type(loader).__name__}): it would be empty after "
+                          f"the first epoch. HINT: pass a DataLoader (or any object whose iter() starts a new pass).")
+    if not isinstance(loader, Iterable):
+        raise ConfigError(f"the {what} data must be a DataLoader, got {type(loader).__name__} ({loader!r:.60}).")
+    try:
+        empty = len(loader) == 0
+    except TypeError:
+        empty = False
+    if empty:
+        raise ConfigError(f"the {what} DataLoader has no batches (an empty dataset, or drop_last=True with fewer "
+                          f"samples than batch_size). HINT: check the dataset and batch_size.")
+    return loader
+
+
+def batches_per_epoch(loader: Any, max_batches: int | None) -> int | None:
+    """Batches in one pass: ``len(loader)`` capped by ``max_batches``; an endless loader gives ``max_batches`` or 1;
+    None when the loader has no length (an epoch ends when it is exhausted)."""
+    if loader is None:
+        return 1
+    if is_infinite(loader):
+        return max_batches or 1
+    try:
+        n = len(loader)
+    except TypeError:
+        return max_batches
+    return min(n, max_batches) if max_batches else n
+
+
+def epoch_batches(loader: Any, start: int = 0, count: int | None = None) -> Iterable[Any]:
+    """The batches of one pass after the first ``start`` ones, at most ``count`` of them.
+
+    A prepared loader jumps over the first batches in its sampler (nothing is loaded for them); any other loader
+    replays them. ``loader=None`` gives one ``None`` batch per epoch (qadence: ``loss_fn(model, None)``).
+    """
+    if loader is None:
+        return (None,)
+    if start and getattr(loader, "can_skip", False):
+        loader.skip_batches(start)
+        start = 0
+    if not start and count is None:
+        return loader
+    return itertools.islice(loader, start, None if count is None else start + count)

@@ -12,8 +12,7 @@ Each environment parses an explicit mapping (``os.environ`` by default), so test
    there is treated as local (with a warning), so it never waits for tasks that do not exist.
 3. :class:`LocalEnvironment` -- anything else: a laptop, a notebook, a login node.
 
-:func:`plan_processes` then combines the environment with the user's ``nprocs`` into a
-:class:`ProcessPlan`: how many processes this process runs or spawns and which global ranks they get.
+:func:`trainstack._layout.plan_processes` then combines the environment with the user's ``nprocs``.
 """
 
 from __future__ import annotations
@@ -33,9 +32,7 @@ __all__ = [
     "LocalEnvironment",
     "TorchrunEnvironment",
     "SlurmEnvironment",
-    "ProcessPlan",
     "detect_environment",
-    "plan_processes",
     "expand_nodelist",
     "port_from_job_id",
     "PORT_BASE",
@@ -243,62 +240,6 @@ def detect_environment(environ: Mapping[str, str] | None = None) -> ClusterEnvir
         if cls.detect(env):
             return cls.from_environ(env)
     raise AssertionError("LocalEnvironment always matches")  # pragma: no cover
-
-
-@dataclass(frozen=True)
-class ProcessPlan:
-    """How the processes of one distributed run are laid out, seen from the launching process.
-
-    ``nprocs_local`` processes run here (in-process when ``spawn`` is False), with global ranks
-    ``rank_offset .. rank_offset + nprocs_local - 1`` and local ranks from ``local_rank_offset``.
-    """
-
-    environment: ClusterEnvironment
-    world_size: int
-    nprocs_local: int
-    rank_offset: int
-    local_rank_offset: int
-    local_world_size: int
-    spawn: bool
-    hosts_store: bool  # this (launching) process hosts the rendezvous TCPStore
-
-    @property
-    def master_addr(self) -> str:
-        return self.environment.master_addr
-
-    @property
-    def master_port(self) -> int:
-        return self.environment.master_port
-
-
-def plan_processes(env: ClusterEnvironment, nprocs: int) -> ProcessPlan:
-    """Combine what the launcher started with the user's ``nprocs``; mismatches are clear errors.
-
-    * local: spawn ``nprocs`` processes here (none when ``nprocs == 1``).
-    * torchrun: the launcher decides; an ``nprocs`` other than 1 or the world size is ignored with a warning
-      (the seeds run the same script under ``python --nprocs N`` and ``torchrun --nproc_per_node G``).
-    * slurm, one task per process (``srun`` with ``--ntasks-per-node=G``): ``nprocs`` is 1 or ``SLURM_NTASKS``.
-    * slurm, one task per node that spawns its share (``srun python train.py --nprocs N`` with
-      ``--ntasks=<nodes>``): ``nprocs`` must be a multiple of the task count; global rank = task * k + i.
-    """
-    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
-        raise LaunchError(f"nprocs={nprocs!r} must be a positive integer (the total number of processes).")
-    if env.name == "local":
-        return ProcessPlan(env, nprocs, nprocs, 0, 0, nprocs, spawn=nprocs > 1, hosts_store=nprocs > 1)
-    world = env.world_size
-    if env.name == "torchrun" or nprocs in (1, world):
-        if nprocs not in (1, world):
-            log.warning("nprocs=%d ignored: %s started %d processes.", nprocs, env.name, world)
-        return ProcessPlan(env, world, 1, env.rank, env.local_rank, env.local_world_size,
-                           spawn=False, hosts_store=False)
-    if nprocs % world != 0:
-        raise LaunchError(
-            f"nprocs={nprocs} is not a multiple of the {world} Slurm tasks of this step, so the processes "
-            f"cannot be split evenly. HINT: use one task per node (--ntasks-per-node=1) with nprocs a multiple "
-            f"of the node count, or one task per process (--ntasks-per-node=G) with nprocs={world}.")
-    per_task = nprocs // world
-    return ProcessPlan(env, nprocs, per_task, env.rank * per_task, env.local_rank * per_task,
-                       env.local_world_size * per_task, spawn=True, hosts_store=env.rank == 0)
 
 
 def warn_if_outside_step(environ: Mapping[str, str] | None = None) -> None:

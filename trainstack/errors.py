@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["TrainstackError", "ConfigError", "LaunchError", "WorkerError", "Preempted"]
+__all__ = ["TrainstackError", "ConfigError", "LaunchError", "WorkerError", "TrainingDiverged", "Preempted"]
 
 
 class TrainstackError(Exception):
@@ -26,6 +26,10 @@ class WorkerError(TrainstackError, RuntimeError):
         self.exitcode = exitcode
         super().__init__(f"worker rank {rank} failed" + (f" (exit code {exitcode})" if exitcode else "")
                          + f":\n{detail}")
+
+
+class TrainingDiverged(TrainstackError, RuntimeError):
+    """The training loss became NaN or infinite; training stopped and the last finite checkpoint was kept."""
 
 
 class Preempted(SystemExit):

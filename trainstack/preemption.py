@@ -1,11 +1,12 @@
 """Graceful stop: a signal or a stop file asks for it, every rank agrees at the same step, nobody saves in a
 signal handler.
 
-The handler only sets a flag. The training loop polls the flag (and the stop file) every
-``stop_check_every`` steps and at every epoch end, agrees across ranks with one small all-reduce, then
-writes a complete checkpoint at a step boundary and stops. The generated sbatch scripts use the stop file:
-``#SBATCH --signal=B:USR2@<grace>`` reaches only the batch shell, whose trap touches ``$TRAINSTACK_STOP_FILE``;
-so no signal ever reaches NCCL's own handlers or torchrun's agent.
+The handler only sets a flag. The training loop asks :meth:`GracefulStop.agree` every ``stop_check_every`` steps
+and at every epoch end; the ranks agree with one small all-reduce on the CPU (gloo: no GPU sync), then the loop
+writes a complete checkpoint at a step boundary, :meth:`GracefulStop.confirm_saved` tells the batch script, and
+training stops. The generated sbatch scripts use the stop file: ``#SBATCH --signal=B:USR2@<grace>`` reaches only
+the batch shell, whose trap touches ``$TRAINSTACK_STOP_FILE``; so no signal ever reaches NCCL's own handlers or
+torchrun's agent.
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from .errors import ConfigError
+
 __all__ = ["GracefulStop", "resolve_signals", "DEFAULT_SIGNALS"]
 
 log = logging.getLogger(__name__)
 
 #: SIGUSR1 is avoided on purpose: NCCL installs its own handler for it (submitit#1697).
 DEFAULT_SIGNALS = ("SIGUSR2",)
+_UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
 
 
 def resolve_signals(names: Sequence[str] | None, environ: dict[str, str] | None = None) -> tuple[signal.Signals, ...]:
@@ -32,15 +36,20 @@ def resolve_signals(names: Sequence[str] | None, environ: dict[str, str] | None 
     if names is None:
         raw = env.get("TRAINSTACK_STOP_SIGNALS")
         names = [n.strip() for n in raw.split(",") if n.strip()] if raw else list(DEFAULT_SIGNALS)
+    if isinstance(names, str):
+        raise ConfigError(f"stop signals {names!r} must be a list of signal names, e.g. ({names!r},) or "
+                          f"[{names!r}], not a string.")
     out = []
     for name in names:
         key = name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"
         try:
-            out.append(signal.Signals[key])
+            sig = signal.Signals[key]
         except KeyError:
-            from .errors import ConfigError
-
             raise ConfigError(f"stop signal {name!r} is not a signal name (e.g. SIGUSR2, SIGTERM).") from None
+        if sig in _UNCATCHABLE:
+            raise ConfigError(f"stop signal {name!r} cannot be caught by any program, so it cannot ask for a graceful "
+                              f"stop. HINT: use SIGUSR2 or SIGTERM.")
+        out.append(sig)
     return tuple(out)
 
 
@@ -74,3 +83,27 @@ class GracefulStop:
         if self.stop_file is not None and self.stop_file.exists():
             return f"stop file {self.stop_file}"
         return None
+
+    def agree(self, world_size: int, **wishes: bool) -> tuple[dict[str, bool], str | None]:
+        """Collective: ``({wish: does any rank want it}, why a graceful stop was asked for, or None)``.
+
+        ``wishes`` are this rank's own flags (e.g. ``stop=True`` from early stopping, ``nonfinite=True``); a graceful
+        stop is for preemption and means "checkpoint and exit so the job can continue later". One all-reduce carries
+        them all.
+        """
+        local = self.requested()
+        if world_size <= 1:
+            return {k: bool(v) for k, v in wishes.items()}, local
+        from . import _collectives
+
+        flags = _collectives.all_reduce_dict({**{k: float(v) for k, v in wishes.items()},
+                                              "__preempt": float(local is not None)}, "max")
+        preempt = local or ("another rank was asked to stop" if flags.pop("__preempt") else None)
+        return {k: bool(v) for k, v in flags.items() if k != "__preempt"}, preempt
+
+    @staticmethod
+    def confirm_saved(checkpoint: Path | None) -> None:
+        """Tell the batch script the checkpoint is complete, so it requeues the job (main process only)."""
+        marker = os.environ.get("TRAINSTACK_STOP_FILE")
+        if marker:
+            Path(marker + ".saved").write_text(str(checkpoint or ""))

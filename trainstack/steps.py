@@ -1,21 +1,36 @@
-"""Losses and the per-batch optimisation step (closure-based, so LBFGS works)."""
+"""How one batch becomes an optimizer step.
+
+The loss contract is ``loss_fn(model, batch) -> loss | (loss, metrics)``. The Trainer asks :func:`make_step` for
+one step object and calls it once per batch; each kind owns its own state:
+
+* :class:`PlainStep` -- ``optimize_step`` (the closure-based default, so LBFGS works, or the user's function);
+* :class:`AccumulatingStep` -- gradient accumulation (DDP ``no_sync`` between optimizer steps), clipping, and
+  mixed precision (autocast; a GradScaler for fp16), with its micro-batch counters;
+* :class:`GradientFreeStep` -- nevergrad's ask/tell on the flattened parameters.
+
+``step.at_boundary`` is False while an optimizer step is half accumulated: the loop only stops or saves at a
+boundary, so a checkpoint never holds half a step.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from .errors import ConfigError
 
-__all__ = ["optimize_step", "get_loss_fn", "mse_loss", "cross_entropy_loss", "call_loss", "LossFn"]
+__all__ = ["optimize_step", "get_loss_fn", "mse_loss", "cross_entropy_loss", "call_loss", "LossFn", "Step",
+           "PlainStep", "AccumulatingStep", "GradientFreeStep", "make_step", "check_step_options"]
 
 LossFn = Callable[[nn.Module, Any], Any]
+StepResult = tuple[torch.Tensor, dict[str, Any]]
 
 
-def call_loss(loss_fn: LossFn, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+def call_loss(loss_fn: LossFn, model: nn.Module, batch: Any) -> StepResult:
     """Call a user loss that returns ``loss`` or ``(loss, metrics)``; always give back both."""
     out = loss_fn(model, batch)
     if type(out) is tuple:
@@ -57,8 +72,7 @@ def get_loss_fn(loss_fn: str | LossFn | None) -> LossFn:
 
 
 def optimize_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn, xs: Any,
-                  device: torch.device | None = None, dtype: torch.dtype | None = None
-                  ) -> tuple[torch.Tensor, dict[str, Any]]:
+                  device: torch.device | None = None, dtype: torch.dtype | None = None) -> StepResult:
     """One optimizer step on batch ``xs`` through a closure (LBFGS may call it several times).
 
     Optimizers known never to re-evaluate the loss take the same step without the closure machinery (fewer
@@ -83,19 +97,162 @@ def optimize_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: L
     return result[0].detach(), result[1]
 
 
-def nevergrad_step(model: nn.Module, optimizer: Any, loss_fn: LossFn, xs: Any,
-                   ng_params: Any) -> tuple[torch.Tensor, dict[str, Any], Any]:
-    """Gradient-free step: tell the optimizer the loss of the current candidate, then ask for the next one.
+class Step(Protocol):
+    """One batch -> (detached loss, metrics). Owns whatever state its kind of step needs."""
 
-    Returns the loss, its metrics and the next candidate (to be told about on the following step).
+    at_boundary: bool
+
+    def __call__(self, model: nn.Module, batch: Any) -> StepResult: ...
+
+    def begin_epoch(self, batches: int | None) -> None:
+        """A pass starts with ``batches`` batches left (None: unknown)."""
+
+    def state_dict(self) -> dict[str, Any] | None: ...
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None: ...
+
+
+class PlainStep:
+    """``optimize_step(model, optimizer, loss_fn, batch, device, dtype)``: the default or the user's own."""
+
+    at_boundary = True
+
+    def __init__(self, fn: Callable[..., Any], optimizer: Any, loss_fn: LossFn, device: torch.device,
+                 data_dtype: torch.dtype | None) -> None:
+        self.fn, self.optimizer, self.loss_fn, self.device, self.data_dtype = fn, optimizer, loss_fn, device, data_dtype
+
+    def __call__(self, model: nn.Module, batch: Any) -> StepResult:
+        return self.fn(model, self.optimizer, self.loss_fn, batch, self.device, self.data_dtype)
+
+    def begin_epoch(self, batches: int | None) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        pass
+
+
+class AccumulatingStep:
+    """Backward every batch, optimizer step every ``accumulation`` batches (and at the end of a pass).
+
+    Gradients are scaled by the window size, so ``accumulation=A`` with batch ``B`` equals batch ``A*B``; DDP skips
+    its gradient all-reduce inside a window (``no_sync``). ``clip_norm`` clips the global norm before each optimizer
+    step; ``precision`` ``bf16``/``fp16`` runs forward and loss under autocast, fp16 with a GradScaler.
     """
-    from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-    with torch.no_grad():
-        loss, metrics = call_loss(loss_fn, model, xs)
-    optimizer.tell(ng_params, float(loss))
-    candidate = optimizer.ask()
-    reference = parameters_to_vector(model.parameters())
-    vector_to_parameters(torch.as_tensor(candidate.value, dtype=reference.dtype, device=reference.device),
-                         model.parameters())
-    return loss.detach(), metrics, candidate
+    def __init__(self, optimizer: torch.optim.Optimizer, loss_fn: LossFn, device_type: str, accumulation: int = 1,
+                 clip_norm: float | None = None, precision: str = "no") -> None:
+        self.optimizer, self.loss_fn, self.device_type = optimizer, loss_fn, device_type
+        self.accumulation, self.clip_norm = accumulation, clip_norm
+        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+        self.micro = 0  # batches accumulated into the current window
+        self.left: int | None = None  # batches left in this pass (None: unknown)
+
+    @property
+    def at_boundary(self) -> bool:
+        return self.micro == 0
+
+    def begin_epoch(self, batches: int | None) -> None:
+        self.micro, self.left = 0, batches
+
+    def __call__(self, model: nn.Module, batch: Any) -> StepResult:
+        self.micro += 1
+        window = self.accumulation if self.left is None else min(self.accumulation, self.micro - 1 + self.left)
+        if self.left is not None:
+            self.left -= 1
+        sync = self.micro >= window
+        no_sync = model.no_sync() if not sync and hasattr(model, "no_sync") else contextlib.nullcontext()
+        with no_sync:
+            with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                loss, metrics = call_loss(self.loss_fn, model, batch)
+            scaled = loss / window
+            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        if sync:
+            self._optimizer_step(model)
+            self.micro = 0
+        return loss.detach(), metrics
+
+    def _optimizer_step(self, model: nn.Module) -> None:
+        if self.clip_norm:
+            if self.scaler:
+                self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(model.parameters(), self.clip_norm)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return self.scaler.state_dict() if self.scaler else None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if state and self.scaler:
+            self.scaler.load_state_dict(state)
+
+
+class GradientFreeStep:
+    """Tell a nevergrad optimizer the loss of the current candidate, then ask for the next one."""
+
+    at_boundary = True
+
+    def __init__(self, optimizer: Any, loss_fn: LossFn) -> None:
+        self.optimizer, self.loss_fn = optimizer, loss_fn
+        self.candidate = optimizer.ask()
+
+    def __call__(self, model: nn.Module, batch: Any) -> StepResult:
+        from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+        with torch.no_grad():
+            loss, metrics = call_loss(self.loss_fn, model, batch)
+        self.optimizer.tell(self.candidate, float(loss))
+        self.candidate = self.optimizer.ask()
+        reference = parameters_to_vector(model.parameters())
+        vector_to_parameters(torch.as_tensor(self.candidate.value, dtype=reference.dtype, device=reference.device),
+                             model.parameters())
+        return loss.detach(), metrics
+
+    def begin_epoch(self, batches: int | None) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        pass
+
+
+def _special(config: Any) -> bool:
+    return config.gradient_accumulation_steps > 1 or bool(config.grad_clip_norm) or config.mixed_precision != "no"
+
+
+def check_step_options(config: Any, optimizer: Any, custom_step: bool, use_grad: bool, use_cuda: bool) -> None:
+    """Combinations no step can honour, refused before any work starts."""
+    if custom_step and _special(config):
+        raise ConfigError("a custom optimize_step cannot be combined with gradient_accumulation_steps, "
+                          "grad_clip_norm or mixed_precision (it owns the whole step). HINT: drop one of them.")
+    if _special(config) and isinstance(optimizer, torch.optim.LBFGS):
+        raise ConfigError("LBFGS re-evaluates the loss in a closure, which gradient accumulation, clipping and "
+                          "mixed precision cannot follow. HINT: use them with a first-order optimizer.")
+    if config.mixed_precision == "fp16" and not use_cuda:
+        raise ConfigError("mixed_precision='fp16' needs a CUDA device (GradScaler); use 'bf16' or 'no' on CPU.")
+    if not use_grad and config.nprocs > 1:
+        raise ConfigError("gradient-free training (use_grad=False) runs in one process; set nprocs=1.")
+    if not use_grad and _special(config):
+        raise ConfigError("gradient-free training (use_grad=False) has no gradients to accumulate, clip or scale. "
+                          "HINT: drop gradient_accumulation_steps, grad_clip_norm and mixed_precision.")
+
+
+def make_step(config: Any, optimizer: Any, loss_fn: LossFn, fn: Callable[..., Any], use_grad: bool,
+              device: torch.device, data_dtype: torch.dtype | None) -> Step:
+    """The step object for this configuration (validated by :func:`check_step_options`)."""
+    if not use_grad:
+        return GradientFreeStep(optimizer, loss_fn)
+    if _special(config):
+        return AccumulatingStep(optimizer, loss_fn, device.type, config.gradient_accumulation_steps,
+                                config.grad_clip_norm, config.mixed_precision)
+    return PlainStep(fn, optimizer, loss_fn, device, data_dtype)

@@ -151,7 +151,7 @@ def submit_function(fn: Callable, args: tuple = (), kwargs: dict | None = None, 
     folder = private_dir(log_dir, prefix=f"{_safe(str(spec['job_name']))}-")
     call = atomic_write(folder / "call.pkl", payload, mode=0o600)
     python = str(spec.pop("python", "python3"))
-    launch = LaunchSpec(program=["-m", "trainstack.remote", str(call)], python=python, log_dir=str(folder),
+    launch = LaunchSpec(program=["-m", "trainstack._remote", str(call)], python=python, log_dir=str(folder),
                         **spec)  # type: ignore[arg-type]
     job = submit_spec(launch)
     return FunctionJob(job.job_id, job.script, job.log_path, result_path=folder / "result.pkl")

@@ -7,42 +7,52 @@ Example::
     config = TrainConfig(nprocs=2, compute_setup="cpu", max_iter=50, print_every=5)
     model, optimizer = Trainer(model, optimizer, config, loss_fn="mse").fit(dataloader)
 
-The loop (:meth:`Trainer._fit`) fits on one screen; printing, writing, plotting, checkpoints, early stopping
-and LR schedules are callbacks (:mod:`trainstack.callbacks`).
+The loop (:meth:`Trainer._fit`, :meth:`Trainer._train_epoch`, :meth:`Trainer._end_epoch`) reads top to bottom and
+calls its collaborators by name: ``self.step`` turns a batch into an optimizer step (:mod:`.steps`),
+``self.checkpointer`` saves and restores (:mod:`.checkpoint`), ``self.stopper`` makes the ranks agree on stopping
+(:mod:`.preemption`), ``self.tracker`` prints, writes and plots (rank 0), and ``self.callbacks`` are the user's.
 """
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 import logging
 import math
 import os
-from collections.abc import Iterable
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
-from . import collectives
+from . import _collectives as collectives
+from ._runfolder import RunLock, choose_run_folder, refuse_to_overwrite
+from ._tracker import Tracker
 from .accelerator import Accelerator, seed_everything
-from .callbacks import CallbackManager, LRScheduler, OptimizeResult, default_callbacks
-from .checkpoint import Checkpointer
+from .callbacks import CallbackManager, LRScheduler, OptimizeResult
+from .checkpoint import Checkpointer, Restored, restore_rng
 from .config import TrainConfig
-from .data import prepare_dataloader, prepare_eval_dataloader
-from .errors import ConfigError, Preempted
+from .data import (
+    DictDataLoader,
+    batches_per_epoch,
+    check_loader,
+    epoch_batches,
+    is_infinite,
+    prepare_dataloader,
+    prepare_eval_dataloader,
+)
+from .errors import ConfigError, Preempted, TrainingDiverged
 from .preemption import GracefulStop, resolve_signals
-from .progress import ProgressBar, banner, progress_enabled
-from .runfolder import choose_run_folder
-from .steps import call_loss, get_loss_fn, optimize_step
-from .trainer_state import PREEMPTED, StateMixin
-from .trainer_steps import StepsMixin
-from .writers import NullWriter, make_writers, save_loss_curve
+from .steps import call_loss, check_step_options, get_loss_fn, make_step, optimize_step
 
 __all__ = ["Trainer"]
 
 log = logging.getLogger(__name__)
+PREEMPTED, DIVERGED = "preempted", "diverged"
+_UNBOUNDED_REPORT = 1000  # batches between "still in epoch N" lines for a loader without a length
 
 
 def _fit_entry(trainer: Trainer) -> dict[str, Any] | None:
@@ -51,12 +61,10 @@ def _fit_entry(trainer: Trainer) -> dict[str, Any] | None:
 
 
 def _test_entry(trainer: Trainer, loader: Any) -> dict[str, float]:
-    trainer._setup_runtime(for_training=False)
-    return trainer._evaluate("test", prepare_eval_dataloader(loader, trainer.accelerator.rank,
-                                                              trainer.accelerator.world_size))
+    return trainer._test(loader)
 
 
-class Trainer(StateMixin, StepsMixin):
+class Trainer:
     """Train ``model`` with ``optimizer`` as ``config`` says, on ``config.nprocs`` processes.
 
     ``loss_fn`` is ``"mse"``, ``"cross_entropy"`` or ``(model, batch) -> loss | (loss, metrics)``; metrics are
@@ -73,26 +81,29 @@ class Trainer(StateMixin, StepsMixin):
             raise ConfigError(f"config must be a trainstack TrainConfig, got {type(config).__name__}.")
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
-        if self.use_grad and not isinstance(optimizer, torch.optim.Optimizer):
-            raise ConfigError(f"optimizer must be a torch.optim.Optimizer (use_grad=True), got {type(optimizer)}.")
         self.model, self.optimizer, self.config = model, optimizer, config
+        self._check_optimizer()
         self.loss_fn = get_loss_fn(loss_fn)
         self.optimize_step = optimize_step
-        self.train_dataloader, self.val_dataloader, self.test_dataloader = train_dataloader, val_dataloader, \
-            test_dataloader
+        self.train_dataloader = check_loader(train_dataloader, "training")
+        self.val_dataloader = check_loader(val_dataloader, "validation")
+        self.test_dataloader = check_loader(test_dataloader, "test")
         self.max_batches = max_batches if max_batches is not None else config.max_batches
-        self.scheduler = scheduler
+        self.scheduler = LRScheduler(scheduler) if scheduler is not None else None
         self.accelerator = Accelerator(nprocs=config.nprocs, compute_setup=config.compute_setup,
                                        log_setup=config.log_setup, dtype=config.dtype, backend=config.backend)
-        self._check_step_options()
+        check_step_options(config, optimizer, self._custom_step, self.use_grad, self.accelerator.use_cuda)
         self.current_epoch = self.global_step = 0
         self.run_folder: Path | None = None
         self.stop_training, self.stop_reason = False, ""
         self.metrics: dict[str, Any] = {}
         self.opt_result = OptimizeResult(0, model, optimizer)
-        self.writer: Any = NullWriter()
+        self.callbacks = CallbackManager(list(config.callbacks), True)
+        self.tracker = Tracker(config, None, is_main=False)
+        self._claimed = False  # set by fit() while the launching process holds the run folder's lock
+        self._continues = False  # set by fit(): this fit() continues the run of an earlier one
 
-    # ------------------------------------------------------------------ public API
+    # ------------------------------------------------------------------ gradient mode (qadence switches)
     @property
     def use_grad(self) -> bool:
         return self.__dict__.get("_use_grad_instance", type(self)._use_grad)
@@ -105,116 +116,221 @@ class Trainer(StateMixin, StepsMixin):
 
     @classmethod
     def set_use_grad(cls, value: bool) -> None:
-        """Class-wide switch: False trains with a gradient-free nevergrad optimizer (as the reference)."""
+        """Class-wide switch: False trains with a gradient-free nevergrad optimizer (as qadence)."""
         if not isinstance(value, bool):
             raise ConfigError(f"Trainer.set_use_grad expects True or False, got {value!r}.")
         cls._use_grad = value
 
+    @contextlib.contextmanager
+    def enable_grad_opt(self, optimizer: Any = None) -> Iterator[Trainer]:
+        """``with trainer.enable_grad_opt(): trainer.fit(...)`` trains with gradients (optionally ``optimizer``);
+        the previous mode and optimizer come back afterwards (qadence)."""
+        with self._grad_mode(True, optimizer):
+            yield self
+
+    @contextlib.contextmanager
+    def disable_grad_opt(self, ng_optimizer: Any = None) -> Iterator[Trainer]:
+        """``with trainer.disable_grad_opt(ng_optimizer): trainer.fit(...)`` trains gradient-free (nevergrad)."""
+        with self._grad_mode(False, ng_optimizer):
+            yield self
+
+    @contextlib.contextmanager
+    def _grad_mode(self, use_grad: bool, optimizer: Any) -> Iterator[None]:
+        saved = (self.__dict__.get("_use_grad_instance"), self.optimizer)
+        self.use_grad = use_grad
+        if optimizer is not None:
+            self.optimizer = optimizer
+        try:
+            self._check_optimizer()
+            check_step_options(self.config, self.optimizer, self._custom_step, use_grad, self.accelerator.use_cuda)
+            yield
+        finally:
+            if saved[0] is None:
+                self.__dict__.pop("_use_grad_instance", None)
+            else:
+                self.__dict__["_use_grad_instance"] = saved[0]
+            self.optimizer = saved[1]
+
+    def _check_optimizer(self) -> None:
+        opt = self.optimizer
+        if self.use_grad and not isinstance(opt, torch.optim.Optimizer):
+            raise ConfigError(f"optimizer must be a torch.optim.Optimizer (use_grad=True), got {type(opt).__name__}.")
+        if not self.use_grad and not (hasattr(opt, "ask") and hasattr(opt, "tell")):
+            raise ConfigError(f"gradient-free training (use_grad=False) needs a nevergrad optimizer, e.g. "
+                              f"ng.optimizers.NGOpt(parametrization=n_params, budget=max_iter), got "
+                              f"{type(opt).__name__}.")
+
+    @property
+    def _custom_step(self) -> bool:
+        return self.optimize_step not in (optimize_step, sys.modules.get("trainstack.optimize_step"))
+
+    # ------------------------------------------------------------------ public API
     def fit(self, train_dataloader: Any = None, val_dataloader: Any = None) -> tuple[nn.Module, Any]:
-        """Train for ``config.max_iter`` epochs; returns ``(model, optimizer)`` holding rank 0's final state."""
+        """Train for ``config.max_iter`` epochs; returns ``(model, optimizer)`` holding rank 0's final state.
+
+        A second ``fit()`` on the same Trainer continues the run for another ``max_iter`` epochs.
+        """
         if train_dataloader is not None:
-            self.train_dataloader = train_dataloader
+            self.train_dataloader = check_loader(train_dataloader, "training")
         if val_dataloader is not None:
-            self.val_dataloader = val_dataloader
+            self.val_dataloader = check_loader(val_dataloader, "validation")
         if self.config.val_every and self.val_dataloader is None:
             raise ConfigError(f"TrainConfig.val_every={self.config.val_every} but no validation DataLoader was "
                               f"given. HINT: fit(train_loader, val_loader) or Trainer(..., val_dataloader=...).")
-        result = self.accelerator.distribute(_fit_entry)(self)
-        if self.accelerator.plan.spawn and result is not None:
+        self.stop_training, self.stop_reason = False, ""
+        # a second fit() on this Trainer continues its run folder (unless a new folder per run is asked for)
+        self._continues = self.run_folder is not None and not self.config.create_subfolder_per_run
+        plan = self.accelerator.plan
+        lock = None
+        if plan.spawn and plan.rank_offset == 0:  # this process launches rank 0: it claims the run folder, so a
+            self.run_folder, lock = self._claim_folder()  # busy or reused folder is a plain error here
+        self._claimed = lock is not None
+        try:
+            result = self.accelerator.distribute(_fit_entry)(self)
+        finally:
+            self._claimed = False
+            if lock is not None:
+                lock.release()
+        if plan.spawn and result is not None:
             self._absorb(result)
         if self.stop_reason.startswith(PREEMPTED):
             raise Preempted(f"trainstack: {self.stop_reason}; a complete checkpoint is in {self.run_folder}. "
                             f"Run again with resume='auto' to continue exactly where it stopped.")
+        if self.stop_reason.startswith(DIVERGED):
+            raise TrainingDiverged(f"trainstack: {self.stop_reason[len(DIVERGED) + 2:]}")
         return self.model, self.optimizer
 
     def test(self, test_dataloader: Any = None) -> dict[str, float]:
         """Evaluate on the given (or constructor) loader, reduced over all ranks without padding duplicates."""
-        loader = test_dataloader if test_dataloader is not None else self.test_dataloader
+        loader = check_loader(test_dataloader, "test") if test_dataloader is not None else self.test_dataloader
         if loader is None:
             raise ConfigError("test() needs a DataLoader: test(loader) or Trainer(..., test_dataloader=loader).")
         return self.accelerator.distribute(_test_entry)(self, loader)
 
     @property
     def unwrapped_model(self) -> nn.Module:
+        """The user's module (the DDP wrapper used for training is internal)."""
         return self.model
+
+    @property
+    def writer(self) -> Any:
+        """Where callbacks write metrics (rank 0; a no-op elsewhere)."""
+        return self.tracker.writer
 
     def request_stop(self, reason: str) -> None:
         """Ask every rank to stop after the current epoch (agreed by an all-reduce)."""
         self.stop_training, self.stop_reason = True, reason
 
     def console_print(self, text: str) -> None:
+        """Print from rank 0 only."""
         if self.accelerator.is_main_process:
             print(text, flush=True)
 
-    # ------------------------------------------------------------------ the loop
+    def save_checkpoint(self, best: bool = False) -> Path | None:
+        """Collective: every rank calls it, rank 0 writes ``ckpt-e<epoch>-s<step>.pt`` (or ``best.pt``)."""
+        return self.checkpointer.save(self._counters(), self._parts(), self.config.to_dict(), best=best)
+
+    def load_checkpoint(self, path: Any = None) -> bool:
+        """Load on **every** rank (``None``: the latest readable checkpoint of the run folder)."""
+        restored = self.checkpointer.restore(self._parts(), path, rank=self.accelerator.rank)
+        if restored is None:
+            return False
+        self._apply(restored)
+        return True
+
+    # ------------------------------------------------------------------ the loop (every rank)
     def _fit(self) -> dict[str, Any] | None:
-        cfg = self.config
         try:
-            self._setup_runtime(for_training=True)
+            self._start_run()
             self.callbacks.fire("train_start", self)
-            while self.current_epoch < cfg.max_iter and not self.stop_training:
-                if not self._resume_batch:
+            while self.current_epoch < self._last_epoch and not self.stop_training:
+                if not self._resume_at:
                     self.callbacks.fire("train_epoch_start", self)
-                self.metrics = self._train_epoch()
-                if self.stop_training:  # preempted mid-epoch: checkpoint written, epoch not finished
+                if self._train_epoch():  # stopped mid-epoch: checkpoint written, epoch not finished
                     break
                 self.current_epoch += 1
-                if cfg.val_every and self.current_epoch % cfg.val_every == 0:
+                if self.config.val_every and self.current_epoch % self.config.val_every == 0:
                     self._validate()
                 self._end_epoch()
-            if not self.stop_reason.startswith(PREEMPTED):  # a preempted run has not ended: no final hooks
-                self._set_result(self.current_epoch)
-                self.callbacks.fire("train_end", self)
+            if not self.stop_reason.startswith((PREEMPTED, DIVERGED)):  # only a finished run has an end
+                self._finish()
         finally:
             self._close()
         return self._export() if self.accelerator.is_main_process else None
 
-    def _train_epoch(self) -> dict[str, Any]:
-        model, (loss_sum, sums, n, batches) = self._model, self._start_epoch()
+    def _train_epoch(self) -> bool:
+        """One pass over the training data (the rest of one after a mid-epoch resume); True when stopped early."""
+        model, step, tracker = self._ddp_model, self.step, self.tracker
+        n, loss_sum, sums = self._resume_at, self._resume_totals.get("loss_sum"), dict(self._resume_totals.get(
+            "sums") or {})
+        left = None if self._per_epoch is None else self._per_epoch - n
+        batches = iter(epoch_batches(self._train_loader, n, left if self._capped else None))
+        if self._pending_rng is not None:  # restored only now: creating the iterator drew from the global RNG
+            restore_rng(self._pending_rng)
+        self._resume_at, self._resume_totals, self._pending_rng = 0, {}, None
+        step.begin_epoch(left)
         model.train()
         on_start, on_end = self.callbacks.period("train_batch_start"), self.callbacks.period("train_batch_end")
-        poll, prepare_batch = self.config.stop_check_every, self.accelerator.prepare_batch
+        poll, bar, prepare = self.config.stop_check_every, tracker.bar_every, self.accelerator.prepare_batch
+        report = _UNBOUNDED_REPORT if self._per_epoch is None else 0
         for batch in batches:
-            batch = prepare_batch(batch)
+            batch = prepare(batch)
             if on_start and (self.global_step + 1) % on_start == 0:
-                self._set_result(self.global_step + 1)
-                self.callbacks.fire("train_batch_start", self)
-            loss, metrics = self._step(model, batch)
+                self._fire_batch("train_batch_start", self.global_step + 1)
+            loss, metrics = step(model, batch)
             n += 1
             self.global_step += 1
             loss_sum = loss if loss_sum is None else loss_sum + loss
             for k, v in metrics.items():
                 sums[k] = v.detach() if k not in sums else sums[k] + v.detach()
             if on_end and self.global_step % on_end == 0:
-                self._set_result(self.global_step, loss, metrics)
-                self.callbacks.fire("train_batch_end", self)
-            if self.global_step % poll == 0 and not self._micro and self._preempt_now(n, loss_sum, sums):
-                return {}
-        return self._epoch_metrics("train", loss_sum, sums, n)
+                self._fire_batch("train_batch_end", self.global_step, loss, metrics)
+            if bar and self.global_step % bar == 0:
+                tracker.batch_end()
+            if report and n % report == 0:
+                tracker.print(f"epoch {self.current_epoch + 1}: {n} batches so far (the training loader has no "
+                              f"length, so an epoch ends when it is exhausted; max_batches bounds it)")
+            if self.global_step % poll == 0 and step.at_boundary and self._stop_now(n, loss_sum, sums):
+                return True
+        self.metrics = self._epoch_metrics("train", loss_sum, sums, n)
+        return False
 
     def _end_epoch(self) -> None:
-        self._set_result(self.current_epoch)
+        """Callbacks and reports, then the ranks agree (one small collective) on stopping, then the checkpoint."""
+        cfg, epoch = self.config, self.current_epoch
+        self._set_result(epoch)
         self.callbacks.fire("train_epoch_end", self)
-        stop = self.stop_training or bool(self.config.trainstop_criterion and self.config.trainstop_criterion(self))
-        local_preempt = self._stopper.requested()
-        preempt = bool(local_preempt)
-        if self.accelerator.world_size > 1:  # one small collective per epoch keeps every rank in step
-            flags = collectives.all_reduce_dict({"stop": float(stop), "preempt": float(preempt)}, "max")
-            stop, preempt = bool(flags["stop"]), bool(flags["preempt"])
-        if preempt and self.current_epoch < self.config.max_iter:
-            self._stop_for_preemption(local_preempt or "another rank was asked to stop")
+        self.tracker.epoch_end(epoch, self.metrics, self.model)
+        wants_stop = self.stop_training or bool(cfg.trainstop_criterion and cfg.trainstop_criterion(self))
+        agreed, preempt = self.stopper.agree(self.accelerator.world_size, stop=wants_stop,
+                                             nonfinite=self._loss_is_nonfinite())
+        if agreed["nonfinite"]:  # before saving: the last finite checkpoint must survive rotation
+            self._stop_diverged()
             return
-        if stop and not self.stop_training:
+        if cfg.checkpoint_every and not cfg.checkpoint_best_only and epoch % cfg.checkpoint_every == 0:
+            self.save_checkpoint()
+        if preempt and epoch < self._last_epoch:
+            self._stop_for_preemption(preempt)
+        elif agreed["stop"]:
+            self.stop_training = True
             self.stop_reason = self.stop_reason or "trainstop_criterion returned True"
-        self.stop_training = stop
-        if stop:
-            self.console_print(f"Stopping after epoch {self.current_epoch}: {self.stop_reason or 'requested'}.")
+            self.tracker.print(f"Stopping after epoch {epoch}: {self.stop_reason}.")
 
     def _validate(self) -> None:
         self.callbacks.fire("val_epoch_start", self)
         self.metrics.update(self._evaluate("val", self._val_loader))
         self._set_result(self.current_epoch)
         self.callbacks.fire("val_epoch_end", self)
+        if self.config.checkpoint_best_only and self._improved(self.metrics.get("val_loss", math.nan)):
+            self.save_checkpoint(best=True)
+
+    def _finish(self) -> None:
+        """The end of a finished run: the final checkpoint, the user's train_end callbacks, the last reports."""
+        if not self.config.checkpoint_best_only:
+            self.save_checkpoint()
+        self._set_result(self.current_epoch)
+        self.callbacks.fire("train_end", self)
+        self.tracker.train_end(self.current_epoch, self.model)
 
     def _evaluate(self, phase: str, loader: Any) -> dict[str, float]:
         """Sample-weighted mean of loss and metrics over all ranks (the unwrapped model: no DDP sync)."""
@@ -225,84 +341,226 @@ class Trainer(StateMixin, StepsMixin):
         count = 0.0
         start, end = f"{phase}_batch_start", f"{phase}_batch_end"
         with torch.no_grad():
-            for i, batch in enumerate(self._batches(loader), 1):  # batch events count this pass's batches
+            for i, batch in enumerate(epoch_batches(loader), 1):  # batch events count this pass's batches
                 batch = self.accelerator.prepare_batch(batch)
-                self._set_result(i)
-                self.callbacks.fire(start, self)
+                self._fire_batch(start, i)
                 loss, metrics = call_loss(self.loss_fn, model, batch)
                 size = float(_batch_size(batch))
                 count += size
                 for k, v in {"loss": loss, **metrics}.items():
                     totals[k] = totals.get(k, 0.0) + v.detach().float() * size
-                self._set_result(i, loss, metrics)
-                self.callbacks.fire(end, self)
+                self._fire_batch(end, i, loss, metrics)
         model.train(was_training)
         reduced = collectives.all_reduce_dict({**totals, "__count": count}, "sum")
         denom = max(float(reduced.pop("__count")), 1.0)
         return {f"{phase}_{k}": float(v) / denom for k, v in reduced.items()}
 
-    # ------------------------------------------------------------------ steps
+    # ------------------------------------------------------------------ stopping
+    def _stop_now(self, n: int, loss_sum: Any, sums: dict[str, Any]) -> bool:
+        """Every rank asks at the same step; if any rank was asked to stop, all save and stop together."""
+        _, why = self.stopper.agree(self.accelerator.world_size)
+        if why is None:
+            return False
+        self._partial = {"batch_in_epoch": n, "loss_sum": loss_sum, "sums": sums}
+        self._stop_for_preemption(why)
+        return True
+
+    def _stop_for_preemption(self, why: str) -> None:
+        self.stop_training, self.stop_reason = True, f"{PREEMPTED} ({why})"
+        path = self.save_checkpoint()
+        took = self.checkpointer.last_save_seconds
+        if self.accelerator.is_main_process:  # tells the batch script: checkpoint complete, requeue me
+            self.stopper.confirm_saved(path or self.checkpointer.latest())
+        self.tracker.print(f"Graceful stop at epoch {self.current_epoch}, step {self.global_step}: {why}. "
+                           f"Checkpoint {path.name if path else '(already saved)'}"
+                           f"{f' written in {took:.2f}s' if took and path else ''}.")
+
+    def _loss_is_nonfinite(self) -> bool:
+        loss = self.metrics.get("train_loss")
+        return self.config.stop_on_nonfinite and loss is not None and not math.isfinite(float(loss))
+
+    def _stop_diverged(self) -> None:
+        loss = self.metrics.get("train_loss")
+        kept = self.checkpointer.latest()
+        self.stop_training = True
+        self.stop_reason = (f"{DIVERGED}: the training loss became {float(loss) if loss is not None else 'NaN'} in "
+                            f"epoch {self.current_epoch} (on at least one rank), so training stopped; "
+                            + (f"the last finite checkpoint, {kept}, is kept. " if kept else "no checkpoint was "
+                               "written. ")
+                            + "HINT: lower the learning rate, set grad_clip_norm, check the data for NaN/inf, or set "
+                              "TrainConfig(stop_on_nonfinite=False) to train on.")
+        self.tracker.print(f"trainstack: {self.stop_reason[len(DIVERGED) + 2:]}")
+
+    def _improved(self, val_loss: float) -> bool:
+        criterion = self.config.validation_criterion or (lambda cur, best, eps: cur < best - eps)
+        if math.isfinite(val_loss) and criterion(val_loss, self._best_val, self.config.val_epsilon):
+            self._best_val = val_loss
+            return True
+        return False
 
     # ------------------------------------------------------------------ set-up and teardown
-    def _setup_runtime(self, for_training: bool) -> None:
+    def _start_run(self) -> None:
+        """Everything one run needs on this rank: device, data shards, step, run folder, checkpoint, reports."""
         acc, cfg = self.accelerator, self.config
         acc.setup()
         if cfg.seed is not None:
             seed_everything(cfg.seed + acc.rank)
-        self.callbacks = CallbackManager(list(cfg.callbacks), acc.is_main_process)  # test_* events for test()
-        if not for_training:  # evaluation uses the plain module: no DDP needed
-            self.model = acc.prepare_model(self.model) if acc.world_size == 1 else self.model.to(acc.device)
-            return
         moved: dict[int, nn.Parameter] = {}
-        self._model = acc.prepare_model(self.model, moved)
+        self._ddp_model = acc.prepare_model(self.model, moved)
         if self.use_grad:
             acc._retarget_optimizer(self.optimizer, moved)
-        seed = cfg.seed if cfg.seed is not None else 0
-        self._train_loader = _prepare_train(self.train_dataloader, acc, seed)
-        self._val_loader = prepare_eval_dataloader(self.val_dataloader, acc.rank, acc.world_size) \
-            if self.val_dataloader is not None else None
-        self._choose_step()
-        self._device, self._data_dtype = acc.device, acc.data_dtype
-        self._resume_batch, self._resume_partial, self._partial, self._pending_rng = 0, None, None, None
-        self._saved_at = -1
-        self._stopper = GracefulStop(resolve_signals(cfg.stop_signals),
-                                     cfg.stop_file or os.environ.get("TRAINSTACK_STOP_FILE"))
-        self._stopper.install()
-        self.run_folder = Path(acc.broadcast(str(self._pick_folder()) if acc.is_main_process else None))
-        self.config.log_folder = self.run_folder
-        self.checkpointer = Checkpointer(self.run_folder, cfg.keep_last_checkpoints)
-        user = list(cfg.callbacks) + ([LRScheduler(self.scheduler)] if self.scheduler is not None else [])
-        cbs = user + default_callbacks(cfg)
-        if acc.is_main_process and progress_enabled(cfg.verbose):
-            cbs += ProgressBar(cfg.max_iter, self.current_epoch, self._batches_per_epoch()).callbacks()
-        self.callbacks = CallbackManager(cbs, acc.is_main_process)
-        if acc.is_main_process:
-            self.writer = make_writers(cfg.tracking_tool, self.run_folder, self.current_epoch)
-        if cfg.resume is not None:  # load before the banner so it shows where training continues
-            self.load_checkpoint(None if cfg.resume == "auto" else cfg.resume)
-        if acc.is_main_process and cfg.verbose:
-            print(banner(self._banner_info()), flush=True)
+        self._train_loader = self._prepare_train(self.train_dataloader, cfg.seed or 0)
+        self._val_loader = _prepare_eval(self.val_dataloader, acc.rank, acc.world_size)
+        self._per_epoch = batches_per_epoch(self._train_loader, self.max_batches)
+        self._capped = bool(self.max_batches) or is_infinite(self._train_loader)
+        self.step = make_step(cfg, self.optimizer, self.loss_fn, self.optimize_step, self.use_grad, acc.device,
+                              acc.data_dtype)
+        self.stopper = GracefulStop(resolve_signals(cfg.stop_signals),
+                                    cfg.stop_file or os.environ.get("TRAINSTACK_STOP_FILE"))
+        self.stopper.install()
+        self.run_folder = self._agree_on_folder()
+        self.checkpointer = Checkpointer(self.run_folder, cfg.keep_last_checkpoints, acc.is_main_process)
+        self.callbacks = CallbackManager(self._user_callbacks(), acc.is_main_process)
+        self._resume_at, self._resume_totals, self._pending_rng, self._best_val = 0, {}, None, math.inf
+        self._partial: dict[str, Any] | None = None
+        self._run_start, restored = self.current_epoch, None
+        if cfg.resume is not None:  # before the banner, so it shows where training continues
+            restored = self.checkpointer.restore(self._parts(), None if cfg.resume == "auto" else cfg.resume,
+                                                 rank=acc.rank)
+            if restored is not None:
+                self._apply(restored)
+            elif cfg.resume == "auto":
+                self.console_print(f"trainstack: resume='auto' found no checkpoint in {self.run_folder}; starting "
+                                   f"from scratch.")
+        self._last_epoch = self._run_start + cfg.max_iter
+        if self._continues and self.current_epoch and restored is None:
+            self.console_print(f"trainstack: a second fit() continues the run in {self.run_folder} at epoch "
+                               f"{self.current_epoch} for another max_iter={cfg.max_iter} epochs.")
+        self.tracker = Tracker(cfg, self.run_folder, acc.is_main_process, self.current_epoch, self._last_epoch,
+                               self._per_epoch, keep_until=restored.counters.get("saved_at") if restored else None)
+        self.tracker.start(self._banner_info())
 
-    def _pick_folder(self) -> Path:
+    def _claim_folder(self) -> tuple[Path, RunLock]:
+        """Pick the run folder, refuse to overwrite another run's checkpoints, lock it, clear stale temp files."""
         cfg = self.config
-        if self.run_folder is not None:  # a second fit() continues in the same folder
-            return self.run_folder
-        return choose_run_folder(cfg.root_folder, cfg.log_folder, cfg.create_subfolder_per_run, cfg.resume)
+        folder = self.run_folder if self._continues and self.run_folder is not None else choose_run_folder(
+            cfg.root_folder, cfg.log_folder, cfg.create_subfolder_per_run, cfg.resume)
+        if not self._continues:
+            refuse_to_overwrite(folder, cfg.resume)
+        lock = RunLock(folder)
+        lock.acquire()
+        Checkpointer(folder).remove_stale_temp_files()
+        return folder, lock
 
-    def _batches_per_epoch(self) -> int | None:
-        loader = self._train_loader
-        if loader is None:
-            return 1
-        try:
-            n = len(loader)
-        except TypeError:
-            return self.max_batches
-        return min(n, self.max_batches) if self.max_batches else n
+    def _agree_on_folder(self) -> Path:
+        """Rank 0 claims the run folder (unless its launching process did); every rank gets it or the same error."""
+        acc = self.accelerator
+        self._lock: RunLock | None = None
+        choice: tuple[str | None, str | None] = (str(self.run_folder), None) if self._claimed else (None, None)
+        if acc.is_main_process and not self._claimed:
+            try:
+                folder, self._lock = self._claim_folder()
+                choice = (str(folder), None)
+            except ConfigError as exc:
+                choice = (None, str(exc))
+        folder, error = acc.broadcast(choice)
+        if error is not None:
+            raise ConfigError(error)
+        return Path(folder)
 
-    def _batches(self, loader: Any, cap: int | None = None) -> Iterable[Any]:
-        if loader is None:
-            return (None,)  # no data: loss_fn(model, None) once per epoch (reference behaviour)
-        return itertools.islice(loader, cap) if cap else loader
+    def _prepare_train(self, loader: Any, seed: int) -> Any:
+        acc = self.accelerator
+
+        def prepare(dl: Any) -> Any:
+            if isinstance(dl, torch.utils.data.DataLoader):
+                return prepare_dataloader(dl, acc.rank, acc.world_size, seed=seed, pin_memory=acc.pin_memory)
+            return dl
+
+        return loader.prepared(prepare) if isinstance(loader, DictDataLoader) else prepare(loader)
+
+    def _close(self) -> None:
+        """Release what the run holds; never raises over the error that ended the run."""
+        stopper, lock = getattr(self, "stopper", None), getattr(self, "_lock", None)
+        if stopper is not None:
+            stopper.restore()
+        self.tracker.close()
+        if lock is not None:
+            lock.release()
+            self._lock = None
+
+    # ------------------------------------------------------------------ state
+    def _counters(self) -> dict[str, Any]:
+        """The loop's own state in a checkpoint; the parts (model, optimizer, ...) save themselves."""
+        return {"epoch": self.current_epoch, "global_step": self.global_step, "run_start_epoch": self._run_start,
+                "partial_epoch": self._partial or {"batch_in_epoch": 0}, "best_val_loss": self._best_val,
+                "saved_at": time.time()}
+
+    def _user_callbacks(self) -> list[Any]:
+        return list(self.config.callbacks) + ([self.scheduler] if self.scheduler else [])
+
+    def _parts(self) -> dict[str, Any]:
+        return {"model": self.model, "optimizer": self.optimizer if self.use_grad else None,
+                "scheduler": self.scheduler, "scaler": self.step, "callbacks": self.callbacks}
+
+    def _apply(self, restored: Restored) -> None:
+        """Take over a checkpoint's counters; a mid-epoch one continues at its batch with its partial sums."""
+        c = restored.counters
+        self.current_epoch, self.global_step = int(c["epoch"]), int(c["global_step"])
+        self._run_start = int(c.get("run_start_epoch", 0))
+        self._best_val = float(c.get("best_val_loss", math.inf))
+        partial = c.get("partial_epoch") or {}
+        self._resume_at, self._resume_totals = int(partial.get("batch_in_epoch", 0)), partial
+        if hasattr(self._train_loader, "set_epoch"):
+            self._train_loader.set_epoch(self.current_epoch)
+        if restored.rng is None:
+            log.warning("checkpoint was written by %d processes, this run has %d: RNG states not restored, so the "
+                        "continuation is not bitwise identical.", restored.world_size, self.accelerator.world_size)
+        elif self._resume_at:
+            self._pending_rng = restored.rng  # restored once the epoch's iterator exists
+        else:
+            restore_rng(restored.rng)
+        where = f", batch {self._resume_at} of the epoch" if self._resume_at else ""
+        self.console_print(f"Resumed from {restored.path} (epoch {self.current_epoch}, step {self.global_step}"
+                           f"{where}).")
+
+    def _export(self) -> dict[str, Any]:
+        """Rank 0's final state for the launching process (CPU tensors)."""
+        return {"model": _to_cpu(self.model.state_dict()),
+                "optimizer": _to_cpu(self.optimizer.state_dict()) if self.use_grad else None,
+                "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+                "callbacks": self.callbacks.state_dict(), "epoch": self.current_epoch,
+                "global_step": self.global_step, "run_folder": str(self.run_folder),
+                "metrics": {k: float(v) for k, v in self.metrics.items()}, "stop_reason": self.stop_reason}
+
+    def _absorb(self, result: dict[str, Any]) -> None:
+        """Take rank 0's final state into the launching process's objects."""
+        self.model.load_state_dict(result["model"])
+        if result["optimizer"] is not None:
+            self.optimizer.load_state_dict(result["optimizer"])
+        if result["scheduler"] is not None and self.scheduler is not None:
+            self.scheduler.load_state_dict(result["scheduler"])
+        CallbackManager(self._user_callbacks(), True).load_state_dict(result["callbacks"])
+        self.current_epoch, self.global_step = result["epoch"], result["global_step"]
+        self.run_folder = Path(result["run_folder"])
+        self.metrics, self.stop_reason = result["metrics"], result["stop_reason"]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a spawned worker receives: configuration and state, not this process's run handles."""
+        state = dict(self.__dict__)
+        for key in ("_ddp_model", "_train_loader", "_val_loader", "step", "stopper", "checkpointer", "_lock"):
+            state.pop(key, None)
+        state["tracker"] = Tracker(self.config, None, is_main=False)
+        return state
+
+    # ------------------------------------------------------------------ helpers
+    def _test(self, loader: Any) -> dict[str, float]:
+        acc = self.accelerator
+        acc.setup()
+        if self.config.seed is not None:
+            seed_everything(self.config.seed + acc.rank)
+        self.callbacks = CallbackManager(list(self.config.callbacks), acc.is_main_process)  # test_* events
+        self.model = acc.prepare_model(self.model) if acc.world_size == 1 else self.model.to(acc.device)
+        return self._evaluate("test", _prepare_eval(loader, acc.rank, acc.world_size))
 
     def _epoch_metrics(self, phase: str, loss_sum: Any, sums: dict[str, Any], n: int) -> dict[str, Any]:
         if n == 0:
@@ -312,6 +570,10 @@ class Trainer(StateMixin, StepsMixin):
             out = self.accelerator.all_reduce_dict(out)
         return out
 
+    def _fire_batch(self, event: str, iteration: int, loss: Any = None, metrics: dict | None = None) -> None:
+        self._set_result(iteration, loss, metrics)
+        self.callbacks.fire(event, self)
+
     def _set_result(self, iteration: int, loss: Any = None, metrics: dict | None = None) -> None:
         res = self.opt_result
         res.iteration, res.model, res.optimizer = iteration, self.model, self.optimizer
@@ -319,47 +581,32 @@ class Trainer(StateMixin, StepsMixin):
         res.metrics = self.metrics if metrics is None else metrics
         res.rank, res.device = self.accelerator.rank, self.accelerator.device
 
-    def _close(self) -> None:
-        if getattr(self, "_stopper", None) is not None:
-            self._stopper.restore()
-        if self.accelerator.is_main_process and self.run_folder is not None:
-            if self.writer.history:
-                save_loss_curve(self.writer.history, self.run_folder / "loss_curve.png")
-            self.writer.close()
-        self.writer = NullWriter()
-
     def _banner_info(self) -> dict[str, Any]:
         acc, cfg, loader = self.accelerator, self.config, self.train_dataloader
         per_proc = getattr(loader, "batch_size", None) or 1
-        per_epoch = self._batches_per_epoch()
-        info = {"Num examples": _num_examples(loader), "Num epochs": cfg.max_iter,
-                "Processes": f"{acc.world_size} ({acc.backend} on {acc.device.type})",
-                "Batch size per process": per_proc,
-                "Total batch size (w. parallel & accumulation)": per_proc * acc.world_size
-                * cfg.gradient_accumulation_steps,
-                "Gradient accumulation steps": cfg.gradient_accumulation_steps,
-                "Total optimization steps": "unknown" if per_epoch is None else
-                math.ceil(per_epoch / cfg.gradient_accumulation_steps) * cfg.max_iter,
-                "Run folder": self.run_folder}
+        per_epoch = self._per_epoch
+        steps = "unknown (the loader has no length)" if per_epoch is None else \
+            math.ceil(per_epoch / cfg.gradient_accumulation_steps) * (self._last_epoch - self.current_epoch)
+        info: dict[str, Any] = {
+            "Num examples": _num_examples(loader), "Num epochs": self._last_epoch - self._run_start,
+            "Batches per epoch": per_epoch if per_epoch is not None else "until the loader ends",
+            "Processes": f"{acc.world_size} ({acc.backend} on {acc.device.type})",
+            "Batch size per process": per_proc,
+            "Total batch size (w. parallel & accumulation)": per_proc * acc.world_size
+            * cfg.gradient_accumulation_steps,
+            "Gradient accumulation steps": cfg.gradient_accumulation_steps,
+            "Total optimization steps": steps, "Run folder": self.run_folder}
+        if is_infinite(self._train_loader) and not self.max_batches:
+            info["Batches per epoch"] = "1 (an endless loader; set max_batches for more)"
         if self.current_epoch:
-            info["Resumed at epoch"] = self.current_epoch
+            info["Continuing at epoch"] = self.current_epoch
         return info
 
-    # ------------------------------------------------------------------ checkpoints
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        for key in ("_model", "_train_loader", "_val_loader", "callbacks", "writer", "checkpointer", "_step",
-                    "_stopper", "_device"):
-            state.pop(key, None)
-        state["writer"] = NullWriter()
-        return state
-
-
-def _prepare_train(loader: Any, acc: Accelerator, seed: int) -> Any:
-    if isinstance(loader, DataLoader):
-        return prepare_dataloader(loader, acc.rank, acc.world_size, seed=seed, pin_memory=acc.pin_memory)
-    return loader
+def _prepare_eval(loader: Any, rank: int, world: int) -> Any:
+    if isinstance(loader, DictDataLoader):
+        return loader.prepared(lambda dl: prepare_eval_dataloader(dl, rank, world))
+    return prepare_eval_dataloader(loader, rank, world) if loader is not None else None
 
 
 def _batch_size(batch: Any) -> int:
@@ -376,9 +623,19 @@ def _batch_size(batch: Any) -> int:
 
 
 def _num_examples(loader: Any) -> Any:
+    if isinstance(loader, DictDataLoader):
+        return {k: _num_examples(v) for k, v in loader.dataloaders.items()}
     try:
         return len(loader.dataset)
     except (AttributeError, TypeError):
         return "unknown"
 
 
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cpu(v) for v in obj]
+    return obj

@@ -24,10 +24,11 @@ def test_seed_000_under_python_spawns_four_processes(run_py):
     assert "DistributedDataParallel" in out
 
 
-def test_seed_000_under_torchrun_joins_its_workers(run_py):
+def test_seed_000_under_torchrun_joins_its_workers(run_py, tmp_path):
     start = time.monotonic()
-    out = run_py([torchrun_exe(), "--standalone", "--nproc_per_node", "2", "examples/accelerator_loop.py"],
-                 timeout=240, env=BLOCK_BUFFERED).stdout
+    # --tee: torchrun's agent copies each worker's output line by line, so ranks never interleave mid-line
+    out = run_py([torchrun_exe(), "--standalone", "--nproc_per_node", "2", "--log-dir", str(tmp_path), "--tee", "3",
+                  "examples/accelerator_loop.py"], timeout=240).stdout
     print(f"seed 000 under torchrun (2 procs): {time.monotonic() - start:.1f}s")
     assert out.count("Epoch:  9") == 2
     assert "nprocs=4 ignored: torchrun started 2 processes" in out

@@ -17,9 +17,9 @@ from .builtin import (
     SaveCheckpoint,
     WriteMetrics,
 )
-from .manager import CallbackManager, default_callbacks
+from .manager import CallbackManager
 
-__all__ = ["EVENTS", "Callback", "OptimizeResult", "CallbackManager", "default_callbacks", "EarlyStopping",
+__all__ = ["EVENTS", "Callback", "OptimizeResult", "CallbackManager", "EarlyStopping",
            "GradientMonitoring", "LoadCheckpoint", "LogHyperparameters", "LogModelTracker", "LRScheduler",
            "LRSchedulerCosineAnnealing", "LRSchedulerCyclic", "LRSchedulerStepDecay", "PlotMetrics",
            "PrintMetrics", "SaveBestCheckpoint", "SaveCheckpoint", "WriteMetrics"]

@@ -13,20 +13,15 @@ __all__ = ["PrintMetrics", "WriteMetrics", "PlotMetrics", "LogHyperparameters", 
            "LRScheduler", "LRSchedulerStepDecay", "LRSchedulerCyclic", "LRSchedulerCosineAnnealing"]
 
 
-def _fmt(value: Any) -> str:
-    v = float(value.item() if hasattr(value, "item") else value)
-    return f"{v:.7f}" if abs(v) >= 1e-4 or v == 0 else f"{v:.4e}"
-
-
 class PrintMetrics(Callback):
     """One line from rank 0: ``Iteration N | train_loss: ... | val_loss: ...``."""
 
     main_process_only = True
 
     def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
-        res = trainer.opt_result
-        parts = [f"{k}: {_fmt(v)}" for k, v in res.metrics.items()]
-        trainer.console_print(f"Iteration {res.iteration:>6} | " + " | ".join(parts))
+        from .._writers import format_metrics
+
+        trainer.console_print(format_metrics(trainer.opt_result.iteration, trainer.opt_result.metrics))
 
 
 class WriteMetrics(Callback):

@@ -1,43 +1,13 @@
-"""Wire the default callbacks from a TrainConfig and dispatch events cheaply (lists per event)."""
+"""Dispatch events to the user's callbacks cheaply (lists per event; the hot loop asks for periods)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .base import EVENTS, Callback
-from .builtin import (
-    LogHyperparameters,
-    LogModelTracker,
-    PlotMetrics,
-    PrintMetrics,
-    SaveBestCheckpoint,
-    SaveCheckpoint,
-    WriteMetrics,
-)
 
-__all__ = ["CallbackManager", "default_callbacks"]
-
-
-def default_callbacks(config: Any) -> list[Callback]:
-    """The callbacks a TrainConfig asks for (after the user's own, which run first)."""
-    cbs: list[Callback] = []
-    if config.verbose and config.print_every:
-        cbs.append(PrintMetrics(on="train_epoch_end", called_every=config.print_every))
-    cbs.append(WriteMetrics(on="train_epoch_end", called_every=config.write_every or 1))
-    if config.plot_every:
-        cbs.append(PlotMetrics(on="train_epoch_end", called_every=config.plot_every))
-        cbs.append(PlotMetrics(on="train_end"))
-    if config.checkpoint_best_only:
-        cbs.append(SaveBestCheckpoint(on="val_epoch_end", called_every=1))
-    else:
-        if config.checkpoint_every:
-            cbs.append(SaveCheckpoint(on="train_epoch_end", called_every=config.checkpoint_every))
-        cbs.append(SaveCheckpoint(on="train_end"))  # always leave the final state on disk
-    if config.hyperparams:
-        cbs.append(LogHyperparameters(on="train_end"))
-    if config.log_model:
-        cbs.append(LogModelTracker(on="train_end"))
-    return cbs
+__all__ = ["CallbackManager"]
 
 
 class CallbackManager:
@@ -49,13 +19,8 @@ class CallbackManager:
         for cb in self.callbacks:
             self.by_event[cb.on].append(cb)
 
-    def has(self, event: str) -> bool:
-        return bool(self.by_event[event])
-
     def period(self, event: str) -> int:
         """Steps between possible firings of ``event`` (gcd of the intervals; 0: never), for the hot loop."""
-        import math
-
         cbs = self.by_event[event]
         if not cbs:
             return 0

@@ -12,7 +12,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["Writers", "NullWriter", "make_writers", "save_loss_curve"]
+__all__ = ["Writers", "NullWriter", "make_writers", "save_loss_curve", "format_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -21,13 +21,41 @@ def _scalar(value: Any) -> float:
     return float(value.item() if hasattr(value, "item") else value)
 
 
-class JsonlWriter:
-    """``metrics.jsonl``: one JSON object per write; dependency-free and append-only (resume-friendly)."""
+def format_metrics(iteration: int, metrics: dict[str, Any]) -> str:
+    """``Iteration N | train_loss: 0.1234567 | ...`` (the host sync of ``.item()`` happens here, once per line)."""
+    def fmt(value: Any) -> str:
+        v = _scalar(value)
+        return f"{v:.7f}" if abs(v) >= 1e-4 or v == 0 else f"{v:.4e}"
 
-    def __init__(self, folder: Path) -> None:
+    return f"Iteration {iteration:>6} | " + " | ".join(f"{k}: {fmt(v)}" for k, v in metrics.items())
+
+
+class JsonlWriter:
+    """``metrics.jsonl``: one JSON object per write; dependency-free and append-only (resume-friendly).
+
+    ``keep_until`` (a resumed run: the wall time its checkpoint was written) drops the rows the stopped run wrote
+    after that checkpoint, which the resumed run writes again; without it they would appear twice.
+    """
+
+    def __init__(self, folder: Path, keep_until: float | None = None) -> None:
         self.path = Path(folder) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if keep_until is not None and self.path.exists():
+            self._drop_rows_after(keep_until)
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def _drop_rows_after(self, moment: float) -> None:
+        from ._files import atomic_write
+
+        kept = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a kill
+            if isinstance(row, dict) and float(row.get("time", 0)) <= moment:
+                kept.append(line)
+        atomic_write(self.path, "".join(f"{line}\n" for line in kept))
 
     def write(self, iteration: int, metrics: dict[str, float]) -> None:
         self._fh.write(json.dumps({"iteration": iteration, "time": round(time.time(), 3), **metrics}) + "\n")
@@ -150,8 +178,8 @@ class NullWriter(Writers):
         pass
 
 
-def make_writers(tool: str, folder: Path, start_step: int) -> Writers:
-    writers: list[Any] = [JsonlWriter(folder)]
+def make_writers(tool: str, folder: Path, start_step: int, keep_until: float | None = None) -> Writers:
+    writers: list[Any] = [JsonlWriter(folder, keep_until)]
     if tool == "tensorboard":
         writers.append(TensorBoardWriter(folder, start_step))
     elif tool == "mlflow":
@@ -183,6 +211,12 @@ def save_loss_curve(history: list[dict[str, float]], path: Path) -> Path | None:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return Path(path)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
+    try:
+        fig.savefig(tmp)
+        os.replace(tmp, path)  # never a truncated PNG (e.g. on a full disk)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
+    return path

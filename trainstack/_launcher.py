@@ -7,87 +7,78 @@ Design choices:
 * The launching process hosts the rendezvous ``TCPStore`` (port 0 = the OS picks a free one, no races).
   When a worker hosts it instead (``srun`` with one task per process), it waits until every rank has
   left the group before it exits, which avoids the "terminate called without an active exception" crash.
-* Workers are started with :func:`torch.multiprocessing.start_processes`; when one raises, the others are
+* Workers are started with :func:`torch.multiprocessing.start_processes`; when one fails, the others are
   terminated within a grace period and the caller gets :class:`~trainstack.errors.WorkerError` naming
-  the rank with the worker's traceback.
+  the rank with the worker's traceback, sent as text through a private (0700) folder: nothing another
+  local user could write is ever unpickled.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
-from . import state
+from . import _layout
 from ._files import atomic_write
-from .environment import ProcessPlan
+from ._layout import ProcessPlan, WorkerContext
 from .errors import LaunchError, WorkerError
 
-__all__ = ["LaunchSpec", "launch", "ProcessGroupSession"]
+__all__ = ["ProcessGroupSession", "launch", "check_not_bootstrapping"]
 
 log = logging.getLogger(__name__)
 
 _EXITED_KEY = "trainstack/exited"
+_RESULT = "result.pkl"
 GRACE_PERIOD_S = 3.0
+_START_METHODS = ("spawn", "fork", "forkserver")
+_MAIN_GUARD = ("start the run under a main guard, so that the worker processes (which re-import your script) do "
+               "not start it again:\n\n"
+               "    def train(model, loader, accelerator):\n        ...\n\n"
+               "    if __name__ == \"__main__\":\n"
+               "        accelerator.distribute(train)(model, loader, accelerator)\n")
 
 
 def _timeout() -> datetime.timedelta:
     """Collective/rendezvous timeout; ``TRAINSTACK_TIMEOUT_S`` overrides the 30-minute default."""
     raw = os.environ.get("TRAINSTACK_TIMEOUT_S", "1800")
     try:
-        return datetime.timedelta(seconds=float(raw))
+        seconds = float(raw)
     except ValueError:
-        raise LaunchError(f"TRAINSTACK_TIMEOUT_S={raw!r} is not a number of seconds") from None
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """Everything a worker needs to join the group (picklable, no torch objects)."""
-
-    plan: ProcessPlan
-    backend: str
-    device_type: str  # "cpu" or "cuda"
-    store_port: int
-
-    def context(self, local_index: int) -> state.WorkerContext:
-        p = self.plan
-        env = p.environment
-        return state.WorkerContext(
-            rank=p.rank_offset + local_index,
-            local_rank=p.local_rank_offset + local_index,
-            world_size=p.world_size,
-            local_world_size=p.local_world_size,
-            node_rank=env.node_rank,
-            num_nodes=env.num_nodes,
-            master_addr=p.master_addr,
-            master_port=self.store_port,
-            launcher=env.name,
-        )
+        seconds = -1.0
+    if not seconds > 0:
+        raise LaunchError(f"TRAINSTACK_TIMEOUT_S={raw!r} is not a positive number of seconds. HINT: unset it for "
+                          f"the 30-minute default.")
+    return datetime.timedelta(seconds=seconds)
 
 
 class ProcessGroupSession:
-    """Join (and later leave) the default process group for one worker context."""
+    """``with ProcessGroupSession(ctx, backend): ...`` joins the default process group as ``ctx`` and leaves it.
 
-    def __init__(self, ctx: state.WorkerContext, backend: str, device_type: str,
-                 use_env_store: bool = False, host_store: bool = False) -> None:
+    On a clean exit every rank passes a barrier before the group is destroyed, so nobody tears down while a peer
+    is still in a collective; the rank hosting the store keeps it up until all ranks have left.
+    """
+
+    def __init__(self, ctx: WorkerContext, backend: str, host_store: bool = False) -> None:
         self.ctx = ctx
         self.backend = backend
-        self.device_type = device_type
-        self.use_env_store = use_env_store  # torchrun: its agent hosts the store (env://)
         self.host_store = host_store
         self.store: dist.TCPStore | None = None
 
@@ -96,31 +87,37 @@ class ProcessGroupSession:
         """NCCL for CUDA tensors plus gloo for CPU ones: stop flags and object collectives never touch the GPU."""
         return "cpu:gloo,cuda:nccl" if self.backend == "nccl" else self.backend
 
+    def __enter__(self) -> ProcessGroupSession:
+        self.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        # a graceful stop (SystemExit 0) is a clean exit too: every rank saved and stops together
+        self.stop(ok=kind is None or (isinstance(exc, SystemExit) and not exc.code))
+
     def start(self) -> None:
         ctx = self.ctx
-        state.activate(ctx)
+        _layout.activate(ctx)
         device_id = None
-        if self.device_type == "cuda":
-            index = ctx.local_rank % max(torch.cuda.device_count(), 1)
-            torch.cuda.set_device(index)
-            device_id = torch.device("cuda", index)
+        if ctx.device.startswith("cuda"):
+            device_id = torch.device(ctx.device)
+            torch.cuda.set_device(device_id)
         if ctx.world_size == 1 or dist.is_initialized():
             return
         timeout = _timeout()
-        if self.use_env_store and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        if ctx.launcher == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             # torchrun's agent hosts the store and keeps it across worker restarts (same MASTER_PORT), so the
             # keys of the previous attempt's group are still there; with torch 2.13 a restarted gloo group then
             # fails in connectFullMesh about 2 times in 3. A per-attempt key prefix keeps attempts apart.
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
             agent_store = dist.TCPStore(ctx.master_addr, ctx.master_port, is_master=False, timeout=timeout)
-            store = dist.PrefixStore(f"trainstack/attempt_{attempt}", agent_store)
-            dist.init_process_group(self.pg_backend, store=store, rank=ctx.rank, world_size=ctx.world_size,
-                                    timeout=timeout, device_id=device_id)
-            return
-        self.store = dist.TCPStore(ctx.master_addr, ctx.master_port, is_master=self.host_store,
-                                   timeout=timeout, wait_for_workers=False)
-        dist.init_process_group(self.pg_backend, store=dist.PrefixStore("pg", self.store), rank=ctx.rank,
-                                world_size=ctx.world_size, timeout=timeout, device_id=device_id)
+            store: dist.Store = dist.PrefixStore(f"trainstack/attempt_{attempt}", agent_store)
+        else:
+            self.store = dist.TCPStore(ctx.master_addr, ctx.master_port, is_master=self.host_store,
+                                       timeout=timeout, wait_for_workers=False)
+            store = dist.PrefixStore("pg", self.store)
+        dist.init_process_group(self.pg_backend, store=store, rank=ctx.rank, world_size=ctx.world_size,
+                                timeout=timeout, device_id=device_id)
 
     def stop(self, ok: bool) -> None:
         """Leave the group. After success, a barrier first so no rank tears down mid-collective."""
@@ -135,7 +132,7 @@ class ProcessGroupSession:
                     _wait_for_count(self.store, self.ctx.world_size)
         finally:
             self.store = None
-            state.deactivate()
+            _layout.deactivate()
 
 
 def _wait_for_count(store: dist.Store, expected: int, limit_s: float = 60.0) -> None:
@@ -145,7 +142,18 @@ def _wait_for_count(store: dist.Store, expected: int, limit_s: float = 60.0) -> 
         time.sleep(0.02)
 
 
-def _set_child_environ(ctx: state.WorkerContext) -> None:
+@dataclass(frozen=True)
+class _WorkerSpec:
+    """What a spawned worker needs besides the user's call (picklable, no torch objects)."""
+
+    plan: ProcessPlan
+    backend: str
+    device_type: str  # "cpu" or "cuda"
+    gpus: int
+    store_port: int
+
+
+def _set_child_environ(ctx: WorkerContext) -> None:
     """Export the usual env:// variables in the worker (never in the launching process)."""
     os.environ.update({
         "RANK": str(ctx.rank), "LOCAL_RANK": str(ctx.local_rank), "WORLD_SIZE": str(ctx.world_size),
@@ -154,47 +162,28 @@ def _set_child_environ(ctx: state.WorkerContext) -> None:
     })
 
 
-def _worker(local_index: int, payload: Any, spec: LaunchSpec, private_dir: str) -> None:
+def _worker(local_index: int, payload: Any, spec: _WorkerSpec, private_dir: str) -> None:
     """Entry point of a spawned worker: join the group, run the function, hand rank 0's result back.
 
     A failure is reported as plain text in the launch's private folder (never as a pickle: the launching process
     must not unpickle anything another local user could have written).
     """
-    _write_private(os.path.join(private_dir, f"started-{local_index}"), b"")
+    atomic_write(os.path.join(private_dir, f"started-{local_index}"), b"", mode=0o600)
     try:
-        ctx = spec.context(local_index)
+        ctx = spec.plan.context(local_index, spec.device_type, spec.gpus, port=spec.store_port)
         _set_child_environ(ctx)
         fn, args, kwargs = pickle.loads(payload) if isinstance(payload, bytes) else payload
-        session = ProcessGroupSession(ctx, spec.backend, spec.device_type)
-        session.start()
-        ok = False
-        try:
+        with ProcessGroupSession(ctx, spec.backend):
             result = fn(*args, **kwargs)
-            ok = True
-        finally:
-            session.stop(ok)
         if ctx.rank == 0:
-            _write_private(os.path.join(private_dir, _RESULT), pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
+            atomic_write(os.path.join(private_dir, _RESULT), pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL),
+                         mode=0o600)
     except BaseException as exc:
         if not (isinstance(exc, SystemExit) and not exc.code):
             text = "".join(traceback.format_exception(exc)).strip()
-            _write_private(os.path.join(private_dir, f"error-{local_index}.txt"), text.encode("utf-8", "replace"))
+            atomic_write(os.path.join(private_dir, f"error-{local_index}.txt"), text.encode("utf-8", "replace"),
+                         mode=0o600)
         raise
-
-
-_RESULT = "result.pkl"
-
-
-def _write_private(path: str, data: bytes) -> None:
-    atomic_write(path, data, mode=0o600)
-
-
-_START_METHODS = ("spawn", "fork", "forkserver")
-_MAIN_GUARD = ("start the run under a main guard, so that the worker processes (which re-import your script) do "
-               "not start it again:\n\n"
-               "    def train(model, loader, accelerator):\n        ...\n\n"
-               "    if __name__ == \"__main__\":\n"
-               "        accelerator.distribute(train)(model, loader, accelerator)\n")
 
 
 def check_not_bootstrapping() -> None:
@@ -265,11 +254,8 @@ def _serialise(fn: Callable, args: tuple, kwargs: dict, method: str) -> Any:
         raise LaunchError(
             f"cannot send {name!r} and its arguments to the worker processes: {exc}.\n"
             "Workers are started with 'spawn', so the function and every argument must be picklable: define "
-            "the function at module top level (not a lambda or a function inside another function) and start "
-            "the run under a main guard:\n\n"
-            "    def train(model, loader, accelerator):\n        ...\n\n"
-            "    if __name__ == \"__main__\":\n"
-            "        accelerator.distribute(train)(model, loader, accelerator)\n") from None
+            "the function at module top level (not a lambda or a function inside another function) and "
+            + _MAIN_GUARD) from None
 
 
 def _host_store(plan: ProcessPlan) -> dist.TCPStore | None:
@@ -290,7 +276,8 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
     payload = _serialise(fn, args, kwargs, method)
     store = _host_store(plan)
     port = store.port if store is not None else plan.master_port
-    spec = LaunchSpec(plan=plan, backend=backend, device_type=device_type, store_port=port)
+    gpus = torch.cuda.device_count() if device_type == "cuda" else 0
+    spec = _WorkerSpec(plan=plan, backend=backend, device_type=device_type, gpus=gpus, store_port=port)
     # mkdtemp makes the folder 0700: reports, the result and torch's own error files live where only we can write.
     with tempfile.TemporaryDirectory(prefix="trainstack-") as private_dir:
         context = _start(payload, spec, private_dir, plan.nprocs_local, method)
@@ -313,7 +300,7 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
             return pickle.load(fh)
 
 
-def _start(payload: Any, spec: LaunchSpec, private_dir: str, nprocs: int, method: str) -> tmp.ProcessContext:
+def _start(payload: Any, spec: _WorkerSpec, private_dir: str, nprocs: int, method: str) -> tmp.ProcessContext:
     """Start the workers. torch names its per-worker error files in ``tempfile``'s folder: point it at ours."""
     previous = tempfile.tempdir
     tempfile.tempdir = private_dir
@@ -382,8 +369,6 @@ def _forward_stop_signals(context: tmp.ProcessContext) -> dict[signal.Signals, A
     Without this, ``kill -USR2 <launcher>`` (or Slurm signalling a task that spawned its share) would kill the
     launcher and, through PDEATHSIG, the workers before they could checkpoint.
     """
-    import threading
-
     from .preemption import resolve_signals
 
     if threading.current_thread() is not threading.main_thread():

@@ -1,6 +1,6 @@
 """A small validator for Apptainer definition files (spython alone accepts broken files).
 
-    python -m trainstack.defcheck apptainer.def     # exit 1 and one line per problem
+    python scripts/defcheck.py apptainer.def     # exit 1 and one line per problem
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Entry point of jobs sent with :func:`trainstack.submit.submit_function`: unpickle, call, store the result.
 
-    python -m trainstack.remote /path/to/private/folder/call.pkl
+    python -m trainstack._remote /path/to/private/folder/call.pkl
 
 The call is loaded only from a folder and file this user owns and nobody else can write (see ``_files``), and the
 result is written next to it with mode 0600.
@@ -20,7 +20,7 @@ def main(path: str) -> None:
     try:
         fn, args, kwargs = load_private_pickle(path)
     except UntrustedFileError as exc:
-        sys.exit(f"trainstack.remote: {exc}")
+        sys.exit(f"trainstack._remote: {exc}")
     result = fn(*args, **kwargs)
     if detect_environment().rank == 0:
         atomic_write(Path(path).with_name("result.pkl"), pickle.dumps(result), mode=0o600)
@@ -28,5 +28,5 @@ def main(path: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m trainstack.remote CALL.pkl")
+        sys.exit("usage: python -m trainstack._remote CALL.pkl")
     main(sys.argv[1])

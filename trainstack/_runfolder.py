@@ -1,0 +1,121 @@
+"""The run folder (logs, metrics, checkpoints): chosen once on rank 0, shared with every rank, and locked while a
+run uses it, so two runs never mix their checkpoints and metrics."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO
+
+from .checkpoint import has_checkpoint
+from .errors import ConfigError
+
+__all__ = ["choose_run_folder", "RunLock", "RunFolderBusy"]
+
+_LOCK = ".lock"
+
+
+class RunFolderBusy(ConfigError):
+    """Another live run holds the folder's lock."""
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<run>/.lock`` for the lifetime of a run (rank 0 holds it).
+
+    The lock file records who holds it (host, pid, start time) for the error message of a second run. The kernel
+    drops the lock when the process dies, so a killed run never leaves the folder locked.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self._fh: IO[str] | None = None
+
+    def acquire(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fh = open(self.folder / _LOCK, "a+", encoding="utf-8")  # noqa: SIM115 - held until release()
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            fh.close()
+            raise RunFolderBusy(
+                f"run folder {self.folder} is in use by another run ({holder}). Two runs in one folder would "
+                f"overwrite each other's checkpoints and mix their metrics. HINT: give this run another log_folder "
+                f"(or root_folder), or wait for the other run to finish.") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                             "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        fh.flush()
+        self._fh = fh
+
+    def release(self) -> None:
+        if self._fh is not None:
+            fcntl.flock(self._fh, fcntl.LOCK_UN)
+            self._fh.close()
+            self._fh = None
+
+    @staticmethod
+    def held(folder: Path) -> bool:
+        """True when a live process holds the lock of ``folder``."""
+        path = Path(folder) / _LOCK
+        if not path.exists():
+            return False
+        try:
+            with open(path, encoding="utf-8") as fh:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fh, fcntl.LOCK_UN)
+        except OSError:
+            return True
+        return False
+
+
+def choose_run_folder(root: Path, log_folder: Path, new_per_run: bool, resume: object,
+                      environ: Mapping[str, str] | None = None) -> Path:
+    """Where this run writes.
+
+    * an explicit ``log_folder`` (not ``./``) is used as given;
+    * inside a Slurm job the folder is ``root/slurm-<job id>`` (``slurm-<array job>_<task>`` for an array task),
+      so a requeued job finds its checkpoints;
+    * ``resume="auto"`` reuses the newest run folder under ``root`` that holds a checkpoint and is not in use;
+    * otherwise (and always with ``create_subfolder_per_run``) a new ``root/<YYYYmmdd-HHMMSS>-<pid>`` folder.
+    """
+    env = os.environ if environ is None else environ
+    if new_per_run:
+        return _new_folder(root)
+    if log_folder != Path("./"):
+        return log_folder
+    job = env.get("SLURM_JOB_ID")
+    if job:
+        array = env.get("SLURM_ARRAY_TASK_ID")
+        return root / (f"slurm-{env.get('SLURM_ARRAY_JOB_ID', job)}_{array}" if array else f"slurm-{job}")
+    if resume == "auto" and root.is_dir():
+        candidates = [p for p in root.iterdir() if p.is_dir() and has_checkpoint(p) and not RunLock.held(p)]
+        if candidates:
+            return max(candidates, key=lambda p: p.stat().st_mtime)
+    return _new_folder(root)
+
+
+def _new_folder(root: Path) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    folder = root / f"{stamp}-{os.getpid():x}"
+    n = 1
+    while folder.exists():
+        n += 1
+        folder = root / f"{stamp}-{os.getpid():x}-{n}"
+    return folder
+
+
+def refuse_to_overwrite(folder: Path, resume: object) -> None:
+    """A fresh run (no ``resume``) in a folder that already holds another run's checkpoints would overwrite them."""
+    if resume is None and has_checkpoint(folder):
+        raise ConfigError(
+            f"run folder {folder} already holds checkpoints of an earlier run; starting afresh there would overwrite "
+            f"them. HINT: continue that run with resume='auto', or give this run another log_folder (or delete "
+            f"{folder / 'checkpoints'}).")
