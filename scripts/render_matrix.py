@@ -3,7 +3,10 @@
 import sys
 from pathlib import Path
 
-from trainstack.render import render, spec_matrix
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from spec_matrix import spec_matrix  # noqa: E402
+
+from trainstack.render import render  # noqa: E402
 
 out = Path(sys.argv[1] if len(sys.argv) > 1 else "build/scripts")
 out.mkdir(parents=True, exist_ok=True)

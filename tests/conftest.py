@@ -6,10 +6,13 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 import torch.distributed as dist
 from helpers import ROOT  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "scripts"))  # development fixtures (spec_matrix, defcheck) live there
 
 # Variables torch itself sets lazily (e.g. on first DDP construction); not ours to police.
 _TORCH_OWN = ("TORCHINDUCTOR_", "TRITON_", "KMP_", "CUDA_MODULE_LOADING")

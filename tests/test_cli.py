@@ -65,7 +65,7 @@ def test_options_reach_the_script(runner, args, needle):
     (["--container", "apptainer"], "--image"), (["--setup", "bogus"], "--setup"), (["--nodes", "x"], "--nodes"),
     (["--gpus-per-node", "99", "--setup", "multi-gpu"], "--gpus-per-node"), (["--cpu", "--gpus-per-node", "2"],
                                                                             "--gpus-per-node"),
-    (["--launcher", "custom"], "--command"), (["--signal", "USR1 now"], "--signal"),
+    (["--launcher", "custom", "--command", "x"], "--command"), (["--signal", "USR1 now"], "--signal"),
 ])
 def test_bad_input_exits_2_naming_the_option(runner, args, option):
     result = runner.invoke(main, ["generate", *args, "--", "train.py"])

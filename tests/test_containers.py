@@ -14,8 +14,7 @@ import tomllib
 from trainstack import __version__
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-from defcheck import check_def  # noqa: E402  (a development tool, not part of the package)
+from defcheck import check_def  # noqa: E402  (scripts/, a development tool: on sys.path via conftest)
 
 PINS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["trainstack"]
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import jinja2
 import pytest
+from spec_matrix import spec_matrix
 
-from trainstack.render import LaunchSpec, SpecError, render, spec_matrix
+from trainstack.render import LaunchSpec, SpecError, render
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -112,7 +113,8 @@ def test_command_line_comment_cannot_inject_a_command():
     ({"job_name": "a\nb"}, "--job-name"), ({"partition": "p\n#SBATCH --x"}, "--partition"),
     ({"env": {"1BAD": "x"}}, "--env"), ({"signal": "USR1 @90"}, "--signal"), ({"container": "apptainer"}, "--image"),
     ({"image": "x.sif"}, "--container"), ({"max_restarts": 2}, "--max-restarts"), ({"setup": "gpu"}, "--setup"),
-    ({"launcher": "mpirun"}, "--launcher"), ({"program": []}, "PROGRAM"), ({"launcher": "custom"}, "--command"),
+    ({"launcher": "mpirun"}, "--launcher"), ({"program": []}, "PROGRAM"),
+    ({"launcher": "custom", "program": []}, "--command"),
     ({"launcher": "custom", "command": "run {rank}"}, "--command"),
 ])
 def test_inconsistent_requests_name_the_option(kwargs, option):
@@ -140,7 +142,7 @@ def test_containers_keep_the_slurm_environment():
 
 
 def test_strict_undefined_in_site_templates(tmp_path):
-    (tmp_path / "single-gpu.sbatch.j2").write_text("#!/bin/bash\necho {{ no_such_value }}\n")
+    (tmp_path / "slurm.sbatch.j2").write_text("#!/bin/bash\necho {{ no_such_value }}\n")
     with pytest.raises(jinja2.UndefinedError):
         render(LaunchSpec(program=["t.py"]), templates_dir=tmp_path)
 

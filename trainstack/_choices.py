@@ -1,4 +1,5 @@
-"""The allowed values of the settings shared by `TrainConfig`, `Accelerator` and the CLI (one source)."""
+"""Values shared by the runtime and the script generator (one source): the allowed settings of `TrainConfig`,
+`Accelerator` and the CLI, and the rendezvous port formula."""
 
 from __future__ import annotations
 
@@ -10,3 +11,9 @@ TRACKING_TOOLS = ("jsonl", "tensorboard", "mlflow")
 
 #: Defaults shared by TrainConfig and Accelerator (qadence differs between its two; we do not).
 DEFAULT_COMPUTE_SETUP = "auto"
+
+#: Ports derived from a Slurm job id fall in [PORT_BASE, PORT_BASE + PORT_SPAN): above Linux's default ephemeral
+#: range (32768-60999), so they do not collide with ports the kernel hands out. Same formula as NVIDIA enroot's
+#: PyTorch hook; used by ``environment.port_from_job_id`` and by the generated sbatch scripts.
+PORT_BASE = 61000
+PORT_SPAN = 4536

@@ -12,7 +12,9 @@ from typing import Any
 
 import click
 
-from . import __version__
+from ._options import build_spec, templates_dir_of
+from ._program import FORMS
+from ._version import __version__
 from .render import CONTAINERS, LAUNCHERS, SETUPS, LaunchSpec, SpecError, render
 
 EXAMPLES = """\b
@@ -23,6 +25,10 @@ Examples:
   trainstack submit --setup single-gpu --time 00:30:00 --wait -- train.py
   trainstack doctor --compute-setup gpu
 """
+EPILOG = EXAMPLES + "\n" + FORMS
+#: Options come first; the first word that is not an option starts the program, and everything after it (options
+#: included) belongs to the program, so `generate train.py --epochs 3` works as well as `generate -- train.py ...`.
+PROGRAM_FIRST = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
 
 
 def _spec_options(fn: Any) -> Any:
@@ -31,7 +37,8 @@ def _spec_options(fn: Any) -> Any:
         click.option("--setup", type=click.Choice(SETUPS), default="single-gpu", show_default=True),
         click.option("--launcher", type=click.Choice(LAUNCHERS), default="srun", show_default=True,
                      help="srun: one task per process; torchrun: one agent per node; spawn: one task per node "
-                          "that spawns its share (the seeds' recipe); custom: --command with placeholders."),
+                          "that spawns its share (python train.py --nprocs N); custom: the command after -- (or "
+                          "--command) with {num_processes}-style placeholders."),
         click.option("--nodes", type=int, default=1, show_default=True),
         click.option("--gpus-per-node", type=int, default=None, help="GPU setups: processes per node."),
         click.option("--cpu", is_flag=True, help="CPU-only nodes (gloo, no GPU requests)."),
@@ -60,59 +67,13 @@ def _spec_options(fn: Any) -> Any:
         click.option("--chdir", default=None, help="Working directory of the job (default: here)."),
         click.option("--profile", type=click.Path(exists=True, dir_okay=False), default=None,
                      help="TOML/YAML file with default option values (a site profile); flags override it."),
-        click.option("--templates-dir", type=click.Path(exists=True, file_okay=False), default=None),
+        click.option("--templates-dir", type=click.Path(exists=True, file_okay=False), default=None,
+                     help="Site templates (slurm.sbatch.j2, _macros.j2) that override the shipped ones."),
         click.argument("program", nargs=-1, type=click.UNPROCESSED),
     ]
     for option in reversed(options):
         fn = option(fn)
     return fn
-
-
-def _load_profile(path: str) -> dict[str, Any]:
-    text = Path(path).read_text()
-    if path.endswith((".yaml", ".yml")):
-        try:
-            import yaml
-        except ImportError:
-            raise click.BadParameter("YAML profiles need pyyaml (pip install pyyaml)",
-                                     param_hint="'--profile'") from None
-        data = yaml.safe_load(text) or {}
-    else:
-        import tomllib
-
-        data = tomllib.loads(text)
-    if not isinstance(data, dict):
-        raise click.BadParameter(f"{path} must hold a table of option values", param_hint="'--profile'")
-    return {k.replace("-", "_"): v for k, v in data.get("trainstack", data).items()}
-
-
-def build_spec(ctx: click.Context, params: dict[str, Any]) -> LaunchSpec:
-    """Profile values for options left at their defaults, then validation with the option named on error."""
-    params = dict(params)
-    profile_path = params.pop("profile")
-    params.pop("templates_dir", None)
-    if profile_path:
-        known = set(LaunchSpec.__dataclass_fields__)
-        for key, value in _load_profile(profile_path).items():
-            if key not in known:
-                raise click.BadParameter(f"unknown option {key!r} in {profile_path}", param_hint="'--profile'")
-            source = ctx.get_parameter_source(key)
-            if source is None or source.name in ("DEFAULT", "DEFAULT_MAP"):
-                params[key] = tuple(value) if isinstance(value, list) else value
-    env = params.pop("env")
-    pairs = env.items() if isinstance(env, dict) else [_split_env(item) for item in env]
-    try:
-        return LaunchSpec(env=dict(pairs), program=list(params.pop("program")), bind=list(params.pop("bind")),
-                          setup_cmd=list(params.pop("setup_cmd")), **params)
-    except SpecError as exc:
-        raise click.BadParameter(str(exc).split(": ", 1)[1], param_hint=f"'{exc.option}'") from None
-
-
-def _split_env(item: str) -> tuple[str, str]:
-    if "=" not in item:
-        raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="'--env'")
-    key, value = item.split("=", 1)
-    return key, value
 
 
 @click.group(epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
@@ -121,7 +82,7 @@ def main() -> None:
     """Render, lint-clean and submit Slurm/torchrun scripts for trainstack programs."""
 
 
-@main.command(epilog=EXAMPLES)
+@main.command(epilog=EPILOG, context_settings=PROGRAM_FIRST)
 @_spec_options
 @click.option("--explain", is_flag=True, help="Annotate why each line is there.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here instead of stdout.")
@@ -130,22 +91,24 @@ def main() -> None:
 @click.pass_context
 def generate(ctx: click.Context, output: str | None, force: bool, dry_run: bool, **params: Any) -> None:
     """Render one sbatch script; the program and its arguments follow `--`."""
-    templates_dir = params.get("templates_dir")
+    templates_dir = templates_dir_of(params)
     spec = build_spec(ctx, params)
     text = _render(spec, templates_dir)
+    log_dir = Path(spec.log_dir)
     if output and not dry_run:
-        from .submit import write_script
-
-        path = Path(output)
-        if path.exists() and not force:
-            raise click.BadParameter(f"{output} exists; pass --force to overwrite it", param_hint="'-o'")
-        write_script(path, text)
-        click.echo(f"wrote {path}", err=True)
+        _write_output(Path(output), text, force)
+        click.echo(f"wrote {output}", err=True)
+        if not log_dir.is_dir():  # Slurm cannot create it: a missing log folder fails the job without any log
+            _make_log_dir(log_dir)
+            click.echo(f"created the log folder {log_dir} (sbatch needs it to exist)", err=True)
     else:
         click.echo(text, nl=False)
+        if not log_dir.is_dir():
+            click.echo(f"note: the log folder {log_dir} does not exist yet; create it before sbatch "
+                       f"(mkdir -p {log_dir}), or use -o FILE or `trainstack submit`, which create it.", err=True)
 
 
-@main.command(epilog=EXAMPLES)
+@main.command(epilog=EPILOG, context_settings=PROGRAM_FIRST)
 @_spec_options
 @click.option("--wait", is_flag=True, help="Follow the log and exit with the job's exit code.")
 @click.pass_context
@@ -153,7 +116,7 @@ def submit(ctx: click.Context, wait: bool, **params: Any) -> None:
     """Render, create the log directory, sbatch; print the job id and the log path."""
     from .submit import SubmitError, submit_spec
 
-    templates_dir = params.get("templates_dir")
+    templates_dir = templates_dir_of(params)
     spec = build_spec(ctx, params)
     try:
         job = submit_spec(spec, wait=wait, templates_dir=templates_dir, command_line=_command_line(),
@@ -166,10 +129,37 @@ def submit(ctx: click.Context, wait: bool, **params: Any) -> None:
 
 
 def _render(spec: LaunchSpec, templates_dir: str | None) -> str:
+    import jinja2
+
     try:
         return render(spec, templates_dir, command_line=_command_line())
     except SpecError as exc:
         raise click.BadParameter(str(exc), param_hint=f"'{exc.option}'") from None
+    except jinja2.TemplateError as exc:  # a site template (--templates-dir) that does not render
+        where = f" ({exc.filename}, line {exc.lineno})" if isinstance(exc, jinja2.TemplateSyntaxError) else ""
+        raise click.ClickException(f"the template could not be rendered{where}: {exc.message}. HINT: fix the "
+                                   f"site template, or drop --templates-dir to use the shipped one.") from None
+
+
+def _write_output(path: Path, text: str, force: bool) -> None:
+    from .submit import write_script
+
+    if path.is_dir():
+        raise click.BadParameter(f"{path} is a folder; give a file name", param_hint="'-o'")
+    if path.exists() and not force:
+        raise click.BadParameter(f"{path} exists; pass --force to overwrite it", param_hint="'-o'")
+    try:
+        write_script(path, text)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write {path}: {exc.strerror or exc}", param_hint="'-o'") from None
+
+
+def _make_log_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot create the log folder {path}: {exc.strerror or exc}",
+                                 param_hint="'--log-dir'") from None
 
 
 def _command_line() -> str:

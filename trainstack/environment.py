@@ -25,6 +25,7 @@ from typing import ClassVar
 
 import hostlist
 
+from ._choices import PORT_BASE, PORT_SPAN
 from .errors import LaunchError
 
 __all__ = [
@@ -41,11 +42,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Ports derived from a Slurm job id fall in [PORT_BASE, PORT_BASE + PORT_SPAN): above Linux's default
-#: ephemeral range (32768-60999), so they do not collide with ports the kernel hands out. Same formula
-#: as NVIDIA enroot's PyTorch hook, and the one the generated sbatch scripts use.
-PORT_BASE = 61000
-PORT_SPAN = 4536
 
 
 def port_from_job_id(job_id: str | int) -> int:

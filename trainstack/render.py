@@ -1,8 +1,9 @@
-"""Render Slurm sbatch scripts from the templates in ``templates/`` (pure: no I/O besides reading templates).
+"""Render Slurm sbatch scripts from ``templates/slurm.sbatch.j2`` -- a pure function of one :class:`LaunchSpec`.
 
-One :class:`LaunchSpec` dataclass is the whole rendering context; it validates itself so inconsistent
-requests fail before anything is written or submitted. Every user value that reaches the shell goes through
-the ``q`` filter (``shlex.quote``). Does not import torch.
+The spec validates itself, so inconsistent requests fail before anything is written or submitted, naming the
+option to fix. :func:`render` reads the templates and nothing else: paths are used as given (the CLI makes them
+absolute), the version comes from the caller. Every user value that reaches the shell goes through the ``q``
+filter (``shlex.quote``). Does not import torch.
 """
 
 from __future__ import annotations
@@ -14,22 +15,29 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .environment import PORT_BASE, PORT_SPAN
+from ._choices import PORT_BASE, PORT_SPAN
+from ._program import KINDS, Program, parse_program
+from ._version import __version__
+from .errors import ConfigError
 
-__all__ = ["LaunchSpec", "SpecError", "render", "template_dirs", "SETUPS", "LAUNCHERS", "CONTAINERS"]
+__all__ = ["LaunchSpec", "SpecError", "render", "template_dirs", "SETUPS", "LAUNCHERS", "CONTAINERS", "TEMPLATE"]
 
 SETUPS = ("single-gpu", "multi-gpu", "multi-node")
 LAUNCHERS = ("srun", "torchrun", "spawn", "custom")
 CONTAINERS = ("none", "apptainer", "pyxis")
 PLACEHOLDERS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port")
+TEMPLATE = "slurm.sbatch.j2"
 MAX_GPUS_PER_NODE = 16
-_TIME = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE)$")
-_MEM = re.compile(r"^\d+[KMGT]?B?$", re.IGNORECASE)
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SIGNAL = re.compile(r"^(B:)?(SIG)?[A-Z0-9]+(@\d+)?$")
+_TIME = re.compile(r"\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE")
+_MEM = re.compile(r"\d+[KMGT]?B?", re.IGNORECASE)
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SIGNAL = re.compile(r"(B:)?(SIG)?[A-Z0-9]+(@\d+)?")
+_SINGLE_LINE = ("job_name", "partition", "account", "qos", "constraint", "mem", "log_dir", "chdir", "image", "venv",
+                "python", "nccl_ifname", "nccl_debug", "time", "signal")
+_NO_LEADING_DASH = ("log_dir", "chdir", "image", "venv", "python")  # would become options of source/srun/apptainer
 
 
-class SpecError(ValueError):
+class SpecError(ConfigError):
     """A launch request that cannot work; ``option`` names the CLI option to fix."""
 
     def __init__(self, option: str, message: str) -> None:
@@ -37,9 +45,14 @@ class SpecError(ValueError):
         super().__init__(f"{option}: {message}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class LaunchSpec:
-    """Everything one generated script depends on. Field names match the CLI options."""
+    """Everything one generated script depends on. Field names match the CLI options.
+
+    Unset values (None) get their defaults in the derived properties (``procs``, ``stop_signal``), never by
+    rewriting fields. ``program_kind`` is ``script``/``module``/``exec`` when the caller already knows it (the CLI
+    asks the file system); otherwise it is read off the words.
+    """
 
     program: list[str] = field(default_factory=list)
     setup: str = "single-gpu"
@@ -74,13 +87,33 @@ class LaunchSpec:
     python: str = "python3"
     chdir: str | None = None
     explain: bool = False
+    program_kind: str | None = None
 
     def __post_init__(self) -> None:
+        self._check_types()
         self._check_shape()
         self._check_resources()
         self._check_program()
 
     # ------------------------------------------------------------------ validation
+    def _check_types(self) -> None:
+        for name, kind in (("nodes", int), ("max_requeues", int), ("max_restarts", int)):
+            _expect(name, getattr(self, name), kind)
+        for name in ("gpus_per_node", "procs_per_node", "cpus_per_task"):
+            if getattr(self, name) is not None:
+                _expect(name, getattr(self, name), int)
+        for name in ("cpu", "exclusive", "requeue", "explain"):
+            _expect(name, getattr(self, name), bool)
+        for name in ("setup", "launcher", "time", "job_name", "log_dir", "container", "python"):
+            _expect(name, getattr(self, name), str)
+        for name in ("program", "bind", "setup_cmd"):
+            value = getattr(self, name)
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                raise SpecError(_opt(name), f"must be a list of strings, got {value!r}")
+        if not isinstance(self.env, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                     for k, v in self.env.items()):
+            raise SpecError("--env", f"must map names to strings, got {self.env!r}")
+
     def _check_shape(self) -> None:
         for name, allowed in (("setup", SETUPS), ("launcher", LAUNCHERS), ("container", CONTAINERS)):
             if getattr(self, name) not in allowed:
@@ -93,71 +126,86 @@ class LaunchSpec:
         if self.setup != "multi-node" and self.nodes != 1:
             raise SpecError("--nodes", f"--setup {self.setup} runs on one node, got {self.nodes}; use --setup "
                                        f"multi-node")
-        if self.cpu:
-            if self.gpus_per_node:
-                raise SpecError("--gpus-per-node", "cannot be combined with --cpu (CPU-only nodes, gloo)")
-            self.procs_per_node = self.procs_per_node or (1 if self.setup == "single-gpu" else 2)
-        else:
-            if self.procs_per_node is not None:
-                raise SpecError("--procs-per-node", "only applies with --cpu; on GPU nodes use --gpus-per-node")
-            self.gpus_per_node = self.gpus_per_node or (1 if self.setup == "single-gpu" else 2)
-            if not 1 <= self.gpus_per_node <= MAX_GPUS_PER_NODE:
-                raise SpecError("--gpus-per-node", f"{self.gpus_per_node} is outside 1..{MAX_GPUS_PER_NODE}")
+        if self.cpu and self.gpus_per_node is not None:
+            raise SpecError("--gpus-per-node", "cannot be combined with --cpu (CPU-only nodes, gloo)")
+        if not self.cpu and self.procs_per_node is not None:
+            raise SpecError("--procs-per-node", "only applies with --cpu; on GPU nodes use --gpus-per-node")
+        count, option = (self.procs_per_node, "--procs-per-node") if self.cpu else (self.gpus_per_node,
+                                                                                    "--gpus-per-node")
+        if count is not None and count < 1:
+            raise SpecError(option, f"{count} is less than 1")
+        if not self.cpu and not 1 <= self.procs <= MAX_GPUS_PER_NODE:
+            raise SpecError("--gpus-per-node", f"{self.procs} is outside 1..{MAX_GPUS_PER_NODE}")
         if self.setup == "single-gpu" and self.procs != 1:
-            raise SpecError("--gpus-per-node" if not self.cpu else "--procs-per-node",
-                            f"single-gpu runs one process, got {self.procs}; use --setup multi-gpu")
-        if self.procs < 1:
-            raise SpecError("--procs-per-node", f"{self.procs} is less than 1")
+            raise SpecError(option, f"single-gpu runs one process, got {self.procs}; use --setup multi-gpu")
 
     def _check_resources(self) -> None:
-        if not _TIME.match(self.time or ""):
+        for name in _SINGLE_LINE:
+            value = getattr(self, name)
+            if value is not None and ("\n" in str(value) or "\r" in str(value)):
+                raise SpecError(_opt(name), "must be a single line")
+        if not _TIME.fullmatch(self.time):
             raise SpecError("--time", f"{self.time!r} is not a Slurm time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
                                       f"D-HH:MM:SS or UNLIMITED)")
-        if self.mem is not None and not _MEM.match(self.mem):
+        if self.mem is not None and not _MEM.fullmatch(self.mem):
             raise SpecError("--mem", f"{self.mem!r} is not a Slurm memory size such as 16G, 500M or 0")
         if self.cpus_per_task is not None and self.cpus_per_task < 1:
             raise SpecError("--cpus-per-task", f"{self.cpus_per_task} is less than 1")
-        if not self.job_name:
+        if not self.job_name.strip():
             raise SpecError("--job-name", "must not be empty")
-        for name in ("job_name", "partition", "account", "qos", "constraint", "mem", "log_dir", "chdir", "image",
-                     "venv", "python", "nccl_ifname", "nccl_debug"):
+        if not self.python.strip():
+            raise SpecError("--python", "must not be empty (e.g. python3 or /path/to/venv/bin/python)")
+        for name in _NO_LEADING_DASH:
             value = getattr(self, name)
-            if value is not None and ("\n" in str(value) or "\r" in str(value)):
-                raise SpecError(f"--{name.replace('_', '-')}", "must be a single line")
+            if value and str(value).startswith("-"):
+                raise SpecError(_opt(name), f"{value!r} starts with '-' and would be read as an option; write "
+                                            f"./{value} for a relative path")
         for key in self.env:
-            if not _ENV_KEY.match(key):
+            if not _ENV_KEY.fullmatch(key):
                 raise SpecError("--env", f"{key!r} is not a valid variable name (KEY=VALUE)")
-        if self.requeue and self.signal is None:
-            self.signal = "B:USR2@120"  # 120 s before the time limit, to the batch shell only (see requeue_run)
-        if self.signal is not None and not _SIGNAL.match(self.signal):
-            raise SpecError("--signal", f"{self.signal!r} is not a Slurm signal spec such as B:USR1@90")
+        if self.signal is not None and not _SIGNAL.fullmatch(self.signal):
+            raise SpecError("--signal", f"{self.signal!r} is not a Slurm signal spec such as B:USR2@120")
         if self.container != "none" and not self.image:
             raise SpecError("--image", f"--container {self.container} needs --image")
         if self.container == "none" and (self.image or self.bind):
             raise SpecError("--container", "--image/--bind given without --container apptainer|pyxis")
-        if self.max_restarts < 0 or self.max_requeues < 0:
-            raise SpecError("--max-restarts", "must be >= 0")
+        if self.container == "pyxis" and any("," in b for b in self.bind):
+            raise SpecError("--bind", f"pyxis joins mounts with commas, so {[b for b in self.bind if ',' in b]} would "
+                                      f"become several mounts; give one --bind per mount without commas")
+        if self.max_requeues < 0:
+            raise SpecError("--max-requeues", f"{self.max_requeues} is less than 0")
+        if self.max_restarts < 0:
+            raise SpecError("--max-restarts", f"{self.max_restarts} is less than 0")
         if self.max_restarts and self.launcher != "torchrun":
             raise SpecError("--max-restarts", "only applies to --launcher torchrun")
 
     def _check_program(self) -> None:
+        if self.program_kind is not None and self.program_kind not in KINDS:
+            raise SpecError("PROGRAM", f"program_kind={self.program_kind!r} is not one of {', '.join(KINDS)}")
         if self.launcher == "custom":
-            if not self.command:
-                raise SpecError("--command", "--launcher custom needs --command 'accelerate launch "
-                                             "--num_processes {num_processes} ...'")
-            unknown = set(re.findall(r"{(\w+)}", self.command)) - set(PLACEHOLDERS)
+            if self.command and self.program:
+                raise SpecError("--command", "give the custom command either after -- or with --command, not both "
+                                             f"(the program {self.program!r} would be ignored)")
+            if not (self.command or self.program):
+                raise SpecError("--command", "--launcher custom needs the command after --, e.g. -- accelerate "
+                                             "launch --num_processes {num_processes} ... train.py")
+            unknown = set(re.findall(r"{(\w+)}", self.custom_command)) - set(PLACEHOLDERS)
             if unknown:
                 raise SpecError("--command", f"unknown placeholder(s) {sorted(unknown)}; use {list(PLACEHOLDERS)}")
-        elif not self.program:
-            raise SpecError("PROGRAM", "give the program to run after --, e.g. -- train.py --epochs 10")
-        elif self.command:
+            return
+        if self.command:
             raise SpecError("--command", "only applies to --launcher custom")
+        try:
+            self.parsed_program  # noqa: B018 - validates the words
+        except ConfigError as exc:
+            raise SpecError("PROGRAM", str(exc)) from None
 
     # ------------------------------------------------------------------ derived values
     @property
     def procs(self) -> int:
-        """Processes per node."""
-        return (self.procs_per_node if self.cpu else self.gpus_per_node) or 1
+        """Processes per node (default: 1 for single-gpu, else 2)."""
+        given = self.procs_per_node if self.cpu else self.gpus_per_node
+        return given if given is not None else (1 if self.setup == "single-gpu" else 2)
 
     @property
     def world_size(self) -> int:
@@ -168,14 +216,54 @@ class LaunchSpec:
         """srun mode: one Slurm task per process; every other launcher: one task per node."""
         return self.procs if self.launcher == "srun" else 1
 
+    @property
+    def stop_signal(self) -> str | None:
+        """``--signal``, or ``B:USR2@120`` with ``--requeue``: 120 s before the limit, to the batch shell only."""
+        return self.signal or ("B:USR2@120" if self.requeue else None)
+
+    @property
+    def parsed_program(self) -> Program:
+        if self.program_kind is not None:
+            return Program(self.program_kind, tuple(self.program[1:] if self.program_kind == "module"
+                                                    and self.program[:1] == ["-m"] else self.program))
+        return parse_program(self.program, self.python)
+
+    @property
+    def custom_command(self) -> str:
+        """The custom launcher's command: ``--command`` as written, or the words after ``--`` shell-quoted (words
+        holding placeholders stay expandable)."""
+        if self.command:
+            return self.command
+        return " ".join(_quote_keeping_placeholders(w) for w in self.program)
+
     def context(self) -> dict[str, Any]:
         ctx = asdict(self)
+        program = None if self.launcher == "custom" else self.parsed_program
         ctx.update(procs=self.procs, world_size=self.world_size, tasks_per_node=self.tasks_per_node,
-                   port_base=PORT_BASE, port_span=PORT_SPAN, placeholders=PLACEHOLDERS,
-                   log_dir_abs=str(Path(self.log_dir).expanduser().absolute()),
-                   chdir_abs=str(Path(self.chdir or ".").expanduser().absolute()),
+                   signal=self.stop_signal, port_base=PORT_BASE, port_span=PORT_SPAN, placeholders=PLACEHOLDERS,
+                   program_kind=program.kind if program else "exec", program_words=program.words if program else [],
+                   program_argv=list(program.argv) if program else [],
+                   custom_command=self.custom_command if self.launcher == "custom" else "",
                    omp_threads=max((self.cpus_per_task or self.procs) // self.procs, 1))
         return ctx
+
+
+def _opt(name: str) -> str:
+    return "PROGRAM" if name == "program" else f"--{name.replace('_', '-')}"
+
+
+def _expect(name: str, value: Any, kind: type) -> None:
+    ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+    if not ok:
+        what = {int: "an integer", bool: "true or false", str: "a string"}[kind]
+        raise SpecError(_opt(name), f"must be {what}, got {value!r} ({type(value).__name__})")
+
+
+def _quote_keeping_placeholders(word: str) -> str:
+    """Shell-quote one word; a word holding ``{placeholder}`` goes in double quotes so the task can expand it."""
+    if "{" not in word:
+        return shlex.quote(word)
+    return '"' + re.sub(r'(["\\$`])', r"\\\1", word) + '"'
 
 
 def template_dirs(extra: str | Path | None = None) -> list[Path]:
@@ -202,11 +290,12 @@ def _always_quote(value: Any) -> str:
 def _sbatch_value(value: Any) -> str:
     """Values inside ``#SBATCH`` lines: sbatch splits on whitespace, so quote only when needed."""
     text = str(value)
-    return text if re.match(r"^[A-Za-z0-9_.,:@%/=+-]+$", text) else '"' + text.replace('"', "'") + '"'
+    return text if re.fullmatch(r"[A-Za-z0-9_.,:@%/=+-]+", text) else '"' + text.replace('"', "'") + '"'
 
 
-def render(spec: LaunchSpec, templates_dir: str | Path | None = None, command_line: str | None = None) -> str:
-    """The sbatch script for ``spec`` (deterministic apart from the provenance comment)."""
+def render(spec: LaunchSpec, templates_dir: str | Path | None = None, command_line: str | None = None,
+           version: str = __version__) -> str:
+    """The sbatch script for ``spec``: deterministic for the same arguments, no file written, no cwd read."""
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader([str(d) for d in template_dirs(templates_dir)]),
@@ -216,35 +305,9 @@ def render(spec: LaunchSpec, templates_dir: str | Path | None = None, command_li
     env.filters["sb"] = _sbatch_value
     env.filters["qq"] = _always_quote
     try:
-        template = env.get_template(f"{spec.setup}.sbatch.j2")
+        template = env.get_template(TEMPLATE)
     except jinja2.TemplateNotFound as exc:
         raise SpecError("--templates-dir",
                         f"template {exc.name!r} not found in {template_dirs(templates_dir)}") from None
-    from . import __version__
-
     one_line = " ".join((command_line or "").split())  # a newline in a comment would start a command
-    return template.render(**spec.context(), version=__version__, command_line=one_line)
-
-
-def spec_matrix(**overrides: Any) -> list[LaunchSpec]:
-    """One valid spec per setup x launcher x container x (GPU, CPU): what `make lint` and the tests render."""
-    specs = []
-    for setup in SETUPS:
-        for launcher in LAUNCHERS:
-            for container in CONTAINERS:
-                for cpu in (False, True):
-                    kw: dict[str, Any] = {"setup": setup, "launcher": launcher, "container": container, "cpu": cpu,
-                                          "nodes": 2 if setup == "multi-node" else 1}
-                    if container != "none":
-                        image = "/images/train.sif" if container == "apptainer" else "nvcr.io#nvidia/pytorch:25.08-py3"
-                        kw.update(image=image, bind=["/data:/data:ro", "/scratch"])
-                    if launcher == "custom":
-                        kw["command"] = ("accelerate launch --num_processes {num_processes} --num_machines "
-                                         "{num_machines} --machine_rank {machine_rank} --main_process_ip "
-                                         "{main_process_ip} --main_process_port {main_process_port} train.py")
-                    else:
-                        kw["program"] = ["train.py", "--epochs", "3"]
-                    if setup != "single-gpu":
-                        kw.update(requeue=True, signal="B:USR1@90", cpus_per_task=4, mem="16G")
-                    specs.append(LaunchSpec(**(kw | overrides)))
-    return specs
+    return template.render(**spec.context(), version=version, command_line=one_line)

@@ -1,0 +1,149 @@
+"""From command-line options (and a site profile) to one :class:`~trainstack.render.LaunchSpec`.
+
+Everything the pure renderer must not do happens here: reading the profile, making paths absolute against the
+current folder, and asking the file system whether the program is an executable. Errors name the option (click's
+``BadParameter``, exit code 2). Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ._program import parse_program
+from .errors import ConfigError
+from .render import LaunchSpec, SpecError
+
+__all__ = ["build_spec", "load_profile", "PROFILE_ONLY"]
+
+#: LaunchSpec fields that hold lists: a profile may give one string (one item; the program is split like a shell).
+_LISTS = ("bind", "setup_cmd", "program")
+_PATHS = ("log_dir", "chdir", "venv")
+#: Options a profile may set that are not LaunchSpec fields.
+PROFILE_ONLY = ("templates_dir",)
+
+
+def load_profile(path: str) -> dict[str, Any]:
+    """A TOML or YAML table of option values (under ``[trainstack]`` or at the top level), keys as in the CLI."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc}", param_hint="'--profile'") from None
+    if path.endswith((".yaml", ".yml")):
+        try:
+            import yaml
+        except ImportError:
+            raise click.BadParameter("YAML profiles need pyyaml (pip install pyyaml)",
+                                     param_hint="'--profile'") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            where = getattr(exc, "problem_mark", None)
+            at = f" at line {where.line + 1}" if where else ""
+            raise click.BadParameter(f"{path} is not valid YAML{at}: {getattr(exc, 'problem', exc)}",
+                                     param_hint="'--profile'") from None
+    else:
+        import tomllib
+
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise click.BadParameter(f"{path} is not valid TOML: {exc}", param_hint="'--profile'") from None
+    if not isinstance(data, dict) or not isinstance(data.get("trainstack", data), dict):
+        raise click.BadParameter(f"{path} must hold a table of option values", param_hint="'--profile'")
+    return {str(k).replace("-", "_"): v for k, v in data.get("trainstack", data).items()}
+
+
+def _profile_value(key: str, value: Any, path: str) -> Any:
+    """A profile value in the shape of its field: one string for a list field becomes one item."""
+    if key in _LISTS and isinstance(value, str):
+        return shlex.split(value) if key == "program" else [value]
+    if key == "time" and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # Slurm reads a bare number as minutes
+    if key == "env":
+        if not isinstance(value, dict):
+            raise click.BadParameter(f"env in {path} must be a table of NAME = value pairs, got {value!r}",
+                                     param_hint="'--profile'")
+        return {str(k): str(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def _absolute(value: str | None, cwd: Path) -> str | None:
+    return None if value is None else str((cwd / Path(value).expanduser()).resolve(strict=False)) \
+        if not str(value).startswith("-") else value
+
+
+def _is_executable(word: str, venv: str | None, cwd: Path) -> bool:
+    """Found on PATH (or in the job's venv), or an executable file here."""
+    if shutil.which(word) or (venv and (Path(venv) / "bin" / word).exists()):
+        return True
+    path = cwd / word
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def build_spec(ctx: click.Context, params: dict[str, Any], cwd: Path | None = None) -> LaunchSpec:
+    """Profile values for options left at their defaults, absolute paths, the program classified; any bad value
+    becomes a usage error naming its option."""
+    cwd = cwd or Path.cwd()
+    params = dict(params)
+    profile_path = params.pop("profile", None)
+    params.pop("templates_dir", None)
+    if profile_path:
+        known = {f.name for f in fields(LaunchSpec)} | set(PROFILE_ONLY)
+        for key, value in load_profile(profile_path).items():
+            if key not in known:
+                raise click.BadParameter(f"unknown option {key!r} in {profile_path}; valid keys: "
+                                         f"{', '.join(sorted(known))}", param_hint="'--profile'")
+            source = ctx.get_parameter_source(key) if key in ctx.params else None
+            if key in PROFILE_ONLY:
+                continue
+            if source is None or source.name in ("DEFAULT", "DEFAULT_MAP"):
+                params[key] = _profile_value(key, value, profile_path)
+    env = params.pop("env")
+    pairs = env.items() if isinstance(env, dict) else [_split_env(item) for item in env]
+    program = list(params.pop("program"))
+    params.setdefault("chdir", None)
+    params["chdir"] = params["chdir"] or str(cwd)
+    for key in _PATHS:
+        params[key] = _absolute(params.get(key), cwd)
+    try:
+        if params.get("launcher") != "custom" and program:
+            parsed = parse_program(program, params.get("python") or "python3",
+                                   lambda w: _is_executable(w, params.get("venv"), cwd))
+            program, params["program_kind"] = parsed.words, parsed.kind
+        return LaunchSpec(env=dict(pairs), program=program, bind=list(params.pop("bind")),
+                          setup_cmd=list(params.pop("setup_cmd")), **params)
+    except SpecError as exc:
+        raise click.BadParameter(str(exc).split(": ", 1)[1], param_hint=f"'{exc.option}'") from None
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="'PROGRAM'") from None
+
+
+def templates_dir_of(ctx_params: dict[str, Any]) -> str | None:
+    """``--templates-dir``, else the profile's ``templates_dir`` (relative to the profile file)."""
+    given = ctx_params.get("templates_dir")
+    if given or not ctx_params.get("profile"):
+        return given
+    value = load_profile(ctx_params["profile"]).get("templates_dir")
+    if value is None:
+        return None
+    folder = (Path(ctx_params["profile"]).parent / str(value)).resolve()
+    if not folder.is_dir():
+        raise click.BadParameter(f"templates_dir {value!r} in {ctx_params['profile']} is not a folder",
+                                 param_hint="'--profile'")
+    return str(folder)
+
+
+def _split_env(item: str) -> tuple[str, str]:
+    if "=" not in item:
+        raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="'--env'")
+    key, value = item.split("=", 1)
+    return key, value
