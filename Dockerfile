@@ -3,7 +3,7 @@
 #   GPU: docker build -t trainstack:0.1.0 .
 #   CPU: docker build -t trainstack:0.1.0-cpu --build-arg BASE_IMAGE=ubuntu:24.04 \
 #          --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu .
-# Versions come from pyproject.toml [tool.trainstack] (checked by tests/test_versions.py).
+# Versions come from pyproject.toml [tool.trainstack] (checked by tests/test_containers.py).
 ARG BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 
 # ---- stage 1: build the project wheel (no torch, no CUDA needed) -------------------------------------------

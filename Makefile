@@ -2,8 +2,8 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-# Single source of truth for versions (checked by tests/test_versions.py against pyproject.toml,
-# the Dockerfile and apptainer.def).
+# The pinned torch (tests/test_containers.py checks it against pyproject.toml [tool.trainstack], the Dockerfile
+# and apptainer.def).
 TORCH_VERSION ?= 2.13.0
 PYTHON ?= python3
 VENV ?= .venv
@@ -13,8 +13,9 @@ NPROCS ?= 2
 PYTEST_ARGS ?=
 SLURM_CONF_PATH := /tmp/trainstack-slurm/slurm.conf
 
-.PHONY: help venv install run test test-fast test-dist test-slurm lint bench slurm-up slurm-down \
-        run-multinode render-examples docker-build docker-run apptainer-build nccl-check clean
+.PHONY: help venv install run test test-fast test-dist test-slurm test-gpu lint lint-hpc typecheck bench bench-smoke \
+        bench-peers bench-gpu slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
+        apptainer-build nccl-check clean
 
 help:  ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -44,7 +45,10 @@ test-slurm: $(VENV)/.installed slurm-up  ## tests on the local 2-node Slurm
 	SLURM_CONF=$(SLURM_CONF_PATH) $(PY) -m pytest -m slurm $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed lint-hpc  ## ruff + lint-hpc
-	$(PY) -m ruff check trainstack tests examples bench
+	$(PY) -m ruff check trainstack tests examples bench scripts
+
+typecheck: $(VENV)/.installed  ## mypy over the package (settings in pyproject.toml)
+	$(PY) -m mypy
 
 slurm-up:  ## start a 2-node Slurm on this host (root; apt-get install slurm-wlm munge)
 	scripts/slurm-local.sh up
@@ -53,7 +57,7 @@ slurm-down:  ## stop the local Slurm
 	scripts/slurm-local.sh down
 
 clean:  ## remove build outputs and run folders
-	rm -rf build dist .pytest_cache runs
+	rm -rf build dist .pytest_cache runs logs qml_logs
 
 MN_LAUNCHER ?= torchrun
 run-multinode: $(VENV)/.installed slurm-up  ## demo on the local 2-node Slurm: 2 nodes x 2 CPU processes

@@ -26,7 +26,7 @@ def _as_tensor(name: str, value: Any) -> torch.Tensor:
             raise ConfigError(f"all_reduce_dict: value {name!r} has shape {tuple(value.shape)}; only scalars "
                               f"(0-d tensors or numbers) can be reduced together. HINT: reduce it with gather().")
         return value.detach().reshape(())
-    if isinstance(value, numbers.Number) and not isinstance(value, complex):
+    if isinstance(value, numbers.Real):
         return torch.tensor(float(value))
     raise ConfigError(f"all_reduce_dict: value {name!r} is a {type(value).__name__}; expected a tensor or number.")
 

@@ -199,7 +199,7 @@ def check_not_bootstrapping() -> None:
 
 def _autograd_threads() -> list[str]:
     """Names of autograd's per-device worker threads in this process (started by a backward when CUDA exists)."""
-    names = []
+    names: list[str] = []
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:  # not Linux: nothing to inspect

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,10 @@ def load_profile(path: str) -> dict[str, Any]:
             raise click.BadParameter(f"{path} is not valid YAML{at}: {getattr(exc, 'problem', exc)}",
                                      param_hint="'--profile'") from None
     else:
-        import tomllib
-
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover - Python 3.10
+            import tomli as tomllib
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:

@@ -297,8 +297,8 @@ class Accelerator:
                 if isinstance(value, torch.Tensor) and value.device != param.device and key != "step":
                     st[key] = value.to(param.device)
         if moved:
-            optimizer.state = type(optimizer.state)(
-                {moved.get(id(p), p): s for p, s in optimizer.state.items()})
+            state: Any = type(optimizer.state)
+            optimizer.state = state({moved.get(id(p), p): s for p, s in optimizer.state.items()})
 
     def prepare_batch(self, batch: Any) -> Any:
         """Move a (nested) batch to the device; floating tensors are cast to ``dtype``, labels never."""

@@ -127,8 +127,9 @@ def capture_rng() -> dict[str, Any]:
     try:
         import numpy as np
 
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached)]
+        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        state["numpy"] = [kind, torch.from_numpy(np.asarray(keys).astype("int64")), int(pos), int(has_gauss),
+                          float(cached)]
     except ImportError:  # pragma: no cover
         pass
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -288,8 +289,8 @@ class Checkpointer:
             except CheckpointError as exc:
                 failed.append((candidate, exc))
                 continue
-            for bad, exc in failed:
-                log.warning("checkpoint %s is unreadable (%s); using the previous one, %s.", bad.name, exc,
+            for bad, why in failed:
+                log.warning("checkpoint %s is unreadable (%s); using the previous one, %s.", bad.name, why,
                             candidate.name)
                 print(f"trainstack: WARNING: checkpoint {bad} is unreadable; resuming from the previous one, "
                       f"{candidate.name}.", flush=True)

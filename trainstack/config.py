@@ -141,7 +141,7 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.grad_clip_norm={self.grad_clip_norm!r} must be a number > 0 or None.")
         if self.resume not in (None, False, "auto") and not isinstance(self.resume, (str, os.PathLike)):
             raise ConfigError(f"TrainConfig.resume={self.resume!r} must be 'auto', a checkpoint path, or None.")
-        if self.resume is False:
+        if self.resume is False:  # type: ignore[comparison-overlap]  # qadence-style "off"
             self.resume = None
 
     def _check_callables(self) -> None:
@@ -184,7 +184,7 @@ class TrainConfig:
         """Fields that differ from their defaults (shown in the start banner)."""
         out = {}
         for f in fields(self):
-            default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+            default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[operator]
             if getattr(self, f.name) != default:
                 out[f.name] = getattr(self, f.name)
         return out

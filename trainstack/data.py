@@ -86,7 +86,7 @@ class PreparedDataLoader(DataLoader):
             raise ConfigError("this loader cannot skip batches: its sampler is not a ResumableDistributedSampler")
         sampler.skip_next(n_batches * (self.batch_size or 1))
 
-    def __iter__(self):  # type: ignore[override]
+    def __iter__(self) -> Any:
         sampler = self.sampler
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.epoch)
@@ -103,13 +103,14 @@ class FastTensorLoader(PreparedDataLoader):
     to the standard path, just without ~batch_size Python calls per batch.
     """
 
-    def __iter__(self):  # type: ignore[override]
-        sampler = self.sampler
+    def __iter__(self) -> Any:
+        sampler: Any = self.sampler
         sampler.set_epoch(self.epoch)
         self.epoch += 1
         order = torch.as_tensor(list(sampler), dtype=torch.long)
         torch.empty((), dtype=torch.int64).random_(generator=self.generator)  # what _BaseDataLoaderIter draws
-        return _tensor_batches(self.dataset.tensors, order, self.batch_size, self.drop_last,
+        dataset: Any = self.dataset
+        return _tensor_batches(dataset.tensors, order, self.batch_size or 1, self.drop_last,
                                self.pin_memory and torch.cuda.is_available())
 
 
@@ -230,7 +231,7 @@ def prepare_eval_dataloader(loader: DataLoader, rank: int, world_size: int) -> D
     if _shuffles(loader) is None or loader.batch_size is None:
         raise ConfigError("cannot shard an evaluation DataLoader with a custom sampler/batch_sampler without "
                           "duplicates. HINT: build it with batch_size and shuffle=False.")
-    sampler = EvalShardSampler(len(loader.dataset), rank, world_size)
+    sampler = EvalShardSampler(len(loader.dataset), rank, world_size)  # type: ignore[arg-type]
     return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, drop_last=False,
                       **_loader_kwargs(loader))
 
@@ -338,8 +339,8 @@ def check_loader(loader: Any, what: str = "training") -> Any:
     if not isinstance(loader, Iterable):
         raise ConfigError(f"the {what} data must be a DataLoader, got {type(loader).__name__} ({loader!r:.60}).")
     try:
-        empty = len(loader) == 0
-    except TypeError:
+        empty = len(loader) == 0  # type: ignore[arg-type]
+    except TypeError:  # no length: an IterableDataset, decided while iterating
         empty = False
     if empty:
         raise ConfigError(f"the {what} DataLoader has no batches (an empty dataset, or drop_last=True with fewer "

@@ -86,7 +86,7 @@ def optimize_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: L
         return loss.detach(), metrics
     result: list = [None, None]
 
-    def closure() -> torch.Tensor:
+    def closure() -> Any:  # torch types it as returning float; optimizers use the loss tensor
         optimizer.zero_grad(set_to_none=True)
         loss, metrics = call_loss(loss_fn, model, xs)
         loss.backward()
@@ -100,7 +100,9 @@ def optimize_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: L
 class Step(Protocol):
     """One batch -> (detached loss, metrics). Owns whatever state its kind of step needs."""
 
-    at_boundary: bool
+    @property
+    def at_boundary(self) -> bool:
+        """False while an optimizer step is half accumulated."""
 
     def __call__(self, model: nn.Module, batch: Any) -> StepResult: ...
 
@@ -164,7 +166,7 @@ class AccumulatingStep:
         if self.left is not None:
             self.left -= 1
         sync = self.micro >= window
-        no_sync = model.no_sync() if not sync and hasattr(model, "no_sync") else contextlib.nullcontext()
+        no_sync = getattr(model, "no_sync", contextlib.nullcontext)() if not sync else contextlib.nullcontext()
         with no_sync:
             with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                 loss, metrics = call_loss(self.loss_fn, model, batch)

@@ -46,7 +46,7 @@ from .data import (
 )
 from .errors import ConfigError, Preempted, TrainingDiverged
 from .preemption import GracefulStop, resolve_signals
-from .steps import call_loss, check_step_options, get_loss_fn, make_step, optimize_step
+from .steps import Step, call_loss, check_step_options, get_loss_fn, make_step, optimize_step
 
 __all__ = ["Trainer"]
 
@@ -73,6 +73,23 @@ class Trainer:
     """
 
     _use_grad: ClassVar[bool] = True
+    # What one run holds on each rank (set by _start_run, dropped when the Trainer is pickled to workers):
+    step: Step
+    checkpointer: Checkpointer
+    stopper: GracefulStop
+    _ddp_model: nn.Module
+    _train_loader: Any
+    _val_loader: Any
+    _per_epoch: int | None  # batches per epoch (None: until the loader ends)
+    _capped: bool  # an epoch stops after _per_epoch batches even if the loader has more
+    _last_epoch: int
+    _run_start: int  # the epoch at which this run (first fit, or the one a checkpoint continues) began
+    _resume_at: int  # a resumed epoch starts at this batch ...
+    _resume_totals: dict[str, Any]  # ... with these partial sums ...
+    _pending_rng: dict[str, Any] | None  # ... and these RNG states, restored once its iterator exists
+    _partial: dict[str, Any] | None  # the position saved by a mid-epoch stop
+    _best_val: float
+    _lock: RunLock | None
 
     def __init__(self, model: nn.Module, optimizer: Any, config: TrainConfig, loss_fn: Any = "mse",
                  train_dataloader: Any = None, val_dataloader: Any = None, test_dataloader: Any = None,
@@ -422,7 +439,7 @@ class Trainer:
         self.checkpointer = Checkpointer(self.run_folder, cfg.keep_last_checkpoints, acc.is_main_process)
         self.callbacks = CallbackManager(self._user_callbacks(), acc.is_main_process)
         self._resume_at, self._resume_totals, self._pending_rng, self._best_val = 0, {}, None, math.inf
-        self._partial: dict[str, Any] | None = None
+        self._partial = None
         self._run_start, restored = self.current_epoch, None
         if cfg.resume is not None:  # before the banner, so it shows where training continues
             restored = self.checkpointer.restore(self._parts(), None if cfg.resume == "auto" else cfg.resume,
@@ -455,7 +472,7 @@ class Trainer:
     def _agree_on_folder(self) -> Path:
         """Rank 0 claims the run folder (unless its launching process did); every rank gets it or the same error."""
         acc = self.accelerator
-        self._lock: RunLock | None = None
+        self._lock = None
         choice: tuple[str | None, str | None] = (str(self.run_folder), None) if self._claimed else (None, None)
         if acc.is_main_process and not self._claimed:
             try:

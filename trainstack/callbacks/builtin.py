@@ -203,7 +203,8 @@ class LRSchedulerCosineAnnealing(_LRFunction):
         super().__init__(on=on, called_every=called_every, **kw)
         if t_max < 1:
             raise ConfigError(f"LRSchedulerCosineAnnealing(t_max={t_max!r}): must be >= 1.")
-        self.t_max, self.min_lr, self.max_lr = t_max, min_lr, None
+        self.t_max, self.min_lr = t_max, min_lr
+        self.max_lr: float | None = None
 
     def new_lr(self, lr: float, iteration: int) -> float:
         if self.max_lr is None:
