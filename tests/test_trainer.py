@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,8 +12,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainstack import Callback, TrainConfig, Trainer
 from trainstack.callbacks import EarlyStopping, LRScheduler
-from trainstack.checkpoint import Checkpointer
-from trainstack.errors import ConfigError
+from trainstack.checkpoint import CheckpointError, Checkpointer
+from trainstack.errors import ConfigError, TrainingDiverged
 
 
 def _loader(n=32, batch=8, shuffle=False, seed=0):
@@ -289,3 +290,131 @@ def test_fast_tensor_path_and_standard_loader_train_identically(tmp_path, monkey
         params[name] = model.state_dict()
     assert losses["fast"] == losses["standard"] and len(losses["fast"]) == 15
     assert all(torch.equal(params["fast"][k], params["standard"][k]) for k in params["fast"])
+
+
+# ---------------------------------------------------------------------------------------------- no silent wrong runs
+def test_one_config_for_two_trainers_gives_two_runs(tmp_path):
+    cfg = TrainConfig(max_iter=2, checkpoint_every=1, root_folder=tmp_path / "root", verbose=False,
+                      compute_setup="cpu")
+    first = Trainer(_model(), torch.optim.SGD(_model().parameters(), lr=0.01), cfg)
+    first.optimizer = torch.optim.SGD(first.model.parameters(), lr=0.01)
+    first.fit(_loader())
+    second = Trainer(_model(1), torch.optim.SGD(_model(1).parameters(), lr=0.5), cfg)
+    second.optimizer = torch.optim.SGD(second.model.parameters(), lr=0.5)
+    second.fit(_loader())
+    assert first.run_folder != second.run_folder and cfg.log_folder == Path("./")  # the config is never mutated
+    state = torch.load(Checkpointer(first.run_folder).latest(), weights_only=True)
+    assert state["optimizer"]["param_groups"][0]["lr"] == 0.01  # the first run's checkpoint is its own
+
+
+def test_a_nan_loss_stops_with_the_last_finite_checkpoint_kept(tmp_path):
+    class NaNAfter:
+        calls = 0
+
+        def __call__(self, model, batch):
+            self.calls += 1
+            x, y = batch
+            loss = nn.functional.mse_loss(model(x), y)
+            return loss * float("nan") if self.calls > 8 else loss  # epochs 1-2 finite, epoch 3 NaN
+
+    model = _model()
+    cfg = _config(tmp_path, max_iter=6, checkpoint_every=1, keep_last_checkpoints=2)
+    with pytest.raises(TrainingDiverged, match="became nan in epoch 3") as exc:
+        Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg, loss_fn=NaNAfter()).fit(_loader())
+    kept = Checkpointer(tmp_path / "run").checkpoints()
+    assert [p.name[:11] for p in kept] == ["ckpt-e00001", "ckpt-e00002"] and "ckpt-e00002" in str(exc.value)
+    assert all(torch.isfinite(v).all() for v in torch.load(kept[-1], weights_only=True)["model"].values())
+    on = _config(tmp_path, log_folder=tmp_path / "on", max_iter=4, stop_on_nonfinite=False)
+    trainer = Trainer(_model(), torch.optim.SGD(_model().parameters(), lr=0.1), on, loss_fn=NaNAfter())
+    trainer.fit(_loader())
+    assert trainer.current_epoch == 4
+
+
+@pytest.mark.parametrize("data, needle", [
+    (TensorDataset(torch.randn(8, 3), torch.randn(8, 1)), "a Dataset"),
+    ((b for b in [1, 2]), "one-shot iterator"),
+    (DataLoader(TensorDataset(torch.randn(0, 3), torch.randn(0, 1)), batch_size=4), "has no batches"),
+    (5, "must be a DataLoader"),
+])
+def test_wrong_kinds_of_training_data_are_refused(tmp_path, data, needle):
+    model = _model()
+    with pytest.raises(ConfigError, match=needle):
+        Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _config(tmp_path)).fit(data)
+
+
+def test_resume_auto_with_nothing_to_resume_says_so(tmp_path, capsys):
+    model = _model()
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _config(tmp_path, max_iter=1, resume="auto",
+                                                                        verbose=True)).fit(_loader())
+    assert "found no checkpoint" in capsys.readouterr().out
+
+
+def test_resume_falls_back_when_the_newest_checkpoint_is_truncated(tmp_path, capsys):
+    reference = _run(tmp_path, "ref", max_iter=4)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, "cut", max_iter=4, callbacks=[_stop_at(4)])  # checkpoints e1..e3
+    newest = Checkpointer(tmp_path / "cut").latest()
+    newest.write_bytes(newest.read_bytes()[:1000])  # a copy cut short
+    (newest.parent / f".{newest.name}.tmp-99999").write_bytes(b"left by a killed writer")
+    resumed = _run(tmp_path, "cut", max_iter=4, resume="auto", seed=5)
+    out = capsys.readouterr().out
+    assert "ckpt-e00003" in out and "unreadable" in out and "ckpt-e00002" in out
+    assert not list((tmp_path / "cut" / "checkpoints").glob(".*tmp*"))  # stale temp files removed at start
+    for k, v in reference.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[k], v), k
+
+
+@pytest.mark.timeout(120)
+def test_a_second_run_on_a_live_folder_is_refused(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys, time, torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+            "from trainstack import Callback, TrainConfig, Trainer\n"
+            "slow = Callback(on='train_epoch_end', callback=lambda t, c, w: (print('epoch', flush=True), "
+            "time.sleep(0.5)))\n"
+            "m = nn.Linear(3, 1)\n"
+            "cfg = TrainConfig(max_iter=60, log_folder=sys.argv[1], verbose=False, compute_setup='cpu', "
+            "callbacks=[slow])\n"
+            "Trainer(m, torch.optim.SGD(m.parameters(), lr=0.1), cfg).fit(DataLoader(TensorDataset("
+            "torch.randn(8, 3), torch.randn(8, 1)), batch_size=4))\n")
+    live = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "run")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert live.stdout.readline().strip() == "epoch"
+        model = _model()
+        with pytest.raises(ConfigError, match="in use by another run"):
+            Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _config(tmp_path, resume="auto")).fit(
+                _loader())
+    finally:
+        live.kill()
+        live.wait(timeout=10)
+
+
+def _tmpfs(path, size):
+    import subprocess
+
+    path.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+
+
+@pytest.mark.timeout(120)
+def test_a_full_disk_names_the_cause_keeps_the_previous_checkpoint_and_leaves_no_temp_file(tmp_path):
+    import subprocess
+
+    disk = tmp_path / "small"
+    _tmpfs(disk, "3M")
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 300), nn.Tanh(), nn.Linear(300, 300), nn.Linear(300, 1))  # ~0.4 MB
+        cfg = _config(tmp_path, log_folder=disk / "run", max_iter=20, checkpoint_every=1)
+        with pytest.raises(CheckpointError, match="the disk is full") as exc:
+            Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), cfg).fit(_loader())
+        assert "The previous checkpoint is kept" in str(exc.value)
+        checkpoints = disk / "run" / "checkpoints"
+        assert not list(checkpoints.glob(".*tmp*"))
+        latest = Checkpointer(disk / "run").latest()
+        assert latest is not None and torch.load(latest, weights_only=True)["epoch"] >= 1
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)

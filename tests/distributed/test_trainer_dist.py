@@ -125,3 +125,47 @@ def test_stop_signal_to_the_launching_process_is_relayed_to_the_workers(tmp_path
                  callbacks=[Callback(on="train_batch_end", callback=_slow_batches)])
     assert Checkpointer(tmp_path / "relay").latest() is not None
     assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL and not own_children()
+
+
+def _record_dict_batches(model, batch):
+    import json
+
+    out = os.environ["SHARD_OUT"]
+    rank = os.environ["RANK"]
+    with open(f"{out}/rank{rank}.jsonl", "a") as fh:
+        fh.write(json.dumps({k: v[0].reshape(-1).tolist() for k, v in batch.items()}) + "\n")
+    (xa, ya), (xb, yb) = batch["a"], batch["b"]
+    return nn.functional.mse_loss(model(xa), ya) + nn.functional.mse_loss(model(xb), yb)
+
+
+def test_a_dict_of_loaders_is_sharded_per_loader_on_two_processes(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("SHARD_OUT", str(tmp_path))
+    ids_a = torch.arange(16.0).reshape(-1, 1).repeat(1, 3)
+    ids_b = (100 + torch.arange(12.0)).reshape(-1, 1).repeat(1, 3)
+    loaders = {"a": DataLoader(TensorDataset(ids_a, torch.zeros(16, 1)), batch_size=2, shuffle=True),
+               "b": DataLoader(TensorDataset(ids_b, torch.zeros(12, 1)), batch_size=2, shuffle=True)}
+    model = _model()
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), _cfg(tmp_path, "dict", nprocs=2, max_iter=1),
+            loss_fn=_record_dict_batches).fit(loaders)
+    seen = {0: {"a": set(), "b": set()}, 1: {"a": set(), "b": set()}}
+    for rank in (0, 1):
+        for line in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            for key in ("a", "b"):
+                seen[rank][key].update(row[key][::3])
+    # per rank: 3 steps (b has 6 samples per rank, batch 2); ranks never share a sample of either loader
+    assert not seen[0]["a"] & seen[1]["a"] and not seen[0]["b"] & seen[1]["b"]
+    assert len(seen[0]["b"] | seen[1]["b"]) == 12 and all(v >= 100 for v in seen[0]["b"] | seen[1]["b"])
+
+
+@pytest.mark.timeout(120)
+def test_an_endless_loader_on_two_processes_ends_each_epoch(tmp_path):
+    from trainstack import to_dataloader
+
+    model = _model()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01),
+                      _cfg(tmp_path, "endless", nprocs=2, max_iter=4, max_batches=2))
+    trainer.fit(to_dataloader(torch.randn(32, 3), torch.randn(32, 1), batch_size=4, infinite=True))
+    assert trainer.current_epoch == 4 and trainer.global_step == 8
