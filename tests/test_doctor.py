@@ -73,3 +73,15 @@ def test_cli_doctor_and_env_commands():
     bad = subprocess.run([sys.executable, "-m", "trainstack", "doctor"], capture_output=True, text=True, timeout=120,
                          env={"PATH": "/usr/bin:/bin", "NCCL_SOCKET_IFNAME": "nosuchif"})
     assert bad.returncode == 1 and "NCCL_SOCKET_IFNAME='nosuchif' matches none" in bad.stdout
+
+
+@pytest.mark.parametrize("environ, needle", [
+    ({"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_PROCID": "x", "SLURM_NTASKS": "2"}, "SLURM_PROCID='x'"),
+    ({"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
+      "SLURM_JOB_NODELIST": "node[1-"}, "node[1-"),
+])
+def test_a_broken_launcher_environment_is_a_problem_not_a_note(environ, needle, capsys):
+    facts = Facts(environ=environ, torch="2.13.0")
+    code = run_doctor(facts=facts)
+    captured = capsys.readouterr()
+    assert code == 1 and needle in captured.out and "no problems found" not in captured.err

@@ -177,11 +177,10 @@ def test_load_and_write_checkpoint_with_qadence_signatures(tmp_path):
 
 
 def test_the_optimize_step_import_path_translates(tmp_path):
-    from trainstack.optimize_step import optimize_step
-    from trainstack.trainer import Trainer as SameTrainer
-    from trainstack.train_utils import Accelerator
-
     import trainstack
+    from trainstack.optimize_step import optimize_step
+    from trainstack.train_utils import Accelerator
+    from trainstack.trainer import Trainer as SameTrainer
 
     assert SameTrainer is Trainer and Accelerator is trainstack.Accelerator
     model = _model()

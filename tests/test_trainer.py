@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainstack import Callback, TrainConfig, Trainer
 from trainstack.callbacks import EarlyStopping, LRScheduler
-from trainstack.checkpoint import CheckpointError, Checkpointer
+from trainstack.checkpoint import Checkpointer, CheckpointError
 from trainstack.errors import ConfigError, TrainingDiverged
 
 

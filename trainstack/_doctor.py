@@ -149,6 +149,10 @@ def diagnose(f: Facts, compute_setup: str = "auto") -> list[Finding]:
     """Problems (with their fix) and notes for the facts of one machine/job."""
     out: list[Finding] = []
     env = f.environ
+    launcher_error = _launcher_error(env)
+    if launcher_error:
+        out.append(Finding("problem", f"the launcher variables cannot be used: {launcher_error}. Fix: correct or unset "
+                                      f"them (trainstack would refuse to start here)"))
     if f.torch is None:
         out.append(Finding("problem", "torch is not installed in this Python. Fix: pip install torch==<pinned>"))
     if compute_setup == "gpu" and not f.gpus:
@@ -187,16 +191,24 @@ def diagnose(f: Facts, compute_setup: str = "auto") -> list[Finding]:
     return out
 
 
-def _report(f: Facts) -> dict[str, Any]:
+def _launcher_error(environ: Mapping[str, str]) -> str | None:
     from .environment import detect_environment
     from .errors import LaunchError
 
     try:
-        launcher = detect_environment(f.environ).describe()
+        detect_environment(environ)
     except LaunchError as exc:
-        launcher = f"error: {exc}"
+        return str(exc)
+    return None
+
+
+def _report(f: Facts) -> dict[str, Any]:
+    from .environment import detect_environment
+
+    error = _launcher_error(f.environ)
+    launcher = f"error: {error}" if error else detect_environment(f.environ).describe()
     env = {k: v for k, v in sorted(f.environ.items()) if k.startswith(_ENV_PREFIXES)}
-    from . import __version__
+    from ._version import __version__
 
     return {"trainstack": __version__, "python": f.python, "platform": platform.platform(), "torch": f.torch,
             "cuda": f.cuda, "cudnn": f.cudnn, "nccl": f.nccl, "nccl_available": f.nccl_available, "gpus": f.gpus,

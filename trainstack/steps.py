@@ -33,9 +33,25 @@ StepResult = tuple[torch.Tensor, dict[str, Any]]
 def call_loss(loss_fn: LossFn, model: nn.Module, batch: Any) -> StepResult:
     """Call a user loss that returns ``loss`` or ``(loss, metrics)``; always give back both."""
     out = loss_fn(model, batch)
-    if type(out) is tuple:
-        return out
-    return out, {}
+    loss, metrics = out if type(out) is tuple and len(out) == 2 else (out, {})
+    if type(loss) is not torch.Tensor or loss.ndim != 0 or not loss.is_floating_point():
+        _bad_loss(loss_fn, loss)
+    return loss, metrics
+
+
+def _bad_loss(loss_fn: LossFn, loss: Any) -> None:
+    name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
+    if not isinstance(loss, torch.Tensor):
+        what = f"a {type(loss).__name__} ({loss!r:.40})"
+    elif loss.ndim != 0:
+        what = f"a tensor of shape {tuple(loss.shape)}"
+    else:
+        what = f"a {loss.dtype} tensor"
+    if isinstance(loss, torch.Tensor) and loss.ndim == 0 and loss.is_complex():
+        return  # complex models: the user reduces to a real loss for backward; let torch decide
+    raise ConfigError(f"loss_fn {name} returned {what}; it must return one floating-point scalar tensor (or "
+                      f"(loss, metrics)) that backward() can start from. HINT: reduce it, e.g. loss.mean(), and "
+                      f"keep it a tensor (no .item()).")
 
 
 def mse_loss(model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -46,7 +62,12 @@ def mse_loss(model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torc
 
 def cross_entropy_loss(model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     inputs, targets = batch
-    loss = nn.functional.cross_entropy(model(inputs), targets)
+    logits = model(inputs)
+    if logits.ndim == 2 and logits.shape[1] == 1:
+        raise ConfigError("loss_fn='cross_entropy' needs one output per class, but the model gives 1 output: the "
+                          "loss would be 0 whatever the weights. HINT: use loss_fn='mse' for regression, or "
+                          "BCEWithLogitsLoss for a binary label.")
+    loss = nn.functional.cross_entropy(logits, targets)
     return loss, {"cross_entropy": loss}
 
 

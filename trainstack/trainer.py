@@ -89,6 +89,7 @@ class Trainer:
     _pending_rng: dict[str, Any] | None  # ... and these RNG states, restored once its iterator exists
     _partial: dict[str, Any] | None  # the position saved by a mid-epoch stop
     _best_val: float
+    _first_step: int  # the global step this run started at (a failure there gets a note on the loss contract)
     _lock: RunLock | None
 
     def __init__(self, model: nn.Module, optimizer: Any, config: TrainConfig, loss_fn: Any = "mse",
@@ -290,25 +291,31 @@ class Trainer:
         on_start, on_end = self.callbacks.period("train_batch_start"), self.callbacks.period("train_batch_end")
         poll, bar, prepare = self.config.stop_check_every, tracker.bar_every, self.accelerator.prepare_batch
         report = _UNBOUNDED_REPORT if self._per_epoch is None else 0
-        for batch in batches:
-            batch = prepare(batch)
-            if on_start and (self.global_step + 1) % on_start == 0:
-                self._fire_batch("train_batch_start", self.global_step + 1)
-            loss, metrics = step(model, batch)
-            n += 1
-            self.global_step += 1
-            loss_sum = loss if loss_sum is None else loss_sum + loss
-            for k, v in metrics.items():
-                sums[k] = v.detach() if k not in sums else sums[k] + v.detach()
-            if on_end and self.global_step % on_end == 0:
-                self._fire_batch("train_batch_end", self.global_step, loss, metrics)
-            if bar and self.global_step % bar == 0:
-                tracker.batch_end()
-            if report and n % report == 0:
-                tracker.print(f"epoch {self.current_epoch + 1}: {n} batches so far (the training loader has no "
-                              f"length, so an epoch ends when it is exhausted; max_batches bounds it)")
-            if self.global_step % poll == 0 and step.at_boundary and self._stop_now(n, loss_sum, sums):
-                return True
+        batch = None
+        try:
+            for batch in batches:
+                batch = prepare(batch)
+                if on_start and (self.global_step + 1) % on_start == 0:
+                    self._fire_batch("train_batch_start", self.global_step + 1)
+                loss, metrics = step(model, batch)
+                n += 1
+                self.global_step += 1
+                loss_sum = loss if loss_sum is None else loss_sum + loss
+                for k, v in metrics.items():
+                    sums[k] = v.detach() if k not in sums else sums[k] + v.detach()
+                if on_end and self.global_step % on_end == 0:
+                    self._fire_batch("train_batch_end", self.global_step, loss, metrics)
+                if bar and self.global_step % bar == 0:
+                    tracker.batch_end()
+                if report and n % report == 0:
+                    tracker.print(f"epoch {self.current_epoch + 1}: {n} batches so far (the training loader has no "
+                                  f"length, so an epoch ends when it is exhausted; max_batches bounds it)")
+                if self.global_step % poll == 0 and step.at_boundary and self._stop_now(n, loss_sum, sums):
+                    return True
+        except Exception as exc:
+            if self.global_step == self._first_step and hasattr(exc, "add_note"):
+                exc.add_note(_first_step_note(batch))
+            raise
         self.metrics = self._epoch_metrics("train", loss_sum, sums, n)
         return False
 
@@ -450,6 +457,7 @@ class Trainer:
                 self.console_print(f"trainstack: resume='auto' found no checkpoint in {self.run_folder}; starting "
                                    f"from scratch.")
         self._last_epoch = self._run_start + cfg.max_iter
+        self._first_step = self.global_step
         if self._continues and self.current_epoch and restored is None:
             self.console_print(f"trainstack: a second fit() continues the run in {self.run_folder} at epoch "
                                f"{self.current_epoch} for another max_iter={cfg.max_iter} epochs.")
@@ -624,6 +632,23 @@ def _prepare_eval(loader: Any, rank: int, world: int) -> Any:
     if isinstance(loader, DictDataLoader):
         return loader.prepared(lambda dl: prepare_eval_dataloader(dl, rank, world))
     return prepare_eval_dataloader(loader, rank, world) if loader is not None else None
+
+
+def _describe(batch: Any, depth: int = 0) -> str:
+    if isinstance(batch, torch.Tensor):
+        return f"{str(batch.dtype).replace('torch.', '')}{list(batch.shape)}"
+    if isinstance(batch, dict) and depth < 2:
+        return "{" + ", ".join(f"{k!r}: {_describe(v, depth + 1)}" for k, v in list(batch.items())[:6]) + "}"
+    if isinstance(batch, (list, tuple)) and depth < 2:
+        return f"{type(batch).__name__}(" + ", ".join(_describe(v, depth + 1) for v in batch[:6]) + ")"
+    return type(batch).__name__
+
+
+def _first_step_note(batch: Any) -> str:
+    return (f"trainstack: the first training step failed. loss_fn is called as loss_fn(model, batch), where model is "
+            f"the module being trained and batch is one item of the DataLoader (here: {_describe(batch)}), after it "
+            f"was moved to the device. A loss written as loss(output, target), or a batch that does not fit the "
+            f"model's input, fails like this.")
 
 
 def _batch_size(batch: Any) -> int:

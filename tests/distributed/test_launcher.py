@@ -118,3 +118,58 @@ def test_bad_start_method_override_is_a_clear_error(run_py):
     proc = run_py([sys.executable, "-c", code], env={"TRAINSTACK_START_METHOD": "bogus"}, check=False, timeout=60)
     assert proc.returncode == 1 and "TRAINSTACK_START_METHOD='bogus'" in proc.stdout
     assert proc.stdout.count("Traceback") <= 1 and "spawn" in proc.stdout
+
+
+_FIT = textwrap.dedent("""
+    import sys, time, torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+    from trainstack import Callback, TrainConfig, Trainer
+
+    def slow(trainer, config, writer):
+        print("epoch", trainer.current_epoch, flush=True)
+        time.sleep(float(sys.argv[2]))
+
+    if __name__ == "__main__":
+        model = nn.Linear(3, 1)
+        cfg = TrainConfig(nprocs=2, compute_setup="cpu", max_iter=3, log_folder=sys.argv[1], verbose=False,
+                          checkpoint_every=1, callbacks=[Callback(on="train_epoch_end", callback=slow)])
+        Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg).fit(
+            DataLoader(TensorDataset(torch.randn(16, 3), torch.randn(16, 1)), batch_size=4))
+        print("DONE", flush=True)
+""")
+
+
+def test_leftovers_of_a_finished_and_a_killed_run(tmp_path, run_py):
+    """A finished run leaves the temp folder as it found it; a SIGKILLed launcher can only leave its own private
+    (0700) launch folder, and its workers die with it (as documented in the README)."""
+    import signal as sig
+    import subprocess
+    import time
+
+    from psutil_free import children_of
+
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    script = tmp_path / "fit.py"
+    script.write_text(_FIT)
+    env = {**os.environ, "TMPDIR": str(shared), "PYTHONUNBUFFERED": "1"}
+    ok = run_py([sys.executable, str(script), str(tmp_path / "ok"), "0"], env={"TMPDIR": str(shared)}, timeout=120)
+    ours = lambda: [p.name for p in shared.iterdir() if not p.name.startswith("torchinductor_")]  # noqa: E731
+    assert "DONE" in ok.stdout and ours() == []  # (torch keeps its own compile cache, torchinductor_<user>, there)
+    launcher = subprocess.Popen([sys.executable, str(script), str(tmp_path / "killed"), "30"], env=env,
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert launcher.stdout.readline().startswith("epoch")
+        workers = children_of(launcher.pid)
+        launcher.send_signal(sig.SIGKILL)
+        launcher.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while any(os.path.exists(f"/proc/{p}") and "Z" not in open(f"/proc/{p}/stat").read().split()[2]
+                  for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        os.killpg(launcher.pid, sig.SIGKILL) if launcher.poll() is None else None
+    left = ours()
+    assert all(name.startswith("trainstack-") for name in left) and len(left) <= 1, left
+    assert all(oct((shared / n).stat().st_mode)[-3:] == "700" for n in left)

@@ -72,3 +72,23 @@ def test_signal_checkpoint_requeue_resume(slurm_env, shared_tmp, monkeypatch, la
     got = torch.load(run_dir / "final.pt", weights_only=True)
     for k, v in expected.items():
         assert torch.equal(got[k], v), k
+
+
+def test_a_graceful_stop_signalled_to_the_steps_requeues_as_a_time_limit(slurm_env, shared_tmp, monkeypatch):
+    """`--signal USR2@60` without `B:` (or scancel --signal to the steps) reaches the trainer, not the batch trap:
+    the trainer still checkpoints and confirms it, and the script must count that as a time limit, not a crash."""
+    for k, v in slurm_env.items():
+        monkeypatch.setenv(k, v)
+    run_dir = shared_tmp / "steps"
+    run_dir.mkdir(mode=0o777)
+    job = submit_spec(_spec(run_dir, "srun"))
+    _wait_until(lambda: (run_dir / "epochs").exists() and int((run_dir / "epochs").read_text() or 0) >= 2, 120,
+                "two epochs")
+    subprocess.run(["scancel", "--signal=USR2", job.job_id], env=slurm_env, check=True)  # the steps, no trap
+    _wait_until(lambda: _job_field(slurm_env, job.job_id, "Restarts") == "1", 120, "the requeue")
+    time.sleep(2.5)
+    subprocess.run(["scontrol", "update", f"jobid={job.job_id}", "StartTime=now"], env=slurm_env, check=True)
+    assert wait_for(job, timeout=200) == 0, job.log_path.read_text()
+    log = job.log_path.read_text()
+    assert "timeout (exit status 0): requeueing" in log and "crash" not in log and "giving up" not in log
+    assert "finished (restart count 1)" in log
