@@ -41,6 +41,9 @@ test-fast: $(VENV)/.installed  ## unit tests only (no process spawning, no Slurm
 test-dist: $(VENV)/.installed  ## multi-process gloo tests
 	$(PY) -m pytest -m distributed $(PYTEST_ARGS)
 
+test-gpu: $(VENV)/.installed  ## the GPU lane (tests/gpu; skipped without CUDA, part of make test when CUDA is present)
+	$(PY) -m pytest tests/gpu -m gpu -rs $(PYTEST_ARGS)
+
 test-slurm: $(VENV)/.installed slurm-up  ## tests on the local 2-node Slurm
 	SLURM_CONF=$(SLURM_CONF_PATH) $(PY) -m pytest -m slurm $(PYTEST_ARGS)
 
@@ -113,6 +116,9 @@ lint-hpc: $(VENV)/.installed  ## hadolint, the def-file validator, shellcheck ov
 
 bench: $(VENV)/.installed  ## benchmark vs a raw DDP loop (and HF Accelerate / Lightning Fabric if installed)
 	$(PY) bench/run.py $(BENCH_ARGS)
+
+bench-gpu: $(VENV)/.installed  ## one GPU: raw vs Accelerator vs Trainer.fit vs peers (steps/s, syncs/step, memory)
+	$(PY) bench/gpu.py $(BENCH_ARGS)
 
 bench-smoke: $(VENV)/.installed  ## a few steps of every benchmark (also run by the test suite)
 	$(PY) bench/run.py --smoke $(BENCH_ARGS)

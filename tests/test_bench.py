@@ -21,3 +21,12 @@ def test_bench_smoke(run_py, tmp_path):
     measured = [r for r in rows if "system" in r]
     assert len(measured) == 2 * 2 * 4 and all(r["steps_per_s"] > 0 and r["peak_rss_mb"] > 0 for r in measured)
     assert all("calls_per_step" in r for r in measured if r["workload"] == "tiny")
+
+
+def test_gpu_bench_code_paths_on_the_cpu(run_py):
+    """bench/gpu.py's systems and table, run on the CPU (`--device cpu --smoke`); the GPU numbers need a GPU."""
+    out = run_py([sys.executable, str(ROOT / "bench/gpu.py"), "--device", "cpu", "--smoke", "--systems",
+                  "raw,accelerator,trainer"], timeout=300).stdout
+    for workload in ("mlp", "gpt"):
+        for system in ("raw", "accelerator", "trainer"):
+            assert f"| {workload} | {system} |" in out, out
