@@ -211,3 +211,18 @@ def test_helpers_are_importable_from_the_package_root():
         assert getattr(trainstack, name) is not None
     assert len(trainstack.__all__) <= 10
     assert list(itertools.islice(iter(trainstack.InfiniteTensorDataset(torch.arange(3.0))), 7))
+
+
+def test_an_overridden_qadence_hook_is_refused_not_silently_skipped(tmp_path):
+    class MyTrainer(Trainer):
+        def on_train_epoch_end(self, train_epoch_loss_metrics):
+            raise AssertionError("never called")
+
+    model = _model()
+    with pytest.raises(ConfigError, match="on_train_epoch_end.*Callback\\(on='train_epoch_end'"):
+        MyTrainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _cfg(tmp_path))
+
+
+def test_the_unused_batch_size_field_is_accepted_with_a_warning():
+    with pytest.warns(UserWarning, match="batch_size=32 is not used"):
+        TrainConfig(batch_size=32)

@@ -8,6 +8,7 @@ A bad or contradictory value fails here, with the field name and the fix, not ho
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -59,6 +60,8 @@ class TrainConfig:
     """Print the banner, metrics lines and the progress bar (rank 0 only)."""
     tracking_tool: str = "jsonl"
     """``jsonl`` (dependency-free, always written), ``tensorboard`` or ``mlflow`` (optional extras)."""
+    batch_size: int = 1
+    """Not used (nor was it by qadence): the DataLoader's ``batch_size`` decides. A value other than 1 warns."""
     hyperparams: dict = field(default_factory=dict)
     """Logged to the tracker at the end of training."""
     plotting_functions: tuple = ()
@@ -106,6 +109,10 @@ class TrainConfig:
         for name in ("max_iter", "print_every", "write_every", "checkpoint_every", "plot_every", "val_every"):
             _check_int(name, getattr(self, name), minimum=0)
         _check_int("nprocs", self.nprocs, minimum=1)
+        _check_int("batch_size", self.batch_size, minimum=1)
+        if self.batch_size != 1:
+            warnings.warn(f"TrainConfig.batch_size={self.batch_size} is not used (nor was it by qadence): the "
+                          f"DataLoader's batch_size decides.", stacklevel=3)
         _check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, minimum=1)
         _check_int("stop_check_every", self.stop_check_every, minimum=1)
         if self.stop_file is not None:

@@ -100,6 +100,7 @@ class Trainer:
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
         self.model, self.optimizer, self.config = model, optimizer, config
+        _refuse_qadence_hooks(type(self))
         self._check_optimizer()
         self.loss_fn = get_loss_fn(loss_fn)
         self.optimize_step = optimize_step
@@ -632,6 +633,22 @@ def _prepare_eval(loader: Any, rank: int, world: int) -> Any:
     if isinstance(loader, DictDataLoader):
         return loader.prepared(lambda dl: prepare_eval_dataloader(dl, rank, world))
     return prepare_eval_dataloader(loader, rank, world) if loader is not None else None
+
+
+_QADENCE_HOOKS = ("on_train_start", "on_train_end", "on_train_epoch_start", "on_train_epoch_end",
+                  "on_val_epoch_start", "on_val_epoch_end", "on_train_batch_start", "on_train_batch_end",
+                  "on_val_batch_start", "on_val_batch_end", "on_test_batch_start", "on_test_batch_end")
+
+
+def _refuse_qadence_hooks(cls: type) -> None:
+    """qadence calls ``on_*`` methods of a Trainer subclass; trainstack does not, so overriding one would be
+    silently ignored. Say so, with the callback that does the same."""
+    overridden = [name for name in _QADENCE_HOOKS if any(name in vars(k) for k in cls.__mro__ if k is not Trainer)]
+    if overridden:
+        event = overridden[0][3:]
+        raise ConfigError(f"{cls.__name__} overrides {', '.join(overridden)}, which trainstack never calls (qadence "
+                          f"did). HINT: use a callback instead: TrainConfig(callbacks=[Callback(on={event!r}, "
+                          f"callback=lambda trainer, config, writer: ...)]).")
 
 
 def _describe(batch: Any, depth: int = 0) -> str:
