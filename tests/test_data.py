@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset, WeightedRandomSampler
@@ -139,3 +142,39 @@ def test_fast_path_is_not_used_when_it_could_change_semantics():
     assert not isinstance(prepare_dataloader(DataLoader(ds, batch_size=2, collate_fn=_collate), 0, 1),
                           FastTensorLoader)
     assert not isinstance(prepare_dataloader(DataLoader(ds, batch_size=2, num_workers=1), 0, 1), FastTensorLoader)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("new_world", [1, 2, 3])
+def test_a_global_position_continues_on_another_world_size_without_gap_or_repeat(shuffle, new_world):
+    ds = TensorDataset(torch.arange(52))  # 52 - 16 = 36 samples left: no padding for 1, 2 or 3 ranks
+    loader = DataLoader(ds, batch_size=2, shuffle=shuffle)
+    old = [prepare_dataloader(loader, r, 2, seed=5) for r in range(2)]
+    for ld in old:
+        ld.set_epoch(3)
+    consumed = []
+    for ld in old:  # 4 steps on 2 ranks: 16 global samples
+        consumed += [int(i) for b in itertools.islice(ld, 4) for i in b[0]]
+    new = [prepare_dataloader(loader, r, new_world, seed=5) for r in range(new_world)]
+    rest = []
+    for ld in new:
+        ld.set_epoch(3)
+        ld.skip_samples(16)
+        assert ld.batches_next_pass() == math.ceil((52 - 16) / new_world / 2)
+        rest += [int(i) for b in ld for i in b[0]]
+    assert sorted(consumed + rest) == list(range(52))  # every sample once: no gap, no repeat
+    one = prepare_dataloader(loader, 0, 1, seed=5)
+    one.set_epoch(3)
+    order = [int(i) for b in one for i in b[0]]
+    assert set(order[:16]) == set(consumed)  # the first 16 of the epoch's global order were the ones consumed
+
+
+def test_the_same_world_size_continues_exactly():
+    ds = TensorDataset(torch.arange(37))
+    loader = DataLoader(ds, batch_size=3, shuffle=True)
+    for rank in range(2):
+        full = prepare_dataloader(loader, rank, 2, seed=1)
+        expected = [b[0].tolist() for b in full][2:]
+        resumed = prepare_dataloader(loader, rank, 2, seed=1)
+        resumed.skip_samples(2 * 3 * 2)
+        assert [b[0].tolist() for b in resumed] == expected

@@ -8,6 +8,8 @@ BACKENDS = (None, "nccl", "gloo", "mpi")
 LOG_SETUPS = ("cpu", "auto")
 MIXED_PRECISION = ("no", "bf16", "fp16")
 TRACKING_TOOLS = ("jsonl", "tensorboard", "mlflow")
+STRATEGIES = ("ddp", "fsdp")
+CHECKPOINT_FORMATS = ("auto", "file", "sharded")
 
 #: Defaults shared by TrainConfig and Accelerator (qadence differs between its two; we do not).
 DEFAULT_COMPUTE_SETUP = "auto"

@@ -184,6 +184,19 @@ def _worker(local_index: int, payload: Any, spec: _WorkerSpec, private_dir: str)
             atomic_write(os.path.join(private_dir, f"error-{local_index}.txt"), text.encode("utf-8", "replace"),
                          mode=0o600)
         raise
+    _exit_cleanly()
+
+
+def _exit_cleanly() -> None:
+    """End a worker whose work is done and whose group is closed without running C++ static destructors: under load,
+    a torch background thread still joinable at interpreter exit aborts the process ("terminate called without an
+    active exception", SIGABRT) after its result was written, and the run would be reported as failed."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 def check_not_bootstrapping() -> None:

@@ -23,12 +23,13 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import logging
 import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -39,7 +40,7 @@ from torch.utils.data import DataLoader
 
 from . import _collectives as collectives
 from . import _layout
-from ._choices import BACKENDS, COMPUTE_SETUPS, DEFAULT_COMPUTE_SETUP, LOG_SETUPS
+from ._choices import BACKENDS, COMPUTE_SETUPS, DEFAULT_COMPUTE_SETUP, LOG_SETUPS, STRATEGIES
 from ._launcher import ProcessGroupSession, launch
 from ._layout import ProcessPlan, WorkerContext, plan_processes
 from .data import DictDataLoader, generator_seed, prepare_dataloader
@@ -75,10 +76,15 @@ class Accelerator:
         log_setup: where reduced metrics live: ``"cpu"`` or ``"auto"`` (the compute device).
         dtype: model dtype; floating batch tensors are cast to it (complex dtypes use the real counterpart).
         backend: ``None`` picks nccl on GPU and gloo on CPU; ``"nccl"``, ``"gloo"`` or ``"mpi"`` explicitly.
+        strategy: ``"ddp"`` (a full copy of the model per process) or ``"fsdp"`` (FSDP2: parameters, gradients and
+            optimizer state sharded; blocks by class name ``fsdp_blocks``, else submodules of at least
+            ``fsdp_min_params`` parameters; ``fsdp_param_dtype=torch.bfloat16`` computes in bf16, reduces in fp32).
     """
 
     def __init__(self, nprocs: int = 1, compute_setup: str = DEFAULT_COMPUTE_SETUP, log_setup: str = "cpu",
-                 dtype: torch.dtype | None = None, backend: str | None = None) -> None:
+                 dtype: torch.dtype | None = None, backend: str | None = None, strategy: str = "ddp",
+                 fsdp_blocks: Sequence[str] | None = None, fsdp_min_params: int = 1_000_000,
+                 fsdp_param_dtype: torch.dtype | None = None) -> None:
         if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
             raise ConfigError(f"nprocs={nprocs!r}: must be an integer >= 1 (total number of processes).")
         if compute_setup not in COMPUTE_SETUPS:
@@ -89,6 +95,15 @@ class Accelerator:
             raise ConfigError(f"backend={backend!r}: must be one of {BACKENDS} (None chooses for you).")
         if dtype is not None and not isinstance(dtype, torch.dtype):
             raise ConfigError(f"dtype={dtype!r}: must be a torch.dtype such as torch.float32, or None.")
+        if strategy not in STRATEGIES:
+            raise ConfigError(f"strategy={strategy!r}: must be one of {STRATEGIES} (ddp: a full copy per process; "
+                              f"fsdp: parameters, gradients and optimizer state sharded across processes).")
+        if fsdp_blocks is not None and (isinstance(fsdp_blocks, str) or not all(isinstance(b, str)
+                                                                                for b in fsdp_blocks)):
+            raise ConfigError(f"fsdp_blocks={fsdp_blocks!r}: must be a tuple of module class names, e.g. "
+                              f"('TransformerEncoderLayer',).")
+        self.strategy, self.fsdp_blocks = strategy, tuple(fsdp_blocks) if fsdp_blocks else None
+        self.fsdp_min_params, self.fsdp_param_dtype = fsdp_min_params, fsdp_param_dtype
         self.nprocs = nprocs
         self.compute_setup = compute_setup
         self.log_setup = log_setup
@@ -272,21 +287,33 @@ class Accelerator:
         return obj
 
     def prepare_model(self, model: nn.Module, moved: dict[int, nn.Parameter] | None = None) -> nn.Module:
-        if isinstance(model, DistributedDataParallel):
+        """To the device and dtype, then DDP (a wrapper) or FSDP (``fully_shard`` in place) when world > 1.
+
+        ``moved`` collects old parameter id -> new parameter, so optimizers built earlier can follow.
+        """
+        from ._fsdp import is_sharded, shard
+
+        if isinstance(model, DistributedDataParallel) or is_sharded(model):
             return model
         before = {name: id(p) for name, p in model.named_parameters()}
         model = model.to(device=self.device, dtype=self.dtype) if self.dtype else model.to(self.device)
+        wrapped = model
+        if self.world_size > 1 and dist.is_initialized():
+            if not any(p.requires_grad for p in model.parameters()):
+                log.warning("Model has no trainable parameters; not wrapping it for data parallelism.")
+            elif self.strategy == "fsdp":
+                wrapped = shard(model, self.world_size, self.device.type, self.fsdp_blocks, self.fsdp_min_params,
+                                self.fsdp_param_dtype)
+            else:
+                wrapped = DistributedDataParallel(model, device_ids=[self.device.index] if self.use_cuda else None)
+        elif self.strategy == "fsdp" and self.is_main_process:
+            print("trainstack: strategy='fsdp' on one process: nothing to shard, the model is trained whole "
+                  "(checkpoints are still sharded DCP folders, which resume on any number of processes).", flush=True)
         if moved is not None:
             for name, p in model.named_parameters():
                 if id(p) != before.get(name):
                     moved[before[name]] = p
-        if self.world_size <= 1 or not dist.is_initialized():
-            return model
-        if not any(p.requires_grad for p in model.parameters()):
-            log.warning("Model has no trainable parameters; not wrapping it in DistributedDataParallel.")
-            return model
-        device_ids = [self.device.index] if self.use_cuda else None
-        return DistributedDataParallel(model, device_ids=device_ids)
+        return wrapped
 
     def _retarget_optimizer(self, optimizer: torch.optim.Optimizer, moved: dict[int, nn.Parameter]) -> None:
         """Point the optimizer at moved parameters and move its state next to them."""
@@ -297,8 +324,9 @@ class Accelerator:
                 if isinstance(value, torch.Tensor) and value.device != param.device and key != "step":
                     st[key] = value.to(param.device)
         if moved:
-            state: Any = type(optimizer.state)
-            optimizer.state = state({moved.get(id(p), p): s for p, s in optimizer.state.items()})
+            state: Any = collections.defaultdict(dict)
+            state.update({moved.get(id(p), p): s for p, s in optimizer.state.items()})
+            optimizer.state = state
 
     def prepare_batch(self, batch: Any) -> Any:
         """Move a (nested) batch to the device; floating tensors are cast to ``dtype``, labels never."""

@@ -1,7 +1,10 @@
 """Checkpoints: what one holds, how it is written (atomically), found, rotated and restored -- with or without a
 Trainer.
 
-One self-contained file per save, ``<run>/checkpoints/ckpt-e<epoch>-s<step>.pt`` (and ``best.pt``), holding:
+Two formats hold the same contents. *file* (the default for DDP): one self-contained file per save,
+``<run>/checkpoints/ckpt-e<epoch>-s<step>.pt`` (and ``best.pt``), written by rank 0. *sharded* (the default for
+FSDP, :mod:`._dcp`): a folder per save where every rank writes its shard of the model and optimizer, resharded
+on load to any number of processes. A checkpoint holds:
 
 * the *parts*: anything with ``state_dict``/``load_state_dict`` (model -- unwrapped, no ``module.`` prefixes --,
   optimizer, scheduler, scaler, callbacks), by name;
@@ -20,6 +23,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,13 +36,15 @@ import torch.distributed as dist
 from .errors import TrainstackError
 
 __all__ = ["CheckpointError", "Checkpointer", "Restored", "atomic_save", "capture_rng", "restore_rng",
-           "checkpoint_name", "has_checkpoint", "load_file", "load_checkpoint", "write_checkpoint"]
+           "checkpoint_name", "has_checkpoint", "load_file", "find", "consolidate", "describe", "load_checkpoint",
+           "write_checkpoint"]
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
-_PATTERN = re.compile(r"^ckpt-e(\d+)-s(\d+)\.pt$")
+_PATTERN = re.compile(r"^ckpt-e(\d+)-s(\d+)(\.pt)?$")
 _TEMP = re.compile(r"^\..+\.tmp-\d+$")
 BEST = "best.pt"
+BEST_SHARDED = "best"
 
 
 class CheckpointError(TrainstackError, OSError):
@@ -172,7 +178,9 @@ def gather_rng() -> list[dict[str, Any]]:
 
 # ---------------------------------------------------------------------------------------------------- contents
 def _unwrap(model: Any) -> Any:
-    while isinstance(getattr(model, "module", None), torch.nn.Module):  # DDP and similar wrappers
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    while isinstance(model, (DistributedDataParallel, DataParallel)):
         model = model.module
     return model
 
@@ -205,12 +213,17 @@ class Checkpointer:
     Saving and restoring are collective: every rank calls them (RNG states are gathered; every rank loads).
     """
 
-    def __init__(self, run_folder: str | os.PathLike, keep_last: int | None = None, is_main: bool = True) -> None:
+    def __init__(self, run_folder: str | os.PathLike, keep_last: int | None = None, is_main: bool = True,
+                 sharded: bool = False, async_save: bool = False) -> None:
         self.folder = Path(run_folder) / "checkpoints"
         self.keep_last = keep_last
         self.is_main = is_main
-        self.last_save_seconds: float | None = None
+        self.sharded = sharded
+        self.async_save = async_save and sharded
+        self.last_save_seconds: float | None = None  # how long training waited for the last save
         self.saved_step: int | None = None  # the global step of the newest periodic save of this run
+        self._pending: Any = None  # an asynchronous sharded save in flight
+        self._async_group: Any = None
 
     # -------------------------------------------------------------- saving
     def save(self, counters: Mapping[str, Any], parts: Mapping[str, Any], config: dict | None = None,
@@ -220,19 +233,68 @@ class Checkpointer:
         step = int(counters["global_step"])
         if not best and self.saved_step == step:
             return None
+        sharded = self.sharded
         state: dict[str, Any] = {"format_version": FORMAT_VERSION, **counters}
         for name, part in parts.items():
+            if sharded and name in ("model", "optimizer"):
+                continue  # written as shards by every rank
             state[name] = _state_of(part)
-            if name == "optimizer" and part is not None:
-                state["optimizer_class"] = type(part).__name__
+        if parts.get("optimizer") is not None:
+            state["optimizer_class"] = type(parts["optimizer"]).__name__
         state["rng"] = gather_rng()
         state["world_size"] = len(state["rng"])
         state["config"] = config
         if not best:
             self.saved_step = step
+        name = checkpoint_name(int(counters["epoch"]), step)
+        if sharded:
+            return self._save_sharded(state, parts, BEST_SHARDED if best else name.removesuffix(".pt"), best)
         if not self.is_main:
             return None
-        return self.write(state, BEST if best else checkpoint_name(int(counters["epoch"]), step))
+        return self.write(state, BEST if best else name)
+
+    def _save_sharded(self, state: dict[str, Any], parts: Mapping[str, Any], name: str, best: bool) -> Path | None:
+        """Every rank writes its shard; asynchronously (only staging stalls training) when asked, except for best."""
+        from . import _dcp
+
+        start = time.perf_counter()
+        self.wait()  # one save in flight at a time
+        group = None
+        if self.async_save and not best and dist.is_available() and dist.is_initialized():
+            if self._async_group is None:  # collectives of the background save must not share training's group
+                self._async_group = dist.new_group(backend="gloo")
+            group = self._async_group
+        try:
+            out = _dcp.write(self.folder / name, parts.get("model"), parts.get("optimizer"), state, self.is_main,
+                             group)
+        except Exception as exc:
+            raise CheckpointError(f"could not write checkpoint {self.folder / name}: {_why(exc, self.folder)}. The "
+                                  f"previous checkpoint is kept.") from exc
+        self.last_save_seconds = time.perf_counter() - start
+        if isinstance(out, _dcp.Pending):
+            self._pending = out
+            return None
+        self._committed(best)
+        return out if self.is_main else None
+
+    def wait(self) -> Path | None:
+        """Finish an asynchronous save in flight (collective: every rank calls it); its path on rank 0."""
+        if self._pending is None:
+            return None
+        from . import _dcp
+
+        pending, self._pending = self._pending, None
+        try:
+            path = _dcp.finish(pending, self.is_main)
+        except Exception as exc:
+            raise CheckpointError(f"could not write checkpoint {pending.final}: {_why(exc, self.folder)}. The "
+                                  f"previous checkpoint is kept.") from exc
+        self._committed(best=False)
+        return path if self.is_main else None
+
+    def _committed(self, best: bool) -> None:
+        if self.is_main and not best:
+            self._rotate()
 
     def write(self, state: Mapping[str, Any], name: str) -> Path:
         """Write one prepared state atomically under ``name`` (this process only), then rotate."""
@@ -248,18 +310,20 @@ class Checkpointer:
             return []
         stale = [p for p in self.folder.iterdir() if _TEMP.match(p.name)]
         for p in stale:
-            p.unlink(missing_ok=True)
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
         return stale
 
     # -------------------------------------------------------------- finding
     def checkpoints(self) -> list[Path]:
-        """Complete periodic checkpoints, oldest first."""
+        """Complete periodic checkpoints (files, and sharded folders with their commit marker), oldest first."""
+        from ._dcp import is_complete
+
         if not self.folder.is_dir():
             return []
         found = []
         for p in self.folder.iterdir():
             m = _PATTERN.match(p.name)
-            if m:
+            if m and (p.is_file() if m.group(3) else is_complete(p)):
                 found.append(((int(m.group(2)), int(m.group(1))), p))
         return [p for _, p in sorted(found)]
 
@@ -271,7 +335,7 @@ class Checkpointer:
         if not self.keep_last:
             return
         for old in self.checkpoints()[: -self.keep_last]:
-            old.unlink(missing_ok=True)
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
 
     # -------------------------------------------------------------- restoring
     def load(self, path: str | os.PathLike | None = None) -> tuple[dict[str, Any], Path] | None:
@@ -310,6 +374,8 @@ class Checkpointer:
         if found is None:
             return None
         state, where = found
+        if where.is_dir():  # sharded: model and optimizer come from the shards, resharded to this layout
+            _load_shards(where, parts, state)
         for name, part in parts.items():
             if part is not None and state.get(name) is not None:
                 _load_part(name, part, state, where)
@@ -338,9 +404,39 @@ def _load_part(name: str, part: Any, state: Mapping[str, Any], where: Path) -> N
                               f"(another log_folder, or resume=None) after changing them.") from exc
 
 
+def _load_shards(folder: Path, parts: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+    from . import _dcp
+
+    model, optimizer = parts.get("model"), parts.get("optimizer")
+    if optimizer is not None and state.get("optimizer_class") not in (None, type(optimizer).__name__):
+        raise CheckpointError(f"{folder} holds the state of a {state['optimizer_class']} optimizer, but this run uses "
+                              f"{type(optimizer).__name__}. HINT: resume with the same optimizer, or start a new run "
+                              f"(another log_folder, or resume=None).")
+    if model is None:
+        return
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        _dcp.load_into(folder, model, optimizer)
+    except (Exception, CheckpointException) as exc:  # DCP's own exception is a BaseException
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+        detail = next((line for line in lines if "size" in line.lower() or "missing" in line.lower()), lines[0])
+        raise CheckpointError(f"{folder} does not fit this run's model: {detail[:300]}. HINT: a checkpoint only "
+                              f"loads into the same model and optimizer it was written from; start a new run "
+                              f"(another log_folder, or resume=None) after changing them.") from exc
+
+
 def load_file(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a checkpoint file to the CPU with ``weights_only=True``; a clear error for missing or foreign files."""
+    """Load a checkpoint (a file, or a sharded folder's non-tensor part) to the CPU with ``weights_only=True``; a
+    clear error for missing or foreign files."""
+    from ._dcp import EXTRAS, is_complete
+
     path = Path(path)
+    if path.is_dir() and is_complete(path):
+        return _checked(path / EXTRAS, path)
+    if path.is_dir() and (path / EXTRAS).exists():
+        raise CheckpointError(f"{path} is an incomplete sharded checkpoint (no COMMITTED marker: its save was "
+                              f"interrupted). HINT: resume='auto' uses the newest complete one.")
     if path.is_dir():
         run = path.parent if path.name == "checkpoints" else path
         latest = Checkpointer(run).latest()
@@ -349,16 +445,90 @@ def load_file(path: str | os.PathLike) -> dict[str, Any]:
                               f"HINT: resume='auto' continues from the newest checkpoint of the run folder.")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist. HINT: resume='auto' picks the latest one "
-                              f"in the run folder; a path must point at a ckpt-*.pt file.")
+                              f"in the run folder; a path must point at a ckpt-* file or folder.")
+    return _checked(path, path)
+
+
+def _checked(file: Path, name: Path) -> dict[str, Any]:
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise CheckpointError(f"cannot load checkpoint {path}: the file is damaged or not a torch checkpoint "
+        raise CheckpointError(f"cannot load checkpoint {name}: the file is damaged or not a torch checkpoint "
                               f"({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})"
                               f".") from exc
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{path} is not a trainstack checkpoint (format {FORMAT_VERSION}).")
+        raise CheckpointError(f"{name} is not a trainstack checkpoint (format {FORMAT_VERSION}).")
     return state
+
+
+def check_fits(model: torch.nn.Module, path: str | os.PathLike) -> None:
+    """Compare a checkpoint's parameter names and shapes with ``model`` (cheap: no tensor is read), so a resume
+    into another model fails before any process starts, naming the first difference."""
+    where = Path(path)
+    if where.is_dir():
+        import torch.distributed.checkpoint as dcp
+
+        meta = dcp.FileSystemReader(str(where)).read_metadata().state_dict_metadata
+        saved = {k[len("model."):]: tuple(v.size) for k, v in meta.items() if k.startswith("model.")
+                 and hasattr(v, "size")}
+    else:
+        state = torch.load(where, map_location="cpu", weights_only=True, mmap=True)
+        saved = {k: tuple(v.shape) for k, v in state["model"].items()}
+    mine = {k: tuple(v.shape) for k, v in _unwrap(model).state_dict().items()}
+    for key in sorted(set(saved) | set(mine)):
+        if saved.get(key) != mine.get(key):
+            raise CheckpointError(f"{where} does not fit this run's model: {key} is {saved.get(key, 'missing')} in "
+                                  f"the checkpoint and {mine.get(key, 'missing')} in the model. HINT: a checkpoint "
+                                  f"only loads into the model it was written from; start a new run (another "
+                                  f"log_folder, or resume=None) after changing the model.")
+
+
+# ---------------------------------------------------------------------------------------------------- tools
+def find(path: str | os.PathLike) -> Path:
+    """A checkpoint from a run folder (its newest), a ``checkpoints`` folder (its newest) or a checkpoint itself."""
+    from ._dcp import is_complete
+
+    path = Path(path)
+    if path.is_file() or is_complete(path) or _PATTERN.match(path.name) or path.name == BEST_SHARDED:
+        load_file(path)  # a clear error for a missing, damaged or incomplete one
+        return path
+    run = path.parent if path.name == "checkpoints" else path
+    latest = Checkpointer(run).latest()
+    if latest is None:
+        raise CheckpointError(f"no complete checkpoint in {path}. HINT: give a run folder, its checkpoints folder, "
+                              f"or one ckpt-* file or folder.")
+    return latest
+
+
+def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The model's whole state dict (no ``module.`` prefixes) from any checkpoint, sharded or not, in one process."""
+    from . import _dcp
+
+    where = find(path)
+    if where.is_dir():
+        return _dcp.tensors(where, "model")
+    return dict(load_file(where)["model"])
+
+
+def describe(path: str | os.PathLike) -> dict[str, Any]:
+    """What ``trainstack checkpoint inspect`` shows: format, written by how many processes, where in training, size."""
+    from . import _dcp
+
+    where = find(path)
+    state = load_file(where)
+    partial = state.get("partial_epoch") or {}
+    if where.is_dir():
+        params = sum(t.numel() for t in _dcp.tensors(where, "model").values())
+        size = _dcp.size_on_disk(where)
+    else:
+        params = sum(t.numel() for t in state["model"].values())
+        size = where.stat().st_size
+    return {"checkpoint": str(where), "format": "sharded" if where.is_dir() else "file",
+            "world_size": state.get("world_size"), "epoch": state.get("epoch"), "global_step": state.get("global_step"),
+            "batch_in_epoch": partial.get("batch_in_epoch", 0), "samples_in_epoch": partial.get("samples_in_epoch"),
+            "parameters": params, "bytes": size, "optimizer": state.get("optimizer_class"),
+            "saved_at": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state["saved_at"]))
+            if state.get("saved_at") else None}
 
 
 # ---------------------------------------------------------------------------------------------------- qadence helpers

@@ -166,6 +166,51 @@ def _command_line() -> str:
     return "trainstack " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
+@main.group()
+def checkpoint() -> None:
+    """Inspect checkpoints and turn them into one plain state dict."""
+
+
+@checkpoint.command("inspect")
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def checkpoint_inspect(path: str, as_json: bool) -> None:
+    """Format, world size, step, epoch, parameters and size of a checkpoint (or a run folder's newest)."""
+    import json
+
+    from .checkpoint import CheckpointError, describe
+
+    try:
+        info = describe(path)
+    except CheckpointError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    width = max(len(k) for k in info)
+    for key, value in info.items():
+        click.echo(f"{key:<{width}}  {value}")
+
+
+@checkpoint.command("consolidate")
+@click.argument("path", type=click.Path(exists=True))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The .pt file to write.")
+@click.option("--force", is_flag=True, help="Overwrite --output if it exists.")
+def checkpoint_consolidate(path: str, output: str, force: bool) -> None:
+    """Write the model's whole state dict (loadable with torch.load(..., weights_only=True) into the plain module,
+    no `module.` prefixes) from any checkpoint: sharded by any number of processes, or a file."""
+    from .checkpoint import CheckpointError, atomic_save, consolidate
+
+    if Path(output).exists() and not force:
+        raise click.BadParameter(f"{output} exists; pass --force to overwrite it", param_hint="'-o'")
+    try:
+        state = consolidate(path)
+        atomic_save(state, Path(output))
+    except CheckpointError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {output}: {len(state)} tensors, {sum(t.numel() for t in state.values()):,} parameters")
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--compute-setup", type=click.Choice(["auto", "gpu", "cpu"]), default="auto", show_default=True,

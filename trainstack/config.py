@@ -16,7 +16,16 @@ from typing import Any
 
 import torch
 
-from ._choices import BACKENDS, COMPUTE_SETUPS, DEFAULT_COMPUTE_SETUP, LOG_SETUPS, MIXED_PRECISION, TRACKING_TOOLS
+from ._choices import (
+    BACKENDS,
+    CHECKPOINT_FORMATS,
+    COMPUTE_SETUPS,
+    DEFAULT_COMPUTE_SETUP,
+    LOG_SETUPS,
+    MIXED_PRECISION,
+    STRATEGIES,
+    TRACKING_TOOLS,
+)
 from .errors import ConfigError
 
 __all__ = ["TrainConfig"]
@@ -85,7 +94,21 @@ class TrainConfig:
     grad_clip_norm: float | None = None
     """Clip the global gradient norm to this value before each optimizer step."""
     mixed_precision: str = "no"
-    """``no``, ``bf16`` (autocast) or ``fp16`` (autocast + GradScaler, CUDA only)."""
+    """``no``, ``bf16`` (autocast; with fsdp, FSDP's bf16 compute with fp32 reductions) or ``fp16`` (autocast +
+    GradScaler, CUDA only)."""
+    strategy: str = "ddp"
+    """``ddp``: every process holds the whole model. ``fsdp``: FSDP2 shards parameters, gradients and optimizer
+    state across the processes (for models that outgrow one device)."""
+    fsdp_blocks: tuple[str, ...] | None = None
+    """With fsdp: the module classes to shard one by one (e.g. ``("TransformerEncoderLayer",)``); None: every
+    submodule holding at least ``fsdp_min_params`` parameters."""
+    fsdp_min_params: int = 1_000_000
+    """With fsdp and no ``fsdp_blocks``: the size of a block."""
+    checkpoint_format: str = "auto"
+    """``file`` (one file, rank 0 writes), ``sharded`` (a DCP folder, every rank writes its shard; resumes on any
+    number of processes) or ``auto`` (sharded for fsdp, file for ddp)."""
+    async_checkpoint: bool = False
+    """Sharded checkpoints only: write in the background; training waits only while the state is copied."""
     max_batches: int | None = None
     """Use at most this many batches per epoch. An endless loader (``to_dataloader(..., infinite=True)``) takes
     this many per epoch (1 when unset, as qadence does)."""
@@ -110,6 +133,12 @@ class TrainConfig:
             _check_int(name, getattr(self, name), minimum=0)
         _check_int("nprocs", self.nprocs, minimum=1)
         _check_int("batch_size", self.batch_size, minimum=1)
+        _check_int("fsdp_min_params", self.fsdp_min_params, minimum=1)
+        if self.fsdp_blocks is not None:
+            if isinstance(self.fsdp_blocks, str) or not all(isinstance(b, str) for b in self.fsdp_blocks):
+                raise ConfigError(f"TrainConfig.fsdp_blocks={self.fsdp_blocks!r} must be a tuple of module class "
+                                  f"names, e.g. ('TransformerEncoderLayer',).")
+            self.fsdp_blocks = tuple(self.fsdp_blocks)
         if self.batch_size != 1:
             warnings.warn(f"TrainConfig.batch_size={self.batch_size} is not used (nor was it by qadence): the "
                           f"DataLoader's batch_size decides.", stacklevel=3)
@@ -131,6 +160,7 @@ class TrainConfig:
 
     def _check_choices(self) -> None:
         choices = {"compute_setup": COMPUTE_SETUPS, "backend": BACKENDS, "log_setup": LOG_SETUPS,
+                   "strategy": STRATEGIES, "checkpoint_format": CHECKPOINT_FORMATS,
                    "tracking_tool": TRACKING_TOOLS, "mixed_precision": MIXED_PRECISION}
         if hasattr(self.tracking_tool, "value"):  # accept enum-like values (qadence ExperimentTrackingTool)
             self.tracking_tool = str(self.tracking_tool.value)
@@ -180,6 +210,13 @@ class TrainConfig:
         if self.resume == "auto" and self.create_subfolder_per_run:
             raise ConfigError("TrainConfig.resume='auto' cannot find earlier checkpoints when "
                               "create_subfolder_per_run=True makes a new folder every time. HINT: set one of them.")
+        if self.async_checkpoint and self.checkpoint_format == "file" or self.async_checkpoint and \
+                self.checkpoint_format == "auto" and self.strategy == "ddp":
+            raise ConfigError("TrainConfig.async_checkpoint=True needs sharded checkpoints: set checkpoint_format="
+                              "'sharded' (or strategy='fsdp').")
+        if (self.fsdp_blocks or self.fsdp_min_params != 1_000_000) and self.strategy != "fsdp":
+            raise ConfigError(f"TrainConfig.fsdp_blocks/fsdp_min_params only apply with strategy='fsdp' (strategy="
+                              f"{self.strategy!r}).")
         if self.mixed_precision == "fp16" and self.compute_setup == "cpu":
             raise ConfigError("TrainConfig.mixed_precision='fp16' needs CUDA (GradScaler); on CPU use 'bf16' or 'no'.")
 

@@ -13,6 +13,7 @@ qadence names: :class:`DictDataLoader` (``{name: batch}`` from several loaders),
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import random
 from collections.abc import Iterable, Iterator, Mapping
@@ -39,30 +40,68 @@ _COPIED = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn
 
 
 class ResumableDistributedSampler(_TorchDistributedSampler):
-    """torch's DistributedSampler that can skip the first ``n`` indices of its next pass."""
+    """torch's DistributedSampler whose next pass can start at a *global* sample position.
+
+    The position counts samples of the epoch's order consumed by all ranks together, so it means the same for any
+    number of ranks: a run stopped after ``g`` samples on ``W`` ranks continues at sample ``g`` on ``W'`` ranks,
+    with nothing skipped or repeated (padding aside). On the same ``W`` the continuation is exactly the rest of
+    the pass it would have had. The skipped samples are never loaded.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._skip = 0
+        self._start = 0
 
-    def skip_next(self, n_indices: int) -> None:
-        self._skip = max(int(n_indices), 0)
+    def skip_samples(self, n_samples: int) -> None:
+        """The next pass starts at global sample ``n_samples`` of the epoch's order."""
+        self._start = max(int(n_samples), 0)
+
+    def _order(self) -> list[int]:
+        if self.shuffle:  # the order torch's DistributedSampler uses: independent of the number of ranks
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            return torch.randperm(len(self.dataset), generator=g).tolist()  # type: ignore[arg-type]
+        return list(range(len(self.dataset)))  # type: ignore[arg-type]
+
+    def _indices_from(self, start: int) -> list[int]:
+        order = self._order()
+        rest = order[start:]
+        replicas = self.num_replicas
+        if self.drop_last:
+            rest = rest[: len(rest) - len(rest) % replicas]
+        elif rest:
+            pad = (-len(rest)) % replicas  # padded from the start of the order, as torch pads
+            rest += (order * math.ceil(pad / len(order)))[:pad]
+        return rest[self.rank::replicas]
+
+    def next_len(self) -> int:
+        """How many indices this rank's next pass yields."""
+        return len(self._indices_from(self._start)) if self._start else self.num_samples
 
     def __iter__(self) -> Iterator[int]:
-        it = super().__iter__()
-        if self._skip:
-            it, self._skip = itertools.islice(it, self._skip, None), 0
-        return it
+        start, self._start = self._start, 0
+        if not start:
+            return super().__iter__()
+        return iter(self._indices_from(start))
 
 
 class ShardedIterableDataset(IterableDataset):
-    """Every ``world_size``-th element of an iterable dataset, starting at ``rank``."""
+    """Element ``rank`` of every complete group of ``world_size`` elements of an iterable dataset.
+
+    Every rank gets the same number of elements (a tail shorter than ``world_size`` is dropped): with uneven
+    counts one rank would wait forever in a collective its peers never reach.
+    """
 
     def __init__(self, dataset: IterableDataset, rank: int, world_size: int) -> None:
         self.dataset, self.rank, self.world_size = dataset, rank, world_size
 
     def __iter__(self) -> Iterator[Any]:
-        return itertools.islice(iter(self.dataset), self.rank, None, self.world_size)
+        it = iter(self.dataset)
+        while True:
+            group = list(itertools.islice(it, self.world_size))
+            if len(group) < self.world_size:
+                return
+            yield group[self.rank]
 
 
 class PreparedDataLoader(DataLoader):
@@ -76,15 +115,32 @@ class PreparedDataLoader(DataLoader):
 
     @property
     def can_skip(self) -> bool:
-        """True when the first batches of a pass can be jumped over in the sampler, without loading them."""
+        """True when a pass can start at a global sample position, jumping over the rest without loading it."""
         return isinstance(self.sampler, ResumableDistributedSampler)
 
-    def skip_batches(self, n_batches: int) -> None:
-        """Skip the first ``n_batches`` batches of the next pass (mid-epoch resume)."""
+    @property
+    def samples_per_step(self) -> int:
+        """Global samples one step of every rank consumes (batch size x ranks)."""
+        sampler: Any = self.sampler
+        return (self.batch_size or 1) * getattr(sampler, "num_replicas", 1)
+
+    def skip_samples(self, n_samples: int) -> None:
+        """Start the next pass at global sample ``n_samples`` of the epoch (mid-epoch resume, any world size)."""
         sampler = self.sampler
         if not isinstance(sampler, ResumableDistributedSampler):
             raise ConfigError("this loader cannot skip batches: its sampler is not a ResumableDistributedSampler")
-        sampler.skip_next(n_batches * (self.batch_size or 1))
+        sampler.skip_samples(n_samples)
+
+    def skip_batches(self, n_batches: int) -> None:
+        """Skip the first ``n_batches`` batches of every rank's next pass."""
+        self.skip_samples(n_batches * self.samples_per_step)
+
+    def batches_next_pass(self) -> int:
+        """Batches of the next pass on this rank (after a skip)."""
+        sampler: Any = self.sampler
+        n = sampler.next_len() if isinstance(sampler, ResumableDistributedSampler) else len(sampler)
+        size = self.batch_size or 1
+        return n // size if self.drop_last else math.ceil(n / size)
 
     def __iter__(self) -> Any:
         sampler = self.sampler
@@ -308,14 +364,25 @@ class DictDataLoader:
     def can_skip(self) -> bool:
         return all(getattr(v, "can_skip", False) for v in self.dataloaders.values())
 
+    @property
+    def samples_per_step(self) -> dict[str, int]:
+        return {k: v.samples_per_step for k, v in self.dataloaders.items()}
+
     def set_epoch(self, epoch: int) -> None:
         for v in self.dataloaders.values():
             if hasattr(v, "set_epoch"):
                 v.set_epoch(epoch)
 
+    def skip_samples(self, n_samples: dict[str, int]) -> None:
+        for k, v in self.dataloaders.items():
+            v.skip_samples(n_samples[k])
+
     def skip_batches(self, n_batches: int) -> None:
         for v in self.dataloaders.values():
             v.skip_batches(n_batches)
+
+    def batches_next_pass(self) -> int:
+        return min(v.batches_next_pass() for v in self.dataloaders.values())
 
     def prepared(self, prepare: Any) -> DictDataLoader:
         """The same dict with every inner loader passed through ``prepare`` (sharding)."""
@@ -363,16 +430,11 @@ def batches_per_epoch(loader: Any, max_batches: int | None) -> int | None:
 
 
 def epoch_batches(loader: Any, start: int = 0, count: int | None = None) -> Iterable[Any]:
-    """The batches of one pass after the first ``start`` ones, at most ``count`` of them.
-
-    A prepared loader jumps over the first batches in its sampler (nothing is loaded for them); any other loader
-    replays them. ``loader=None`` gives one ``None`` batch per epoch (qadence: ``loss_fn(model, None)``).
-    """
+    """The batches of one pass after the first ``start`` ones (replayed: a prepared loader jumps instead, see
+    ``skip_samples``), at most ``count`` of them. ``loader=None`` gives one ``None`` batch per epoch (qadence:
+    ``loss_fn(model, None)``)."""
     if loader is None:
         return (None,)
-    if start and getattr(loader, "can_skip", False):
-        loader.skip_batches(start)
-        start = 0
     if not start and count is None:
         return loader
     return itertools.islice(loader, start, None if count is None else start + count)

@@ -187,7 +187,12 @@ class AccumulatingStep:
         if self.left is not None:
             self.left -= 1
         sync = self.micro >= window
-        no_sync = getattr(model, "no_sync", contextlib.nullcontext)() if not sync else contextlib.nullcontext()
+        set_sync: Any = getattr(model, "set_requires_gradient_sync", None)
+        if set_sync is not None:  # FSDP2: keep unsharded grads until the window's end
+            set_sync(sync)
+            no_sync = contextlib.nullcontext()
+        else:  # DDP: skip the gradient all-reduce inside the window
+            no_sync = getattr(model, "no_sync", contextlib.nullcontext)() if not sync else contextlib.nullcontext()
         with no_sync:
             with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                 loss, metrics = call_loss(self.loss_fn, model, batch)
@@ -268,6 +273,14 @@ def check_step_options(config: Any, optimizer: Any, custom_step: bool, use_grad:
     if not use_grad and _special(config):
         raise ConfigError("gradient-free training (use_grad=False) has no gradients to accumulate, clip or scale. "
                           "HINT: drop gradient_accumulation_steps, grad_clip_norm and mixed_precision.")
+    if getattr(config, "strategy", "ddp") == "fsdp":
+        if not use_grad:
+            raise ConfigError("strategy='fsdp' shards gradients, and gradient-free training has none (nevergrad sets "
+                              "whole parameter vectors). HINT: use strategy='ddp' with use_grad=False.")
+        if isinstance(optimizer, torch.optim.LBFGS):
+            raise ConfigError("strategy='fsdp' cannot run LBFGS: it flattens every parameter into one vector, which "
+                              "sharded (DTensor) parameters do not allow. HINT: use a first-order optimizer, or "
+                              "strategy='ddp'.")
 
 
 def make_step(config: Any, optimizer: Any, loss_fn: LossFn, fn: Callable[..., Any], use_grad: bool,
@@ -276,6 +289,9 @@ def make_step(config: Any, optimizer: Any, loss_fn: LossFn, fn: Callable[..., An
     if not use_grad:
         return GradientFreeStep(optimizer, loss_fn)
     if _special(config):
+        # with fsdp, bf16 is FSDP's own policy (bf16 compute, fp32 reduction): no autocast on top of it
+        precision = "no" if getattr(config, "strategy", "ddp") == "fsdp" and config.mixed_precision == "bf16" \
+            else config.mixed_precision
         return AccumulatingStep(optimizer, loss_fn, device.type, config.gradient_accumulation_steps,
-                                config.grad_clip_norm, config.mixed_precision)
+                                config.grad_clip_norm, precision)
     return PlainStep(fn, optimizer, loss_fn, device, data_dtype)

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 from . import _collectives as collectives
 from ._runfolder import RunLock, choose_run_folder, refuse_to_overwrite
@@ -88,6 +89,8 @@ class Trainer:
     _resume_totals: dict[str, Any]  # ... with these partial sums ...
     _pending_rng: dict[str, Any] | None  # ... and these RNG states, restored once its iterator exists
     _partial: dict[str, Any] | None  # the position saved by a mid-epoch stop
+    _resume_samples: Any  # global samples of the stopped epoch to jump over (int, or per key for a dict loader)
+    _epoch_base: Any  # global samples consumed before this segment of the epoch (same shapes)
     _best_val: float
     _first_step: int  # the global step this run started at (a failure there gets a note on the loss contract)
     _lock: RunLock | None
@@ -109,9 +112,16 @@ class Trainer:
         self.test_dataloader = check_loader(test_dataloader, "test")
         self.max_batches = max_batches if max_batches is not None else config.max_batches
         self.scheduler = LRScheduler(scheduler) if scheduler is not None else None
-        self.accelerator = Accelerator(nprocs=config.nprocs, compute_setup=config.compute_setup,
-                                       log_setup=config.log_setup, dtype=config.dtype, backend=config.backend)
+        self.accelerator = Accelerator(
+            nprocs=config.nprocs, compute_setup=config.compute_setup, log_setup=config.log_setup, dtype=config.dtype,
+            backend=config.backend, strategy=config.strategy, fsdp_blocks=config.fsdp_blocks,
+            fsdp_min_params=config.fsdp_min_params,
+            fsdp_param_dtype=torch.bfloat16 if config.strategy == "fsdp" and config.mixed_precision == "bf16" else None)
         check_step_options(config, optimizer, self._custom_step, self.use_grad, self.accelerator.use_cuda)
+        if config.strategy == "fsdp" and config.fsdp_blocks:
+            from ._fsdp import check_blocks
+
+            check_blocks(model, config.fsdp_blocks)  # here, before any process starts
         self.current_epoch = self.global_step = 0
         self.run_folder: Path | None = None
         self.stop_training, self.stop_reason = False, ""
@@ -203,6 +213,11 @@ class Trainer:
         lock = None
         if plan.spawn and plan.rank_offset == 0:  # this process launches rank 0: it claims the run folder, so a
             self.run_folder, lock = self._claim_folder()  # busy or reused folder is a plain error here
+            try:
+                self._check_resume_fits()
+            except BaseException:
+                lock.release()
+                raise
         self._claimed = lock is not None
         try:
             result = self.accelerator.distribute(_fit_entry)(self)
@@ -273,20 +288,20 @@ class Trainer:
                 self._end_epoch()
             if not self.stop_reason.startswith((PREEMPTED, DIVERGED)):  # only a finished run has an end
                 self._finish()
+            self.checkpointer.wait()  # an asynchronous save in flight is committed before the run ends
         finally:
             self._close()
-        return self._export() if self.accelerator.is_main_process else None
+        return self._export()
 
     def _train_epoch(self) -> bool:
         """One pass over the training data (the rest of one after a mid-epoch resume); True when stopped early."""
         model, step, tracker = self._ddp_model, self.step, self.tracker
         n, loss_sum, sums = self._resume_at, self._resume_totals.get("loss_sum"), dict(self._resume_totals.get(
             "sums") or {})
-        left = None if self._per_epoch is None else self._per_epoch - n
-        batches = iter(epoch_batches(self._train_loader, n, left if self._capped else None))
+        batches, left = self._epoch_iterator(n)
         if self._pending_rng is not None:  # restored only now: creating the iterator drew from the global RNG
             restore_rng(self._pending_rng)
-        self._resume_at, self._resume_totals, self._pending_rng = 0, {}, None
+        self._resume_at, self._resume_totals, self._pending_rng, self._resume_samples = 0, {}, None, None
         step.begin_epoch(left)
         model.train()
         on_start, on_end = self.callbacks.period("train_batch_start"), self.callbacks.period("train_batch_end")
@@ -318,6 +333,7 @@ class Trainer:
                 exc.add_note(_first_step_note(batch))
             raise
         self.metrics = self._epoch_metrics("train", loss_sum, sums, n)
+        self._epoch_base = 0
         return False
 
     def _end_epoch(self) -> None:
@@ -365,6 +381,7 @@ class Trainer:
         totals: dict[str, torch.Tensor] = {}
         count = 0.0
         start, end = f"{phase}_batch_start", f"{phase}_batch_end"
+        i, batch = 0, None
         with torch.no_grad():
             for i, batch in enumerate(epoch_batches(loader), 1):  # batch events count this pass's batches
                 batch = self.accelerator.prepare_batch(batch)
@@ -375,24 +392,62 @@ class Trainer:
                 for k, v in {"loss": loss, **metrics}.items():
                     totals[k] = totals.get(k, 0.0) + v.detach().float() * size
                 self._fire_batch(end, i, loss, metrics)
+            self._even_out_forwards(model, loader, i, batch)
         model.train(was_training)
         reduced = collectives.all_reduce_dict({**totals, "__count": count}, "sum")
         denom = max(float(reduced.pop("__count")), 1.0)
         return {f"{phase}_{k}": float(v) / denom for k, v in reduced.items()}
 
+    def _even_out_forwards(self, model: nn.Module, loader: Any, done: int, batch: Any) -> None:
+        """A sharded model's forward is a collective: ranks with fewer evaluation batches (the shards differ by one
+        sample) run discarded forwards until every rank has run as many."""
+        from ._fsdp import is_sharded
+
+        if not is_sharded(model) or self.accelerator.world_size == 1:
+            return
+        most = int(collectives.all_reduce_dict({"n": float(done)}, "max")["n"])
+        if most > done and batch is None:  # this rank had no batch at all: borrow one sample of the dataset
+            batch = self.accelerator.prepare_batch(next(iter(DataLoader(_dataset_of(loader), batch_size=1))))
+        for _ in range(most - done):
+            call_loss(self.loss_fn, model, batch)
+
     # ------------------------------------------------------------------ stopping
+    def _epoch_iterator(self, n: int) -> tuple[Iterator[Any], int | None]:
+        """This pass's batches after the first ``n`` (and how many are left): a prepared loader jumps to the saved
+        global sample position without loading what it skips; any other loader replays ``n`` batches."""
+        loader, cap = self._train_loader, self._per_epoch if self._capped else None
+        if self._resume_samples is not None and getattr(loader, "can_skip", False):
+            loader.skip_samples(self._resume_samples)
+            left = loader.batches_next_pass() if cap is None else min(loader.batches_next_pass(), cap - n)
+            return iter(epoch_batches(loader, 0, left if cap is not None else None)), left
+        left = None if self._per_epoch is None else self._per_epoch - n
+        return iter(epoch_batches(loader, n, left if cap is not None else None)), left
+
+    def _position(self, n: int) -> dict[str, Any]:
+        """Where this epoch stands after ``n`` batches: also as global samples, which any world size can continue."""
+        spb = getattr(self._train_loader, "samples_per_step", None)
+        base = self._epoch_base
+        if spb is None:
+            samples = None
+        elif isinstance(spb, dict):
+            samples = {k: (base.get(k, 0) if isinstance(base, dict) else 0) + n * v for k, v in spb.items()}
+        else:
+            samples = base + n * spb
+        return {"batch_in_epoch": n, "samples_in_epoch": samples, "world_size": self.accelerator.world_size}
+
     def _stop_now(self, n: int, loss_sum: Any, sums: dict[str, Any]) -> bool:
         """Every rank asks at the same step; if any rank was asked to stop, all save and stop together."""
         _, why = self.stopper.agree(self.accelerator.world_size)
         if why is None:
             return False
-        self._partial = {"batch_in_epoch": n, "loss_sum": loss_sum, "sums": sums}
+        self._partial = {**self._position(n), "loss_sum": loss_sum, "sums": sums}
         self._stop_for_preemption(why)
         return True
 
     def _stop_for_preemption(self, why: str) -> None:
         self.stop_training, self.stop_reason = True, f"{PREEMPTED} ({why})"
         path = self.save_checkpoint()
+        path = self.checkpointer.wait() or path  # an asynchronous save must be complete before the job ends
         took = self.checkpointer.last_save_seconds
         if self.accelerator.is_main_process:  # tells the batch script: checkpoint complete, requeue me
             self.stopper.confirm_saved(path or self.checkpointer.latest())
@@ -444,10 +499,13 @@ class Trainer:
                                     cfg.stop_file or os.environ.get("TRAINSTACK_STOP_FILE"))
         self.stopper.install()
         self.run_folder = self._agree_on_folder()
-        self.checkpointer = Checkpointer(self.run_folder, cfg.keep_last_checkpoints, acc.is_main_process)
+        sharded = cfg.checkpoint_format == "sharded" or cfg.checkpoint_format == "auto" and cfg.strategy == "fsdp"
+        self.checkpointer = Checkpointer(self.run_folder, cfg.keep_last_checkpoints, acc.is_main_process, sharded,
+                                         cfg.async_checkpoint)
         self.callbacks = CallbackManager(self._user_callbacks(), acc.is_main_process)
         self._resume_at, self._resume_totals, self._pending_rng, self._best_val = 0, {}, None, math.inf
         self._partial = None
+        self._resume_samples, self._epoch_base = None, 0
         self._run_start, restored = self.current_epoch, None
         if cfg.resume is not None:  # before the banner, so it shows where training continues
             restored = self.checkpointer.restore(self._parts(), None if cfg.resume == "auto" else cfg.resume,
@@ -477,6 +535,17 @@ class Trainer:
         lock.acquire()
         Checkpointer(folder).remove_stale_temp_files()
         return folder, lock
+
+    def _check_resume_fits(self) -> None:
+        """Before spawning: the checkpoint to resume from must fit the model (a clear error here, not in a worker)."""
+        from .checkpoint import check_fits
+
+        cfg = self.config
+        if cfg.resume is None or self.run_folder is None:
+            return
+        target = Checkpointer(self.run_folder).latest() if cfg.resume == "auto" else Path(cfg.resume)
+        if target is not None and target.exists():
+            check_fits(self.model, target)
 
     def _agree_on_folder(self) -> Path:
         """Rank 0 claims the run folder (unless its launching process did); every rank gets it or the same error."""
@@ -534,25 +603,62 @@ class Trainer:
         self.current_epoch, self.global_step = int(c["epoch"]), int(c["global_step"])
         self._run_start = int(c.get("run_start_epoch", 0))
         self._best_val = float(c.get("best_val_loss", math.inf))
-        partial = c.get("partial_epoch") or {}
-        self._resume_at, self._resume_totals = int(partial.get("batch_in_epoch", 0)), partial
         if hasattr(self._train_loader, "set_epoch"):
             self._train_loader.set_epoch(self.current_epoch)
-        if restored.rng is None:
-            log.warning("checkpoint was written by %d processes, this run has %d: RNG states not restored, so the "
-                        "continuation is not bitwise identical.", restored.world_size, self.accelerator.world_size)
-        elif self._resume_at:
-            self._pending_rng = restored.rng  # restored once the epoch's iterator exists
-        else:
-            restore_rng(restored.rng)
+        world, saved_world = self.accelerator.world_size, restored.world_size
+        resharded = self._take_position(c.get("partial_epoch") or {}, saved_world)
+        if restored.rng is not None and not resharded:
+            if self._resume_at:
+                self._pending_rng = restored.rng  # restored once the epoch's iterator exists
+            else:
+                restore_rng(restored.rng)
+        else:  # another layout: each rank's RNG is re-derived from the seed, the rank and the step (repeatable)
+            derived = _derived_seed(self.config.seed or 0, self.accelerator.rank, self.global_step)
+            self._pending_rng = None
+            seed_everything(derived)
         where = f", batch {self._resume_at} of the epoch" if self._resume_at else ""
+        if saved_world != world:
+            where += (f"; resharded: written by {saved_world} process(es), continuing on {world} at global sample "
+                      f"{self._resume_samples or 0} of the epoch, RNG re-derived")
         self.console_print(f"Resumed from {restored.path} (epoch {self.current_epoch}, step {self.global_step}"
                            f"{where}).")
 
-    def _export(self) -> dict[str, Any]:
-        """Rank 0's final state for the launching process (CPU tensors)."""
-        return {"model": _to_cpu(self.model.state_dict()),
-                "optimizer": _to_cpu(self.optimizer.state_dict()) if self.use_grad else None,
+    def _take_position(self, partial: dict[str, Any], saved_world: int) -> bool:
+        """Continue a stopped epoch where it stopped; True when the layout changed (another number of processes)."""
+        n = int(partial.get("batch_in_epoch", 0))
+        self._resume_totals, self._resume_at, self._epoch_base, self._resume_samples = partial, n, 0, None
+        samples = partial.get("samples_in_epoch")
+        spb = getattr(self._train_loader, "samples_per_step", None)
+        world = self.accelerator.world_size
+        if not n or spb is None:
+            if n and saved_world != world:
+                log.warning("this loader cannot jump to a global sample position: the %d batches already trained "
+                            "in the stopped epoch are replayed per rank.", n)
+            return saved_world != world
+        if samples is None:  # a checkpoint from before global positions: batches of the same layout
+            samples = {k: n * v // world * saved_world for k, v in spb.items()} if isinstance(spb, dict) \
+                else n * spb // world * saved_world
+        self._resume_samples = samples
+        if saved_world == world:
+            self._epoch_base = {k: v - n * spb[k] for k, v in samples.items()} if isinstance(spb, dict) \
+                else samples - n * spb
+            return False
+        self._resume_at, self._resume_totals, self._epoch_base = 0, {}, samples  # a new segment of the epoch
+        return True
+
+    def _export(self) -> dict[str, Any] | None:
+        """Rank 0's final state for the launching process (CPU tensors); a sharded model is gathered whole first
+        (a collective: every rank calls this)."""
+        from ._fsdp import full_state, is_sharded
+
+        if is_sharded(self.model):
+            model_sd, optim_sd = full_state(self.model, self.optimizer if self.use_grad else None)
+        else:
+            model_sd = self.model.state_dict()
+            optim_sd = self.optimizer.state_dict() if self.use_grad else None
+        if not self.accelerator.is_main_process:
+            return None
+        return {"model": _to_cpu(model_sd), "optimizer": _to_cpu(optim_sd),
                 "scheduler": self.scheduler.state_dict() if self.scheduler else None,
                 "callbacks": self.callbacks.state_dict(), "epoch": self.current_epoch,
                 "global_step": self.global_step, "run_folder": str(self.run_folder),
@@ -560,9 +666,14 @@ class Trainer:
 
     def _absorb(self, result: dict[str, Any]) -> None:
         """Take rank 0's final state into the launching process's objects."""
+        from ._fsdp import fqn_optimizer_to_indexed
+
         self.model.load_state_dict(result["model"])
-        if result["optimizer"] is not None:
-            self.optimizer.load_state_dict(result["optimizer"])
+        optim = result["optimizer"]
+        if optim is not None:
+            keys = [p for g in optim["param_groups"] for p in g["params"]]
+            self.optimizer.load_state_dict(fqn_optimizer_to_indexed(optim) if keys and isinstance(keys[0], str)
+                                           else optim)
         if result["scheduler"] is not None and self.scheduler is not None:
             self.scheduler.load_state_dict(result["scheduler"])
         CallbackManager(self._user_callbacks(), True).load_state_dict(result["callbacks"])
@@ -651,6 +762,11 @@ def _refuse_qadence_hooks(cls: type) -> None:
                           f"callback=lambda trainer, config, writer: ...)]).")
 
 
+def _derived_seed(seed: int, rank: int, step: int) -> int:
+    """A per-rank seed for a resharded resume: deterministic, and different per rank and per step."""
+    return (seed * 1_000_003 + step * 7_919 + rank) % (2**31 - 1)
+
+
 def _describe(batch: Any, depth: int = 0) -> str:
     if isinstance(batch, torch.Tensor):
         return f"{str(batch.dtype).replace('torch.', '')}{list(batch.shape)}"
@@ -666,6 +782,13 @@ def _first_step_note(batch: Any) -> str:
             f"the module being trained and batch is one item of the DataLoader (here: {_describe(batch)}), after it "
             f"was moved to the device. A loss written as loss(output, target), or a batch that does not fit the "
             f"model's input, fails like this.")
+
+
+def _dataset_of(loader: Any) -> Any:
+    if isinstance(loader, DictDataLoader):
+        raise ConfigError("evaluating a sharded (fsdp) model on a dict of loaders needs every rank to hold at least "
+                          "one batch: use at least as many samples per loader as processes.")
+    return loader.dataset
 
 
 def _batch_size(batch: Any) -> int:

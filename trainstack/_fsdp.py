@@ -1,0 +1,102 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``): shard a model's blocks, then its root, so every rank holds
+1/N of the parameters, gradients and optimizer state; and get the whole state back at the end of a run.
+
+Blocks are chosen by class name (``fsdp_blocks=("TransformerEncoderLayer",)``) or, by default, as the largest
+submodules holding at least ``fsdp_min_params`` parameters each (a size-based policy, bottom-up).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import ConfigError
+
+__all__ = ["shard", "is_sharded", "module_classes", "check_blocks", "full_state", "fqn_optimizer_to_indexed"]
+
+
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def module_classes(model: nn.Module) -> list[str]:
+    return sorted({type(m).__name__ for m in model.modules()})
+
+
+def check_blocks(model: nn.Module, names: Sequence[str]) -> None:
+    """Every name in ``fsdp_blocks`` must be a class of the model's modules."""
+    unknown = set(names) - set(module_classes(model))
+    if unknown:
+        raise ConfigError(f"fsdp_blocks={tuple(names)!r}: {sorted(unknown)} not found in the model. Its module "
+                          f"classes are {module_classes(model)}. HINT: name the repeated block, e.g. the "
+                          f"transformer layer class.")
+
+
+def _blocks_by_name(model: nn.Module, names: Sequence[str]) -> list[nn.Module]:
+    check_blocks(model, names)
+    return [m for m in model.modules() if m is not model and type(m).__name__ in names]
+
+
+def _blocks_by_size(model: nn.Module, min_params: int) -> list[nn.Module]:
+    """Bottom-up: a submodule becomes a block when the parameters not already in a block below reach min_params."""
+    picked: list[nn.Module] = []
+
+    def visit(module: nn.Module) -> int:
+        own = sum(p.numel() for p in module.parameters(recurse=False))
+        below = sum(visit(child) for child in module.children())
+        total = own + below
+        if module is not model and total >= min_params:
+            picked.append(module)
+            return 0
+        return total
+
+    visit(model)
+    return picked
+
+
+def shard(model: nn.Module, world_size: int, device_type: str, blocks: Sequence[str] | None = None,
+          min_params: int = 1_000_000, param_dtype: torch.dtype | None = None) -> nn.Module:
+    """``fully_shard`` each block, then the root (in place; the same object is returned)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device_type, (world_size,))
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype \
+        else MixedPrecisionPolicy()
+    for block in (_blocks_by_name(model, blocks) if blocks else _blocks_by_size(model, min_params)):
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def full_state(model: nn.Module, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Collective: the whole (unsharded) model and optimizer state on the CPU, as a plain model would have them."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd = get_model_state_dict(model, options=options)
+    optim_sd = get_optimizer_state_dict(model, optimizer, options=options) if optimizer is not None else None
+    return model_sd, optim_sd
+
+
+def fqn_optimizer_to_indexed(state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state dict keyed by parameter names (DCP's full form) -> torch's usual integer keys."""
+    index: dict[str, int] = {}
+    groups = []
+    for group in state["param_groups"]:
+        ids = []
+        for name in group["params"]:
+            index.setdefault(name, len(index))
+            ids.append(index[name])
+        groups.append({**group, "params": ids})
+    return {"state": {index[name]: value for name, value in state["state"].items() if name in index},
+            "param_groups": groups}
