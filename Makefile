@@ -114,8 +114,9 @@ lint-hpc: $(VENV)/.installed  ## hadolint, the def-file validator, shellcheck ov
 	$(PY) scripts/render_matrix.py build/scripts >/dev/null
 	shellcheck -s bash -S style build/scripts/*.sbatch
 
-bench: $(VENV)/.installed  ## benchmark vs a raw DDP loop (and HF Accelerate / Lightning Fabric if installed)
+bench: $(VENV)/.installed  ## benchmark vs a raw DDP loop (and HF Accelerate / Lightning Fabric if installed), then FSDP vs DDP
 	$(PY) bench/run.py $(BENCH_ARGS)
+	$(PY) bench/fsdp.py
 
 bench-gpu: $(VENV)/.installed  ## one GPU: raw vs Accelerator vs Trainer.fit vs peers (steps/s, syncs/step, memory)
 	$(PY) bench/gpu.py $(BENCH_ARGS)

@@ -30,3 +30,8 @@ def test_gpu_bench_code_paths_on_the_cpu(run_py):
     for workload in ("mlp", "gpt"):
         for system in ("raw", "accelerator", "trainer"):
             assert f"| {workload} | {system} |" in out, out
+
+
+def test_fsdp_bench_runs(run_py):
+    out = run_py([sys.executable, str(ROOT / "bench/fsdp.py"), "--smoke"], timeout=300).stdout
+    assert "| ddp |" in out and "| fsdp |" in out and "0.50" in out  # half the state per rank on 2 processes
