@@ -268,7 +268,16 @@ def _standard_loader(run):  # noqa: ANN001, ANN202
     return wrapped
 
 
+def _no_watchdog(run):  # noqa: ANN001, ANN202
+    """The same system with the hang watchdog thread off (heartbeats are attribute stores either way)."""
+    def wrapped(*args):  # noqa: ANN002, ANN202
+        os.environ["TRAINSTACK_HANG_TIMEOUT"] = "0"
+        return run(*args)
+    return wrapped
+
+
 SYSTEMS = {"raw": run_raw, "accelerator": run_accelerator, "trainer": run_trainer,
            "accelerator-std": _standard_loader(run_accelerator), "trainer-std": _standard_loader(run_trainer),
+           "trainer-std-nowd": _no_watchdog(_standard_loader(run_trainer)),
            "accelerate": run_accelerate, "fabric": run_fabric}
 PEER_MODULES = {"accelerate": "accelerate", "fabric": "lightning"}

@@ -85,3 +85,16 @@ def test_a_broken_launcher_environment_is_a_problem_not_a_note(environ, needle, 
     code = run_doctor(facts=facts)
     captured = capsys.readouterr()
     assert code == 1 and needle in captured.out and "no problems found" not in captured.err
+
+
+def test_hang_settings_are_reported(capsys):
+    facts = Facts(environ={"TRAINSTACK_TIMEOUT_S": "900", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+                           "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/jobs/j-1/nccl-",
+                           "TRAINSTACK_HANG_TIMEOUT": "300"}, torch="2.13.0")
+    run_doctor(facts=facts, as_json=True)
+    report = json.loads(capsys.readouterr().out)["hangs"]
+    assert report["collective timeout"].startswith("900 s") and report["hang watchdog"].startswith("300 s")
+    assert "last 2000 collectives" in report["NCCL flight recorder"] and "/jobs/j-1/nccl-" in report[
+        "NCCL flight recorder"]
+    gpu_job = Facts(environ={"SLURM_JOB_ID": "1"}, torch="2.13.0", gpus=["H100"], nccl_available=True)
+    assert any("flight recorder is off" in f.message for f in diagnose(gpu_job))

@@ -80,7 +80,8 @@ def test_process_model_per_launcher(setup, launcher, tasks, must):
 
 def test_site_options_only_when_given():
     plain = render(LaunchSpec(program=["t.py"]))
-    for opt in ("--partition", "--account", "--qos", "--constraint", "--exclusive", "--mem", "NCCL_", "--requeue"):
+    for opt in ("--partition", "--account", "--qos", "--constraint", "--exclusive", "--mem", "export NCCL_",
+                "--requeue"):
         assert opt not in plain
     full = render(LaunchSpec(program=["t.py"], partition="gpu", account="proj-1", qos="high", constraint="a100",
                              exclusive=True, mem="0", nccl_ifname="^docker,lo", nccl_debug="INFO"))

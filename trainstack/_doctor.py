@@ -182,6 +182,10 @@ def diagnose(f: Facts, compute_setup: str = "auto") -> list[Finding]:
     if "SLURM_STEP_ID" in env and "SLURM_PROCID" not in env:
         out.append(Finding("problem", "inside a Slurm step but SLURM_PROCID is missing: the rank cannot be determined. "
                                       "Fix: keep the Slurm environment when entering the container"))
+    if f.gpus and "SLURM_JOB_ID" in env and (env.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or "0") == "0":
+        out.append(Finding("note", "the NCCL flight recorder is off: a collective that times out leaves no record of "
+                                   "which rank was behind. trainstack's generated scripts turn it on "
+                                   "(TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1)"))
     if "SLURM_JOB_ID" in env and not f.tools.get("scontrol"):
         out.append(Finding("note", "scontrol is not available here: requeue from inside this environment would fail; "
                                    "trainstack scripts requeue from the batch shell instead"))
@@ -202,6 +206,24 @@ def _launcher_error(environ: Mapping[str, str]) -> str | None:
     return None
 
 
+def hang_settings(environ: Mapping[str, str]) -> dict[str, str]:
+    """How long a stuck collective or a stuck rank can last here, and what is recorded when it happens."""
+    timeout = environ.get("TRAINSTACK_TIMEOUT_S") or "1800"
+    recorder = environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or "0"
+    return {
+        "collective timeout": f"{timeout} s (TRAINSTACK_TIMEOUT_S; the process group's timeout for NCCL and gloo)",
+        "hang watchdog": ("off (TRAINSTACK_HANG_TIMEOUT=0)" if environ.get("TRAINSTACK_HANG_TIMEOUT") == "0" else
+                          f"{environ.get('TRAINSTACK_HANG_TIMEOUT') or '600'} s without progress on every rank "
+                          f"(TRAINSTACK_HANG_TIMEOUT or TrainConfig.hang_timeout)"),
+        "NCCL flight recorder": (f"on, last {recorder} collectives per rank, dumped on timeout: "
+                                 f"{environ.get('TORCH_NCCL_DUMP_ON_TIMEOUT', '0')} to "
+                                 f"{environ.get('TORCH_NCCL_DEBUG_INFO_TEMP_FILE', '/tmp/nccl_trace_rank_')}<rank>"
+                                 if recorder != "0" else "off (TORCH_NCCL_TRACE_BUFFER_SIZE unset or 0)"),
+        "NCCL heartbeat monitor": f"{environ.get('TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC', '480')} s "
+                                  f"(TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC)",
+    }
+
+
 def _report(f: Facts) -> dict[str, Any]:
     from .environment import detect_environment
 
@@ -214,7 +236,7 @@ def _report(f: Facts) -> dict[str, Any]:
             "cuda": f.cuda, "cudnn": f.cudnn, "nccl": f.nccl, "nccl_available": f.nccl_available, "gpus": f.gpus,
             "launcher": launcher, "container": f.in_container, "infiniband": f.ib_devices, "verbs_libs": f.verbs_libs,
             "interfaces": f.interfaces, "suggested_NCCL_SOCKET_IFNAME": suggest_ifname(f.interfaces),
-            "tools": f.tools, "environment": env}
+            "tools": f.tools, "hangs": hang_settings(f.environ), "environment": env}
 
 
 def run_doctor(as_json: bool = False, report_only: bool = False, compute_setup: str = "auto",
@@ -228,6 +250,11 @@ def run_doctor(as_json: bool = False, report_only: bool = False, compute_setup: 
     else:
         width = max(len(k) for k in report)
         for key, value in report.items():
+            if key == "hangs":  # sentences: one per line
+                print(f"{key:<{width}}")
+                for k, v in value.items():
+                    print(f"  {k}: {v}")
+                continue
             if isinstance(value, dict):
                 value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
             elif isinstance(value, list):

@@ -29,6 +29,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -39,7 +40,8 @@ import torch.multiprocessing as tmp
 from . import _layout
 from ._files import atomic_write
 from ._layout import ProcessPlan, WorkerContext
-from .errors import LaunchError, WorkerError
+from ._watchdog import HANG_EXIT_CODE, watched
+from .errors import LaunchError, TrainingHung, WorkerError
 
 __all__ = ["ProcessGroupSession", "launch", "check_not_bootstrapping"]
 
@@ -151,6 +153,8 @@ class _WorkerSpec:
     device_type: str  # "cpu" or "cuda"
     gpus: int
     store_port: int
+    hang_timeout: float = 0.0  # the watchdog (0: only on-demand dumps when a job folder is set)
+    hang_dir: str = "."
 
 
 def _set_child_environ(ctx: WorkerContext) -> None:
@@ -169,11 +173,13 @@ def _worker(local_index: int, payload: Any, spec: _WorkerSpec, private_dir: str)
     must not unpickle anything another local user could have written).
     """
     atomic_write(os.path.join(private_dir, f"started-{local_index}"), b"", mode=0o600)
+    os.environ["TRAINSTACK_ERROR_REPORT"] = os.path.join(private_dir, f"error-{local_index}.txt")
     try:
         ctx = spec.plan.context(local_index, spec.device_type, spec.gpus, port=spec.store_port)
         _set_child_environ(ctx)
         fn, args, kwargs = pickle.loads(payload) if isinstance(payload, bytes) else payload
-        with ProcessGroupSession(ctx, spec.backend):
+        with ProcessGroupSession(ctx, spec.backend), watched(ctx.rank, ctx.world_size, spec.hang_timeout,
+                                                             Path(spec.hang_dir)):
             result = fn(*args, **kwargs)
         if ctx.rank == 0:
             atomic_write(os.path.join(private_dir, _RESULT), pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL),
@@ -282,7 +288,8 @@ def _host_store(plan: ProcessPlan) -> dist.TCPStore | None:
                           f"MASTER_PORT to a free port, or unset it to let trainstack choose one.") from None
 
 
-def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: str, device_type: str) -> Any:
+def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: str, device_type: str,
+           hang_timeout: float = 0.0, hang_dir: str = ".") -> Any:
     """Run ``fn`` in ``plan.nprocs_local`` new processes and return rank 0's result (None elsewhere)."""
     check_not_bootstrapping()
     method = _start_method()
@@ -290,7 +297,8 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
     store = _host_store(plan)
     port = store.port if store is not None else plan.master_port
     gpus = torch.cuda.device_count() if device_type == "cuda" else 0
-    spec = _WorkerSpec(plan=plan, backend=backend, device_type=device_type, gpus=gpus, store_port=port)
+    spec = _WorkerSpec(plan=plan, backend=backend, device_type=device_type, gpus=gpus, store_port=port,
+                       hang_timeout=hang_timeout, hang_dir=hang_dir)
     # mkdtemp makes the folder 0700: reports, the result and torch's own error files live where only we can write.
     with tempfile.TemporaryDirectory(prefix="trainstack-") as private_dir:
         context = _start(payload, spec, private_dir, plan.nprocs_local, method)
@@ -303,7 +311,8 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
             _reap(context)
         if failure is not None:
             index, detail, code = failure
-            raise WorkerError(plan.rank_offset + index, detail, exitcode=code)
+            error = TrainingHung if code == HANG_EXIT_CODE else WorkerError
+            raise error(plan.rank_offset + index, detail, exitcode=code)
         if store is not None:
             _wait_for_count(store, plan.world_size)
         result_path = os.path.join(private_dir, _RESULT)

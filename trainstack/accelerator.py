@@ -30,6 +30,7 @@ import logging
 import os
 import random
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -43,7 +44,8 @@ from . import _layout
 from ._choices import BACKENDS, COMPUTE_SETUPS, DEFAULT_COMPUTE_SETUP, LOG_SETUPS, STRATEGIES
 from ._launcher import ProcessGroupSession, launch
 from ._layout import ProcessPlan, WorkerContext, plan_processes
-from .data import DictDataLoader, generator_seed, prepare_dataloader
+from ._watchdog import heartbeat, resolve_timeout, watched
+from .data import DictDataLoader, PreparedDataLoader, generator_seed, prepare_dataloader
 from .environment import detect_environment, warn_if_outside_step
 from .errors import ConfigError, LaunchError
 
@@ -84,7 +86,7 @@ class Accelerator:
     def __init__(self, nprocs: int = 1, compute_setup: str = DEFAULT_COMPUTE_SETUP, log_setup: str = "cpu",
                  dtype: torch.dtype | None = None, backend: str | None = None, strategy: str = "ddp",
                  fsdp_blocks: Sequence[str] | None = None, fsdp_min_params: int = 1_000_000,
-                 fsdp_param_dtype: torch.dtype | None = None) -> None:
+                 fsdp_param_dtype: torch.dtype | None = None, hang_timeout: float | None = None) -> None:
         if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
             raise ConfigError(f"nprocs={nprocs!r}: must be an integer >= 1 (total number of processes).")
         if compute_setup not in COMPUTE_SETUPS:
@@ -102,6 +104,7 @@ class Accelerator:
                                                                                 for b in fsdp_blocks)):
             raise ConfigError(f"fsdp_blocks={fsdp_blocks!r}: must be a tuple of module class names, e.g. "
                               f"('TransformerEncoderLayer',).")
+        self.hang_timeout = resolve_timeout(hang_timeout)
         self.strategy, self.fsdp_blocks = strategy, tuple(fsdp_blocks) if fsdp_blocks else None
         self.fsdp_min_params, self.fsdp_param_dtype = fsdp_min_params, fsdp_param_dtype
         self.nprocs = nprocs
@@ -241,9 +244,12 @@ class Accelerator:
                 return fn(*args, **kwargs)
             warn_if_outside_step()
             plan = self.plan
+            hang_dir = os.environ.get("TRAINSTACK_HANG_DIR", ".")
             if plan.spawn:
-                return launch(fn, args, kwargs, plan, self.backend, self._device_type)
-            with ProcessGroupSession(self._ctx(), self.backend, host_store=plan.rank_offset == 0):
+                return launch(fn, args, kwargs, plan, self.backend, self._device_type, self.hang_timeout, hang_dir)
+            ctx = self._ctx()
+            with ProcessGroupSession(ctx, self.backend, host_store=plan.rank_offset == 0), \
+                    watched(ctx.rank, ctx.world_size, self.hang_timeout, Path(hang_dir)):
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
@@ -282,8 +288,11 @@ class Accelerator:
         if isinstance(obj, DictDataLoader):
             return obj.prepared(lambda dl: self._prepare_one(dl, moved))
         if isinstance(obj, DataLoader):
-            return prepare_dataloader(obj, self.rank, self.world_size, seed=generator_seed(obj),
-                                      pin_memory=self.pin_memory)
+            prepared = prepare_dataloader(obj, self.rank, self.world_size, seed=generator_seed(obj),
+                                          pin_memory=self.pin_memory)
+            if isinstance(prepared, PreparedDataLoader):
+                prepared.heartbeat = heartbeat()  # each batch is a step of progress for the hang watchdog
+            return prepared
         return obj
 
     def prepare_model(self, model: nn.Module, moved: dict[int, nn.Parameter] | None = None) -> nn.Module:
@@ -348,6 +357,17 @@ class Accelerator:
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Send ``obj`` (a tensor or any picklable object) from rank ``src`` to every rank."""
         return collectives.broadcast(obj, src, self.device if self.backend == "nccl" else torch.device("cpu"))
+
+    def heartbeat(self, step: int | None = None, phase: str | None = None) -> None:
+        """Tell the hang watchdog this rank made progress (custom loops; prepared loaders do it per batch).
+
+        ``step`` is your step counter (default: one more), ``phase`` a word such as ``"forward"``.
+        """
+        hb = heartbeat()
+        hb.step = hb.step + 1 if step is None else step
+        hb.tick += 1
+        if phase is not None:
+            hb.phase = phase
 
     def barrier(self) -> None:
         if self.is_distributed:

@@ -166,6 +166,23 @@ def _command_line() -> str:
     return "trainstack " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
+@main.command()
+@click.argument("job_id")
+@click.option("--wait", "wait_s", type=float, default=30.0, show_default=True,
+              help="Seconds to wait for the ranks' answers before falling back to py-spy.")
+def debug(job_id: str, wait_s: float) -> None:
+    """Every rank's Python stacks from a running job, and a summary naming the rank that is behind (the job keeps
+    running). Dumps land in the job folder, debug-<time>/rank-<r>.txt."""
+    from ._jobs import JobError, debug_job
+
+    try:
+        folder = debug_job(job_id, wait_s=wait_s, echo=click.echo)
+    except JobError as exc:
+        raise click.ClickException(str(exc)) from None
+    if folder is not None:
+        click.echo(f"stacks: {folder}/rank-<r>.txt")
+
+
 @main.group()
 def checkpoint() -> None:
     """Inspect checkpoints and turn them into one plain state dict."""

@@ -122,6 +122,10 @@ class TrainConfig:
     """A file whose existence requests a graceful stop. None: ``TRAINSTACK_STOP_FILE`` (set by generated scripts)."""
     stop_check_every: int = 20
     """Poll for stop requests every N batches (one small all-reduce when distributed) and at every epoch end."""
+    hang_timeout: float | None = None
+    """Seconds without progress on every rank before the hang watchdog dumps every rank's stacks into the run folder
+    (``hang-<id>/``), names the rank that is behind, and exits (code 124) so the job can be restarted. Three times
+    as long before the first step and during checkpoints. None: ``TRAINSTACK_HANG_TIMEOUT`` or 600; 0: off."""
     stop_on_nonfinite: bool = True
     """Stop when an epoch's training loss is NaN or infinite (checked on the epoch mean: no extra sync); the last
     finite checkpoint is kept. False: train on."""
@@ -134,6 +138,10 @@ class TrainConfig:
         _check_int("nprocs", self.nprocs, minimum=1)
         _check_int("batch_size", self.batch_size, minimum=1)
         _check_int("fsdp_min_params", self.fsdp_min_params, minimum=1)
+        if self.hang_timeout is not None and (isinstance(self.hang_timeout, bool) or not isinstance(
+                self.hang_timeout, (int, float)) or self.hang_timeout < 0):
+            raise ConfigError(f"TrainConfig.hang_timeout={self.hang_timeout!r} must be a number of seconds >= 0 (0 "
+                              f"turns the hang watchdog off) or None.")
         if self.fsdp_blocks is not None:
             if isinstance(self.fsdp_blocks, str) or not all(isinstance(b, str) for b in self.fsdp_blocks):
                 raise ConfigError(f"TrainConfig.fsdp_blocks={self.fsdp_blocks!r} must be a tuple of module class "

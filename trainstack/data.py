@@ -108,6 +108,7 @@ class PreparedDataLoader(DataLoader):
     """A DataLoader that advances its sampler's epoch on each ``iter()`` (so shuffles differ per epoch)."""
 
     epoch: int = 0
+    heartbeat: Any = None  # set by Accelerator.prepare: every batch counts as progress for the hang watchdog
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass use ``epoch``'s order (used when resuming)."""
@@ -147,7 +148,8 @@ class PreparedDataLoader(DataLoader):
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.epoch)
         self.epoch += 1
-        return super().__iter__()
+        it = super().__iter__()
+        return _beating(it, self.heartbeat) if self.heartbeat is not None else it
 
 
 class FastTensorLoader(PreparedDataLoader):
@@ -166,8 +168,18 @@ class FastTensorLoader(PreparedDataLoader):
         order = torch.as_tensor(list(sampler), dtype=torch.long)
         torch.empty((), dtype=torch.int64).random_(generator=self.generator)  # what _BaseDataLoaderIter draws
         dataset: Any = self.dataset
-        return _tensor_batches(dataset.tensors, order, self.batch_size or 1, self.drop_last,
-                               self.pin_memory and torch.cuda.is_available())
+        it = _tensor_batches(dataset.tensors, order, self.batch_size or 1, self.drop_last,
+                             self.pin_memory and torch.cuda.is_available())
+        return _beating(it, self.heartbeat) if self.heartbeat is not None else it
+
+
+def _beating(batches: Iterator[Any], hb: Any) -> Iterator[Any]:
+    """Batches, counting each as a step for the hang watchdog (plain attribute stores: no call, no sync)."""
+    for batch in batches:
+        hb.step += 1
+        hb.phase = "step"
+        yield batch
+        hb.phase = "data"
 
 
 def _tensor_batches(tensors: tuple[torch.Tensor, ...], order: torch.Tensor, batch_size: int, drop_last: bool,

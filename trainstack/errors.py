@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["TrainstackError", "ConfigError", "LaunchError", "WorkerError", "TrainingDiverged", "Preempted"]
+__all__ = ["TrainstackError", "ConfigError", "LaunchError", "WorkerError", "TrainingHung", "TrainingDiverged",
+           "Preempted"]
 
 
 class TrainstackError(Exception):
@@ -26,6 +27,10 @@ class WorkerError(TrainstackError, RuntimeError):
         self.exitcode = exitcode
         super().__init__(f"worker rank {rank} failed" + (f" (exit code {exitcode})" if exitcode else "")
                          + f":\n{detail}")
+
+
+class TrainingHung(WorkerError):
+    """The hang watchdog found no rank making progress; its report names the rank that was behind and where."""
 
 
 class TrainingDiverged(TrainstackError, RuntimeError):

@@ -240,12 +240,18 @@ class LaunchSpec:
         ctx = asdict(self)
         program = None if self.launcher == "custom" else self.parsed_program
         ctx.update(procs=self.procs, world_size=self.world_size, tasks_per_node=self.tasks_per_node,
+                   safe_job_name=safe_name(self.job_name),
                    signal=self.stop_signal, port_base=PORT_BASE, port_span=PORT_SPAN, placeholders=PLACEHOLDERS,
                    program_kind=program.kind if program else "exec", program_words=program.words if program else [],
                    program_argv=list(program.argv) if program else [],
                    custom_command=self.custom_command if self.launcher == "custom" else "",
                    omp_threads=max((self.cpus_per_task or self.procs) // self.procs, 1))
         return ctx
+
+
+def safe_name(name: str) -> str:
+    """A job name as a file name: what the job folder ``<log_dir>/<safe name>-<job id>`` is called."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:60].strip("._") or "job"
 
 
 def _opt(name: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from ._watchdog import heartbeat
 from .errors import ConfigError
 
 __all__ = ["optimize_step", "get_loss_fn", "mse_loss", "cross_entropy_loss", "call_loss", "LossFn", "Step",
@@ -136,15 +137,33 @@ class Step(Protocol):
 
 
 class PlainStep:
-    """``optimize_step(model, optimizer, loss_fn, batch, device, dtype)``: the default or the user's own."""
+    """``optimize_step(model, optimizer, loss_fn, batch, device, dtype)``: the default or the user's own.
+
+    The default with an optimizer that never re-evaluates the loss runs inline, marking its phases for the hang
+    watchdog (attribute stores only).
+    """
 
     at_boundary = True
 
     def __init__(self, fn: Callable[..., Any], optimizer: Any, loss_fn: LossFn, device: torch.device,
                  data_dtype: torch.dtype | None) -> None:
         self.fn, self.optimizer, self.loss_fn, self.device, self.data_dtype = fn, optimizer, loss_fn, device, data_dtype
+        self.inline = fn is optimize_step and type(optimizer) in _NO_CLOSURE
+        self.hb = heartbeat()
 
     def __call__(self, model: nn.Module, batch: Any) -> StepResult:
+        hb = self.hb
+        if self.inline:
+            optimizer = self.optimizer
+            hb.phase = "forward"
+            optimizer.zero_grad(set_to_none=True)
+            loss, metrics = call_loss(self.loss_fn, model, batch)
+            hb.phase = "backward"
+            loss.backward()
+            hb.phase = "optimizer"
+            optimizer.step()
+            return loss.detach(), metrics
+        hb.phase = "step"
         return self.fn(model, self.optimizer, self.loss_fn, batch, self.device, self.data_dtype)
 
     def begin_epoch(self, batches: int | None) -> None:
@@ -173,6 +192,7 @@ class AccumulatingStep:
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
         self.micro = 0  # batches accumulated into the current window
         self.left: int | None = None  # batches left in this pass (None: unknown)
+        self.hb = heartbeat()
 
     @property
     def at_boundary(self) -> bool:
@@ -193,12 +213,16 @@ class AccumulatingStep:
             no_sync = contextlib.nullcontext()
         else:  # DDP: skip the gradient all-reduce inside the window
             no_sync = getattr(model, "no_sync", contextlib.nullcontext)() if not sync else contextlib.nullcontext()
+        hb = self.hb
         with no_sync:
+            hb.phase = "forward"
             with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                 loss, metrics = call_loss(self.loss_fn, model, batch)
             scaled = loss / window
+            hb.phase = "backward"
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         if sync:
+            hb.phase = "optimizer"
             self._optimizer_step(model)
             self.micro = 0
         return loss.detach(), metrics

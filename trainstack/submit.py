@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ._files import UntrustedFileError, atomic_write, load_private_pickle, private_dir
 from .errors import TrainstackError
-from .render import LaunchSpec, render
+from .render import LaunchSpec, render, safe_name
 
 __all__ = ["SubmitError", "SubmittedJob", "FunctionJob", "write_script", "submit", "submit_spec",
            "submit_function"]
@@ -110,8 +110,7 @@ def wait_for(job: SubmittedJob, echo: Callable[[str], None] | None = None, timeo
         time.sleep(poll)
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:60] or "job"
+_safe = safe_name
 
 
 @dataclass

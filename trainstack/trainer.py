@@ -30,8 +30,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from . import _collectives as collectives
+from . import _watchdog as watchdog
 from ._runfolder import RunLock, choose_run_folder, refuse_to_overwrite
 from ._tracker import Tracker
+from ._watchdog import heartbeat
 from .accelerator import Accelerator, seed_everything
 from .callbacks import CallbackManager, LRScheduler, OptimizeResult
 from .checkpoint import Checkpointer, Restored, restore_rng
@@ -115,7 +117,7 @@ class Trainer:
         self.accelerator = Accelerator(
             nprocs=config.nprocs, compute_setup=config.compute_setup, log_setup=config.log_setup, dtype=config.dtype,
             backend=config.backend, strategy=config.strategy, fsdp_blocks=config.fsdp_blocks,
-            fsdp_min_params=config.fsdp_min_params,
+            fsdp_min_params=config.fsdp_min_params, hang_timeout=0,  # the Trainer runs its own watchdog
             fsdp_param_dtype=torch.bfloat16 if config.strategy == "fsdp" and config.mixed_precision == "bf16" else None)
         check_step_options(config, optimizer, self._custom_step, self.use_grad, self.accelerator.use_cuda)
         if config.strategy == "fsdp" and config.fsdp_blocks:
@@ -262,7 +264,12 @@ class Trainer:
 
     def save_checkpoint(self, best: bool = False) -> Path | None:
         """Collective: every rank calls it, rank 0 writes ``ckpt-e<epoch>-s<step>.pt`` (or ``best.pt``)."""
-        return self.checkpointer.save(self._counters(), self._parts(), self.config.to_dict(), best=best)
+        hb = heartbeat()
+        phase, hb.phase = hb.phase, "checkpoint"  # the hang watchdog allows saves more time
+        try:
+            return self.checkpointer.save(self._counters(), self._parts(), self.config.to_dict(), best=best)
+        finally:
+            hb.phase = phase
 
     def load_checkpoint(self, path: Any = None) -> bool:
         """Load on **every** rank (``None``: the latest readable checkpoint of the run folder)."""
@@ -295,7 +302,7 @@ class Trainer:
 
     def _train_epoch(self) -> bool:
         """One pass over the training data (the rest of one after a mid-epoch resume); True when stopped early."""
-        model, step, tracker = self._ddp_model, self.step, self.tracker
+        model, step, tracker, hb = self._ddp_model, self.step, self.tracker, heartbeat()
         n, loss_sum, sums = self._resume_at, self._resume_totals.get("loss_sum"), dict(self._resume_totals.get(
             "sums") or {})
         batches, left = self._epoch_iterator(n)
@@ -308,6 +315,7 @@ class Trainer:
         poll, bar, prepare = self.config.stop_check_every, tracker.bar_every, self.accelerator.prepare_batch
         report = _UNBOUNDED_REPORT if self._per_epoch is None else 0
         batch = None
+        hb.phase = "data"
         try:
             for batch in batches:
                 batch = prepare(batch)
@@ -316,6 +324,7 @@ class Trainer:
                 loss, metrics = step(model, batch)
                 n += 1
                 self.global_step += 1
+                hb.step = self.global_step
                 loss_sum = loss if loss_sum is None else loss_sum + loss
                 for k, v in metrics.items():
                     sums[k] = v.detach() if k not in sums else sums[k] + v.detach()
@@ -328,6 +337,7 @@ class Trainer:
                                   f"length, so an epoch ends when it is exhausted; max_batches bounds it)")
                 if self.global_step % poll == 0 and step.at_boundary and self._stop_now(n, loss_sum, sums):
                     return True
+                hb.phase = "data"
         except Exception as exc:
             if self.global_step == self._first_step and hasattr(exc, "add_note"):
                 exc.add_note(_first_step_note(batch))
@@ -381,9 +391,11 @@ class Trainer:
         totals: dict[str, torch.Tensor] = {}
         count = 0.0
         start, end = f"{phase}_batch_start", f"{phase}_batch_end"
-        i, batch = 0, None
+        i, batch, hb = 0, None, heartbeat()
+        hb.phase = "eval"
         with torch.no_grad():
             for i, batch in enumerate(epoch_batches(loader), 1):  # batch events count this pass's batches
+                hb.tick += 1
                 batch = self.accelerator.prepare_batch(batch)
                 self._fire_batch(start, i)
                 loss, metrics = call_loss(self.loss_fn, model, batch)
@@ -502,6 +514,8 @@ class Trainer:
         sharded = cfg.checkpoint_format == "sharded" or cfg.checkpoint_format == "auto" and cfg.strategy == "fsdp"
         self.checkpointer = Checkpointer(self.run_folder, cfg.keep_last_checkpoints, acc.is_main_process, sharded,
                                          cfg.async_checkpoint)
+        watchdog.start(acc.rank, acc.world_size, watchdog.resolve_timeout(cfg.hang_timeout), self.run_folder,
+                       watchdog.default_store())
         self.callbacks = CallbackManager(self._user_callbacks(), acc.is_main_process)
         self._resume_at, self._resume_totals, self._pending_rng, self._best_val = 0, {}, None, math.inf
         self._partial = None
@@ -576,6 +590,7 @@ class Trainer:
     def _close(self) -> None:
         """Release what the run holds; never raises over the error that ended the run."""
         stopper, lock = getattr(self, "stopper", None), getattr(self, "_lock", None)
+        watchdog.stop()
         if stopper is not None:
             stopper.restore()
         self.tracker.close()

@@ -1,0 +1,73 @@
+"""The watchdog's pieces without processes: where a thread is, the plain-words summary, the stack dump, and a
+single-rank hang detected and reported from a real thread."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+from trainstack._watchdog import _library_roots, dump_stacks, summarise, where
+
+
+def _user_function_that_waits(event):
+    event.wait(10)
+
+
+def test_where_finds_the_innermost_user_frame(tmp_path):
+    event = threading.Event()
+    thread = threading.Thread(target=_user_function_that_waits, args=(event,))
+    thread.start()
+    try:
+        time.sleep(0.1)
+        frame = sys._current_frames()[thread.ident]
+        found = where(frame, _library_roots())
+        assert found["user_frame"].startswith("test_watchdog.py:") and "_user_function_that_waits" in found[
+            "user_frame"]
+        assert found["waiting_in"] is None
+    finally:
+        event.set()
+        thread.join()
+
+
+def test_summary_groups_ranks_and_names_the_one_behind():
+    infos = {r: {"host": "node1", "pid": 100 + r, "step": 42, "phase": "backward",
+                 "waiting_in": "backward (gradient all-reduce)", "user_frame": "train.py:80 (main)"}
+             for r in (0, 2, 3)}
+    infos[1] = {"host": "node2", "pid": 4242, "step": 41, "phase": "forward", "waiting_in": None,
+                "user_frame": "train.py:57 (loss_fn)"}
+    text = summarise(infos, 5, "no progress")
+    assert "rank 1 (node2, pid 4242) is at step 41 (forward) in train.py:57 (loss_fn)   <- behind the others" in text
+    assert "ranks 0, 2-3 are at step 42 (backward) waiting in backward (gradient all-reduce)" in text
+    assert "ranks 4 sent no report" in text
+
+
+def test_dump_stacks_writes_every_thread(tmp_path):
+    info = dump_stacks(tmp_path / "rank-0.txt")
+    text = (tmp_path / "rank-0.txt").read_text()
+    assert "--- thread MainThread" in text and "test_dump_stacks_writes_every_thread" in text
+    assert "test_dump_stacks_writes_every_thread" in info["user_frame"]
+
+
+def test_one_process_that_stops_progressing_is_reported_and_exits_124(tmp_path):
+    code = textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from trainstack import _watchdog
+
+        def stuck_here():
+            time.sleep(60)
+
+        _watchdog.start(0, 1, 1.0, Path({str(tmp_path)!r}))
+        _watchdog.heartbeat().phase = "forward"  # past the first step's longer allowance
+        _watchdog.heartbeat().step = 7
+        stuck_here()
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 124, proc.stderr
+    [folder] = list(tmp_path.glob("hang-*"))
+    summary = (folder / "SUMMARY.txt").read_text()
+    assert "rank 0" in summary and "step 7 (forward)" in summary and "stuck_here" in summary
+    assert "trainstack hang report" in proc.stderr

@@ -1,0 +1,328 @@
+"""Hang forensics: a stuck job names the rank that is stuck and where, then exits so it can be restarted.
+
+* :class:`Heartbeat`: what this rank is doing (step, phase, a tick for progress inside a phase). The training loop
+  writes its attributes (no call, no collective, no host sync).
+* :class:`Watchdog`: one daemon thread per rank. Every few seconds it publishes this rank's heartbeat to the process
+  group's key-value store and reads everyone's. When no rank has made progress for ``hang_timeout`` seconds (three
+  times that before the first step and while any rank is checkpointing), every rank dumps the Python stacks of all
+  its threads into ``<dir>/hang-<id>/rank-<r>.txt``; rank 0 writes and prints ``SUMMARY.txt`` (ranks grouped by step
+  and phase, the laggards named with host, pid and innermost user frame), and every rank exits with code 124, so
+  ``torchrun --max-restarts`` or a requeue restarts the job from its last checkpoint.
+* On demand (``trainstack debug JOBID``): a ``debug-request-<id>`` file in the job folder makes every rank dump its
+  stacks into ``<job folder>/debug-<id>/`` and rank 0 write the summary, without stopping anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import socket
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+__all__ = ["Heartbeat", "Watchdog", "heartbeat", "HANG_EXIT_CODE", "start", "stop", "resolve_timeout",
+           "DEFAULT_TIMEOUT_S", "watched", "summarise", "where", "dump_stacks"]
+
+HANG_EXIT_CODE = 124
+DEFAULT_TIMEOUT_S = 600.0
+_PHASE_ORDER = ("start", "data", "forward", "backward", "optimizer", "step", "checkpoint", "eval")
+_COLLECTIVES = ("all_reduce", "barrier", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "gather",
+                "scatter", "reduce", "send", "recv", "monitored_barrier", "all_gather_object", "broadcast_object_list",
+                "_engine_run_backward", "wait")
+
+
+class Heartbeat:
+    """This rank's progress; written by the loop as plain attribute stores, read by the watchdog thread."""
+
+    __slots__ = ("step", "phase", "tick")
+
+    def __init__(self) -> None:
+        self.step, self.phase, self.tick = 0, "start", 0
+
+
+_HEARTBEAT = Heartbeat()
+
+
+def heartbeat() -> Heartbeat:
+    """This process's heartbeat (one per process)."""
+    return _HEARTBEAT
+
+
+def resolve_timeout(value: float | None) -> float:
+    """``hang_timeout`` from the config, else ``TRAINSTACK_HANG_TIMEOUT``, else 600 s; 0 turns the watchdog off."""
+    if value is not None:
+        return float(value)
+    raw = os.environ.get("TRAINSTACK_HANG_TIMEOUT")
+    if raw is None or raw == "":
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if seconds < 0:
+        from .errors import ConfigError
+
+        raise ConfigError(f"TRAINSTACK_HANG_TIMEOUT={raw!r} is not a number of seconds >= 0 (0 turns the hang "
+                          f"watchdog off).")
+    return seconds
+
+
+# ---------------------------------------------------------------------------------------------------- stacks
+def _library_roots() -> tuple[str, ...]:
+    roots = {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],
+             str(Path(__file__).resolve().parent)}
+    try:
+        import torch
+
+        roots.add(str(Path(torch.__file__).resolve().parent))
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(sorted(roots))
+
+
+def _frames(frame: FrameType | None) -> list[FrameType]:
+    out = []
+    while frame is not None:
+        out.append(frame)
+        frame = frame.f_back
+    return out  # innermost first
+
+
+def where(frame: FrameType | None, roots: tuple[str, ...]) -> dict[str, str | None]:
+    """The innermost frame of the user's code, and the collective this thread waits in (if any)."""
+    user, waiting = None, None
+    for f in _frames(frame):
+        name, path = f.f_code.co_name, str(Path(f.f_code.co_filename).resolve())
+        if waiting is None and name in _COLLECTIVES and "torch" in path:
+            waiting = "backward (gradient all-reduce)" if name == "_engine_run_backward" else name
+        if user is None and not path.startswith(roots) and "site-packages" not in path:
+            user = f"{Path(path).name}:{f.f_lineno} ({name})"
+    return {"user_frame": user, "waiting_in": waiting}
+
+
+def dump_stacks(path: Path) -> dict[str, str | None]:
+    """Write every thread's Python stack to ``path``; return where the main thread is."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    frames = sys._current_frames()
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    lines = [f"pid {os.getpid()} on {host}, rank {os.environ.get('RANK', '?')}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"]
+    for ident, frame in frames.items():
+        lines.append(f"\n--- thread {names.get(ident, '?')} ({ident}) ---\n")
+        lines.extend(traceback.format_stack(frame))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(lines))
+    main = threading.main_thread().ident
+    return where(frames.get(main) if main is not None else None, _library_roots())
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    ranks, out, i = sorted(ranks), [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def summarise(infos: dict[int, dict[str, Any]], world: int, reason: str) -> str:
+    """The plain-words report: ranks grouped by step and phase, the ones behind first (the laggards)."""
+    def key(info: dict[str, Any]) -> tuple[int, int]:
+        phase = info.get("phase", "start")
+        return int(info.get("step", 0)), _PHASE_ORDER.index(phase) if phase in _PHASE_ORDER else 0
+
+    lines = [reason, ""]
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for rank, info in infos.items():
+        desc = info.get("waiting_in") and f"waiting in {info['waiting_in']}" or f"in {info.get('user_frame')}"
+        groups.setdefault((key(info), info.get("phase"), desc), []).append(rank)
+    lowest = min((key(i) for i in infos.values()), default=(0, 0))
+    for (k, phase, desc), ranks in sorted(groups.items(), key=lambda item: item[0][0]):
+        behind = k == lowest and len(groups) > 1
+        if len(ranks) == 1:
+            info = infos[ranks[0]]
+            who = f"rank {ranks[0]} ({info.get('host')}, pid {info.get('pid')})"
+            verb = "is"
+        else:
+            who, verb = f"ranks {_ranges(ranks)}", "are"
+        lines.append(f"{who} {verb} at step {k[0]} ({phase}) {desc}{'   <- behind the others' if behind else ''}")
+    missing = sorted(set(range(world)) - set(infos))
+    if missing:
+        lines.append(f"ranks {_ranges(missing)} sent no report (their process may be gone, or stuck with the GIL "
+                     f"held: see their stack files if any, or run py-spy dump on them)")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------- the thread
+class Watchdog(threading.Thread):
+    """See the module docstring. ``store`` is the process group's store (None: this rank alone)."""
+
+    def __init__(self, rank: int, world: int, timeout: float, dump_dir: Path, store: Any = None,
+                 job_dir: Path | None = None, report_file: str | None = None) -> None:
+        super().__init__(name="trainstack-watchdog", daemon=True)
+        self.rank, self.world, self.timeout = rank, world, timeout
+        self.dump_dir, self.store, self.job_dir, self.report_file = Path(dump_dir), store, job_dir, report_file
+        self.interval = max(min(5.0, timeout / 6 if timeout else 5.0), 0.2)
+        self._halt = threading.Event()
+        self._seen: dict[int, tuple[Any, ...]] = {}
+        self._last_change = time.monotonic()
+        self._started_steps: set[int] = set()
+        self._answered: set[str] = set()
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    # -- the loop
+    def run(self) -> None:
+        while not self._halt.wait(self.interval):
+            try:
+                self._tick()
+            except Exception as exc:  # the watchdog must never take training down
+                print(f"trainstack watchdog (rank {self.rank}): {type(exc).__name__}: {exc}", file=sys.stderr)
+
+    def _tick(self) -> None:
+        hb = _HEARTBEAT
+        mine = {"step": hb.step, "phase": hb.phase, "tick": hb.tick}
+        everyone = self._exchange(mine)
+        now = time.monotonic()
+        for rank, beat in everyone.items():
+            state = (beat.get("step"), beat.get("phase"), beat.get("tick"))
+            if self._seen.get(rank) != state:
+                self._seen[rank] = state
+                self._last_change = now
+        self._answer_debug_requests()
+        if self.timeout and now - self._last_change > self._allowance(everyone):
+            self._on_hang(now - self._last_change)
+
+    def _allowance(self, everyone: dict[int, dict[str, Any]]) -> float:
+        """Three times the timeout before the first step and while any rank is checkpointing."""
+        first = any(b.get("phase") == "start" for b in everyone.values())
+        saving = any(b.get("phase") == "checkpoint" for b in everyone.values())
+        return self.timeout * (3 if first or saving else 1)
+
+    def _exchange(self, mine: dict[str, Any]) -> dict[int, dict[str, Any]]:
+        if self.store is None or self.world == 1:
+            return {self.rank: mine}
+        self.store.set(f"trainstack/hb/{self.rank}", json.dumps(mine))
+        out = {}
+        for rank in range(self.world):
+            key = f"trainstack/hb/{rank}"
+            if self.store.check([key]):
+                out[rank] = json.loads(self.store.get(key))
+        return out
+
+    # -- reports
+    def _report(self, folder: Path, reason: str, wait_s: float = 20.0) -> str | None:
+        """Every rank dumps its stacks and shares where it is; rank 0 gathers, writes and returns the summary."""
+        info = {"host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(), "pid": os.getpid(),
+                "step": _HEARTBEAT.step, "phase": _HEARTBEAT.phase, **dump_stacks(folder / f"rank-{self.rank}.txt")}
+        key = f"trainstack/report/{folder.name}"
+        if self.store is not None and self.world > 1:
+            self.store.set(f"{key}/{self.rank}", json.dumps(info))
+        if self.rank != 0:
+            return None
+        infos = {0: info}
+        deadline = time.monotonic() + wait_s
+        while self.store is not None and len(infos) < self.world and time.monotonic() < deadline:
+            for rank in range(1, self.world):
+                if rank not in infos and self.store.check([f"{key}/{rank}"]):
+                    infos[rank] = json.loads(self.store.get(f"{key}/{rank}"))
+            time.sleep(0.2)
+        text = summarise(infos, self.world, reason)
+        (folder / "SUMMARY.txt").write_text(text)
+        return text
+
+    def _on_hang(self, stalled: float) -> None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        if self.store is not None and self.world > 1:  # one folder name for every rank: the first to notice wins
+            stamp = self.store.compare_set("trainstack/hang/id", "", stamp).decode() or stamp
+        folder = self.dump_dir / f"hang-{stamp}"
+        reason = (f"trainstack hang report: no rank made progress for {stalled:.0f} s (hang_timeout="
+                  f"{self.timeout:g} s); {self.world} rank(s), stacks in {folder}/rank-<r>.txt")
+        text = self._report(folder, reason)
+        if text is not None:
+            print(f"\n{text}", file=sys.stderr, flush=True)
+            if self.store is not None and self.world > 1:
+                self.store.set("trainstack/hang/done", "1")
+        elif self.store is not None:
+            try:  # rank 0 writes the summary before anyone exits
+                self.store.wait(["trainstack/hang/done"], datetime.timedelta(seconds=30))
+            except Exception:  # the wait timed out, or rank 0 is gone
+                pass
+        self._leave(folder, text)
+
+    def _leave(self, folder: Path, text: str | None) -> None:
+        if self.report_file:  # the launching process shows this as the worker's error
+            summary = folder / "SUMMARY.txt"
+            body = text or (summary.read_text() if summary.exists() else f"see {folder}")
+            Path(self.report_file).write_text(f"stopped by the hang watchdog\n{body}")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(HANG_EXIT_CODE)
+
+    def _answer_debug_requests(self) -> None:
+        """``trainstack debug`` drops ``debug-request-<id>`` into the job folder: dump, summarise, carry on."""
+        if self.job_dir is None or not self.job_dir.is_dir():
+            return
+        for request in self.job_dir.glob("debug-request-*"):
+            ident = request.name[len("debug-request-"):]
+            if ident in self._answered:
+                continue
+            self._answered.add(ident)
+            folder = self.job_dir / f"debug-{ident}"
+            self._report(folder, f"trainstack debug report {ident}: {self.world} rank(s), stacks in "
+                                 f"{folder}/rank-<r>.txt", wait_s=3 * self.interval + 5)
+
+
+_current: Watchdog | None = None
+
+
+def start(rank: int, world: int, timeout: float, dump_dir: Path, store: Any = None) -> Watchdog | None:
+    """Start this process's watchdog (replacing a running one); None when there is nothing to watch for."""
+    global _current
+    stop()
+    job_dir = Path(os.environ["TRAINSTACK_JOB_DIR"]) if os.environ.get("TRAINSTACK_JOB_DIR") else None
+    if not timeout and job_dir is None:
+        return None
+    _HEARTBEAT.step, _HEARTBEAT.phase, _HEARTBEAT.tick = 0, "start", 0
+    _current = Watchdog(rank, world, timeout, dump_dir, store, job_dir, os.environ.get("TRAINSTACK_ERROR_REPORT"))
+    _current.start()
+    return _current
+
+
+def stop() -> None:
+    global _current
+    if _current is not None:
+        _current.stop()
+        _current.join(timeout=2 * _current.interval + 1)
+        _current = None
+
+
+def default_store() -> Any:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    return dist.distributed_c10d._get_default_store()
+
+
+@contextlib.contextmanager
+def watched(rank: int, world: int, timeout: float, dump_dir: Path) -> Iterator[None]:
+    """Run the block with this process's watchdog (after the process group is up, stopped before it goes)."""
+    dog = start(rank, world, timeout, dump_dir, default_store())
+    try:
+        yield
+    finally:
+        if dog is not None:
+            stop()
