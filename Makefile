@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 SLURM_CONF_PATH := /tmp/trainstack-slurm/slurm.conf
 
 .PHONY: help venv install run test test-fast test-dist test-slurm test-gpu lint lint-hpc typecheck bench bench-smoke \
-        bench-peers bench-gpu slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
+        bench-peers bench-gpu bench-slurm slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
         apptainer-build nccl-check clean
 
 help:  ## list targets
@@ -117,6 +117,9 @@ lint-hpc: $(VENV)/.installed  ## hadolint, the def-file validator, shellcheck ov
 bench: $(VENV)/.installed  ## benchmark vs a raw DDP loop (and HF Accelerate / Lightning Fabric if installed), then FSDP vs DDP
 	$(PY) bench/run.py $(BENCH_ARGS)
 	$(PY) bench/fsdp.py
+
+bench-slurm: $(VENV)/.installed slurm-up  ## local Slurm: snapshot size/time, submit -> first log line vs plain sbatch
+	$(PY) bench/slurm_workflow.py $(BENCH_ARGS)
 
 bench-gpu: $(VENV)/.installed  ## one GPU: raw vs Accelerator vs Trainer.fit vs peers (steps/s, syncs/step, memory)
 	$(PY) bench/gpu.py $(BENCH_ARGS)

@@ -39,7 +39,8 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 KillWait=10
-MinJobAge=300
+# ended jobs leave slurmctld quickly, as on a busy cluster: `trainstack status` must fall back to the job folder
+MinJobAge=10
 GresTypes=gpu
 NodeName=node[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[27001-27002] CPUs=$CPUS RealMemory=4000 Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO

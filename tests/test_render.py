@@ -188,3 +188,44 @@ def test_rendering_writes_nothing_outside_its_output(tmp_path, run_py):
                   env={"HOME": str(home), "XDG_CACHE_HOME": str(cache)}, cwd=tmp_path)
     assert "#SBATCH" in proc.stdout
     assert list(home.iterdir()) == [] and list(cache.iterdir()) == []
+
+
+def test_sweep_matrix_passes_shellcheck(tmp_path):
+    """Every variant again as a sweep (a job array: per-task arguments, run folders, throttling)."""
+    files = []
+    for i, spec in enumerate(spec_matrix(sweep={"lr": ["1e-3", "it's $(x)"], "--seed": ["0", "1"]}, max_parallel=2)):
+        path = tmp_path / f"{i:02d}.sbatch"
+        path.write_text(render(spec))
+        files.append(str(path))
+    proc = subprocess.run([_shellcheck(), "-s", "bash", "-S", "style", "-f", "gcc", *files], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_sweep_tasks_are_every_combination_with_stable_signatures():
+    grid = {"lr": ["0.1", "0.01"], "seed": ["0", "1"]}
+    spec = LaunchSpec(cpu=True, program=["train.py", "--epochs", "3"], sweep=grid, max_parallel=2)
+    tasks = spec.tasks
+    assert [t["args"] for t in tasks] == [["--lr", "0.1", "--seed", "0"], ["--lr", "0.1", "--seed", "1"],
+                                          ["--lr", "0.01", "--seed", "0"], ["--lr", "0.01", "--seed", "1"]]
+    assert len({t["signature"] for t in tasks}) == 4
+    again = LaunchSpec(cpu=True, program=["train.py", "--epochs", "3"], sweep=dict(grid))
+    assert [t["signature"] for t in again.tasks] == [t["signature"] for t in tasks]  # throttle is not identity
+    other = LaunchSpec(cpu=True, program=["train.py", "--epochs", "4"], sweep=grid)
+    assert not {t["signature"] for t in other.tasks} & {t["signature"] for t in tasks}  # other program args
+    text = render(spec)
+    assert "#SBATCH --array=0-3%2" in text and "#SBATCH --output=" in text and "%x-%A_%a.out" in text
+    assert '3) TASK_ARGS=(--lr 0.01 --seed 1)' in text and '"${TASK_ARGS[@]}"' in text
+    assert "TASK_ARGS" not in render(LaunchSpec(cpu=True, program=["train.py"]))  # plain jobs stay plain
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"sweep": {"lr": []}}, "empty value"), ({"sweep": {"lr": ["1", ""]}}, "empty value"),
+    ({"sweep": {"lr": ["1", "1"]}}, "repeats a value"), ({"sweep": {"l r": ["1"]}}, "not an option name"),
+    ({"sweep": {"lr": ["a\nb"]}}, "single lines"), ({"max_parallel": 2}, "only applies with --sweep"),
+    ({"sweep": {"lr": ["1"]}, "max_parallel": 0}, "less than 1"),
+    ({"sweep": {"a": [str(i) for i in range(40)], "b": [str(i) for i in range(40)]}}, "MaxArraySize"),
+])
+def test_bad_sweeps_name_the_option(kwargs, message):
+    with pytest.raises(SpecError, match=message):
+        LaunchSpec(cpu=True, program=["train.py"], **kwargs)

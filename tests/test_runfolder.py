@@ -80,3 +80,11 @@ def test_a_fresh_run_never_overwrites_earlier_checkpoints(tmp_path):
     refuse_to_overwrite(folder, "auto")
     refuse_to_overwrite(tmp_path / "empty", None)
     assert issubclass(RunFolderBusy, ConfigError)
+
+
+def test_a_sweep_task_trains_in_the_folder_its_job_names(tmp_path):
+    root, task = tmp_path / "root", tmp_path / "sweep-x" / "abc123"
+    env = {"TRAINSTACK_RUN_DIR": str(task), "SLURM_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "1"}
+    assert choose_run_folder(root, Path("./"), False, None, env) == task  # before the slurm-<id> rule
+    assert choose_run_folder(root, tmp_path / "mine", False, None, env) == tmp_path / "mine"  # explicit wins
+    assert choose_run_folder(root, Path("./"), True, None, env).parent == task  # a new folder inside it

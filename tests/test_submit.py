@@ -37,3 +37,27 @@ def test_a_result_planted_by_another_user_is_refused(tmp_path):
     with pytest.raises(SubmitError, match="refusing to load"):
         job.result()
     assert not canary.exists()
+
+
+def test_array_ranges_and_exit_codes():
+    from trainstack.submit import _exit_of, _ranges
+
+    assert _ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and _ranges([3]) == "3"
+    assert _exit_of("COMPLETED") == 0 and _exit_of("FAILED (exit 3:0)") == 3
+    assert _exit_of("CANCELLED (exit 0:15)") == 143 and _exit_of("FAILED (exit 2)") == 2
+    assert _exit_of("ENDED (killed: no exit status recorded)") == 1
+
+
+def test_an_absolute_program_in_the_repository_runs_from_the_snapshot(tmp_path):
+    from trainstack.render import LaunchSpec
+    from trainstack.submit import _program_in_snapshot
+
+    repo = tmp_path / "repo"
+    (repo / "sub").mkdir(parents=True)
+    spec = LaunchSpec(cpu=True, program=[str(repo / "train.py"), str(repo / "data.bin")], chdir=str(repo / "sub"))
+    moved = _program_in_snapshot(spec, repo)
+    assert moved.program == ["../train.py", str(repo / "data.bin")]  # the program moves, arguments do not
+    outside = LaunchSpec(cpu=True, program=["/opt/tools/train.py"], chdir=str(repo))
+    assert _program_in_snapshot(outside, repo).program == ["/opt/tools/train.py"]
+    shell = LaunchSpec(cpu=True, program=["bash", str(repo / "run.sh")], chdir=str(repo), program_kind="exec")
+    assert _program_in_snapshot(shell, repo).program == ["bash", "run.sh"]

@@ -15,7 +15,7 @@ from pathlib import Path
 from .errors import TrainstackError
 from .render import safe_name
 
-__all__ = ["JobError", "JobInfo", "job_info", "job_folder", "debug_job"]
+__all__ = ["JobError", "JobInfo", "job_info", "job_infos", "job_folder", "debug_job", "check_job_id"]
 
 
 class JobError(TrainstackError, RuntimeError):
@@ -34,6 +34,25 @@ class JobInfo:
     elapsed: str
     restarts: int
     exit_code: str | None
+    array_job_id: str | None = None
+    array_task_id: str | None = None  # one index, or a pending range like "2-3%2"
+    reason: str | None = None  # why a pending job waits
+
+    @property
+    def label(self) -> str:
+        """``123`` for a plain job, ``123_4`` for an array task, ``123_[2-3]`` for pending tasks."""
+        if self.array_job_id is None:
+            return self.job_id
+        task = (self.array_task_id or "").split("%")[0]
+        return f"{self.array_job_id}_{task}" if task.isdigit() else f"{self.array_job_id}_[{task}]"
+
+
+def check_job_id(job_id: str) -> str:
+    """A Slurm job id (digits, or ``<array job>_<task>``), else a clear error."""
+    if not re.fullmatch(r"\d+(_\d+)?", job_id):
+        raise JobError(f"{job_id!r} is not a Slurm job id (digits, or <array job>_<task> for an array task, e.g. "
+                       f"1234 or 1234_0).")
+    return job_id
 
 
 def _field(text: str, name: str) -> str | None:
@@ -41,30 +60,56 @@ def _field(text: str, name: str) -> str | None:
     return m.group(1) if m else None
 
 
-def job_info(job_id: str) -> JobInfo | None:
-    """What ``scontrol show job`` says (None when Slurm no longer knows the job)."""
-    if not re.fullmatch(r"\d+(_\d+)?", job_id):
-        raise JobError(f"{job_id!r} is not a Slurm job id (digits, or <array job>_<task> for an array task).")
+def job_infos(job_id: str) -> list[JobInfo]:
+    """What ``scontrol show job`` says, one entry per job (every task of an array job); empty once Slurm has
+    forgotten the job (``MinJobAge`` after it ended)."""
+    check_job_id(job_id)
     if shutil.which("scontrol") is None:
         raise JobError("scontrol not found on PATH. HINT: run this on a Slurm login node.")
     proc = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
     if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
         raise JobError(f"scontrol could not answer: {proc.stderr.strip() or proc.stdout.strip()}")
-    if "JobId=" not in proc.stdout:
-        return None
-    text = proc.stdout
-    return JobInfo(job_id=job_id, name=_field(text, "JobName") or "", state=_field(text, "JobState") or "UNKNOWN",
-                   nodes=_field(text, "NodeList") or "", num_nodes=int(_field(text, "NumNodes") or 0),
-                   stdout=_field(text, "StdOut"), work_dir=_field(text, "WorkDir"),
-                   elapsed=_field(text, "RunTime") or "", restarts=int(_field(text, "Restarts") or 0),
-                   exit_code=_field(text, "ExitCode"))
+    out = []
+    for text in proc.stdout.splitlines():
+        if "JobId=" not in text:
+            continue
+        array = _field(text, "ArrayJobId")
+        out.append(JobInfo(job_id=_field(text, "JobId") or job_id, name=_field(text, "JobName") or "",
+                           state=_field(text, "JobState") or "UNKNOWN", nodes=_field(text, "NodeList") or "",
+                           num_nodes=_leading_int(_field(text, "NumNodes")), stdout=_field(text, "StdOut"),
+                           work_dir=_field(text, "WorkDir"), elapsed=_field(text, "RunTime") or "",
+                           restarts=_leading_int(_field(text, "Restarts")), exit_code=_field(text, "ExitCode"),
+                           array_job_id=array, array_task_id=_field(text, "ArrayTaskId") if array else None,
+                           reason=_field(text, "Reason")))
+    return sorted(out, key=lambda i: (int(i.array_job_id or i.job_id), _task_key(i.array_task_id)))
+
+
+def _leading_int(value: str | None) -> int:
+    """``"2"`` -> 2; a pending job's ``"1-1"`` -> 1; missing -> 0."""
+    head = re.match(r"\d+", value or "")
+    return int(head.group()) if head else 0
+
+
+def _task_key(task: str | None) -> int:
+    head = re.match(r"\d+", task or "")
+    return int(head.group()) if head else -1
+
+
+def job_info(job_id: str) -> JobInfo | None:
+    """The one job ``job_id`` names (an array task by ``<array>_<task>``); None when Slurm no longer knows it."""
+    infos = job_infos(job_id)
+    if "_" in job_id:
+        return next((i for i in infos if i.label == job_id), infos[0] if infos else None)
+    return infos[0] if infos else None
 
 
 def job_folder(info: JobInfo) -> Path | None:
-    """``<log_dir>/<job name>-<job id>``: the log's folder holds the job folder of a trainstack script."""
+    """``<log_dir>/<job name>-<job id>`` (``.../task-<i>`` for an array task): the log's folder holds it."""
     if not info.stdout:
         return None
-    folder = Path(info.stdout).parent / f"{safe_name(info.name)}-{info.job_id}"
+    folder = Path(info.stdout).parent / f"{safe_name(info.name)}-{info.array_job_id or info.job_id}"
+    if info.array_job_id is not None and (info.array_task_id or "").isdigit():
+        folder = folder / f"task-{info.array_task_id}"
     return folder if folder.is_dir() else None
 
 
@@ -75,6 +120,12 @@ def debug_job(job_id: str, wait_s: float = 30.0, echo: Callable[[str], None] = p
     if info is None:
         raise JobError(f"Slurm does not know job {job_id} (finished long ago, or never existed). HINT: "
                        f"`trainstack status` lists your jobs.")
+    running = [i.label for i in job_infos(job_id) if i.state == "RUNNING"]
+    if "_" not in job_id and info.array_job_id is not None and len(running) > 1:
+        raise JobError(f"job {job_id} is an array with {len(running)} running tasks; name one, e.g. "
+                       f"`trainstack debug {running[0]}`.")
+    if info.array_job_id is not None and "_" not in job_id and running:
+        info = job_info(running[0]) or info
     if info.state != "RUNNING":
         raise JobError(f"job {job_id} is {info.state}, not RUNNING: there are no processes to inspect. HINT: a "
                        f"finished job's hang report (if any) is in its run folder, hang-*/SUMMARY.txt.")

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
-from . import _layout
+from . import _layout, _ranklog
 from ._files import atomic_write
 from ._layout import ProcessPlan, WorkerContext
 from ._watchdog import HANG_EXIT_CODE, watched
@@ -100,6 +100,7 @@ class ProcessGroupSession:
     def start(self) -> None:
         ctx = self.ctx
         _layout.activate(ctx)
+        _ranklog.tee_rank_output(ctx.rank)
         device_id = None
         if ctx.device.startswith("cuda"):
             device_id = torch.device(ctx.device)
@@ -202,6 +203,7 @@ def _exit_cleanly() -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
+    _ranklog.close()
     os._exit(0)
 
 

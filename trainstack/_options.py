@@ -112,6 +112,7 @@ def build_spec(ctx: click.Context, params: dict[str, Any], cwd: Path | None = No
                 params[key] = _profile_value(key, value, profile_path)
     env = params.pop("env")
     pairs = env.items() if isinstance(env, dict) else [_split_env(item) for item in env]
+    params["sweep"] = _parse_sweep(params.get("sweep") or ())
     program = list(params.pop("program"))
     params.setdefault("chdir", None)
     params["chdir"] = params["chdir"] or str(cwd)
@@ -143,6 +144,25 @@ def templates_dir_of(ctx_params: dict[str, Any]) -> str | None:
         raise click.BadParameter(f"templates_dir {value!r} in {ctx_params['profile']} is not a folder",
                                  param_hint="'--profile'")
     return str(folder)
+
+
+def _parse_sweep(items: Any) -> dict[str, list[str]]:
+    """``("lr=1e-3,1e-4", "seed=0,1")`` (or a profile's table ``{lr = [...]}``) -> ``{"lr": [...], "seed": [...]}``."""
+    if isinstance(items, dict):
+        return {str(k): [str(v) for v in (vals if isinstance(vals, (list, tuple)) else [vals])]
+                for k, vals in items.items()}
+    out: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, values = str(item).partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=V1,V2,... (e.g. --sweep lr=1e-3,1e-4)",
+                                     param_hint="'--sweep'")
+        if key in out:
+            raise click.BadParameter(f"{key!r} is given twice; put all its values in one --sweep {key}=V1,V2,...",
+                                     param_hint="'--sweep'")
+        out[key] = values.split(",")
+    return out
 
 
 def _split_env(item: str) -> tuple[str, str]:

@@ -81,6 +81,7 @@ def choose_run_folder(root: Path, log_folder: Path, new_per_run: bool, resume: o
     """Where this run writes.
 
     * an explicit ``log_folder`` (not ``./``) is used as given;
+    * ``TRAINSTACK_RUN_DIR`` (set for each task of a sweep, named by its arguments) is used as given;
     * inside a Slurm job the folder is ``root/slurm-<job id>`` (``slurm-<array job>_<task>`` for an array task),
       so a requeued job finds its checkpoints;
     * ``resume="auto"`` reuses the newest run folder under ``root`` that holds a checkpoint and is not in use;
@@ -88,9 +89,11 @@ def choose_run_folder(root: Path, log_folder: Path, new_per_run: bool, resume: o
     """
     env = os.environ if environ is None else environ
     if new_per_run:
-        return _new_folder(root)
+        return _new_folder(Path(env["TRAINSTACK_RUN_DIR"]) if env.get("TRAINSTACK_RUN_DIR") else root)
     if log_folder != Path("./"):
         return log_folder
+    if env.get("TRAINSTACK_RUN_DIR"):
+        return Path(env["TRAINSTACK_RUN_DIR"])
     job = env.get("SLURM_JOB_ID")
     if job:
         array = env.get("SLURM_ARRAY_TASK_ID")

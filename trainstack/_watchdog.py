@@ -269,6 +269,9 @@ class Watchdog(threading.Thread):
             Path(self.report_file).write_text(f"stopped by the hang watchdog\n{body}")
         sys.stderr.flush()
         sys.stdout.flush()
+        from . import _ranklog
+
+        _ranklog.close(timeout=2.0)
         os._exit(HANG_EXIT_CODE)
 
     def _answer_debug_requests(self) -> None:

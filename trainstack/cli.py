@@ -23,6 +23,8 @@ Examples:
   trainstack generate --setup multi-gpu --gpus-per-node 2 --launcher srun --explain -- train.py
   trainstack generate --setup multi-node --nodes 2 --cpu --procs-per-node 2 -o job.sbatch -- examples/demo.py
   trainstack submit --setup single-gpu --time 00:30:00 --wait -- train.py
+  trainstack submit --sweep lr=1e-3,1e-4 --sweep seed=0,1 --max-parallel 2 -- train.py --epochs 3
+  trainstack status; trainstack logs 1234 --rank 3 --follow; trainstack cancel 1234
   trainstack doctor --compute-setup gpu
 """
 EPILOG = EXAMPLES + "\n" + FORMS
@@ -63,6 +65,10 @@ def _spec_options(fn: Any) -> Any:
         click.option("--command", default=None, help="--launcher custom: {num_processes} {num_machines} "
                                                      "{machine_rank} {main_process_ip} {main_process_port}."),
         click.option("--max-restarts", type=int, default=0, show_default=True, help="torchrun worker restarts."),
+        click.option("--sweep", multiple=True, metavar="KEY=V1,V2,...",
+                     help="A job array over every combination (repeatable): task i appends --KEY V to the "
+                          "program and trains in <log dir>/sweep-<name>/<signature of its arguments>."),
+        click.option("--max-parallel", type=int, default=None, help="With --sweep: at most K tasks at once."),
         click.option("--python", default="python3", show_default=True),
         click.option("--chdir", default=None, help="Working directory of the job (default: here)."),
         click.option("--profile", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -111,21 +117,127 @@ def generate(ctx: click.Context, output: str | None, force: bool, dry_run: bool,
 @main.command(epilog=EPILOG, context_settings=PROGRAM_FIRST)
 @_spec_options
 @click.option("--wait", is_flag=True, help="Follow the log and exit with the job's exit code.")
+@click.option("--snapshot/--no-snapshot", default=True, show_default=True,
+              help="Inside a git repository, copy the code (uncommitted changes included) into the job folder and "
+                   "run that copy, so edits made while the job waits do not change it.")
+@click.option("--hold", is_flag=True, help="Submit held; start it with `scontrol release JOBID`.")
+@click.option("--dry-run", is_flag=True, help="Print the script (and a sweep's task table); submit nothing.")
 @click.pass_context
-def submit(ctx: click.Context, wait: bool, **params: Any) -> None:
-    """Render, create the log directory, sbatch; print the job id and the log path."""
-    from .submit import SubmitError, submit_spec
+def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: bool, **params: Any) -> None:
+    """Render, create the job folder, sbatch; print the job id, its folder and its log."""
+    from .submit import SubmitError, finished_tasks, submit_spec
 
     templates_dir = templates_dir_of(params)
     spec = build_spec(ctx, params)
+    if dry_run:
+        click.echo(_render(spec, templates_dir), nl=False)
+        if spec.tasks:
+            click.echo(_task_table(spec, finished_tasks(spec)), err=True)
+        return
+    if snapshot:
+        _warn_uncommitted(Path(spec.chdir or "."))
     try:
         job = submit_spec(spec, wait=wait, templates_dir=templates_dir, command_line=_command_line(),
-                          echo=lambda line: click.echo(line, nl=False))
+                          echo=lambda line: click.echo(line, nl=False), snapshot=snapshot, hold=hold,
+                          argv=sys.argv)
     except SubmitError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"job {job.job_id} log {job.log_path}")
+    if spec.tasks and not job.job_id:
+        click.echo(f"all {len(spec.tasks)} tasks of this sweep already finished (in {spec.sweep_dir}); "
+                   f"nothing submitted")
+        return
+    if job.skipped:
+        click.echo(f"skipping {len(job.skipped)} task(s) that already finished: {job.skipped}", err=True)
+    held = " (held: scontrol release " + job.job_id + ")" if hold else ""
+    click.echo(f"job {job.job_id}{held} folder {job.job_dir} log {job.log_path}")
     if wait:
         sys.exit(job.exit_code or 0)
+
+
+def _task_table(spec: LaunchSpec, done: list[int]) -> str:
+    lines = [f"{'TASK':<5} {'SIGNATURE':<13} {'STATE':<9} ARGUMENTS"]
+    for i, task in enumerate(spec.tasks):
+        lines.append(f"{i:<5} {task['signature']:<13} {'finished' if i in done else 'to run':<9} "
+                     f"{shlex.join(task['args'])}")
+    todo = len(spec.tasks) - len(done)
+    lines.append(f"{todo} of {len(spec.tasks)} task(s) would run"
+                 + (f", at most {spec.max_parallel} at once" if spec.max_parallel else "")
+                 + f"; run folders under {spec.sweep_dir}")
+    return "\n".join(lines)
+
+
+def _warn_uncommitted(cwd: Path) -> None:
+    from ._snapshot import git_root, git_state
+
+    root = git_root(cwd)
+    if root is None:
+        return
+    _, changed, untracked = git_state(root)
+    if changed or untracked:
+        names = changed + untracked
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        click.echo(f"warning: the job runs uncommitted changes (copied into its folder): {shown}", err=True)
+
+
+@main.command()
+@click.argument("job_ids", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--limit", type=int, default=20, show_default=True, help="Without JOBID: how many past jobs.")
+def status(job_ids: tuple[str, ...], as_json: bool, limit: int) -> None:
+    """State, nodes, elapsed time, restarts and the last metric line of jobs (one row per array task); without
+    JOBID, your queued and running jobs and the last jobs trainstack submitted. Works without Slurm accounting."""
+    import json
+
+    from ._jobs import JobError
+    from ._status import format_table, job_status, my_jobs
+
+    try:
+        rows = [row for job_id in job_ids for row in job_status(job_id)] if job_ids else my_jobs(limit)
+    except JobError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps([{**vars(r), "log": str(r.log) if r.log else None,
+                                "folder": str(r.folder) if r.folder else None} for r in rows], indent=2))
+    elif rows:
+        click.echo(format_table(rows))
+    else:
+        click.echo("no jobs: nothing queued or running, and trainstack submitted none yet.")
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--rank", type=int, default=None, help="This rank's own log (rank-<r>.out in the job folder).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows, until the job ends.")
+def logs(job_id: str, rank: int | None, follow: bool) -> None:
+    """Print a job's combined log, or one rank's log; an array task is <job>_<task>."""
+    from ._jobs import JobError
+    from ._status import find_log, follow_log
+
+    try:
+        if follow:
+            row = follow_log(job_id, rank, echo=lambda text: click.echo(text, nl=False))
+            click.echo(f"--- job {row.job} {row.state}", err=True)
+            return
+        path, _ = find_log(job_id, rank)
+    except JobError as exc:
+        raise click.ClickException(str(exc)) from None
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            click.echo(line, nl=False)
+
+
+@main.command()
+@click.argument("job_id")
+def cancel(job_id: str) -> None:
+    """Cancel a queued or running job (or one array task, <job>_<task>); a --requeue job is not requeued."""
+    from ._jobs import JobError
+    from ._status import cancel_job
+
+    try:
+        done = cancel_job(job_id)
+    except JobError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"cancelled {', '.join(done)}")
 
 
 def _render(spec: LaunchSpec, templates_dir: str | None) -> str:

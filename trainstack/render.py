@@ -8,6 +8,9 @@ filter (``shlex.quote``). Does not import torch.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import json
 import re
 import shlex
 from dataclasses import asdict, dataclass, field
@@ -88,6 +91,8 @@ class LaunchSpec:
     chdir: str | None = None
     explain: bool = False
     program_kind: str | None = None
+    sweep: dict[str, list[str]] = field(default_factory=dict)
+    max_parallel: int | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -113,6 +118,12 @@ class LaunchSpec:
         if not isinstance(self.env, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                      for k, v in self.env.items()):
             raise SpecError("--env", f"must map names to strings, got {self.env!r}")
+        if not isinstance(self.sweep, dict) or not all(
+                isinstance(k, str) and isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)
+                for k, v in self.sweep.items()):
+            raise SpecError("--sweep", f"must map names to lists of values, got {self.sweep!r}")
+        if self.max_parallel is not None:
+            _expect("max_parallel", self.max_parallel, int)
 
     def _check_shape(self) -> None:
         for name, allowed in (("setup", SETUPS), ("launcher", LAUNCHERS), ("container", CONTAINERS)):
@@ -178,6 +189,25 @@ class LaunchSpec:
             raise SpecError("--max-restarts", f"{self.max_restarts} is less than 0")
         if self.max_restarts and self.launcher != "torchrun":
             raise SpecError("--max-restarts", "only applies to --launcher torchrun")
+        self._check_sweep()
+
+    def _check_sweep(self) -> None:
+        for key, values in self.sweep.items():
+            if not re.fullmatch(r"-{0,2}[A-Za-z_][A-Za-z0-9_.-]*", key):
+                raise SpecError("--sweep", f"{key!r} is not an option name (letters, digits, _ . -), e.g. lr=1e-3,1e-4")
+            if not values or any(v == "" for v in values):
+                raise SpecError("--sweep", f"{key}={','.join(values)!r} has an empty value; give KEY=V1,V2,...")
+            if any("\n" in v or "\r" in v for v in values):
+                raise SpecError("--sweep", f"{key}: values must be single lines")
+            if len(set(values)) != len(values):
+                raise SpecError("--sweep", f"{key} repeats a value ({','.join(values)}): each task would run twice")
+        if self.max_parallel is not None and not self.sweep:
+            raise SpecError("--max-parallel", "only applies with --sweep (it limits how many array tasks run at once)")
+        if self.max_parallel is not None and self.max_parallel < 1:
+            raise SpecError("--max-parallel", f"{self.max_parallel} is less than 1")
+        if len(self.tasks) > 1000:
+            raise SpecError("--sweep", f"{len(self.tasks)} tasks: more than Slurm's default MaxArraySize (1001) "
+                                       f"allows; split the sweep")
 
     def _check_program(self) -> None:
         if self.program_kind is not None and self.program_kind not in KINDS:
@@ -222,6 +252,26 @@ class LaunchSpec:
         return self.signal or ("B:USR2@120" if self.requeue else None)
 
     @property
+    def tasks(self) -> list[dict[str, Any]]:
+        """The sweep's tasks, in array order: each one's extra arguments and its stable signature."""
+        if not self.sweep:
+            return []
+        keys = list(self.sweep)
+        out = []
+        for combo in itertools.product(*(self.sweep[k] for k in keys)):
+            args: list[str] = []
+            for key, value in zip(keys, combo, strict=True):
+                args += [key if key.startswith("-") else f"--{key}", value]
+            digest = hashlib.sha1(json.dumps([self.program, self.command, args]).encode()).hexdigest()[:12]
+            out.append({"args": args, "signature": digest, "values": dict(zip(keys, combo, strict=True))})
+        return out
+
+    @property
+    def sweep_dir(self) -> str:
+        """Where a sweep's tasks train: one run folder per signature, the same for every submission of it."""
+        return f"{self.log_dir}/sweep-{safe_name(self.job_name)}"
+
+    @property
     def parsed_program(self) -> Program:
         if self.program_kind is not None:
             return Program(self.program_kind, tuple(self.program[1:] if self.program_kind == "module"
@@ -240,7 +290,7 @@ class LaunchSpec:
         ctx = asdict(self)
         program = None if self.launcher == "custom" else self.parsed_program
         ctx.update(procs=self.procs, world_size=self.world_size, tasks_per_node=self.tasks_per_node,
-                   safe_job_name=safe_name(self.job_name),
+                   safe_job_name=safe_name(self.job_name), tasks=self.tasks, sweep_dir=self.sweep_dir,
                    signal=self.stop_signal, port_base=PORT_BASE, port_span=PORT_SPAN, placeholders=PLACEHOLDERS,
                    program_kind=program.kind if program else "exec", program_words=program.words if program else [],
                    program_argv=list(program.argv) if program else [],

@@ -1,22 +1,28 @@
-"""Write scripts and hand them to Slurm (`sbatch`); the I/O half of the generator."""
+"""Write scripts and hand them to Slurm (`sbatch`): the I/O half of the generator. A submission gets a job folder
+``<log dir>/<job name>-<job id>/`` with the script, ``metadata.json`` (argv, the spec, git commit and dirty flag,
+versions, submit time) and, optionally, a snapshot of the code the job runs."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import re
 import shutil
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ._files import UntrustedFileError, atomic_write, load_private_pickle, private_dir
+from ._snapshot import Snapshot, git_root, git_state, take
 from .errors import TrainstackError
 from .render import LaunchSpec, render, safe_name
 
 __all__ = ["SubmitError", "SubmittedJob", "FunctionJob", "write_script", "submit", "submit_spec",
-           "submit_function"]
+           "submit_function", "finished_tasks", "index_path", "wait_for"]
 
 
 class SubmitError(TrainstackError, RuntimeError):
@@ -25,11 +31,17 @@ class SubmitError(TrainstackError, RuntimeError):
 
 @dataclass
 class SubmittedJob:
+    """A submitted job: its id, its script and combined log, and its job folder ``<log dir>/<name>-<id>/``."""
+
     job_id: str
     script: Path
     log_path: Path
+    job_dir: Path | None = None
     exit_code: int | None = None
     state: str | None = None
+    tasks: list[int] = field(default_factory=list)  # array tasks submitted (a sweep)
+    skipped: list[int] = field(default_factory=list)  # sweep tasks already finished by an earlier submission
+    snapshot: Snapshot | None = None
 
 
 def write_script(path: Path, text: str) -> Path:
@@ -47,50 +59,183 @@ def _sbatch() -> str:
     return exe
 
 
+def finished_tasks(spec: LaunchSpec) -> list[int]:
+    """Sweep tasks whose run folder says an earlier submission already ran them to the end."""
+    return [i for i, task in enumerate(spec.tasks)
+            if (Path(spec.sweep_dir) / task["signature"] / ".trainstack-done").exists()]
+
+
+def _ranges(indices: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5" (Slurm's --array syntax)."""
+    out, i = [], 0
+    while i < len(indices):
+        j = i
+        while j + 1 < len(indices) and indices[j + 1] == indices[j] + 1:
+            j += 1
+        out.append(str(indices[i]) if i == j else f"{indices[i]}-{indices[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
 def submit_spec(spec: LaunchSpec, wait: bool = False, templates_dir: str | None = None,
                 command_line: str | None = None, echo: Callable[[str], None] | None = None,
-                timeout: float | None = None) -> SubmittedJob:
-    """Render ``spec``, create the log directory (a missing one kills the job without any log), sbatch it."""
-    log_dir = Path(spec.log_dir).expanduser().absolute()
-    log_dir.mkdir(parents=True, exist_ok=True)
-    script = write_script(log_dir / f"{_safe(spec.job_name)}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.sbatch",
-                          render(spec, templates_dir, command_line))
-    proc = subprocess.run([_sbatch(), "--parsable", str(script)], capture_output=True, text=True, timeout=120)
+                timeout: float | None = None, snapshot: bool = False, hold: bool = False,
+                argv: list[str] | None = None) -> SubmittedJob:
+    """Render ``spec`` and submit it held; create its job folder (the script, ``metadata.json`` and, with
+    ``snapshot``, a copy of the code the job then runs from); release it unless ``hold``. A sweep submits only the
+    tasks no earlier submission finished."""
+    log_dir = Path(spec.log_dir).expanduser().resolve()
+    log_dir.mkdir(parents=True, exist_ok=True)  # Slurm cannot create it: a missing one kills the job without a log
+    root = git_root(Path(spec.chdir or ".")) if snapshot else None
+    if root is not None:
+        spec = _program_in_snapshot(spec, root)
+    skipped = finished_tasks(spec)
+    tasks = [i for i in range(len(spec.tasks)) if i not in skipped]
+    name = safe_name(spec.job_name)
+    if spec.tasks and not tasks:
+        return SubmittedJob("", log_dir / "-", log_dir / "-", skipped=skipped)
+    script = write_script(log_dir / f".{name}-{os.getpid()}.sbatch", render(spec, templates_dir, command_line))
+    env = dict(os.environ)
+    env.pop("TRAINSTACK_SNAPSHOT", None)
+    if root is not None:  # the job runs from <job folder>/code/<this folder relative to the repository>
+        env["TRAINSTACK_SNAPSHOT"] = os.path.relpath(Path(spec.chdir or ".").resolve(), root)
+    args = [_sbatch(), "--parsable", "--hold"]
+    if spec.tasks:
+        args.append(f"--array={_ranges(tasks)}" + (f"%{spec.max_parallel}" if spec.max_parallel else ""))
+    proc = subprocess.run([*args, str(script)], capture_output=True, text=True, timeout=120, env=env)
     if proc.returncode != 0:
-        raise SubmitError(f"sbatch rejected {script}: {proc.stderr.strip() or proc.stdout.strip()}")
+        script.unlink(missing_ok=True)
+        raise SubmitError(f"sbatch rejected the script: {proc.stderr.strip() or proc.stdout.strip()}")
     job_id = proc.stdout.strip().split(";")[0]
-    job = SubmittedJob(job_id, script, log_dir / f"{spec.job_name}-{job_id}.out")
+    job_dir = log_dir / f"{name}-{job_id}"
+    log_path = log_dir / (f"{spec.job_name}-{job_id}_{tasks[0]}.out" if spec.tasks else f"{spec.job_name}-{job_id}.out")
+    job = SubmittedJob(job_id, job_dir / "job.sbatch", log_path, job_dir, tasks=tasks if spec.tasks else [],
+                       skipped=skipped)
+    try:
+        job_dir.mkdir(parents=True, exist_ok=True)
+        os.replace(script, job.script)
+        if root is not None:
+            job.snapshot = take(Path(spec.chdir or "."), job_dir / "code", exclude=[log_dir])
+        atomic_write(job_dir / "metadata.json", json.dumps(_metadata(spec, job, argv), indent=2, default=str))
+        _remember(job, spec)
+    except BaseException:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
+        raise
+    if not hold:
+        released = subprocess.run(["scontrol", "release", job_id], capture_output=True, text=True, timeout=60)
+        if released.returncode != 0:
+            raise SubmitError(f"job {job_id} was submitted held and could not be released: "
+                              f"{released.stderr.strip()}. HINT: scontrol release {job_id}")
     if wait:
         job.exit_code = wait_for(job, echo=echo, timeout=timeout)
     return job
 
 
-def submit(spec: LaunchSpec, wait: bool = False, **kwargs: object) -> str:
+def _program_in_snapshot(spec: LaunchSpec, root: Path) -> LaunchSpec:
+    """An absolute path to the program inside the repository would run the live file, not the snapshot: make it
+    relative to the job's folder, which the job script swaps for its copy."""
+    if spec.launcher == "custom" or not spec.program:
+        return spec
+    words = list(spec.program)
+    at = 1 if words[0] in ("bash", "sh", "zsh") and len(words) > 1 else 0
+    path = Path(words[at])
+    if words[at].startswith("-") or not path.is_absolute() or not path.resolve().is_relative_to(root.resolve()):
+        return spec
+    words[at] = os.path.relpath(path.resolve(), Path(spec.chdir or ".").resolve())
+    return dataclasses.replace(spec, program=words)
+
+
+def _metadata(spec: LaunchSpec, job: SubmittedJob, argv: list[str] | None) -> dict[str, Any]:
+    import getpass
+    import platform
+    import socket
+    from importlib import metadata
+
+    from ._version import __version__
+
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    snap = job.snapshot
+    commit, dirty = (snap.commit, snap.dirty) if snap else _git_summary(Path(spec.chdir or "."))
+    return {"job_id": job.job_id, "job_name": spec.job_name, "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "user": getpass.getuser(), "host": socket.gethostname(), "argv": argv or [], "cwd": str(Path.cwd()),
+            "spec": asdict(spec), "git": {"commit": commit, "dirty": dirty,
+                                          "changed": snap.changed if snap else None},
+            "snapshot": None if snap is None else {"files": snap.files, "bytes": snap.bytes,
+                                                   "seconds": round(snap.seconds, 3),
+                                                   "untracked": snap.untracked, "skipped": snap.skipped,
+                                                   "linked": snap.linked},
+            "versions": {"trainstack": __version__, "python": platform.python_version(), "torch": version("torch"),
+                         "slurm": _slurm_version()},
+            "tasks": [{"index": i, **spec.tasks[i]} for i in job.tasks], "skipped_tasks": job.skipped}
+
+
+def _git_summary(cwd: Path) -> tuple[str | None, bool | None]:
+    root = git_root(cwd)
+    if root is None:
+        return None, None
+    commit, changed, untracked = git_state(root)
+    return commit, bool(changed or untracked)
+
+
+def _slurm_version() -> str | None:
+    proc = subprocess.run(["sbatch", "--version"], capture_output=True, text=True, timeout=30)
+    return proc.stdout.strip() or None
+
+
+def index_path() -> Path:
+    """This user's record of submitted jobs (``$XDG_STATE_HOME/trainstack/jobs.jsonl``), for `trainstack status`."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "trainstack" / "jobs.jsonl"
+
+
+def _remember(job: SubmittedJob, spec: LaunchSpec) -> None:
+    path = index_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as fh:
+            fh.write(json.dumps({"job_id": job.job_id, "name": spec.job_name, "job_dir": str(job.job_dir),
+                                 "log_dir": str(Path(spec.log_dir).resolve()), "log": str(job.log_path),
+                                 "submitted": time.time(), "tasks": job.tasks, "launcher": spec.launcher}) + "\n")
+    except OSError:  # the record is a convenience; the job folder is the source of truth
+        pass
+
+
+def submit(spec: LaunchSpec, wait: bool = False, **kwargs: Any) -> str:
     """Python API: submit ``spec`` and return the Slurm job id."""
-    return submit_spec(spec, wait=wait, **kwargs).job_id  # type: ignore[arg-type]
+    return submit_spec(spec, wait=wait, **kwargs).job_id
 
 
-def _state(job_id: str) -> tuple[str, int | None]:
-    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
-    state = re.search(r"JobState=(\S+)", out.stdout)
-    code = re.search(r"ExitCode=(\d+):(\d+)", out.stdout)
-    exit_code = None
-    if code:
-        exit_code = int(code.group(1)) or (128 + int(code.group(2)) if int(code.group(2)) else 0)
-    return (state.group(1) if state else "UNKNOWN"), exit_code
-
-
-_DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
-         "DEADLINE", "UNKNOWN"}
+def _exit_of(state: str) -> int:
+    """0 for COMPLETED; else the exit status in ``STATE (exit N)`` / ``(exit N:S)`` (128+S for a signal), or 1."""
+    if state == "COMPLETED":
+        return 0
+    m = re.search(r"\(exit (\d+)(?::(\d+))?\)", state)
+    if not m:
+        return 1
+    code, sig = int(m.group(1)), int(m.group(2) or 0)
+    return code or (128 + sig if sig else 1)
 
 
 def wait_for(job: SubmittedJob, echo: Callable[[str], None] | None = None, timeout: float | None = None,
              poll: float = 0.5) -> int:
-    """Follow the job's log until it ends; return its exit code (non-zero for any failure state)."""
+    """Follow the job's log until it (every array task) ends; return its exit code (non-zero for any failure).
+    Slurm answers while it knows the job; after that, the job folder's record does."""
+    from ._jobs import JobError
+    from ._status import job_status
+
     deadline = None if timeout is None else time.monotonic() + timeout
     offset = 0
     while True:
-        state, code = _state(job.job_id)
+        try:
+            rows = job_status(job.job_id)
+        except JobError as exc:
+            raise SubmitError(str(exc)) from None
         if echo and job.log_path.exists():
             with open(job.log_path, encoding="utf-8", errors="replace") as fh:
                 fh.seek(offset)
@@ -98,12 +243,12 @@ def wait_for(job: SubmittedJob, echo: Callable[[str], None] | None = None, timeo
                 offset = fh.tell()
             if chunk:
                 echo(chunk)
-        if state in _DONE:
+        if all(r.ended for r in rows):
             time.sleep(1.0)  # a requeue passes through terminal-looking states: believe only a stable one
-            again, code = _state(job.job_id)
-            if again in _DONE:
-                job.state = again
-                return 0 if again == "COMPLETED" else (code or 1)
+            rows = job_status(job.job_id) or rows
+            if all(r.ended for r in rows):
+                job.state = rows[0].state if len(rows) == 1 else ", ".join(sorted({r.state for r in rows}))
+                return max(_exit_of(r.state) for r in rows)
         if deadline is not None and time.monotonic() > deadline:
             subprocess.run(["scancel", job.job_id], timeout=30)
             raise SubmitError(f"job {job.job_id} did not finish within {timeout:.0f}s; cancelled it.")
@@ -153,4 +298,4 @@ def submit_function(fn: Callable, args: tuple = (), kwargs: dict | None = None, 
     launch = LaunchSpec(program=["-m", "trainstack._remote", str(call)], python=python, log_dir=str(folder),
                         **spec)  # type: ignore[arg-type]
     job = submit_spec(launch)
-    return FunctionJob(job.job_id, job.script, job.log_path, result_path=folder / "result.pkl")
+    return FunctionJob(job.job_id, job.script, job.log_path, job_dir=job.job_dir, result_path=folder / "result.pkl")

@@ -61,7 +61,7 @@ def test_hostile_values_stay_literal_in_the_running_job(slurm_env, shared_tmp, m
     assert records[0]["argv"] == ["x; rm -rf ~", evil, "it's"]
     assert records[0]["note"] == f"a b {evil} `id`"
     assert not marker.exists()
-    job_id = re.search(r"^job (\d+) log ", result.output, re.M).group(1)
+    job_id = re.search(r"^job (\d+) ", result.output, re.M).group(1)
     out = subprocess.run(["scontrol", "show", "job", job_id], env=slurm_env, capture_output=True, text=True).stdout
     assert "JobName=x; rm -rf ~" in out
 

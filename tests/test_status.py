@@ -1,0 +1,78 @@
+"""`trainstack status/logs/cancel` answers from the job folder alone (what is left once Slurm forgets a job and
+accounting is off); the table and the bad ids. The live paths run on the real cluster in tests/slurm."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from trainstack._jobs import JobError
+from trainstack._status import _from_folder, format_table, job_status, last_metric
+from trainstack.cli import main
+
+
+def _job_folder(tmp_path: Path, job_id: str, tasks: dict[str, dict[str, str]] | None = None) -> dict:
+    """A job folder as the job script leaves it: started (one line per start), exit_code, the combined log."""
+    logs = tmp_path / "logs"
+    job_dir = logs / f"demo-{job_id}"
+    units = tasks or {"": {}}
+    for task, files in units.items():
+        folder = job_dir / task if task else job_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (folder / name).write_text(text)
+    return {"job_id": job_id, "name": "demo", "job_dir": str(job_dir), "log_dir": str(logs),
+            "tasks": [int(t.split("-")[1]) for t in units if t]}
+
+
+def test_states_from_the_folder(tmp_path):
+    started = "2026-01-01T10:00:00+00:00\n2026-01-01T10:05:00+00:00\n"
+    record = _job_folder(tmp_path, "77", {"task-0": {"started": started, "exit_code": "0\n"},
+                                          "task-1": {"started": started, "exit_code": "3\n"},
+                                          "task-2": {"started": started},
+                                          "task-3": {}, "task-4": {"started": started, "cancelled": "x"}})
+    (tmp_path / "logs" / "demo-77_0.out").write_text("Iteration      1 | loss: 1.0\nIteration      2 | loss: 0.5\n"
+                                                     "done\n")
+    rows = _from_folder("77", record, None)
+    assert [r.job for r in rows] == ["77_0", "77_1", "77_2", "77_3", "77_4"]
+    assert [r.state for r in rows] == ["COMPLETED", "FAILED (exit 3)", "ENDED (killed: no exit status recorded)",
+                                       "NEVER RAN", "CANCELLED"]
+    assert rows[0].restarts == 1 and rows[0].metric == "Iteration      2 | loss: 0.5" and rows[0].source == "folder"
+    assert all(r.ended for r in rows)
+    table = format_table(rows).splitlines()
+    assert table[0].split()[:3] == ["JOB", "NAME", "STATE"] and table[1].startswith("77_0") and len(table) == 6
+
+
+def test_a_job_slurm_forgot_is_answered_from_the_submission_record(tmp_path, monkeypatch):
+    record = _job_folder(tmp_path, "987650", {"": {"started": "2026-01-01T10:00:00+00:00\n", "exit_code": "0"}})
+    state = tmp_path / "state"
+    (state / "trainstack").mkdir(parents=True)
+    (state / "trainstack" / "jobs.jsonl").write_text("not json\n" + json.dumps(record) + "\n")
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    monkeypatch.setenv("PATH", "/nonexistent")  # no Slurm commands at all on this machine
+    rows = job_status("987650")
+    assert len(rows) == 1 and rows[0].state == "COMPLETED" and rows[0].source == "folder"
+    result = CliRunner().invoke(main, ["status", "987650"])
+    assert result.exit_code == 0 and "COMPLETED" in result.output
+    with pytest.raises(JobError, match="987651 is unknown.*scontrol not found"):
+        job_status("987651")
+
+
+@pytest.mark.parametrize("command", ["status", "logs", "cancel", "debug"])
+@pytest.mark.parametrize("job_id", ["abc", "12;rm -rf ~", "-5", "1_2_3"])
+def test_malformed_job_ids_are_refused_before_anything_runs(command, job_id):
+    result = CliRunner().invoke(main, [command, "--", job_id] if job_id.startswith("-") else [command, job_id])
+    assert result.exit_code == 1 and "is not a Slurm job id" in result.output and "Traceback" not in result.output
+
+
+def test_last_metric_reads_only_the_tail(tmp_path):
+    log = tmp_path / "x.out"
+    with open(log, "w") as fh:
+        fh.write("Iteration      1 | loss: 9\n" + "x" * 200_000 + "\nIteration      7 | loss: 0.1 | acc: 0.9\n")
+    assert last_metric(log) == "Iteration      7 | loss: 0.1 | acc: 0.9"
+    assert last_metric(tmp_path / "missing.out") == "" and last_metric(None) == ""
+    assert os.path.getsize(log) > 65536

@@ -1,0 +1,348 @@
+"""`trainstack status`, `logs` and `cancel`: what became of submitted jobs, on clusters with or without accounting.
+
+Slurm is asked first (``squeue`` for the list, ``scontrol`` for one job: running, pending and recently ended
+jobs), then ``sacct`` where accounting works, then the job folder's own record (``started``, ``exit_code``,
+``cancelled``, written by the job script), so a job Slurm has forgotten still gets a clear answer. Torch-free.
+"""
+
+from __future__ import annotations
+
+import datetime
+import getpass
+import json
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._jobs import JobError, JobInfo, check_job_id, job_folder, job_infos
+
+__all__ = ["TaskStatus", "job_status", "my_jobs", "format_table", "find_log", "follow_log", "cancel_job",
+           "index_records", "ENDED"]
+
+#: States after which nothing more happens to a job (a requeued job passes through none of them for long).
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+         "PREEMPTED", "NEVER RAN", "ENDED")
+_METRIC = re.compile(r"Iteration\s+\d+ \|.*")
+
+
+@dataclass
+class TaskStatus:
+    """One row of `trainstack status`: a job, or one task of an array job."""
+
+    job: str
+    name: str
+    state: str
+    nodes: str
+    elapsed: str
+    restarts: int
+    metric: str
+    source: str  # squeue, scontrol, sacct or folder: who answered
+    log: Path | None = None
+    folder: Path | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.state.split(" (")[0] in ENDED
+
+
+def index_path() -> Path:
+    from .submit import index_path as path
+
+    return path()
+
+
+def index_records() -> list[dict]:
+    """The jobs `trainstack submit` recorded for this user, oldest first (unreadable lines skipped)."""
+    path = index_path()
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and str(record.get("job_id", "")).isdigit():
+            records.append(record)
+    return records
+
+
+def _record(base: str) -> dict | None:
+    """The submission record of job ``base``; else a job folder ``logs/<name>-<id>`` or ``runs/...`` here."""
+    for record in reversed(index_records()):
+        if str(record["job_id"]) == base:
+            return record
+    for log_dir in (Path("logs"), Path("runs")):
+        for folder in sorted(log_dir.glob(f"*-{base}")) if log_dir.is_dir() else []:
+            if (folder / "job.sbatch").exists() or (folder / "started").exists():
+                meta = _read_json(folder / "metadata.json")
+                return {"job_id": base, "name": meta.get("job_name") or folder.name[: -len(base) - 1],
+                        "job_dir": str(folder.resolve()), "log_dir": str(log_dir.resolve()),
+                        "tasks": [t["index"] for t in meta.get("tasks", [])]}
+    return None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def last_metric(log: Path | None) -> str:
+    """The last ``Iteration N | loss: ...`` line of a log (read from its tail only)."""
+    if log is None or not log.is_file():
+        return ""
+    with open(log, "rb") as fh:
+        fh.seek(max(0, log.stat().st_size - 65536))
+        tail = fh.read().decode("utf-8", errors="replace")
+    found = _METRIC.findall(tail)
+    return found[-1].strip() if found else ""
+
+
+def _from_slurm(info: JobInfo) -> TaskStatus:
+    folder = job_folder(info)
+    log = Path(info.stdout) if info.stdout and "4294967294" not in info.stdout else None
+    state = info.state
+    if state == "PENDING" and info.reason and info.reason != "None":
+        state = f"PENDING ({info.reason})"
+    elif state not in ("RUNNING", "COMPLETED") and info.exit_code not in (None, "0:0"):
+        state = f"{state} (exit {info.exit_code})"
+    return TaskStatus(info.label, info.name, state, str(info.num_nodes or info.nodes), info.elapsed,
+                      info.restarts, last_metric(log), "scontrol", log, folder)
+
+
+def _sacct(job_id: str) -> list[TaskStatus] | None:
+    """Rows from accounting; None where accounting is off or does not know the job."""
+    if shutil.which("sacct") is None:
+        return None
+    proc = subprocess.run(["sacct", "-n", "-P", "-X", "-j", job_id, "--format=JobID,JobName,State,NNodes,Elapsed,"
+                           "ExitCode"], capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0:
+        return None
+    rows = []
+    for line in proc.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) == 6:
+            job, name, state, nodes, elapsed, code = parts
+            if state.split(" ")[0] not in ("COMPLETED", "RUNNING", "PENDING") and code != "0:0":
+                state = f"{state} (exit {code})"
+            rows.append(TaskStatus(job, name, state, nodes, elapsed, 0, "", "sacct"))
+    return rows or None
+
+
+def _folder_state(folder: Path, parent: Path) -> str:
+    code_file = folder / "exit_code"
+    if (folder / "cancelled").exists():
+        return "CANCELLED"
+    if code_file.exists():
+        code = code_file.read_text().strip()
+        return "COMPLETED" if code == "0" else f"FAILED (exit {code})"
+    if (parent / "cancelled").exists():
+        return "CANCELLED"
+    if (folder / "started").exists():
+        return "ENDED (killed: no exit status recorded)"
+    return "NEVER RAN"
+
+
+def _folder_elapsed(folder: Path) -> tuple[str, int]:
+    started = folder / "started"
+    if not started.exists():
+        return "", 0
+    lines = [line for line in started.read_text().splitlines() if line.strip()]
+    end = folder / "exit_code"
+    try:
+        first = datetime.datetime.fromisoformat(lines[-1]).timestamp()
+        seconds = int((end.stat().st_mtime if end.exists() else started.stat().st_mtime) - first)
+    except (ValueError, IndexError):
+        return "", max(0, len(lines) - 1)
+    return str(datetime.timedelta(seconds=max(0, seconds))), max(0, len(lines) - 1)
+
+
+def _from_folder(base: str, record: dict, task: str | None) -> list[TaskStatus]:
+    job_dir = Path(record["job_dir"])
+    name = str(record.get("name", ""))
+    log_dir = Path(record.get("log_dir") or job_dir.parent)
+    tasks = [int(t) for t in record.get("tasks") or []]
+    if task is not None:
+        tasks = [int(task)]
+    units = [(f"{base}_{t}", job_dir / f"task-{t}", log_dir / f"{name}-{base}_{t}.out") for t in tasks] if tasks \
+        else [(base, job_dir, log_dir / f"{name}-{base}.out")]
+    rows = []
+    for label, folder, log in units:
+        elapsed, restarts = _folder_elapsed(folder)
+        rows.append(TaskStatus(label, name, _folder_state(folder, job_dir), "", elapsed, restarts,
+                               last_metric(log), "folder", log if log.exists() else None,
+                               folder if folder.is_dir() else None))
+    return rows
+
+
+def job_status(job_id: str) -> list[TaskStatus]:
+    """One row per job (per task of an array job): Slurm, then accounting, then the job folder."""
+    check_job_id(job_id)
+    base, _, task = job_id.partition("_")
+    slurm_problem = ""
+    try:
+        infos = job_infos(job_id)
+    except JobError as exc:  # no scontrol here, or no controller: the job folder may still know
+        infos, slurm_problem = [], f" ({exc})"
+    if task:
+        infos = [i for i in infos if i.label == job_id] or infos[:0]
+    if infos:
+        return [_from_slurm(i) for i in infos]
+    record = _record(base)
+    rows = _sacct(job_id)
+    if rows is not None:
+        if record is not None:  # the folder knows the log, the restarts and the last metric
+            by_label = {r.job: r for r in _from_folder(base, record, task or None)}
+            for row in rows:
+                mine = by_label.get(row.job)
+                if mine is not None:
+                    row.log, row.folder, row.metric, row.restarts = mine.log, mine.folder, mine.metric, mine.restarts
+        return rows
+    if record is not None:
+        return _from_folder(base, record, task or None)
+    raise JobError(f"job {job_id} is unknown: Slurm does not know it{slurm_problem} (not queued, running or "
+                   f"recently ended), "
+                   f"accounting does not answer, and no job folder records it. HINT: `trainstack status` lists "
+                   f"the jobs you submitted with trainstack.")
+
+
+def my_jobs(limit: int = 20) -> list[TaskStatus]:
+    """This user's live jobs (squeue) and the last ``limit`` jobs trainstack submitted, newest first."""
+    live: dict[str, list[TaskStatus]] = {}
+    if shutil.which("squeue") is not None:
+        proc = subprocess.run(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%A"], capture_output=True,
+                              text=True, timeout=30)
+        for base in dict.fromkeys(proc.stdout.split()):
+            if base.isdigit():
+                live[base] = []
+    for record in index_records()[-limit:]:
+        live.setdefault(str(record["job_id"]), [])
+    rows: list[TaskStatus] = []
+    for base in sorted(live, key=int, reverse=True):
+        try:
+            rows += job_status(base)
+        except JobError:
+            continue  # a record of a job that left no trace: nothing to show
+    return rows
+
+
+def format_table(rows: list[TaskStatus]) -> str:
+    """A plain table (fixed columns; the metric line last, cut to the terminal)."""
+    header = ("JOB", "NAME", "STATE", "NODES", "ELAPSED", "RESTARTS", "LAST METRIC")
+    data = [(r.job, r.name, r.state, r.nodes, r.elapsed, str(r.restarts), r.metric) for r in rows]
+    widths = [max(len(row[i]) for row in [header, *data]) for i in range(len(header) - 1)]
+    width = shutil.get_terminal_size((160, 20)).columns
+    lines = []
+    for row in [header, *data]:
+        line = "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
+        lines.append(line.rstrip()[:max(width, 80)])
+    return "\n".join(lines)
+
+
+def find_log(job_id: str, rank: int | None = None) -> tuple[Path, TaskStatus]:
+    """The combined log of a job (or array task), or one rank's log from its job folder."""
+    rows = job_status(job_id)
+    if len(rows) > 1:
+        raise JobError(f"job {job_id} is an array of {len(rows)} tasks; name one, e.g. `trainstack logs "
+                       f"{rows[0].job if rows[0].job[-1].isdigit() else job_id + '_0'}`.")
+    row = rows[0]
+    if row.state.startswith("PENDING"):
+        raise JobError(f"job {row.job} is {row.state}: it has not started, so there is no log yet. HINT: "
+                       f"`trainstack logs {row.job} --follow` waits for it.")
+    if rank is None:
+        if row.log is None or not row.log.exists():
+            raise JobError(f"job {row.job} ({row.state}) has no log file{f' at {row.log}' if row.log else ''}.")
+        return row.log, row
+    if row.folder is None:
+        raise JobError(f"job {row.job} has no job folder, so no per-rank logs (a script not generated by "
+                       f"trainstack?). HINT: `trainstack logs {row.job}` shows the combined log.")
+    path = row.folder / f"rank-{rank}.out"
+    if not path.exists():
+        have = sorted(p.stem for p in row.folder.glob("*.out"))
+        raise JobError(f"job {row.job} has no log for rank {rank} in {row.folder}; it has: "
+                       f"{', '.join(have) or 'none'}.")
+    return path, row
+
+
+def follow_log(job_id: str, rank: int | None, echo: Callable[[str], None], poll: float = 1.0,
+               timeout: float | None = None) -> TaskStatus:
+    """Print the log as it grows until the job ends (waiting for a pending job to start); return its last row."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    path: Path | None = None
+    offset = 0
+    while True:
+        rows = job_status(job_id)
+        row = rows[0]
+        if path is None and not row.state.startswith("PENDING"):
+            try:
+                path, row = find_log(job_id, rank)
+            except JobError:
+                if row.ended:
+                    raise
+        for chunk in _read_from(path, offset):
+            offset += len(chunk.encode("utf-8"))
+            echo(chunk)
+        if row.ended:
+            time.sleep(poll)  # the last lines may still be on their way through the file system
+            for chunk in _read_from(path, offset):
+                echo(chunk)
+            return row
+        if deadline is not None and time.monotonic() > deadline:
+            return row
+        time.sleep(poll)
+
+
+def _read_from(path: Path | None, offset: int) -> Iterator[str]:
+    if path is None or not path.exists():
+        return
+    with open(path, encoding="utf-8", errors="replace", newline="") as fh:
+        fh.seek(offset)
+        text = fh.read()
+    if text:
+        yield text
+
+
+def cancel_job(job_id: str) -> list[str]:
+    """``scancel`` a queued or running job (or array task); mark its job folder; return what was cancelled."""
+    check_job_id(job_id)
+    infos = [i for i in job_infos(job_id) if i.state not in ENDED]
+    if "_" in job_id:
+        infos = [i for i in infos if i.label == job_id or i.label.startswith(job_id.split("_")[0] + "_[")]
+    if not infos:
+        try:
+            rows = job_status(job_id)
+        except JobError:
+            raise JobError(f"job {job_id} is unknown to Slurm and to trainstack: nothing to cancel. HINT: "
+                           f"`trainstack status` lists your jobs.") from None
+        states = ", ".join(sorted({r.state for r in rows}))
+        raise JobError(f"job {job_id} is not queued or running ({states}): nothing to cancel.")
+    if shutil.which("scancel") is None:
+        raise JobError("scancel not found on PATH. HINT: run this on a Slurm login node.")
+    marks = []  # first, so a job script with --requeue sees it and does not requeue itself
+    for info in infos:
+        folder = job_folder(info)
+        if folder is None and info.stdout and "_" not in job_id:  # pending tasks have no folder yet: the job's
+            parent = Path(info.stdout).parent / f"{_safe(info.name)}-{info.array_job_id or info.job_id}"
+            folder = parent if parent.is_dir() else None
+        if folder is not None:
+            marks.append(folder / "cancelled")
+            marks[-1].write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z\n"))
+    proc = subprocess.run(["scancel", job_id], capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        for mark in marks:
+            mark.unlink(missing_ok=True)
+        raise JobError(f"scancel {job_id} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return [i.label for i in infos]
+
+
+def _safe(name: str) -> str:
+    from .render import safe_name
+
+    return safe_name(name)
