@@ -85,6 +85,17 @@ CLI_CASES = [
     (G + ["--profile", "/no/such/profile.toml", "--", "t.py"], 2, "/no/such/profile.toml"),
     (G + ["--bogus-option", "--", "t.py"], 2, "--bogus-option"), (["bogus-subcommand"], 2, "bogus-subcommand"),
     (["doctor", "--compute-setup", "tpu"], 2, "tpu"), (["doctor", "--bogus"], 2, "--bogus"),
+    # sweeps and job ids (issue 11)
+    (G + ["--sweep", "lr", "--", "t.py"], 2, "not KEY=V1,V2"), (G + ["--sweep", "=1,2", "--", "t.py"], 2, "not KEY"),
+    (G + ["--sweep", "lr=", "--", "t.py"], 2, "empty value"), (G + ["--sweep", "lr=1,,2", "--", "t.py"], 2, "empty"),
+    (G + ["--sweep", "lr=1,1", "--", "t.py"], 2, "repeats a value"),
+    (G + ["--sweep", "lr=1", "--sweep", "lr=2", "--", "t.py"], 2, "given twice"),
+    (G + ["--sweep", "l r=1", "--", "t.py"], 2, "not an option name"),
+    (G + ["--max-parallel", "2", "--", "t.py"], 2, "only applies with --sweep"),
+    (G + ["--sweep", "lr=1,2", "--max-parallel", "0", "--", "t.py"], 2, "less than 1"),
+    (["submit", "--sweep", "lr", "--dry-run", "--", "t.py"], 2, "not KEY=V1,V2"),
+    (["status", "x1"], 1, "is not a Slurm job id"), (["logs", "12.5"], 1, "is not a Slurm job id"),
+    (["cancel", "1_x"], 1, "is not a Slurm job id"), (["logs", "12", "--rank", "x"], 2, "'x' is not a valid integer"),
 ]
 
 

@@ -382,3 +382,31 @@ def test_sweep_is_one_array_job_and_resubmitting_runs_only_what_is_left(env, sha
     assert "skipping 3 task(s)" in one.stderr
     rows = wait_ended(env, [job_id_of(one.stdout)])[job_id_of(one.stdout)]
     assert len(rows) == 1 and rows[0]["state"] == "COMPLETED" and done.exists()
+
+
+@pytest.mark.timeout(300)
+def test_each_sweep_task_is_requeued_on_its_own(env, shared_tmp):
+    """Task 1 crashes on its first run: only it is requeued (its own restart count and requeue record), then every
+    task finishes."""
+    work = shared_tmp / "sweep-requeue"
+    work.mkdir()
+    (work / "flaky.py").write_text(
+        "import os, sys\n"
+        "first = os.environ.get('SLURM_RESTART_COUNT', '0') == '0'\n"
+        "print('task', os.environ['SLURM_ARRAY_TASK_ID'], 'restart', os.environ.get('SLURM_RESTART_COUNT', '0'))\n"
+        "sys.exit(3 if first and sys.argv[-1] == 'b' else 0)\n")
+    sub = ts(env, "submit", "--cpu", "--time", "5", "--job-name", JOB, "--log-dir", str(work / "logs"),
+             "--requeue", "--max-requeues", "1", "--sweep", "mode=a,b", "--", "flaky.py", cwd=work)
+    job_id = job_id_of(sub.stdout)
+    deadline = time.monotonic() + 120
+    while "BeginTime" not in (shown := subprocess.run(["squeue", "-h", "-r", "-j", job_id, "-o", "%i %r"], env=env,
+                                                      capture_output=True, text=True).stdout):
+        assert time.monotonic() < deadline, shown
+        time.sleep(0.5)
+    requeued = next(line.split()[0] for line in shown.splitlines() if "BeginTime" in line)  # skip Slurm's delay
+    subprocess.run(["scontrol", "update", f"jobid={requeued}", "StartTime=now"], env=env, check=True)
+    rows = wait_ended(env, [job_id])[job_id]
+    assert [(r["job"], r["state"], r["restarts"]) for r in rows] == [(f"{job_id}_0", "COMPLETED", 0),
+                                                                     (f"{job_id}_1", "COMPLETED", 1)], rows
+    assert "crash (exit status 3): requeueing" in ts(env, "logs", f"{job_id}_1").stdout
+    assert not (Path(rows[0]["folder"]) / ".requeues").exists()
