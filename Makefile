@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 SLURM_CONF_PATH := /tmp/trainstack-slurm/slurm.conf
 
 .PHONY: help venv install run test test-fast test-dist test-slurm test-gpu lint lint-hpc typecheck bench bench-smoke \
-        bench-peers bench-gpu bench-slurm slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
+        bench-peers bench-gpu bench-slurm image-test slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
         apptainer-build nccl-check clean
 
 help:  ## list targets
@@ -80,27 +80,41 @@ define need_engine
 	@command -v $(1) >/dev/null || { echo "error: '$(1)' not found. $(2)"; exit 1; }
 endef
 
-docker-build:  ## build the CUDA image (CPU variant: make docker-build DOCKER_VARIANT=cpu)
+# CPU variant: ubuntu:24.04 + the CPU torch index, labelled truthfully. DOCKER_BUILD_ARGS comes last, so it can
+# override any of these (another BASE_IMAGE, --network host, a local TORCH_INDEX_URL: see scripts/ci-image.sh).
+CPU_BUILD_ARGS := --build-arg BASE_IMAGE=ubuntu:24.04 --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu \
+  --build-arg CUDA_LABEL=none --build-arg NCCL_LABEL=none
+DOCKER_BUILD_ARGS ?=
+# The commit's time, not the clock: the same commit builds the same labels (and they sit in the last layer anyway).
+CREATED := $(shell git log -1 --format=%cI 2>/dev/null || echo unknown)
+VARIANT_TAG := $(if $(filter cpu,$(DOCKER_VARIANT)),-cpu)
+
+docker-build:  ## build the CUDA image (CPU: DOCKER_VARIANT=cpu; extra flags: DOCKER_BUILD_ARGS="--network host ...")
 	$(call need_engine,$(CONTAINER_ENGINE),Install Docker (or set CONTAINER_ENGINE=podman); images cannot be built without an engine.)
 	@$(CONTAINER_ENGINE) info >/dev/null 2>&1 || { echo "error: the $(CONTAINER_ENGINE) daemon is not running (only the client is installed?)."; exit 1; }
-	$(CONTAINER_ENGINE) build -t $(IMAGE)$(if $(filter cpu,$(DOCKER_VARIANT)),-cpu) \
-	  --build-arg TORCH_VERSION=$(TORCH_VERSION) --build-arg REVISION=$(REVISION) \
-	  --build-arg CREATED=$(shell date -u +%Y-%m-%dT%H:%M:%SZ) \
-	  $(if $(filter cpu,$(DOCKER_VARIANT)),--build-arg BASE_IMAGE=ubuntu:24.04 --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu) .
+	$(CONTAINER_ENGINE) build -t $(IMAGE)$(VARIANT_TAG) \
+	  --build-arg TORCH_VERSION=$(TORCH_VERSION) --build-arg REVISION=$(REVISION) --build-arg CREATED=$(CREATED) \
+	  $(if $(filter cpu,$(DOCKER_VARIANT)),$(CPU_BUILD_ARGS)) $(DOCKER_BUILD_ARGS) .
 
 docker-run:  ## run the demo in the image (GPU when available)
 	$(call need_engine,$(CONTAINER_ENGINE),Install Docker (or set CONTAINER_ENGINE=podman).)
-	$(CONTAINER_ENGINE) run --rm --shm-size=1g $(if $(filter cpu,$(DOCKER_VARIANT)),,--gpus all) $(IMAGE)$(if $(filter cpu,$(DOCKER_VARIANT)),-cpu)
+	$(CONTAINER_ENGINE) run --rm --shm-size=1g $(if $(filter cpu,$(DOCKER_VARIANT)),,--gpus all) $(IMAGE)$(VARIANT_TAG)
+
+image-test: $(VENV)/.installed  ## CI: own dockerd, local base image, build the CPU image, train + resume inside it
+	scripts/ci-image.sh
 
 wheel: $(VENV)/.installed  ## build the project wheel into dist/
 	$(PIP) wheel -q --no-deps --wheel-dir dist .
 
-apptainer-build: wheel  ## build trainstack.sif from apptainer.def (FROM_DOCKER=1: from the local Docker image)
+# Default: from the Docker image built by docker-build (apptainer.def, Bootstrap: docker-daemon). STANDALONE=1:
+# apptainer-standalone.def, straight from the CUDA base image without Docker.
+apptainer-build:  ## build trainstack.sif from the local Docker image (STANDALONE=1: without Docker)
 	$(call need_engine,apptainer,Install Apptainer (https://apptainer.org/docs/admin/main/installation.html) on the build host.)
-ifeq ($(FROM_DOCKER),1)
-	apptainer build --fakeroot $(SIF) docker-daemon://$(IMAGE)
+ifeq ($(STANDALONE),1)
+	$(MAKE) wheel
+	apptainer build --fakeroot --build-arg TORCH_VERSION=$(TORCH_VERSION) $(SIF) apptainer-standalone.def
 else
-	apptainer build --fakeroot --build-arg TORCH_VERSION=$(TORCH_VERSION) $(SIF) apptainer.def
+	apptainer build --fakeroot --build-arg IMAGE=$(IMAGE)$(VARIANT_TAG) $(SIF) apptainer.def
 endif
 
 NCCL_CHECK_ARGS ?= --setup multi-node --nodes 2 --launcher torchrun
@@ -110,7 +124,8 @@ nccl-check: $(VENV)/.installed  ## all_reduce/barrier sanity job through the gen
 
 lint-hpc: $(VENV)/.installed  ## hadolint, the def-file validator, shellcheck over the rendered template matrix
 	$(VENV)/bin/hadolint --config .hadolint.yaml Dockerfile
-	$(PY) scripts/defcheck.py apptainer.def
+	$(PY) scripts/defcheck.py apptainer.def apptainer-standalone.def
+	shellcheck -s bash scripts/*.sh tests/containers/*.sh
 	$(PY) scripts/render_matrix.py build/scripts >/dev/null
 	shellcheck -s bash -S style build/scripts/*.sbatch
 

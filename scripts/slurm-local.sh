@@ -39,7 +39,7 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 KillWait=10
-# ended jobs leave slurmctld quickly, as on a busy cluster: `trainstack status` must fall back to the job folder
+# ended jobs leave slurmctld quickly, as on a busy cluster: trainstack status must fall back to the job folder
 MinJobAge=10
 GresTypes=gpu
 NodeName=node[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[27001-27002] CPUs=$CPUS RealMemory=4000 Gres=gpu:2 State=UNKNOWN
@@ -60,7 +60,7 @@ ensure_hosts() {
 start_munge() {
   pgrep -x munged >/dev/null && return 0
   [[ -f /etc/munge/munge.key ]] || { command -v mungekey >/dev/null && mungekey --create; }
-  mkdir -p /run/munge && chown munge:munge /run/munge 2>/dev/null || true
+  mkdir -p /run/munge; chown munge:munge /run/munge 2>/dev/null || true
   if id munge >/dev/null 2>&1; then
     su -s /bin/sh munge -c "munged --force" || munged --force
   else
@@ -98,7 +98,7 @@ down() {
   export SLURM_CONF="$CONF"
   if [[ -f "$CONF" ]]; then scancel --quiet --user=root 2>/dev/null || true; fi
   for pidf in "$STATE_DIR"/slurmd-*.pid "$STATE_DIR"/slurmctld.pid; do
-    [[ -f "$pidf" ]] && kill "$(cat "$pidf")" 2>/dev/null || true
+    if [[ -f "$pidf" ]]; then kill "$(cat "$pidf")" 2>/dev/null || true; fi
   done
   sleep 1
   pkill -f "slurmd -f $CONF" 2>/dev/null || true

@@ -94,7 +94,7 @@ def plan_processes(env: ClusterEnvironment, nprocs: int) -> ProcessPlan:
         return ProcessPlan(env, nprocs, nprocs, 0, 0, nprocs, spawn=nprocs > 1, hosts_store=nprocs > 1)
     world = env.world_size
     if env.name == "torchrun" or nprocs in (1, world):
-        if nprocs not in (1, world):
+        if nprocs not in (1, world) and env.rank == 0:  # once, not once per process
             log.warning("nprocs=%d ignored: %s started %d processes.", nprocs, env.name, world)
         return ProcessPlan(env, world, 1, env.rank, env.local_rank, env.local_world_size,
                            spawn=False, hosts_store=False)

@@ -1,0 +1,38 @@
+"""Checkpoint -> resume inside the image (scripts/ci-image.sh): train to --epochs with a checkpoint every epoch,
+resuming from whatever is already in --folder, and print one JSON line the script checks.
+
+    python resume_job.py --folder runs/resume --epochs 2   # fresh: epochs 1-2
+    python resume_job.py --folder runs/resume --epochs 4   # resumed at epoch 2: epochs 3-4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from torch import nn, optim
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainstack import TrainConfig, Trainer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--folder", required=True)
+    parser.add_argument("--epochs", type=int, required=True)
+    parser.add_argument("--nprocs", type=int, default=2)
+    args = parser.parse_args()
+    x = torch.linspace(0, 1, 256).reshape(-1, 1)
+    loader = DataLoader(TensorDataset(x, torch.sin(2 * torch.pi * x)), batch_size=32, shuffle=True)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1, 32), nn.Tanh(), nn.Linear(32, 1))
+    config = TrainConfig(nprocs=args.nprocs, compute_setup="cpu", backend="gloo", max_iter=args.epochs, seed=0,
+                         checkpoint_every=1, resume="auto", log_folder=args.folder, print_every=1)
+    trainer = Trainer(model, optim.Adam(model.parameters(), lr=1e-2), config, loss_fn="mse")
+    trainer.fit(loader)
+    print(json.dumps({"end_epoch": trainer.current_epoch, "step": trainer.global_step}))
+
+
+if __name__ == "__main__":
+    main()
