@@ -7,9 +7,11 @@ Design choices:
 * The launching process hosts the rendezvous ``TCPStore`` (port 0 = the OS picks a free one, no races).
   When a worker hosts it instead (``srun`` with one task per process), it waits until every rank has
   left the group before it exits, which avoids the "terminate called without an active exception" crash.
-* Workers are started with :func:`torch.multiprocessing.start_processes`; when one fails, the others are
-  terminated within a grace period and the caller gets :class:`~trainstack.errors.WorkerError` naming
-  the rank with the worker's traceback, sent as text through a private (0700) folder: nothing another
+* Workers are started with :func:`torch.multiprocessing.start_processes`, forked from a server that has torch
+  imported already (``forkserver``, see :mod:`trainstack._preload`; ``spawn`` with ``TRAINSTACK_PRELOAD=0``,
+  ``fork`` in notebooks), and they take the launching process's environment as it is at launch; when one
+  fails, the others are terminated within a grace period and the caller gets
+  :class:`~trainstack.errors.WorkerError` naming the rank with the worker's traceback, sent as text through a private (0700) folder: nothing another
   local user could write is ever unpickled.
 """
 
@@ -37,7 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
-from . import _layout, _ranklog
+from . import _layout, _preload, _ranklog
 from ._files import atomic_write
 from ._layout import ProcessPlan, WorkerContext
 from ._watchdog import HANG_EXIT_CODE, watched
@@ -156,6 +158,18 @@ class _WorkerSpec:
     store_port: int
     hang_timeout: float = 0.0  # the watchdog (0: only on-demand dumps when a job folder is set)
     hang_dir: str = "."
+    environ: dict[str, str] | None = None  # the launching process's, at launch (a fork server's is older)
+
+
+def _take_environ(environ: dict[str, str] | None) -> None:
+    """Make the worker's environment the launching process's at launch time, as spawning would have."""
+    if environ is None:
+        return
+    os.environ.clear()
+    os.environ.update(environ)
+    threads = environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0 and torch.get_num_threads() != int(threads):
+        torch.set_num_threads(int(threads))  # torch read the variable when the server imported it
 
 
 def _set_child_environ(ctx: WorkerContext) -> None:
@@ -173,6 +187,10 @@ def _worker(local_index: int, payload: Any, spec: _WorkerSpec, private_dir: str)
     A failure is reported as plain text in the launch's private folder (never as a pickle: the launching process
     must not unpickle anything another local user could have written).
     """
+    _take_environ(spec.environ)
+    if spec.environ is not None:  # forked from the fork server, which ignores stop signals (_forkserver_init)
+        for sig in _preload.SERVER_IGNORES:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     atomic_write(os.path.join(private_dir, f"started-{local_index}"), b"", mode=0o600)
     os.environ["TRAINSTACK_ERROR_REPORT"] = os.path.join(private_dir, f"error-{local_index}.txt")
     try:
@@ -237,7 +255,8 @@ def _autograd_threads() -> list[str]:
 
 
 def _start_method() -> str:
-    """``spawn`` for scripts; ``fork`` in notebooks/REPLs where spawn cannot re-import ``__main__``."""
+    """``forkserver`` (preloaded, see :mod:`trainstack._preload`) or ``spawn`` for scripts; ``fork`` in
+    notebooks/REPLs where a new process cannot re-import ``__main__``."""
     forced = os.environ.get("TRAINSTACK_START_METHOD")
     if forced:
         if forced not in _START_METHODS:
@@ -247,7 +266,7 @@ def _start_method() -> str:
     main = sys.modules.get("__main__")
     interactive = main is None or not hasattr(main, "__file__")
     if not interactive:
-        return "spawn"
+        return "forkserver" if _preload.enabled() else "spawn"
     if torch.cuda.is_initialized():
         raise LaunchError(
             "cannot start workers from this notebook: CUDA was already initialised in this kernel, and forked "
@@ -274,7 +293,7 @@ def _serialise(fn: Callable, args: tuple, kwargs: dict, method: str) -> Any:
         name = getattr(fn, "__qualname__", repr(fn))
         raise LaunchError(
             f"cannot send {name!r} and its arguments to the worker processes: {exc}.\n"
-            "Workers are started with 'spawn', so the function and every argument must be picklable: define "
+            "Workers are new processes, so the function and every argument must be picklable: define "
             "the function at module top level (not a lambda or a function inside another function) and "
             + _MAIN_GUARD) from None
 
@@ -299,10 +318,13 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
     store = _host_store(plan)
     port = store.port if store is not None else plan.master_port
     gpus = torch.cuda.device_count() if device_type == "cuda" else 0
+    if method == "forkserver" and not _preload.start():  # a no-op when TrainConfig/Accelerator started it
+        method = "spawn"
     spec = _WorkerSpec(plan=plan, backend=backend, device_type=device_type, gpus=gpus, store_port=port,
-                       hang_timeout=hang_timeout, hang_dir=hang_dir)
+                       hang_timeout=hang_timeout, hang_dir=hang_dir,
+                       environ=dict(os.environ) if method == "forkserver" else None)
     # mkdtemp makes the folder 0700: reports, the result and torch's own error files live where only we can write.
-    with tempfile.TemporaryDirectory(prefix="trainstack-") as private_dir:
+    with tempfile.TemporaryDirectory(prefix="launch-", dir=_preload.private_tempdir()) as private_dir:
         context = _start(payload, spec, private_dir, plan.nprocs_local, method)
         previous = _forward_stop_signals(context)
         try:

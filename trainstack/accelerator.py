@@ -40,7 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from . import _collectives as collectives
-from . import _layout
+from . import _layout, _preload
 from ._choices import BACKENDS, COMPUTE_SETUPS, DEFAULT_COMPUTE_SETUP, LOG_SETUPS, STRATEGIES
 from ._launcher import ProcessGroupSession, launch
 from ._layout import ProcessPlan, WorkerContext, plan_processes
@@ -117,6 +117,7 @@ class Accelerator:
         self._plan: ProcessPlan | None = None
         self._home: WorkerContext | None = None
         self._device: tuple[WorkerContext, torch.device] | None = None
+        _preload.start_for(nprocs)  # workers will fork from it: its torch import overlaps the script's set-up
 
     # ------------------------------------------------------------------ set-up
     @staticmethod

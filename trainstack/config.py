@@ -165,6 +165,11 @@ class TrainConfig:
         self._check_choices()
         self._check_callables()
         self._check_combinations()
+        # A valid multi-process config: let the workers' fork server import torch while the script goes on
+        # building its model and data (trainstack._preload; TRAINSTACK_PRELOAD=0 turns it off).
+        from ._preload import start_for
+
+        start_for(self.nprocs)
 
     def _check_choices(self) -> None:
         choices = {"compute_setup": COMPUTE_SETUPS, "backend": BACKENDS, "log_setup": LOG_SETUPS,

@@ -62,7 +62,8 @@ def test_a_failed_run_leaves_nothing_in_the_temp_folder(tmp_path, run_py):
     script.write_text(_FAILING)
     proc = run_py([sys.executable, str(script)], env={"TMPDIR": str(shared)}, check=False, timeout=120)
     assert proc.returncode == 3 and "WORKER-ERROR 1 True" in proc.stdout, proc.stdout
-    assert sorted(p.name for p in shared.iterdir()) == [], proc.stdout
+    # (torch keeps its own compile cache, torchinductor_<user>, there: the preloaded torch._dynamo creates it)
+    assert sorted(p.name for p in shared.iterdir() if not p.name.startswith("torchinductor_")) == [], proc.stdout
 
 
 _NO_GUARD = textwrap.dedent("""

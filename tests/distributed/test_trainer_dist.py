@@ -116,10 +116,11 @@ def _slow_batches(trainer, config, writer):
 
     time.sleep(0.05)
     if trainer.accelerator.rank == 0 and trainer.global_step == 5:
-        os.kill(os.getppid(), signal.SIGUSR2)  # signal the launching process, not the workers
+        os.kill(int(os.environ["TEST_LAUNCHER_PID"]), signal.SIGUSR2)  # the launching process, not the workers
 
 
-def test_stop_signal_to_the_launching_process_is_relayed_to_the_workers(tmp_path):
+def test_stop_signal_to_the_launching_process_is_relayed_to_the_workers(tmp_path, monkeypatch):
+    monkeypatch.setenv("TEST_LAUNCHER_PID", str(os.getpid()))  # (workers are forked by the fork server)
     with pytest.raises(Preempted):
         _fit_two(tmp_path, "relay", stop_check_every=1,
                  callbacks=[Callback(on="train_batch_end", callback=_slow_batches)])

@@ -1,0 +1,124 @@
+"""Workers start from an interpreter that has already imported torch: multiprocessing's forkserver, preloaded.
+
+A spawned worker re-imports torch (~1 s) and, at its first optimizer step, ``torch._dynamo`` (~1 s): N workers pay
+that N times, competing for the same cores, at every start and every restart. The fork server imports them once,
+in its own process, started as soon as the launching process knows it will need workers (``TrainConfig`` or
+``Accelerator`` with ``nprocs > 1``), so the import overlaps the script building its model, optimizer and data;
+each worker is then a fork of it (milliseconds). The server itself never touches CUDA, a process group or a
+thread pool, so forking it is safe; workers still get plain-pickled private copies of the user's objects and the
+launching process's environment *at launch time* (the server's was fixed when it started).
+
+``TRAINSTACK_PRELOAD=0`` turns this off (workers are spawned); ``TRAINSTACK_PRELOAD=mod1,mod2`` preloads these
+modules as well (e.g. ``transformers``).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.forkserver
+import multiprocessing.util
+import os
+import shutil
+import signal
+import tempfile
+
+log = logging.getLogger("trainstack")
+
+__all__ = ["enabled", "modules", "private_tempdir", "start", "start_for", "server_pid"]
+
+# What every worker imports anyway: torch, the parts the first step and the process group pull in, and ours.
+_DEFAULT = ("trainstack._forkserver_init", "torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel",
+            "torch.utils.data", "trainstack", "trainstack._launcher", "trainstack.trainer")
+
+
+# What the server ignores (trainstack._forkserver_init) and its workers restore first thing.
+SERVER_IGNORES = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGINT"))
+
+
+def enabled() -> bool:
+    """False when ``TRAINSTACK_PRELOAD=0`` (or ``no``/``off``/``false``)."""
+    return os.environ.get("TRAINSTACK_PRELOAD", "1").strip().lower() not in ("0", "no", "off", "false")
+
+
+def modules() -> list[str]:
+    """The defaults plus the modules named in ``TRAINSTACK_PRELOAD`` (a comma-separated list)."""
+    extra = [m.strip() for m in os.environ.get("TRAINSTACK_PRELOAD", "").split(",")
+             if m.strip() and m.strip().lower() not in ("1", "yes", "on", "true")]
+    return list(dict.fromkeys([*_DEFAULT, *extra]))
+
+
+_MAX_SOCKET_DIR = 88  # + "/listener-XXXXXXXX" must fit AF_UNIX's 107 bytes
+
+
+def _private_dir(base: str | None) -> str:
+    path = tempfile.mkdtemp(prefix="trainstack-", dir=base)  # 0700
+    multiprocessing.util.Finalize(None, shutil.rmtree, args=(path,), kwargs={"ignore_errors": True},
+                                  exitpriority=-100)
+    return path
+
+
+_PRIVATE: list[str] = []
+
+
+def private_tempdir() -> str:
+    """This process's private (0700) folder in the temp folder, removed at exit: every launch's files live in it,
+    and the fork server's socket too (unless the path is too long for a socket), so a SIGKILLed launcher leaves
+    one folder behind, never several."""
+    if not _PRIVATE or not os.path.isdir(_PRIVATE[0]):
+        _PRIVATE[:] = [_private_dir(None)]
+    return _PRIVATE[0]
+
+
+def _socket_dir() -> None:
+    """Where multiprocessing puts the server's socket (its own choice would be another pymp-* folder)."""
+    config = multiprocessing.current_process()._config  # type: ignore[attr-defined]  # multiprocessing's own
+    if config.get("tempdir") and os.path.isdir(config["tempdir"]):
+        return
+    private = private_tempdir()
+    config["tempdir"] = private if len(private) <= _MAX_SOCKET_DIR else _private_dir("/tmp")
+
+
+def start() -> bool:
+    """Start the fork server now, without waiting for its imports (it loads them in its own process); False when
+    it is off or cannot run here (then workers are spawned: the same result, only slower to start)."""
+    if not enabled():
+        return False
+    _socket_dir()
+    multiprocessing.get_context("forkserver").set_forkserver_preload(modules())
+    try:
+        multiprocessing.forkserver.ensure_running()
+    except OSError as exc:  # e.g. a socket path too long for AF_UNIX
+        log.debug("fork server not started (%s); workers will be spawned", exc)
+        return False
+    return True
+
+
+def start_for(nprocs: int) -> None:
+    """Start the server early when this process will start ``nprocs`` local workers: a script (not a notebook),
+    not itself a worker, and not under a launcher that starts the processes itself (torchrun, srun per process)."""
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs <= 1 or not enabled():
+        return
+    if os.environ.get("TRAINSTACK_START_METHOD", "forkserver") != "forkserver":
+        return
+    if multiprocessing.parent_process() is not None or getattr(multiprocessing.current_process(), "_inheriting",
+                                                               False):
+        return
+    main = __import__("sys").modules.get("__main__")
+    if main is None or not hasattr(main, "__file__"):
+        return
+    from ._layout import plan_processes
+    from .environment import detect_environment
+    from .errors import TrainstackError
+
+    try:
+        env = detect_environment()
+        if env.name != "torchrun" and plan_processes(env, nprocs).spawn:
+            start()
+    except TrainstackError:  # the launch reports a bad layout itself, with its message
+        return
+
+
+def server_pid() -> int | None:
+    """The fork server's pid while one runs for this process (it exits with this process)."""
+    return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
