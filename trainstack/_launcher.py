@@ -11,8 +11,8 @@ Design choices:
   imported already (``forkserver``, see :mod:`trainstack._preload`; ``spawn`` with ``TRAINSTACK_PRELOAD=0``,
   ``fork`` in notebooks), and they take the launching process's environment as it is at launch; when one
   fails, the others are terminated within a grace period and the caller gets
-  :class:`~trainstack.errors.WorkerError` naming the rank with the worker's traceback, sent as text through a private (0700) folder: nothing another
-  local user could write is ever unpickled.
+  :class:`~trainstack.errors.WorkerError` naming the rank with the worker's traceback, sent as text through a
+  private (0700) folder: nothing another local user could write is ever unpickled.
 """
 
 from __future__ import annotations
