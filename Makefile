@@ -129,8 +129,10 @@ lint-hpc: $(VENV)/.installed  ## hadolint, the def-file validator, shellcheck ov
 	$(PY) scripts/render_matrix.py build/scripts >/dev/null
 	shellcheck -s bash -S style build/scripts/*.sbatch
 
-bench: $(VENV)/.installed  ## benchmark vs a raw DDP loop (and HF Accelerate / Lightning Fabric if installed), then FSDP vs DDP
+bench: $(VENV)/.installed  ## vs a raw DDP loop (and HF Accelerate / Lightning Fabric if installed), start-up per N, restart, FSDP
 	$(PY) bench/run.py $(BENCH_ARGS)
+	$(PY) bench/startup.py
+	$(PY) bench/restart.py
 	$(PY) bench/fsdp.py
 
 bench-slurm: $(VENV)/.installed slurm-up  ## local Slurm: snapshot size/time, submit -> first log line vs plain sbatch

@@ -276,8 +276,17 @@ def _no_watchdog(run):  # noqa: ANN001, ANN202
     return wrapped
 
 
+def _spawned(run):  # noqa: ANN001, ANN202
+    """The same system with workers spawned from scratch (no preloaded fork server): the start-up before issue 18."""
+    def wrapped(*args):  # noqa: ANN002, ANN202
+        os.environ["TRAINSTACK_PRELOAD"] = "0"
+        return run(*args)
+    return wrapped
+
+
 SYSTEMS = {"raw": run_raw, "accelerator": run_accelerator, "trainer": run_trainer,
            "accelerator-std": _standard_loader(run_accelerator), "trainer-std": _standard_loader(run_trainer),
            "trainer-std-nowd": _no_watchdog(_standard_loader(run_trainer)),
+           "accelerator-spawn": _spawned(run_accelerator), "trainer-spawn": _spawned(run_trainer),
            "accelerate": run_accelerate, "fabric": run_fabric}
 PEER_MODULES = {"accelerate": "accelerate", "fabric": "lightning"}

@@ -35,3 +35,15 @@ def test_gpu_bench_code_paths_on_the_cpu(run_py):
 def test_fsdp_bench_runs(run_py):
     out = run_py([sys.executable, str(ROOT / "bench/fsdp.py"), "--smoke"], timeout=300).stdout
     assert "| ddp |" in out and "| fsdp |" in out and "0.50" in out  # half the state per rank on 2 processes
+
+
+def test_startup_and_restart_benches_run(run_py):
+    """bench/startup.py and bench/restart.py (make bench) stay runnable; their numbers come from make bench."""
+    out = run_py([sys.executable, str(ROOT / "bench/startup.py"), "--nprocs", "2", "--reps", "1", "--steps", "12",
+                  "--systems", "raw,trainer,trainer-spawn"], timeout=300).stdout
+    assert "| trainer | " in out and "| raw | " in out and "(1.00x)" in out
+    out = run_py([sys.executable, str(ROOT / "bench/restart.py"), "--reps", "1"], timeout=400).stdout
+    rows = dict(line.strip("|").split("|")[:2] for line in out.splitlines()[2:] if line.startswith("| "))
+    assert {"imports ", "checkpoint load ", "total "} <= {k.strip() + " " for k in rows}
+    # the requeued run resumed mid-epoch after the stop at step 600; the restarted one from the checkpoint at 400
+    assert "| resumed at step | 601.00 | 401.00 |" in out, out
