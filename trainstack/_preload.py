@@ -20,6 +20,7 @@ import multiprocessing.forkserver
 import multiprocessing.util
 import os
 import shutil
+import sys
 import signal
 import tempfile
 
@@ -104,7 +105,7 @@ def start_for(nprocs: int) -> None:
     if multiprocessing.parent_process() is not None or getattr(multiprocessing.current_process(), "_inheriting",
                                                                False):
         return
-    main = __import__("sys").modules.get("__main__")
+    main = sys.modules.get("__main__")
     if main is None or not hasattr(main, "__file__"):
         return
     from ._layout import plan_processes
