@@ -139,7 +139,8 @@ def test_labels_must_tell_the_truth_or_the_build_fails():
     lie = _label_check("12.8", "bundled-with-torch")
     assert lie.returncode != 0 and "cuda.version label" in lie.stderr
     assert "nccl.version label" in _label_check("none", "2.27.3").stderr
-    make = subprocess.run(["make", "--no-print-directory", "-n", "docker-build", "DOCKER_VARIANT=cpu", "CONTAINER_ENGINE=true",
+    make = subprocess.run(["make", "--no-print-directory", "-n", "docker-build", "DOCKER_VARIANT=cpu",
+                           "CONTAINER_ENGINE=true",
                            "DOCKER_BUILD_ARGS=--network host --build-arg BASE_IMAGE=local:base"],
                           cwd=ROOT, capture_output=True, text=True, check=True).stdout
     build = make[make.index("true build"):]
@@ -176,7 +177,8 @@ def test_makefile_and_defs_agree_with_the_pins():
 
 def default_image() -> str:
     """The image `make apptainer-build` converts (a dry run: no Apptainer needed)."""
-    make = subprocess.run(["make", "--no-print-directory", "-n", "apptainer-build"], cwd=ROOT, capture_output=True, text=True, check=True)
+    make = subprocess.run(["make", "--no-print-directory", "-n", "apptainer-build"], cwd=ROOT, capture_output=True,
+                          text=True, check=True)
     return re.search(r"--build-arg IMAGE=(\S+)", make.stdout).group(1)
 
 
