@@ -20,8 +20,8 @@ import multiprocessing.forkserver
 import multiprocessing.util
 import os
 import shutil
-import sys
 import signal
+import sys
 import tempfile
 
 log = logging.getLogger("trainstack")
