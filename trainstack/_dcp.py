@@ -27,6 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ._files import fsync_path
+
 __all__ = ["MARKER", "EXTRAS", "write", "finish", "read_extras", "load_into", "is_complete", "tensors", "Pending",
            "size_on_disk"]
 
@@ -96,25 +98,13 @@ def _commit(temp: Path, final: Path, is_main: bool) -> Path:
     if is_main:
         marker = temp / MARKER
         marker.write_text(time.strftime("%Y-%m-%d %H:%M:%S"))
-        _fsync(marker)
+        fsync_path(marker)
         if final.exists():
             shutil.rmtree(final)
         os.replace(temp, final)
-        _fsync(final.parent)
+        fsync_path(final.parent)
     return final
 
-
-def _fsync(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
 
 
 def read_extras(folder: Path) -> dict[str, Any]:

@@ -23,6 +23,21 @@ class UntrustedFileError(TrainstackError, PermissionError):
     """A file that would be unpickled could have been written by someone else."""
 
 
+def fsync_path(path: str | os.PathLike) -> None:
+    """Flush a file or a folder (a rename is durable once its folder is); best effort where the file system
+    refuses to open folders."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - some file systems do not allow opening directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
 def atomic_write(path: str | os.PathLike, data: bytes | str, mode: int = 0o644) -> Path:
     """Write ``data`` to ``path`` through a temp file in the same folder, then rename; never a partial file."""
     path = Path(path)

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ._files import fsync_path
 from .errors import TrainstackError
 
 __all__ = ["CheckpointError", "Checkpointer", "Restored", "atomic_save", "capture_rng", "restore_rng",
@@ -61,19 +62,6 @@ def has_checkpoint(run_folder: str | os.PathLike) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------- writing
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # pragma: no cover - some file systems do not allow opening directories
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
 _REASONS = {errno.ENOSPC: "the disk is full", errno.EACCES: "permission denied", errno.EPERM: "permission denied",
             errno.EROFS: "the file system is read-only", errno.EDQUOT: "the disk quota is exceeded"}
 
@@ -112,7 +100,7 @@ def atomic_save(obj: Any, path: Path) -> float:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
         committed = True
-        _fsync_dir(path.parent)
+        fsync_path(path.parent)
     except Exception as exc:
         raise CheckpointError(f"could not write checkpoint {path}: {_why(exc, path.parent)}. The previous "
                               f"checkpoint is kept. HINT: free space or choose another root_folder/log_folder.") \

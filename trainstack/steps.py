@@ -136,7 +136,20 @@ class Step(Protocol):
     def load_state_dict(self, state: dict[str, Any] | None) -> None: ...
 
 
-class PlainStep:
+class _Stateless:
+    """The hooks of a step with no state across batches or passes (everything but accumulation)."""
+
+    def begin_epoch(self, batches: int | None) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        pass
+
+
+class PlainStep(_Stateless):
     """``optimize_step(model, optimizer, loss_fn, batch, device, dtype)``: the default or the user's own.
 
     The default with an optimizer that never re-evaluates the loss runs inline, marking its phases for the hang
@@ -165,15 +178,6 @@ class PlainStep:
             return loss.detach(), metrics
         hb.phase = "step"
         return self.fn(model, self.optimizer, self.loss_fn, batch, self.device, self.data_dtype)
-
-    def begin_epoch(self, batches: int | None) -> None:
-        pass
-
-    def state_dict(self) -> dict[str, Any] | None:
-        return None
-
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        pass
 
 
 class AccumulatingStep:
@@ -247,7 +251,7 @@ class AccumulatingStep:
             self.scaler.load_state_dict(state)
 
 
-class GradientFreeStep:
+class GradientFreeStep(_Stateless):
     """Tell a nevergrad optimizer the loss of the current candidate, then ask for the next one."""
 
     at_boundary = True
@@ -267,15 +271,6 @@ class GradientFreeStep:
         vector_to_parameters(torch.as_tensor(self.candidate.value, dtype=reference.dtype, device=reference.device),
                              model.parameters())
         return loss.detach(), metrics
-
-    def begin_epoch(self, batches: int | None) -> None:
-        pass
-
-    def state_dict(self) -> dict[str, Any] | None:
-        return None
-
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        pass
 
 
 def _special(config: Any) -> bool:
