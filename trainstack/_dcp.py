@@ -15,8 +15,11 @@ loads on any number of ranks (one included).
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import pickle
 import shutil
+import stat
 import time
 import warnings
 from collections.abc import Iterator, Mapping
@@ -30,7 +33,7 @@ import torch.distributed as dist
 from ._files import fsync_path
 
 __all__ = ["MARKER", "EXTRAS", "write", "finish", "read_extras", "load_into", "is_complete", "tensors", "Pending",
-           "size_on_disk"]
+           "size_on_disk", "read_metadata", "verify", "DamagedCheckpoint"]
 
 MARKER = "COMMITTED"
 EXTRAS = "trainstack.pt"
@@ -40,7 +43,7 @@ def is_complete(folder: Path) -> bool:
     return folder.is_dir() and (folder / MARKER).exists()
 
 
-def _temp_name(final: Path) -> Path:
+def temp_name(final: Path) -> Path:
     return final.with_name(f".{final.name}.tmp-0")
 
 
@@ -72,7 +75,7 @@ def write(final: Path, model: Any, optimizer: Any, extras: Mapping[str, Any], is
     commits it."""
     import torch.distributed.checkpoint as dcp
 
-    temp = _temp_name(final)
+    temp = temp_name(final)
     if is_main:
         shutil.rmtree(temp, ignore_errors=True)
         temp.mkdir(parents=True)
@@ -107,7 +110,136 @@ def _commit(temp: Path, final: Path, is_main: bool) -> Path:
 
 
 
+# ---------------------------------------------------------------------------------------------------- safe reading
+class DamagedCheckpoint(ValueError):
+    """A sharded checkpoint's own files are missing, truncated, hostile or inconsistent (never loaded)."""
+
+
+#: What a DCP ``.metadata`` pickle may name: DCP's own metadata records, torch sizes, dtypes and layouts, paths.
+#: Anything else (``os.system``, ``operator.getitem``, a planted class) stops the read: unpickling runs code.
+_METADATA_CLASSES = {
+    "torch.distributed.checkpoint.metadata": {"Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
+                                              "TensorStorageMetadata", "BytesStorageMetadata",
+                                              "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"PosixPath", "PurePosixPath", "Path"},
+    "collections": {"OrderedDict"},
+    "builtins": {"set", "frozenset", "slice", "complex", "bytearray", "range"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _METADATA_CLASSES.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
+                                                                           torch.memory_format)):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a DCP .metadata file holds only DCP's "
+                                     f"metadata records, so this one was written by something else")
+
+
+def read_metadata(folder: Path) -> Any:
+    """The checkpoint's DCP metadata, read with an unpickler that builds nothing but DCP's records (torch's own
+    reader calls ``pickle.load``: a planted ``.metadata`` would run code)."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    path = Path(folder) / ".metadata"
+    _regular_file(path)
+    try:
+        with open(path, "rb") as fh:
+            meta = _MetadataUnpickler(fh).load()
+    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError, IndexError, KeyError,
+            ImportError, MemoryError) as exc:
+        raise DamagedCheckpoint(f"{path} is not a DCP metadata file ({type(exc).__name__}: {exc})") from None
+    if not isinstance(meta, Metadata) or not isinstance(getattr(meta, "state_dict_metadata", None), dict):
+        raise DamagedCheckpoint(f"{path} does not hold DCP metadata (found a {type(meta).__name__})")
+    return meta
+
+
+def _regular_file(path: Path) -> os.stat_result:
+    """Stat ``path``, refusing what is not a regular file (a FIFO would block every reader forever)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise DamagedCheckpoint(f"{path} is missing ({exc.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise DamagedCheckpoint(f"{path} is not a regular file")
+    return st
+
+
+def verify(folder: Path) -> Any:
+    """Check a committed sharded checkpoint without reading its tensors: the metadata is DCP's, every shard file
+    it names exists inside the folder and is long enough, and the tensors it declares fit in those files.
+    Returns the metadata; raises :class:`DamagedCheckpoint`."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    folder = Path(folder)
+    _regular_file(folder / EXTRAS)
+    meta = read_metadata(folder)
+    ends: dict[str, int] = {}
+    for item in (meta.storage_data or {}).values():
+        name = str(getattr(item, "relative_path", ""))
+        if not name or Path(name).name != name or name.startswith("."):
+            raise DamagedCheckpoint(f"{folder}/.metadata names a shard file {name!r} outside the checkpoint")
+        end = int(item.offset) + int(item.length)
+        ends[name] = max(ends.get(name, 0), end)
+    on_disk = 0
+    for name, end in ends.items():
+        size = _regular_file(folder / name).st_size
+        if size < end:
+            raise DamagedCheckpoint(f"shard {folder / name} is truncated ({size} bytes, its metadata needs {end})")
+        on_disk += size
+    declared = 0
+    for entry in meta.state_dict_metadata.values():
+        if isinstance(entry, TensorStorageMetadata):
+            numel = 1
+            for dim in entry.size:
+                numel *= int(dim)
+            declared += numel * torch.empty((), dtype=entry.properties.dtype).element_size()
+    if declared > 2 * on_disk + (1 << 20):  # tensors are stored raw; serialisation adds little
+        raise DamagedCheckpoint(f"{folder}/.metadata declares {declared:,} bytes of tensors but its shards hold "
+                                f"{on_disk:,}: the metadata does not belong to these files")
+    return meta
+
+
+def _reader(folder: Path) -> Any:
+    """torch's file-system reader, with :func:`read_metadata` in place of its ``pickle.load``."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            meta = read_metadata(Path(str(self.path)))
+            if getattr(meta, "storage_meta", None) is None:
+                meta.storage_meta = StorageMeta()
+            meta.storage_meta.load_id = self.load_id
+            return meta
+
+    return SafeReader(str(folder))
+
+
+def _planner() -> Any:
+    """DCP's default planner, loading non-tensor items with ``weights_only=True`` (torch's loads them unchecked)."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint._traverse import set_element  # DCP's own helper, as its planner uses
+
+    class SafePlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            obj = torch.load(value, map_location="cpu", weights_only=True)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
+    return SafePlanner()
+
+
 def read_extras(folder: Path) -> dict[str, Any]:
+    _regular_file(Path(folder) / EXTRAS)
     return torch.load(folder / EXTRAS, map_location="cpu", weights_only=True)
 
 
@@ -118,7 +250,8 @@ def load_into(folder: Path, model: Any, optimizer: Any) -> None:
 
     state = _state(model, optimizer)
     with _single_process():
-        dcp.load(state, checkpoint_id=str(folder), no_dist=not (dist.is_available() and dist.is_initialized()))
+        dcp.load(state, storage_reader=_reader(folder), planner=_planner(),
+                 no_dist=not (dist.is_available() and dist.is_initialized()))
     if optimizer is None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
@@ -133,14 +266,14 @@ def tensors(folder: Path, prefix: str = "model") -> dict[str, torch.Tensor]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    metadata = dcp.FileSystemReader(str(folder)).read_metadata()
+    metadata = verify(folder)
     template: dict[str, torch.Tensor] = {}
     for key, meta in metadata.state_dict_metadata.items():
         if key.startswith(prefix + ".") and isinstance(meta, TensorStorageMetadata):
             template[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
     if template:
         with _single_process():
-            dcp.load(template, checkpoint_id=str(folder), no_dist=True)
+            dcp.load(template, storage_reader=_reader(folder), planner=_planner(), no_dist=True)
     return {key[len(prefix) + 1:]: value for key, value in template.items()}
 
 

@@ -1,14 +1,24 @@
-"""Imported only by the workers' fork server (first in its preload list, see :mod:`trainstack._preload`).
+"""Imported only by the workers' fork server, the one module it is told to preload (see :mod:`trainstack._preload`).
 
 Slurm and ``kill`` may signal every process of a job step: the server must outlive a stop signal, because its
 death would take the workers down (their parent-death signal) while they write their preemption checkpoint. It
 exits when the launching process does. Workers restore the default dispositions first thing
-(``trainstack._launcher._worker``).
+(``trainstack._launcher._worker``). Then it imports what every worker needs; a module that fails to import (not
+only with ImportError: Python's own preloading would let any other exception kill the server) is reported and
+skipped.
 """
 
 import signal
+import sys
 
-from ._preload import SERVER_IGNORES
+from ._preload import SERVER_IGNORES, modules
 
 for _sig in SERVER_IGNORES:
     signal.signal(_sig, signal.SIG_IGN)
+
+for _name in modules():
+    try:
+        __import__(_name)
+    except BaseException as _exc:  # noqa: BLE001 - a broken module must not take the server down
+        print(f"trainstack: preloading {_name!r} for the worker processes failed ({type(_exc).__name__}: {_exc}); "
+              f"the workers import it themselves if they need it.", file=sys.stderr, flush=True)

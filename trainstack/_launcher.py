@@ -12,7 +12,11 @@ Design choices:
   ``fork`` in notebooks), and they take the launching process's environment as it is at launch; when one
   fails, the others are terminated within a grace period and the caller gets
   :class:`~trainstack.errors.WorkerError` naming the rank with the worker's traceback, sent as text through a
-  private (0700) folder: nothing another local user could write is ever unpickled.
+  private (0700) folder: nothing another local user could write is ever unpickled. A worker that ends without
+  finishing (``sys.exit(0)`` in library code, a Ctrl-C that reached only the workers) is a failure too.
+* Workers die with their launcher, whatever kills it (even SIGKILL): each one watches the launcher's end of a
+  pipe and exits within a second of it closing, and file descriptors the launcher shares with them (the run
+  folder's lock) stay held until the last worker is gone.
 """
 
 from __future__ import annotations
@@ -21,16 +25,19 @@ import datetime
 import logging
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.forkserver
+import multiprocessing.reduction
 import os
 import pickle
+import resource
 import signal
 import sys
 import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -42,8 +49,8 @@ import torch.multiprocessing as tmp
 from . import _layout, _preload, _ranklog
 from ._files import atomic_write
 from ._layout import ProcessPlan, WorkerContext
-from ._watchdog import HANG_EXIT_CODE, watched
-from .errors import LaunchError, TrainingHung, WorkerError
+from ._watchdog import HANG_EXIT_CODE, HANG_REPORT, watched
+from .errors import LaunchError, Preempted, TrainingHung, WorkerError
 
 __all__ = ["ProcessGroupSession", "launch", "check_not_bootstrapping"]
 
@@ -51,6 +58,7 @@ log = logging.getLogger(__name__)
 
 _EXITED_KEY = "trainstack/exited"
 _RESULT = "result.pkl"
+_DONE = "done-{}"  # a worker that returned (rank 0 also wrote the result); exit 0 without it is a failure
 GRACE_PERIOD_S = 3.0
 _START_METHODS = ("spawn", "fork", "forkserver")
 _MAIN_GUARD = ("start the run under a main guard, so that the worker processes (which re-import your script) do "
@@ -159,17 +167,111 @@ class _WorkerSpec:
     hang_timeout: float = 0.0  # the watchdog (0: only on-demand dumps when a job folder is set)
     hang_dir: str = "."
     environ: dict[str, str] | None = None  # the launching process's, at launch (a fork server's is older)
+    umask: int = 0o022  # the launching process's, at launch
+    rlimits: tuple[tuple[int, int, int], ...] = ()  # (resource, soft, hard) of the launching process
+    keep_open: tuple[Any, ...] = field(default_factory=tuple)  # _SharedFd: held by every worker until it exits
 
 
-def _take_environ(environ: dict[str, str] | None) -> None:
-    """Make the worker's environment the launching process's at launch time, as spawning would have."""
-    if environ is None:
+class _SharedFd:
+    """A file descriptor of the launching process that each worker receives a duplicate of (the same open file:
+    an flock on it stays held while any worker lives). Duplicated when the worker is started, per worker."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_detach, (multiprocessing.reduction.DupFd(self.fd),))
+
+
+def _detach(dup: Any) -> int:
+    return int(dup.detach())
+
+
+#: Resource limits a worker takes over from its launcher at launch (a fork server's are from its own start).
+_RLIMITS = tuple(getattr(resource, name) for name in ("RLIMIT_NOFILE", "RLIMIT_CORE", "RLIMIT_STACK", "RLIMIT_AS")
+                 if hasattr(resource, name))
+
+
+def _launcher_state() -> tuple[int, tuple[tuple[int, int, int], ...]]:
+    """This process's umask and resource limits, for workers forked from a server that started earlier."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask, tuple((r, *resource.getrlimit(r)) for r in _RLIMITS)
+
+
+def _take_environ(spec: _WorkerSpec) -> None:
+    """Make the worker's process state the launching process's at launch time, as spawning would have: the
+    environment, the umask, resource limits, the temp folder, and the torch settings read from variables."""
+    if spec.environ is None:
         return
+    server_env = dict(os.environ)  # a fork of the server: what torch read when the server imported it
     os.environ.clear()
-    os.environ.update(environ)
-    threads = environ.get("OMP_NUM_THREADS", "")
+    os.environ.update(spec.environ)
+    os.umask(spec.umask)
+    for which, soft, hard in spec.rlimits:
+        try:
+            resource.setrlimit(which, (soft, hard))
+        except (ValueError, OSError):  # e.g. a hard limit raised after the server started: not ours to raise
+            pass
+    tempfile.tempdir = None  # tempfile read TMPDIR once, in the server
+    threads = spec.environ.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0 and torch.get_num_threads() != int(threads):
         torch.set_num_threads(int(threads))  # torch read the variable when the server imported it
+    for name, apply in _REAPPLIED.items():
+        if spec.environ.get(name) != server_env.get(name):
+            apply(spec.environ.get(name))
+
+
+def _set_compile_disable(value: str | None) -> None:
+    import torch._dynamo.config
+
+    torch._dynamo.config.disable = value == "1"
+
+
+def _set_distributed_debug(value: str | None) -> None:
+    dist.set_debug_level_from_env()
+
+
+#: Variables torch reads once at import, which the worker re-applies when they changed after the server started.
+_REAPPLIED: dict[str, Callable[[str | None], None]] = {"TORCH_COMPILE_DISABLE": _set_compile_disable,
+                                                       "TORCH_DISTRIBUTED_DEBUG": _set_distributed_debug}
+
+
+def _warn_on_frozen_variables() -> None:
+    """Torch settings read at import by the fork server that changed since, and that cannot be re-applied."""
+    before = _preload.server_environ()
+    if not before:
+        return
+    changed = sorted(k for k in set(before) | set(os.environ)
+                     if k.startswith(("TORCH", "CUDA_", "NCCL_", "PYTORCH_")) and k not in _REAPPLIED
+                     and before.get(k) != os.environ.get(k))
+    if changed:
+        log.warning("%s changed after the workers' fork server started (TrainConfig/Accelerator with nprocs > 1 "
+                    "starts it); the workers see the new value in os.environ, but torch may have read the old one "
+                    "at import. HINT: set these before creating the TrainConfig/Accelerator, or "
+                    "TRAINSTACK_PRELOAD=0.", ", ".join(changed))
+
+
+def _die_with_launcher() -> None:
+    """Exit within a second of the launching process ending, however it ended (a SIGKILL included): the worker's
+    end of multiprocessing's parent pipe reads EOF once the launcher's copy is closed by its death."""
+    parent = multiprocessing.parent_process()
+    sentinel = getattr(parent, "sentinel", None)
+    if sentinel is None:
+        return
+    server = multiprocessing.forkserver._forkserver
+    alive = getattr(server, "_forkserver_alive_fd", None)
+    if alive is not None:  # the server's "alive" pipe: held here, it would keep the server up after the launcher
+        os.close(alive)
+        server._forkserver_alive_fd = None
+
+    def watch() -> None:
+        multiprocessing.connection.wait([sentinel])
+        print(f"trainstack: the launching process is gone; worker {os.getpid()} stops.", file=sys.stderr,
+              flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="trainstack-launcher-watch", daemon=True).start()
 
 
 def _set_child_environ(ctx: WorkerContext) -> None:
@@ -187,7 +289,8 @@ def _worker(local_index: int, payload: Any, spec: _WorkerSpec, private_dir: str)
     A failure is reported as plain text in the launch's private folder (never as a pickle: the launching process
     must not unpickle anything another local user could have written).
     """
-    _take_environ(spec.environ)
+    _die_with_launcher()
+    _take_environ(spec)
     if spec.environ is not None:  # forked from the fork server, which ignores stop signals (_forkserver_init)
         for sig in _preload.SERVER_IGNORES:
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
@@ -199,17 +302,31 @@ def _worker(local_index: int, payload: Any, spec: _WorkerSpec, private_dir: str)
         fn, args, kwargs = pickle.loads(payload) if isinstance(payload, bytes) else payload
         with ProcessGroupSession(ctx, spec.backend), watched(ctx.rank, ctx.world_size, spec.hang_timeout,
                                                              Path(spec.hang_dir)):
-            result = fn(*args, **kwargs)
+            try:
+                result = fn(*args, **kwargs)
+            except Preempted:  # a graceful stop inside a worker (a Trainer run in a distributed function)
+                result = None
         if ctx.rank == 0:
             atomic_write(os.path.join(private_dir, _RESULT), pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL),
                          mode=0o600)
+        atomic_write(os.path.join(private_dir, _DONE.format(local_index)), b"", mode=0o600)
     except BaseException as exc:
-        if not (isinstance(exc, SystemExit) and not exc.code):
-            text = "".join(traceback.format_exception(exc)).strip()
-            atomic_write(os.path.join(private_dir, f"error-{local_index}.txt"), text.encode("utf-8", "replace"),
-                         mode=0o600)
+        atomic_write(os.path.join(private_dir, f"error-{local_index}.txt"), _failure_text(exc).encode(
+            "utf-8", "replace"), mode=0o600)
         raise
     _exit_cleanly()
+
+
+def _failure_text(exc: BaseException) -> str:
+    """What the launching process reports for a worker that did not finish; exits that are not errors in Python
+    (``sys.exit(0)``, a Ctrl-C that reached only the workers) still ended it without a result."""
+    text = "".join(traceback.format_exception(exc)).strip()
+    if isinstance(exc, SystemExit):
+        return (f"{text}\nthe worker called sys.exit({exc.code!r}) before its function returned (in a callback or "
+                f"library code?), so it has no result.")
+    if isinstance(exc, KeyboardInterrupt):
+        return f"{text}\nthe worker was interrupted (SIGINT) before its function returned, so it has no result."
+    return text
 
 
 def _exit_cleanly() -> None:
@@ -310,8 +427,11 @@ def _host_store(plan: ProcessPlan) -> dist.TCPStore | None:
 
 
 def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: str, device_type: str,
-           hang_timeout: float = 0.0, hang_dir: str = ".") -> Any:
-    """Run ``fn`` in ``plan.nprocs_local`` new processes and return rank 0's result (None elsewhere)."""
+           hang_timeout: float = 0.0, hang_dir: str = ".", keep_open: Sequence[int] = ()) -> Any:
+    """Run ``fn`` in ``plan.nprocs_local`` new processes and return rank 0's result (None elsewhere).
+
+    ``keep_open``: file descriptors every worker holds a duplicate of until it exits (e.g. a lock's).
+    """
     check_not_bootstrapping()
     method = _start_method()
     payload = _serialise(fn, args, kwargs, method)
@@ -320,9 +440,13 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
     gpus = torch.cuda.device_count() if device_type == "cuda" else 0
     if method == "forkserver" and not _preload.start():  # a no-op when TrainConfig/Accelerator started it
         method = "spawn"
+    if method == "forkserver":
+        _warn_on_frozen_variables()
+    mask, limits = _launcher_state()
     spec = _WorkerSpec(plan=plan, backend=backend, device_type=device_type, gpus=gpus, store_port=port,
                        hang_timeout=hang_timeout, hang_dir=hang_dir,
-                       environ=dict(os.environ) if method == "forkserver" else None)
+                       environ=dict(os.environ) if method == "forkserver" else None, umask=mask, rlimits=limits,
+                       keep_open=tuple(_SharedFd(fd) for fd in keep_open) if method != "fork" else tuple(keep_open))
     # mkdtemp makes the folder 0700: reports, the result and torch's own error files live where only we can write.
     with tempfile.TemporaryDirectory(prefix="launch-", dir=_preload.private_tempdir()) as private_dir:
         context = _start(payload, spec, private_dir, plan.nprocs_local, method)
@@ -335,7 +459,7 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
             _reap(context)
         if failure is not None:
             index, detail, code = failure
-            error = TrainingHung if code == HANG_EXIT_CODE else WorkerError
+            error = TrainingHung if code == HANG_EXIT_CODE or detail.startswith(HANG_REPORT) else WorkerError
             raise error(plan.rank_offset + index, detail, exitcode=code)
         if store is not None:
             _wait_for_count(store, plan.world_size)
@@ -351,8 +475,9 @@ def _start(payload: Any, spec: _WorkerSpec, private_dir: str, nprocs: int, metho
     previous = tempfile.tempdir
     tempfile.tempdir = private_dir
     try:
-        return tmp.start_processes(_worker, args=(payload, spec, private_dir), nprocs=nprocs, join=False,
-                                   start_method=method)
+        with _preload.serving():
+            return tmp.start_processes(_worker, args=(payload, spec, private_dir), nprocs=nprocs, join=False,
+                                       start_method=method)
     finally:
         tempfile.tempdir = previous
 
@@ -373,7 +498,8 @@ def _monitor(context: tmp.ProcessContext, private_dir: str) -> tuple[int, str, i
     while True:
         now = time.time()
         for i, proc in enumerate(procs):
-            if i not in failed and not proc.is_alive() and proc.exitcode not in (0, None):
+            if i not in failed and not proc.is_alive() and (
+                    proc.exitcode != 0 or not os.path.exists(os.path.join(private_dir, _DONE.format(i)))):
                 failed[i] = now
         alive = [p for p in procs if p.is_alive()]
         if not alive:
@@ -389,11 +515,11 @@ def _monitor(context: tmp.ProcessContext, private_dir: str) -> tuple[int, str, i
     reports = []
     for i, observed in failed.items():
         detail, when = _read_error(os.path.join(private_dir, f"error-{i}.txt"), observed)
-        code = procs[i].exitcode or 1
+        code = procs[i].exitcode or 0
         if detail is None:
             started = os.path.exists(os.path.join(private_dir, f"started-{i}"))
             detail = _describe_exit(code) if started else _died_while_importing(code)
-        secondary = any(marker in detail for marker in _SECONDARY)
+        secondary = any(marker in detail for marker in _SECONDARY) and code != 0
         reports.append((secondary, when, i, detail, code))
     _, _, index, detail, code = min(reports)
     return index, detail, code
@@ -429,6 +555,9 @@ def _forward_stop_signals(context: tmp.ProcessContext) -> dict[signal.Signals, A
 
 
 def _describe_exit(code: int) -> str:
+    if code == 0:
+        return ("the process exited with code 0 before its function returned (os._exit(0), or sys.exit() in a "
+                "thread or a C extension?), so it has no result")
     if code < 0:
         try:
             name = signal.Signals(-code).name

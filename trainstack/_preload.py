@@ -8,12 +8,17 @@ each worker is then a fork of it (milliseconds). The server itself never touches
 thread pool, so forking it is safe; workers still get plain-pickled private copies of the user's objects and the
 launching process's environment *at launch time* (the server's was fixed when it started).
 
+The server is **private** to trainstack: the user's own ``multiprocessing.get_context("forkserver")`` processes
+(and ``ProcessPoolExecutor`` workers) go to Python's ordinary fork server, never to this one, so they neither
+inherit its ignored stop signals nor its preloaded state. A module that fails to preload is reported and skipped.
+
 ``TRAINSTACK_PRELOAD=0`` turns this off (workers are spawned); ``TRAINSTACK_PRELOAD=mod1,mod2`` preloads these
 modules as well (e.g. ``transformers``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import multiprocessing.forkserver
@@ -23,14 +28,22 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 
 log = logging.getLogger("trainstack")
 
-__all__ = ["enabled", "modules", "private_tempdir", "start", "start_for", "server_pid"]
+__all__ = ["enabled", "modules", "private_tempdir", "start", "start_for", "server_pid", "serving", "server_environ"]
 
 # What every worker imports anyway: torch, the parts the first step and the process group pull in, and ours.
-_DEFAULT = ("trainstack._forkserver_init", "torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel",
-            "torch.utils.data", "trainstack", "trainstack._launcher", "trainstack.trainer")
+_DEFAULT = ("torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", "torch.utils.data", "trainstack",
+            "trainstack._launcher", "trainstack.trainer")
+#: The one module the server is told to preload; it ignores stop signals and imports the rest, reporting failures.
+_INIT = "trainstack._forkserver_init"
+
+_SERVER = multiprocessing.forkserver.ForkServer()
+_SERVER_ENV: dict[str, str] = {}  # the environment the server started with (what torch read at import)
+_LOCK = threading.Lock()
 
 
 # What the server ignores (trainstack._forkserver_init) and its workers restore first thing.
@@ -59,16 +72,21 @@ def _private_dir(base: str | None) -> str:
     return path
 
 
-_PRIVATE: list[str] = []
+_PRIVATE: dict[str | None, str] = {}
 
 
 def private_tempdir() -> str:
     """This process's private (0700) folder in the temp folder, removed at exit: every launch's files live in it,
     and the fork server's socket too (unless the path is too long for a socket), so a SIGKILLed launcher leaves
-    one folder behind, never several."""
-    if not _PRIVATE or not os.path.isdir(_PRIVATE[0]):
-        _PRIVATE[:] = [_private_dir(None)]
-    return _PRIVATE[0]
+    one folder behind, never several. ``TMPDIR`` is read now, not when Python first looked (a script may set it
+    after importing trainstack)."""
+    base = os.environ.get("TMPDIR") or None
+    if base is not None and not os.path.isdir(base):
+        base = None  # tempfile's own fallbacks
+    folder = _PRIVATE.get(base)
+    if folder is None or not os.path.isdir(folder):
+        folder = _PRIVATE[base] = _private_dir(base)
+    return folder
 
 
 def _socket_dir() -> None:
@@ -85,14 +103,38 @@ def start() -> bool:
     it is off or cannot run here (then workers are spawned: the same result, only slower to start)."""
     if not enabled():
         return False
-    _socket_dir()
-    multiprocessing.get_context("forkserver").set_forkserver_preload(modules())
-    try:
-        multiprocessing.forkserver.ensure_running()
-    except OSError as exc:  # e.g. a socket path too long for AF_UNIX
-        log.debug("fork server not started (%s); workers will be spawned", exc)
-        return False
+    with _LOCK:
+        _socket_dir()
+        _SERVER.set_forkserver_preload([_INIT])
+        env = dict(os.environ)
+        try:
+            _SERVER.ensure_running()
+        except OSError as exc:  # e.g. a socket path too long for AF_UNIX
+            log.debug("fork server not started (%s); workers will be spawned", exc)
+            return False
+        if not _SERVER_ENV or _SERVER_ENV.get("__pid") != str(_SERVER._forkserver_pid):
+            _SERVER_ENV.clear()
+            _SERVER_ENV.update(env, __pid=str(_SERVER._forkserver_pid))
     return True
+
+
+@contextlib.contextmanager
+def serving() -> Iterator[None]:
+    """While workers start: multiprocessing's forkserver processes ask the module-level ``connect_to_new_process``
+    for a server; ours answers instead of Python's shared one (which the user's own processes keep using)."""
+    module = multiprocessing.forkserver
+    with _LOCK:
+        saved = module.connect_to_new_process
+        module.connect_to_new_process = _SERVER.connect_to_new_process
+        try:
+            yield
+        finally:
+            module.connect_to_new_process = saved
+
+
+def server_environ() -> dict[str, str]:
+    """The environment the running server was started with (empty when none runs): what torch read at import."""
+    return {k: v for k, v in _SERVER_ENV.items() if k != "__pid"}
 
 
 def start_for(nprocs: int) -> None:
@@ -122,4 +164,4 @@ def start_for(nprocs: int) -> None:
 
 def server_pid() -> int | None:
     """The fork server's pid while one runs for this process (it exits with this process)."""
-    return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    return getattr(_SERVER, "_forkserver_pid", None)

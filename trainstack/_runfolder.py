@@ -55,6 +55,12 @@ class RunLock:
         fh.flush()
         self._fh = fh
 
+    def fileno(self) -> int:
+        """The locked file's descriptor (a duplicate held by another process keeps the lock)."""
+        if self._fh is None:
+            raise ValueError("the run folder lock is not held")
+        return self._fh.fileno()
+
     def release(self) -> None:
         if self._fh is not None:
             fcntl.flock(self._fh, fcntl.LOCK_UN)

@@ -1,13 +1,16 @@
 """Hang forensics: a stuck job names the rank that is stuck and where, then exits so it can be restarted.
 
-* :class:`Heartbeat`: what this rank is doing (step, phase, a tick for progress inside a phase). The training loop
-  writes its attributes (no call, no collective, no host sync).
+* :class:`Heartbeat`: what this rank is doing (step, phase, a tick for progress inside a phase, how many steps it
+  finished). The training loop writes its attributes (no call, no collective, no host sync).
 * :class:`Watchdog`: one daemon thread per rank. Every few seconds it publishes this rank's heartbeat to the process
-  group's key-value store and reads everyone's. When no rank has made progress for ``hang_timeout`` seconds (three
-  times that before the first step and while any rank is checkpointing), every rank dumps the Python stacks of all
-  its threads into ``<dir>/hang-<id>/rank-<r>.txt``; rank 0 writes and prints ``SUMMARY.txt`` (ranks grouped by step
-  and phase, the laggards named with host, pid and innermost user frame), and every rank exits with code 124, so
-  ``torchrun --max-restarts`` or a requeue restarts the job from its last checkpoint.
+  group's key-value store and reads everyone's. It is *armed* from the start in the Trainer, and otherwise at the
+  first heartbeat (a custom loop that never beats is never killed); the log says when. Once armed, when no rank has
+  made progress for ``hang_timeout`` seconds (three times that until every rank finished its first step, and while
+  any rank checkpoints or runs callbacks), every rank dumps the Python stacks of all its threads into
+  ``<dir>/hang-<id>/rank-<r>.txt``; the first rank that noticed writes and prints ``SUMMARY.txt`` (ranks grouped by
+  step and phase, the laggards named with host, pid and innermost user frame; a rank stuck holding the GIL sends
+  none and is named for it), and every rank exits with code 124, so ``torchrun --max-restarts`` or a requeue
+  restarts the job from its last checkpoint.
 * On demand (``trainstack debug JOBID``): a ``debug-request-<id>`` file in the job folder makes every rank dump its
   stacks into ``<job folder>/debug-<id>/`` and rank 0 write the summary, without stopping anything.
 """
@@ -30,23 +33,29 @@ from types import FrameType
 from typing import Any
 
 __all__ = ["Heartbeat", "Watchdog", "heartbeat", "HANG_EXIT_CODE", "start", "stop", "resolve_timeout",
-           "DEFAULT_TIMEOUT_S", "watched", "summarise", "where", "dump_stacks"]
+           "DEFAULT_TIMEOUT_S", "watched", "summarise", "where", "dump_stacks", "phase", "HANG_REPORT"]
 
 HANG_EXIT_CODE = 124
+HANG_REPORT = "stopped by the hang watchdog"  # how a worker's error report starts when the watchdog ended it
 DEFAULT_TIMEOUT_S = 600.0
-_PHASE_ORDER = ("start", "data", "forward", "backward", "optimizer", "step", "checkpoint", "eval")
+_PHASE_ORDER = ("start", "data", "forward", "backward", "optimizer", "step", "checkpoint", "eval", "callback")
+#: Phases that may legitimately take long without a tick: the allowance is three times the timeout.
+_SLOW_PHASES = ("start", "checkpoint", "callback")
 _COLLECTIVES = ("all_reduce", "barrier", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "gather",
                 "scatter", "reduce", "send", "recv", "monitored_barrier", "all_gather_object", "broadcast_object_list",
                 "_engine_run_backward", "wait")
 
 
 class Heartbeat:
-    """This rank's progress; written by the loop as plain attribute stores, read by the watchdog thread."""
+    """This rank's progress; written by the loop as plain attribute stores, read by the watchdog thread.
 
-    __slots__ = ("step", "phase", "tick")
+    ``beats`` counts finished steps since the watchdog started (a first step may compile for minutes).
+    """
+
+    __slots__ = ("step", "phase", "tick", "beats")
 
     def __init__(self) -> None:
-        self.step, self.phase, self.tick = 0, "start", 0
+        self.step, self.phase, self.tick, self.beats = 0, "start", 0, 0
 
 
 _HEARTBEAT = Heartbeat()
@@ -55,6 +64,18 @@ _HEARTBEAT = Heartbeat()
 def heartbeat() -> Heartbeat:
     """This process's heartbeat (one per process)."""
     return _HEARTBEAT
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Mark a block (a checkpoint, callbacks, reports) for the watchdog, then restore the previous phase."""
+    hb = _HEARTBEAT
+    before, hb.phase = hb.phase, name
+    try:
+        yield
+    finally:
+        hb.phase = before
+        hb.tick += 1
 
 
 def resolve_timeout(value: float | None) -> float:
@@ -169,11 +190,12 @@ class Watchdog(threading.Thread):
     """See the module docstring. ``store`` is the process group's store (None: this rank alone)."""
 
     def __init__(self, rank: int, world: int, timeout: float, dump_dir: Path, store: Any = None,
-                 job_dir: Path | None = None, report_file: str | None = None) -> None:
+                 job_dir: Path | None = None, report_file: str | None = None, armed: bool = False) -> None:
         super().__init__(name="trainstack-watchdog", daemon=True)
         self.rank, self.world, self.timeout = rank, world, timeout
         self.dump_dir, self.store, self.job_dir, self.report_file = Path(dump_dir), store, job_dir, report_file
         self.interval = max(min(5.0, timeout / 6 if timeout else 5.0), 0.2)
+        self.armed = bool(armed and timeout)  # the Trainer's banner says so
         self._halt = threading.Event()
         self._seen: dict[int, tuple[Any, ...]] = {}
         self._last_change = time.monotonic()
@@ -193,23 +215,35 @@ class Watchdog(threading.Thread):
 
     def _tick(self) -> None:
         hb = _HEARTBEAT
-        mine = {"step": hb.step, "phase": hb.phase, "tick": hb.tick}
+        mine = {"step": hb.step, "phase": hb.phase, "tick": hb.tick, "beats": hb.beats}
         everyone = self._exchange(mine)
         now = time.monotonic()
         for rank, beat in everyone.items():
-            state = (beat.get("step"), beat.get("phase"), beat.get("tick"))
+            state = (beat.get("step"), beat.get("phase"), beat.get("tick"), beat.get("beats"))
             if self._seen.get(rank) != state:
                 self._seen[rank] = state
                 self._last_change = now
         self._answer_debug_requests()
-        if self.timeout and now - self._last_change > self._allowance(everyone):
+        if not self.armed and self.timeout and any(b.get("beats") or b.get("step") for b in everyone.values()):
+            self._arm("at the first heartbeat")
+        if self.armed and now - self._last_change > self._allowance(everyone):
             self._on_hang(now - self._last_change)
 
+    def _arm(self, when: str) -> None:
+        self.armed = True
+        self._last_change = time.monotonic()
+        if self.rank == 0:
+            print(f"trainstack: hang watchdog armed {when}: if no rank makes progress for {self.timeout:g} s "
+                  f"(3x until every rank finished its first step, and during checkpoints and callbacks), every "
+                  f"rank's stacks go to {self.dump_dir}/hang-<time>/ and the run exits with code 124 "
+                  f"(hang_timeout / TRAINSTACK_HANG_TIMEOUT; 0 turns it off).", file=sys.stderr, flush=True)
+
     def _allowance(self, everyone: dict[int, dict[str, Any]]) -> float:
-        """Three times the timeout before the first step and while any rank is checkpointing."""
-        first = any(b.get("phase") == "start" for b in everyone.values())
-        saving = any(b.get("phase") == "checkpoint" for b in everyone.values())
-        return self.timeout * (3 if first or saving else 1)
+        """Three times the timeout until every rank finished its first step, and while any rank is in a slow
+        phase (checkpointing, callbacks)."""
+        first = any(int(b.get("beats") or 0) < 1 for b in everyone.values()) or len(everyone) < self.world
+        slow = any(b.get("phase") in _SLOW_PHASES for b in everyone.values())
+        return self.timeout * (3 if first or slow else 1)
 
     def _exchange(self, mine: dict[str, Any]) -> dict[int, dict[str, Any]]:
         if self.store is None or self.world == 1:
@@ -223,19 +257,20 @@ class Watchdog(threading.Thread):
         return out
 
     # -- reports
-    def _report(self, folder: Path, reason: str, wait_s: float = 20.0) -> str | None:
-        """Every rank dumps its stacks and shares where it is; rank 0 gathers, writes and returns the summary."""
+    def _report(self, folder: Path, reason: str, reporter: int = 0, wait_s: float = 20.0) -> str | None:
+        """Every rank dumps its stacks and shares where it is; ``reporter`` gathers, writes and returns the
+        summary (a rank that sends nothing, e.g. stuck holding the GIL, is named as such)."""
         info = {"host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(), "pid": os.getpid(),
                 "step": _HEARTBEAT.step, "phase": _HEARTBEAT.phase, **dump_stacks(folder / f"rank-{self.rank}.txt")}
         key = f"trainstack/report/{folder.name}"
         if self.store is not None and self.world > 1:
             self.store.set(f"{key}/{self.rank}", json.dumps(info))
-        if self.rank != 0:
+        if self.rank != reporter:
             return None
-        infos = {0: info}
+        infos = {self.rank: info}
         deadline = time.monotonic() + wait_s
         while self.store is not None and len(infos) < self.world and time.monotonic() < deadline:
-            for rank in range(1, self.world):
+            for rank in range(self.world):
                 if rank not in infos and self.store.check([f"{key}/{rank}"]):
                     infos[rank] = json.loads(self.store.get(f"{key}/{rank}"))
             time.sleep(0.2)
@@ -244,19 +279,21 @@ class Watchdog(threading.Thread):
         return text
 
     def _on_hang(self, stalled: float) -> None:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        if self.store is not None and self.world > 1:  # one folder name for every rank: the first to notice wins
-            stamp = self.store.compare_set("trainstack/hang/id", "", stamp).decode() or stamp
+        stamp, reporter = time.strftime("%Y%m%d-%H%M%S"), self.rank
+        if self.store is not None and self.world > 1:  # one folder for every rank; the first to notice reports
+            won = self.store.compare_set("trainstack/hang/id", "", f"{stamp}/{self.rank}").decode()
+            stamp, _, first = won.partition("/")
+            reporter = int(first) if first.isdigit() else self.rank
         folder = self.dump_dir / f"hang-{stamp}"
         reason = (f"trainstack hang report: no rank made progress for {stalled:.0f} s (hang_timeout="
                   f"{self.timeout:g} s); {self.world} rank(s), stacks in {folder}/rank-<r>.txt")
-        text = self._report(folder, reason)
+        text = self._report(folder, reason, reporter)
         if text is not None:
             print(f"\n{text}", file=sys.stderr, flush=True)
             if self.store is not None and self.world > 1:
                 self.store.set("trainstack/hang/done", "1")
         elif self.store is not None:
-            try:  # rank 0 writes the summary before anyone exits
+            try:  # the reporter writes the summary before anyone exits
                 self.store.wait(["trainstack/hang/done"], datetime.timedelta(seconds=30))
             except Exception:  # the wait timed out, or rank 0 is gone
                 pass
@@ -266,7 +303,7 @@ class Watchdog(threading.Thread):
         if self.report_file:  # the launching process shows this as the worker's error
             summary = folder / "SUMMARY.txt"
             body = text or (summary.read_text() if summary.exists() else f"see {folder}")
-            Path(self.report_file).write_text(f"stopped by the hang watchdog\n{body}")
+            Path(self.report_file).write_text(f"{HANG_REPORT}\n{body}")
         sys.stderr.flush()
         sys.stdout.flush()
         from . import _ranklog
@@ -291,15 +328,20 @@ class Watchdog(threading.Thread):
 _current: Watchdog | None = None
 
 
-def start(rank: int, world: int, timeout: float, dump_dir: Path, store: Any = None) -> Watchdog | None:
-    """Start this process's watchdog (replacing a running one); None when there is nothing to watch for."""
+def start(rank: int, world: int, timeout: float, dump_dir: Path, store: Any = None,
+          armed: bool = False) -> Watchdog | None:
+    """Start this process's watchdog (replacing a running one); None when there is nothing to watch for.
+
+    ``armed``: hang timeouts apply from the start (the Trainer's loop beats); otherwise from the first heartbeat.
+    """
     global _current
     stop()
     job_dir = Path(os.environ["TRAINSTACK_JOB_DIR"]) if os.environ.get("TRAINSTACK_JOB_DIR") else None
     if not timeout and job_dir is None:
         return None
-    _HEARTBEAT.step, _HEARTBEAT.phase, _HEARTBEAT.tick = 0, "start", 0
-    _current = Watchdog(rank, world, timeout, dump_dir, store, job_dir, os.environ.get("TRAINSTACK_ERROR_REPORT"))
+    _HEARTBEAT.step, _HEARTBEAT.phase, _HEARTBEAT.tick, _HEARTBEAT.beats = 0, "start", 0, 0
+    _current = Watchdog(rank, world, timeout, dump_dir, store, job_dir, os.environ.get("TRAINSTACK_ERROR_REPORT"),
+                        armed)
     _current.start()
     return _current
 

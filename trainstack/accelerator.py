@@ -232,11 +232,12 @@ class Accelerator:
         return self.world_size > 1 and dist.is_available() and dist.is_initialized()
 
     # ------------------------------------------------------------------ launching
-    def distribute(self, fn: F) -> F:
+    def distribute(self, fn: F, keep_open: Sequence[int] = ()) -> F:
         """Wrap ``fn`` so that calling it runs it on every process; returns rank 0's return value.
 
         Spawns workers only when the environment started fewer processes than ``nprocs``; inside
-        torchrun/srun-per-process it joins the existing processes instead.
+        torchrun/srun-per-process it joins the existing processes instead. ``keep_open``: file descriptors the
+        spawned workers hold until they exit (a lock stays held while any of them lives).
         """
 
         @functools.wraps(fn)
@@ -247,7 +248,8 @@ class Accelerator:
             plan = self.plan
             hang_dir = os.environ.get("TRAINSTACK_HANG_DIR", ".")
             if plan.spawn:
-                return launch(fn, args, kwargs, plan, self.backend, self._device_type, self.hang_timeout, hang_dir)
+                return launch(fn, args, kwargs, plan, self.backend, self._device_type, self.hang_timeout, hang_dir,
+                              keep_open)
             ctx = self._ctx()
             with ProcessGroupSession(ctx, self.backend, host_store=plan.rank_offset == 0), \
                     watched(ctx.rank, ctx.world_size, self.hang_timeout, Path(hang_dir)):
@@ -367,6 +369,7 @@ class Accelerator:
         hb = heartbeat()
         hb.step = hb.step + 1 if step is None else step
         hb.tick += 1
+        hb.beats += 1
         if phase is not None:
             hb.phase = phase
 

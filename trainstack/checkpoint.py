@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import random
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,10 @@ class CheckpointError(TrainstackError, OSError):
     """Saving or loading a checkpoint failed; the previous checkpoint is untouched."""
 
 
+class UnreadableCheckpoint(CheckpointError):
+    """A checkpoint that cannot be read at all (damaged, truncated, foreign): ``resume="auto"`` falls back past it."""
+
+
 def checkpoint_name(epoch: int, global_step: int) -> str:
     return f"ckpt-e{epoch:05d}-s{global_step:09d}.pt"
 
@@ -69,18 +74,21 @@ _REASONS = {errno.ENOSPC: "the disk is full", errno.EACCES: "permission denied",
 def _why(exc: BaseException, folder: Path) -> str:
     """The cause of a failed write in words. torch reports a full disk as a RuntimeError from its zip writer, so
     when no OSError is attached the free space decides."""
-    cause: BaseException | None = exc
-    while cause is not None:
+    causes: list[BaseException] = [exc]
+    while causes:
+        cause = causes.pop()
         if isinstance(cause, OSError) and cause.errno in _REASONS:
             return _REASONS[cause.errno]
-        cause = cause.__cause__ or cause.__context__
+        causes += [c for c in (cause.__cause__, cause.__context__) if c is not None]
+        causes += [c for c in getattr(cause, "failures", {}).values() if isinstance(c, BaseException)]  # DCP's
     try:
         st = os.statvfs(folder)
         if st.f_bavail * st.f_frsize < 1 << 20:
             return _REASONS[errno.ENOSPC]
     except OSError:
         pass
-    return (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)).strip() or type(exc).__name__
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return (text.strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
 def atomic_save(obj: Any, path: Path) -> float:
@@ -195,6 +203,15 @@ class Restored:
 _RESERVED = ("format_version", "rng", "world_size", "config")
 
 
+def _save_errors() -> tuple[type[BaseException], ...]:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (Exception, CheckpointException)
+
+
+_SAVE_ERRORS = _save_errors()
+
+
 class Checkpointer:
     """Save, find, rotate and restore the checkpoints of one run folder (``<run>/checkpoints``).
 
@@ -255,9 +272,8 @@ class Checkpointer:
         try:
             out = _dcp.write(self.folder / name, parts.get("model"), parts.get("optimizer"), state, self.is_main,
                              group)
-        except Exception as exc:
-            raise CheckpointError(f"could not write checkpoint {self.folder / name}: {_why(exc, self.folder)}. The "
-                                  f"previous checkpoint is kept.") from exc
+        except _SAVE_ERRORS as exc:  # DCP's CheckpointException is a BaseException
+            self._failed_save(self.folder / name, exc)
         self.last_save_seconds = time.perf_counter() - start
         if isinstance(out, _dcp.Pending):
             self._pending = out
@@ -274,11 +290,21 @@ class Checkpointer:
         pending, self._pending = self._pending, None
         try:
             path = _dcp.finish(pending, self.is_main)
-        except Exception as exc:
-            raise CheckpointError(f"could not write checkpoint {pending.final}: {_why(exc, self.folder)}. The "
-                                  f"previous checkpoint is kept.") from exc
+        except _SAVE_ERRORS as exc:
+            self._failed_save(pending.final, exc)
         self._committed(best=False)
         return path if self.is_main else None
+
+    def _failed_save(self, final: Path, exc: BaseException) -> None:
+        """A sharded save failed on some rank: remove its temp folder (a full disk stays full otherwise) and say
+        why in words."""
+        from . import _dcp
+
+        if self.is_main:
+            shutil.rmtree(_dcp.temp_name(final), ignore_errors=True)
+        raise CheckpointError(f"could not write checkpoint {final}: {_why(exc, self.folder)}. The previous "
+                              f"checkpoint is kept. HINT: free space or choose another root_folder/log_folder.") \
+            from (exc if isinstance(exc, Exception) else None)
 
     def _committed(self, best: bool) -> None:
         if self.is_main and not best:
@@ -334,6 +360,12 @@ class Checkpointer:
         """
         if path is not None:
             return load_file(path), Path(path)
+        for state, candidate in self._readable():
+            return state, candidate
+        return None
+
+    def _readable(self) -> Iterator[tuple[dict[str, Any], Path]]:
+        """Readable checkpoints, newest first; each unreadable one passed over is named in a warning."""
         failed: list[tuple[Path, CheckpointError]] = []
         for candidate in reversed(self.checkpoints()):
             try:
@@ -344,12 +376,19 @@ class Checkpointer:
             for bad, why in failed:
                 log.warning("checkpoint %s is unreadable (%s); using the previous one, %s.", bad.name, why,
                             candidate.name)
-                print(f"trainstack: WARNING: checkpoint {bad} is unreadable; resuming from the previous one, "
-                      f"{candidate.name}.", flush=True)
-            return state, candidate
+            if failed and self.is_main:
+                print(f"trainstack: WARNING: checkpoint(s) {', '.join(b.name for b, _ in failed)} unreadable "
+                      f"({failed[0][1]}); using the previous one, {candidate.name}.", flush=True)
+            failed = []
+            yield state, candidate
         if failed:
             raise CheckpointError(f"no readable checkpoint in {self.folder}: " + "; ".join(
                 f"{p.name}: {e}" for p, e in failed))
+
+    def readable_latest(self) -> Path | None:
+        """The checkpoint ``resume="auto"`` would continue from (the newest readable one), or None."""
+        for _, candidate in self._readable():
+            return candidate
         return None
 
     def restore(self, parts: Mapping[str, Any], path: str | os.PathLike | None = None,
@@ -358,12 +397,20 @@ class Checkpointer:
 
         Works without a Trainer: ``Checkpointer(run).restore({"model": model, "optimizer": optimizer})``.
         """
-        found = self.load(path)
-        if found is None:
-            return None
-        state, where = found
-        if where.is_dir():  # sharded: model and optimizer come from the shards, resharded to this layout
-            _load_shards(where, parts, state)
+        candidates = iter([(load_file(path), Path(path))]) if path is not None else self._readable()
+        for state, where in candidates:
+            if where.is_dir():  # sharded: model and optimizer come from the shards, resharded to this layout
+                try:
+                    _load_shards(where, parts, state)
+                except UnreadableCheckpoint as exc:
+                    if path is not None:
+                        raise
+                    print(f"trainstack: WARNING: {exc}; trying the previous checkpoint.", flush=True)
+                    continue
+            return self._restored(parts, state, where, rank)
+        return None
+
+    def _restored(self, parts: Mapping[str, Any], state: dict[str, Any], where: Path, rank: int) -> Restored:
         for name, part in parts.items():
             if part is not None and state.get(name) is not None:
                 _load_part(name, part, state, where)
@@ -407,20 +454,34 @@ def _load_shards(folder: Path, parts: Mapping[str, Any], state: Mapping[str, Any
     try:
         _dcp.load_into(folder, model, optimizer)
     except (Exception, CheckpointException) as exc:  # DCP's own exception is a BaseException
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
-        detail = next((line for line in lines if "size" in line.lower() or "missing" in line.lower()), lines[0])
+        lines = [line.strip() for line in _dcp_messages(exc) if line.strip()] or [type(exc).__name__]
+        detail = next((line for line in lines if "size" in line.lower() or "missing" in line.lower()), None)
+        if detail is None:  # not a shape or key difference: the shards themselves cannot be read
+            raise UnreadableCheckpoint(f"checkpoint {folder} is unreadable: {lines[0][:300]}") from None
         raise CheckpointError(f"{folder} does not fit this run's model: {detail[:300]}. HINT: a checkpoint only "
                               f"loads into the same model and optimizer it was written from; start a new run "
-                              f"(another log_folder, or resume=None) after changing them.") from exc
+                              f"(another log_folder, or resume=None) after changing them.") from None
+
+
+def _dcp_messages(exc: BaseException) -> list[str]:
+    """The lines of an error, and of every rank's failure inside DCP's CheckpointException."""
+    lines = str(exc).splitlines()
+    for failure in getattr(exc, "failures", {}).values():
+        lines += str(failure).splitlines()
+    return lines
 
 
 def load_file(path: str | os.PathLike) -> dict[str, Any]:
     """Load a checkpoint (a file, or a sharded folder's non-tensor part) to the CPU with ``weights_only=True``; a
     clear error for missing or foreign files."""
-    from ._dcp import EXTRAS, is_complete
+    from ._dcp import EXTRAS, DamagedCheckpoint, is_complete, verify
 
     path = Path(path)
     if path.is_dir() and is_complete(path):
+        try:
+            verify(path)
+        except DamagedCheckpoint as exc:
+            raise UnreadableCheckpoint(f"checkpoint {path} is damaged: {exc}") from None
         return _checked(path / EXTRAS, path)
     if path.is_dir() and (path / EXTRAS).exists():
         raise CheckpointError(f"{path} is an incomplete sharded checkpoint (no COMMITTED marker: its save was "
@@ -431,21 +492,27 @@ def load_file(path: str | os.PathLike) -> dict[str, Any]:
         hint = f" (its newest checkpoint is {latest})" if latest else ""
         raise CheckpointError(f"resume={str(path)!r} is a folder{hint}; a path must point at one ckpt-*.pt file. "
                               f"HINT: resume='auto' continues from the newest checkpoint of the run folder.")
-    if not path.is_file():
+    if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist. HINT: resume='auto' picks the latest one "
                               f"in the run folder; a path must point at a ckpt-* file or folder.")
-    return _checked(path, path)
+    state = _checked(path, path)
+    if not isinstance(state.get("model"), Mapping):
+        raise UnreadableCheckpoint(f"{path} is a trainstack checkpoint without a model state: it cannot restore "
+                                   f"a run (written by another tool?).")
+    return state
 
 
 def _checked(file: Path, name: Path) -> dict[str, Any]:
+    if not file.is_file():  # a FIFO or device would block torch.load forever
+        raise UnreadableCheckpoint(f"checkpoint {file} is not a regular file.")
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise CheckpointError(f"cannot load checkpoint {name}: the file is damaged or not a torch checkpoint "
-                              f"({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})"
-                              f".") from exc
+        raise UnreadableCheckpoint(f"cannot load checkpoint {name}: the file is damaged or not a torch checkpoint "
+                                   f"({type(exc).__name__}: "
+                                   f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}).") from exc
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{name} is not a trainstack checkpoint (format {FORMAT_VERSION}).")
+        raise UnreadableCheckpoint(f"{name} is not a trainstack checkpoint (format {FORMAT_VERSION}).")
     return state
 
 
@@ -454,14 +521,24 @@ def check_fits(model: torch.nn.Module, path: str | os.PathLike) -> None:
     into another model fails before any process starts, naming the first difference."""
     where = Path(path)
     if where.is_dir():
-        import torch.distributed.checkpoint as dcp
+        from ._dcp import DamagedCheckpoint, verify
 
-        meta = dcp.FileSystemReader(str(where)).read_metadata().state_dict_metadata
+        try:
+            meta = verify(where).state_dict_metadata
+        except DamagedCheckpoint as exc:
+            raise UnreadableCheckpoint(f"checkpoint {where} is damaged: {exc}") from None
         saved = {k[len("model."):]: tuple(v.size) for k, v in meta.items() if k.startswith("model.")
                  and hasattr(v, "size")}
     else:
-        state = torch.load(where, map_location="cpu", weights_only=True, mmap=True)
-        saved = {k: tuple(v.shape) for k, v in state["model"].items()}
+        if not where.is_file():
+            raise UnreadableCheckpoint(f"checkpoint {where} is not a regular file.")
+        try:
+            state = torch.load(where, map_location="cpu", weights_only=True, mmap=True)
+            model = state["model"]
+            saved = {k: tuple(v.shape) for k, v in model.items()}
+        except Exception as exc:
+            raise UnreadableCheckpoint(f"cannot read checkpoint {where}: the file is damaged or not a trainstack "
+                                       f"checkpoint ({type(exc).__name__}: {exc}).") from None
     mine = {k: tuple(v.shape) for k, v in _unwrap(model).state_dict().items()}
     for key in sorted(set(saved) | set(mine)):
         if saved.get(key) != mine.get(key):
@@ -473,40 +550,62 @@ def check_fits(model: torch.nn.Module, path: str | os.PathLike) -> None:
 
 # ---------------------------------------------------------------------------------------------------- tools
 def find(path: str | os.PathLike) -> Path:
-    """A checkpoint from a run folder (its newest), a ``checkpoints`` folder (its newest) or a checkpoint itself."""
+    """A checkpoint from a run folder (its newest readable one), a ``checkpoints`` folder (likewise) or a checkpoint
+    itself."""
     from ._dcp import is_complete
 
     path = Path(path)
-    if path.is_file() or is_complete(path) or _PATTERN.match(path.name) or path.name == BEST_SHARDED:
+    if path.is_file() or is_complete(path) or _PATTERN.match(path.name) or path.name in (BEST, BEST_SHARDED):
         load_file(path)  # a clear error for a missing, damaged or incomplete one
         return path
     run = path.parent if path.name == "checkpoints" else path
-    latest = Checkpointer(run).latest()
+    latest = Checkpointer(run).readable_latest()
     if latest is None:
         raise CheckpointError(f"no complete checkpoint in {path}. HINT: give a run folder, its checkpoints folder, "
                               f"or one ckpt-* file or folder.")
     return latest
 
 
+def _on_newest(path: str | os.PathLike, read: Any) -> Any:
+    """``read(checkpoint)`` for the checkpoint ``path`` names; when a live run rotates it away mid-read (a run
+    folder was given), the new newest one is read instead."""
+    for attempt in range(5):
+        where = find(path)
+        try:
+            return read(where)
+        except OSError:  # CheckpointError included
+            if where.exists() or where == Path(path) or attempt == 4:
+                raise
+
+
 def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The model's whole state dict (no ``module.`` prefixes) from any checkpoint, sharded or not, in one process."""
     from . import _dcp
 
-    where = find(path)
-    if where.is_dir():
-        return _dcp.tensors(where, "model")
-    return dict(load_file(where)["model"])
+    def read(where: Path) -> dict[str, torch.Tensor]:
+        if where.is_dir():
+            return _dcp.tensors(where, "model")
+        return dict(load_file(where)["model"])
+
+    return _on_newest(path, read)
 
 
 def describe(path: str | os.PathLike) -> dict[str, Any]:
     """What ``trainstack checkpoint inspect`` shows: format, written by how many processes, where in training, size."""
+    return _on_newest(path, _describe)
+
+
+def _describe(where: Path) -> dict[str, Any]:
     from . import _dcp
 
-    where = find(path)
     state = load_file(where)
     partial = state.get("partial_epoch") or {}
     if where.is_dir():
-        params = sum(t.numel() for t in _dcp.tensors(where, "model").values())
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        meta = _dcp.verify(where).state_dict_metadata
+        params = sum(math.prod(v.size) for k, v in meta.items()
+                     if k.startswith("model.") and isinstance(v, TensorStorageMetadata))
         size = _dcp.size_on_disk(where)
     else:
         params = sum(t.numel() for t in state["model"].values())

@@ -179,6 +179,7 @@ def _beating(batches: Iterator[Any], hb: Any) -> Iterator[Any]:
         hb.step += 1
         hb.phase = "step"
         yield batch
+        hb.beats += 1  # the step that used the batch has finished
         hb.phase = "data"
 
 

@@ -222,7 +222,8 @@ class Trainer:
                 raise
         self._claimed = lock is not None
         try:
-            result = self.accelerator.distribute(_fit_entry)(self)
+            held = [lock.fileno()] if lock is not None else []  # spawned workers keep the folder locked too
+            result = self.accelerator.distribute(_fit_entry, keep_open=held)(self)
         finally:
             self._claimed = False
             if lock is not None:
@@ -264,12 +265,8 @@ class Trainer:
 
     def save_checkpoint(self, best: bool = False) -> Path | None:
         """Collective: every rank calls it, rank 0 writes ``ckpt-e<epoch>-s<step>.pt`` (or ``best.pt``)."""
-        hb = heartbeat()
-        phase, hb.phase = hb.phase, "checkpoint"  # the hang watchdog allows saves more time
-        try:
+        with watchdog.phase("checkpoint"):  # the hang watchdog allows saves more time
             return self.checkpointer.save(self._counters(), self._parts(), self.config.to_dict(), best=best)
-        finally:
-            hb.phase = phase
 
     def load_checkpoint(self, path: Any = None) -> bool:
         """Load on **every** rank (``None``: the latest readable checkpoint of the run folder)."""
@@ -295,7 +292,8 @@ class Trainer:
                 self._end_epoch()
             if not self.stop_reason.startswith((PREEMPTED, DIVERGED)):  # only a finished run has an end
                 self._finish()
-            self.checkpointer.wait()  # an asynchronous save in flight is committed before the run ends
+            with watchdog.phase("checkpoint"):
+                self.checkpointer.wait()  # an asynchronous save in flight is committed before the run ends
         finally:
             self._close()
         return self._export()
@@ -325,6 +323,7 @@ class Trainer:
                 n += 1
                 self.global_step += 1
                 hb.step = self.global_step
+                hb.beats += 1
                 loss_sum = loss if loss_sum is None else loss_sum + loss
                 for k, v in metrics.items():
                     sums[k] = v.detach() if k not in sums else sums[k] + v.detach()
@@ -351,7 +350,8 @@ class Trainer:
         cfg, epoch = self.config, self.current_epoch
         self._set_result(epoch)
         self.callbacks.fire("train_epoch_end", self)
-        self.tracker.epoch_end(epoch, self.metrics, self.model)
+        with watchdog.phase("callback"):  # plots and tracker writes may take a while on rank 0
+            self.tracker.epoch_end(epoch, self.metrics, self.model)
         wants_stop = self.stop_training or bool(cfg.trainstop_criterion and cfg.trainstop_criterion(self))
         agreed, preempt = self.stopper.agree(self.accelerator.world_size, stop=wants_stop,
                                              nonfinite=self._loss_is_nonfinite())
@@ -381,7 +381,8 @@ class Trainer:
             self.save_checkpoint()
         self._set_result(self.current_epoch)
         self.callbacks.fire("train_end", self)
-        self.tracker.train_end(self.current_epoch, self.model)
+        with watchdog.phase("callback"):
+            self.tracker.train_end(self.current_epoch, self.model)
 
     def _evaluate(self, phase: str, loader: Any) -> dict[str, float]:
         """Sample-weighted mean of loss and metrics over all ranks (the unwrapped model: no DDP sync)."""
@@ -459,7 +460,8 @@ class Trainer:
     def _stop_for_preemption(self, why: str) -> None:
         self.stop_training, self.stop_reason = True, f"{PREEMPTED} ({why})"
         path = self.save_checkpoint()
-        path = self.checkpointer.wait() or path  # an asynchronous save must be complete before the job ends
+        with watchdog.phase("checkpoint"):
+            path = self.checkpointer.wait() or path  # an asynchronous save must be complete before the job ends
         took = self.checkpointer.last_save_seconds
         if self.accelerator.is_main_process:  # tells the batch script: checkpoint complete, requeue me
             self.stopper.confirm_saved(path or self.checkpointer.latest())
@@ -515,7 +517,7 @@ class Trainer:
         self.checkpointer = Checkpointer(self.run_folder, cfg.keep_last_checkpoints, acc.is_main_process, sharded,
                                          cfg.async_checkpoint)
         watchdog.start(acc.rank, acc.world_size, watchdog.resolve_timeout(cfg.hang_timeout), self.run_folder,
-                       watchdog.default_store())
+                       watchdog.default_store(), armed=True)
         self.callbacks = CallbackManager(self._user_callbacks(), acc.is_main_process)
         self._resume_at, self._resume_totals, self._pending_rng, self._best_val = 0, {}, None, math.inf
         self._partial = None
@@ -557,7 +559,8 @@ class Trainer:
         cfg = self.config
         if cfg.resume is None or self.run_folder is None:
             return
-        target = Checkpointer(self.run_folder).latest() if cfg.resume == "auto" else Path(cfg.resume)
+        target = Checkpointer(self.run_folder, is_main=False).readable_latest() if cfg.resume == "auto" \
+            else Path(cfg.resume)
         if target is not None and target.exists():
             check_fits(self.model, target)
 
@@ -748,6 +751,9 @@ class Trainer:
             * cfg.gradient_accumulation_steps,
             "Gradient accumulation steps": cfg.gradient_accumulation_steps,
             "Total optimization steps": steps, "Run folder": self.run_folder}
+        hang = watchdog.resolve_timeout(cfg.hang_timeout)
+        info["Hang watchdog"] = f"armed: {hang:g} s without progress (3x for the first step, checkpoints, " \
+                                f"callbacks)" if hang else "off"
         if is_infinite(self._train_loader) and not self.max_batches:
             info["Batches per epoch"] = "1 (an endless loader; set max_batches for more)"
         if self.current_epoch:

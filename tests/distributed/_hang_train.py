@@ -54,3 +54,58 @@ def data(n: int = 64) -> DataLoader:
 def model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+class SlowFirst:
+    """The loss; its first call sleeps ``first`` seconds on the ranks in ``ranks`` (a compile warm-up)."""
+
+    def __init__(self, first: float, ranks: tuple[int, ...] = (0, 1)) -> None:
+        self.first, self.ranks, self.calls = first, ranks, 0
+
+    def __call__(self, model: nn.Module, batch) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 1 and int(os.environ.get("RANK", "0")) in self.ranks:
+            time.sleep(self.first)
+        x, y = batch
+        return nn.functional.mse_loss(model(x), y)
+
+
+def slow_callback(trainer, config, writer) -> None:
+    """A rank-0 epoch-end callback that takes long (a plot, an upload)."""
+    if trainer.accelerator.rank == 0:
+        time.sleep(float(os.environ.get("SLOW_CALLBACK_S", "3")))
+
+
+def slow_async_commit(trainer, config, writer) -> None:
+    """Asynchronous sharded saves whose background write takes long (a slow file system)."""
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+    real = FileSystemWriter.write_data
+
+    def slowly(self, plan, planner):
+        time.sleep(float(os.environ.get("SLOW_SAVE_S", "3")))
+        return real(self, plan, planner)
+
+    FileSystemWriter.write_data = slowly
+
+
+def hold_the_gil(trainer, config, writer) -> None:
+    """Rank 0 computes in C without releasing the GIL: its watchdog thread cannot run."""
+    if trainer.accelerator.rank == 0 and trainer.global_step >= 3:
+        sum(range(10**12))
+
+
+def custom_loop(seconds: float) -> int:
+    """A hand-written loop on data made on the fly: never a prepared loader, never accelerator.heartbeat()."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    steps, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        steps += 1
+        time.sleep(0.01)
+    return steps

@@ -81,3 +81,99 @@ def test_server_exits_with_the_launching_process_and_a_long_tmpdir_still_works(t
     assert not os.path.exists(f"/proc/{pid}"), "the fork server outlived its launching process"
     # the private folder was removed at exit (torch keeps its compile cache, torchinductor_<user>, there)
     assert [p.name for p in long_tmp.iterdir() if not p.name.startswith("torchinductor_")] == []
+
+
+_USER_PROCESSES = textwrap.dedent("""
+    import multiprocessing as mp, sys, time
+    from concurrent.futures import ProcessPoolExecutor
+    from trainstack import TrainConfig
+
+    def nap(seconds):
+        time.sleep(seconds)
+        return seconds
+
+    if __name__ == "__main__":
+        TrainConfig(nprocs=2, compute_setup="cpu")  # starts trainstack's (private) fork server
+        ctx = mp.get_context("forkserver")
+        p = ctx.Process(target=nap, args=(60,))
+        p.start()
+        time.sleep(0.5)
+        p.terminate()
+        p.join(5)
+        print("TERMINATED", not p.is_alive(), flush=True)
+        q = ctx.Process(target=nap, args=(60,))
+        q.start()
+        time.sleep(0.5)
+        import os, signal
+        os.kill(q.pid, signal.SIGINT)
+        q.join(5)
+        print("INTERRUPTED", not q.is_alive(), flush=True)
+        with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+            print("POOL", pool.submit(nap, 0).result(), flush=True)
+            worker = next(iter(pool._processes.values()))
+            worker.terminate()
+            worker.join(5)
+            print("POOL-TERMINATED", not worker.is_alive(), flush=True)
+        for proc in (p, q):
+            if proc.is_alive():
+                proc.kill()
+""")
+
+
+def test_the_users_own_forkserver_processes_keep_their_signals(tmp_path, run_py):
+    """trainstack's server ignores stop signals; Python's shared one (the default start method from 3.14) must not
+    hand that to the user's processes: ours is private."""
+    script = tmp_path / "user.py"
+    script.write_text(_USER_PROCESSES)
+    out = run_py([sys.executable, str(script)], timeout=120).stdout
+    for marker in ("TERMINATED True", "INTERRUPTED True", "POOL 0", "POOL-TERMINATED True"):
+        assert marker in out, out[-3000:]
+
+
+def _state(_):
+    import resource
+    import tempfile
+
+    import torch._dynamo.config
+    import torch.distributed as dist
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return {"umask": mask, "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0], "tmp": tempfile.gettempdir(),
+            "compile_disabled": torch._dynamo.config.disable, "debug": str(dist.get_debug_level())}
+
+
+def test_state_set_after_the_config_reaches_the_workers(tmp_path, monkeypatch, caplog):
+    import resource
+
+    monkeypatch.delenv("TRAINSTACK_PRELOAD", raising=False)
+    for name in ("TORCH_COMPILE_DISABLE", "TORCH_DISTRIBUTED_DEBUG", "TORCHINDUCTOR_CACHE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    acc = Accelerator(nprocs=2, compute_setup="cpu")  # the server starts now, with today's state
+    tmp = tmp_path / "mytmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setenv("TORCH_COMPILE_DISABLE", "1")
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))  # read at import: only a warning
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    old_mask = os.umask(0o077)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 1000) - 1, hard))
+        got = acc.distribute(_state)(None)
+    finally:
+        os.umask(old_mask)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert got["umask"] == 0o077 and got["nofile"] == min(soft, 1000) - 1
+    assert got["tmp"].startswith(str(tmp)) and got["compile_disabled"] is True and got["debug"].endswith("DETAIL")
+    assert "TORCHINDUCTOR_CACHE_DIR changed after the workers' fork server started" in caplog.text
+
+
+def test_a_preload_module_that_raises_is_reported_and_skipped(tmp_path, run_py):
+    (tmp_path / "broken_mod.py").write_text("raise RuntimeError('broken on purpose')\n")
+    script = tmp_path / "run.py"
+    script.write_text(_SCRIPT)
+    env = {"TRAINSTACK_PRELOAD": "broken_mod", "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
+    out = run_py([sys.executable, str(script)], env=env, timeout=120).stdout
+    assert "preloading 'broken_mod'" in out and "broken on purpose" in out and "SERVER" in out
+    assert "EOFError" not in out

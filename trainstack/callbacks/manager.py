@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .._watchdog import phase
 from .base import EVENTS, Callback
 
 __all__ = ["CallbackManager"]
@@ -29,8 +30,12 @@ class CallbackManager:
         return math.gcd(*[cb.called_every for cb in cbs]) if cbs else 0
 
     def fire(self, event: str, trainer: Any) -> None:
-        for cb in self.by_event[event]:
-            cb(event, trainer, trainer.config, trainer.writer)
+        callbacks = self.by_event[event]
+        if not callbacks:
+            return
+        with phase("callback"):  # the hang watchdog gives user code the longer allowance
+            for cb in callbacks:
+                cb(event, trainer, trainer.config, trainer.writer)
 
     def state_dict(self) -> list[dict[str, Any]]:
         return [cb.state_dict() for cb in self.callbacks]
