@@ -88,3 +88,75 @@ def test_a_sweep_task_trains_in_the_folder_its_job_names(tmp_path):
     assert choose_run_folder(root, Path("./"), False, None, env) == task  # before the slurm-<id> rule
     assert choose_run_folder(root, tmp_path / "mine", False, None, env) == tmp_path / "mine"  # explicit wins
     assert choose_run_folder(root, Path("./"), True, None, env).parent == task  # a new folder inside it
+
+
+def _as_nobody(*args: str) -> None:
+    """Run a command as the unprivileged user ``nobody`` (the attacker sharing a group-writable folder)."""
+    import os
+    import shutil
+
+    if os.getuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("needs root and runuser to act as a second user")
+    subprocess.run(["runuser", "-u", "nobody", "--", *args], check=True, capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def shared_folder():
+    """A folder another local user can reach (pytest's own temp root is private to us)."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="trainstack-shared-", dir="/tmp"))
+    folder.chmod(0o777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_links_planted_by_another_user_in_a_shared_run_folder_are_never_followed(shared_folder):
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainstack import TrainConfig, Trainer
+    from trainstack._files import UntrustedFileError
+
+    tmp_path = shared_folder
+    run = tmp_path / "run"
+    run.mkdir()
+    run.chmod(0o777)  # group- and world-writable: anyone may create entries
+    victim, victim2 = tmp_path / "victim.txt", tmp_path / "victim2.txt"
+    victim.write_text("precious\n")
+    victim2.write_text("precious too\n")
+    _as_nobody("ln", "-s", str(victim), str(run / ".lock"))
+    _as_nobody("ln", "-s", str(victim2), str(run / "metrics.jsonl"))
+
+    def fit():
+        m = torch.nn.Linear(2, 1)
+        dl = DataLoader(TensorDataset(torch.randn(4, 2), torch.randn(4, 1)), batch_size=2)
+        Trainer(m, torch.optim.SGD(m.parameters(), lr=0.1), TrainConfig(max_iter=1, log_folder=run,
+                                                                          verbose=False)).fit(dl)
+
+    with pytest.raises(ConfigError, match="symbolic link"):
+        fit()
+    (run / ".lock").unlink()
+    with pytest.raises(UntrustedFileError, match="symbolic link"):
+        fit()
+    assert victim.read_text() == "precious\n" and victim2.read_text() == "precious too\n"
+
+
+def test_a_read_only_folder_is_a_clear_error(tmp_path):
+    import os
+
+    if os.getuid() == 0:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1M", "tmpfs", str(ro)], check=False)
+        try:
+            with pytest.raises(ConfigError, match="cannot use the run folder .*HINT: set TrainConfig"):
+                RunLock(ro / "run").acquire()
+        finally:
+            subprocess.run(["umount", "-l", str(ro)], check=False)
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        with pytest.raises(ConfigError, match="cannot use the run folder"):
+            RunLock(ro / "run").acquire()

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._files import fsync_path
+from ._files import fsync_path, temp_path
 
 __all__ = ["MARKER", "EXTRAS", "write", "finish", "read_extras", "load_into", "is_complete", "tensors", "Pending",
            "size_on_disk", "read_metadata", "verify", "DamagedCheckpoint"]
@@ -44,7 +44,7 @@ def is_complete(folder: Path) -> bool:
 
 
 def temp_name(final: Path) -> Path:
-    return final.with_name(f".{final.name}.tmp-0")
+    return temp_path(final, owner=0)  # one folder every rank writes into
 
 
 def _state(model: Any, optimizer: Any) -> dict[str, Any]:

@@ -1,22 +1,32 @@
-"""Small file helpers shared by the launcher, the generator and the job runner.
+"""Small file helpers shared by the launcher, the generator, the trainer and the job runner.
 
+* :func:`temp_path` / :data:`TEMP_RE`: the one naming rule for temp files (``.<name>.tmp-<pid>``), so a run can
+  recognise and remove what a killed writer left.
 * :func:`atomic_write`: a file appears under its name only when complete (temp file + ``os.replace``).
+* :func:`create_new` / :func:`open_append`: never follow a symbolic link someone planted in a shared folder
+  (``O_NOFOLLOW``; temp files ``O_EXCL``).
 * :func:`private_dir` / :func:`load_private_pickle`: pickles are only ever read from folders and files that this
   user owns and nobody else can write, because unpickling runs code (a planted pickle is code execution).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
+import re
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from .errors import TrainstackError
 
-__all__ = ["atomic_write", "private_dir", "check_private", "load_private_pickle", "UntrustedFileError"]
+__all__ = ["atomic_write", "private_dir", "check_private", "load_private_pickle", "UntrustedFileError", "temp_path",
+           "TEMP_RE", "create_new", "open_append", "fsync_path"]
+
+#: Temp files of every writer here: ``.<final name>.tmp-<pid or rank>[<suffix>]``.
+TEMP_RE = re.compile(r"^\..+\.tmp-\d+(\.[A-Za-z0-9]+)?$")
 
 
 class UntrustedFileError(TrainstackError, PermissionError):
@@ -38,16 +48,45 @@ def fsync_path(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def temp_path(path: str | os.PathLike, owner: int | None = None, suffix: str = "") -> Path:
+    """Where ``path`` is written before it is renamed into place (``owner``: this process unless given)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp-{os.getpid() if owner is None else owner}{suffix}")
+
+
+def create_new(path: str | os.PathLike, mode: int = 0o644) -> int:
+    """Open a new file for writing: a leftover of a killed writer is removed first, and an existing name (a link
+    planted by someone else, even) is never opened (``O_EXCL | O_NOFOLLOW``). The umask applies to ``mode``."""
+    path = Path(path)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+
+
+def open_append(path: str | os.PathLike, mode: int = 0o644) -> IO[str]:
+    """Open a text file for appending, refusing a symbolic link (a planted link would make us write elsewhere)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UntrustedFileError(f"refusing to write {path}: it is a symbolic link (planted in a shared "
+                                     f"folder?). HINT: remove it, or use a folder only you can write.") from None
+        raise
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
 def atomic_write(path: str | os.PathLike, data: bytes | str, mode: int = 0o644) -> Path:
-    """Write ``data`` to ``path`` through a temp file in the same folder, then rename; never a partial file."""
+    """Write ``data`` to ``path`` through a temp file in the same folder, then rename; never a partial file. The
+    umask applies (``mode`` is the most that is granted)."""
     path = Path(path)
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    tmp = temp_path(path)
+    fd = create_new(tmp, mode)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(raw)
-        os.chmod(tmp, mode)  # the umask may have removed bits we asked for
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -3,6 +3,7 @@ run uses it, so two runs never mix their checkpoints and metrics."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -36,8 +37,7 @@ class RunLock:
         self._fh: IO[str] | None = None
 
     def acquire(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        fh = open(self.folder / _LOCK, "a+", encoding="utf-8")  # noqa: SIM115 - held until release()
+        fh = self._open()
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -54,6 +54,26 @@ class RunLock:
                              "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
         fh.flush()
         self._fh = fh
+
+    def _open(self) -> IO[str]:
+        """Create the folder and open its lock file, refusing a folder owned by someone else and a planted link:
+        either would let another user make this run write where they choose."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            owner = self.folder.stat().st_uid
+            if owner != os.getuid() and os.getuid() != 0:
+                raise ConfigError(f"run folder {self.folder} belongs to uid {owner}, not to you (uid {os.getuid()}):"
+                                  f" another user could replace its files. HINT: give this run a folder of your own "
+                                  f"(root_folder or log_folder).")
+            fd = os.open(self.folder / _LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ConfigError(f"{self.folder / _LOCK} is a symbolic link (planted in a shared folder?): trainstack "
+                                  f"will not write through it. HINT: remove it, or use a folder only you can write.") \
+                    from None
+            raise ConfigError(f"cannot use the run folder {self.folder}: {exc.strerror or exc}. HINT: set "
+                              f"TrainConfig(root_folder=...) or log_folder to a writable folder.") from None
+        return os.fdopen(fd, "a+", encoding="utf-8")
 
     def fileno(self) -> int:
         """The locked file's descriptor (a duplicate held by another process keeps the lock)."""

@@ -24,9 +24,10 @@ class Tracker:
     """Rank 0's reports for one run folder, at the cadence ``config`` asks for."""
 
     def __init__(self, config: Any, folder: Path | None, is_main: bool, start_epoch: int = 0,
-                 last_epoch: int = 0, batches_per_epoch: int | None = None, keep_until: float | None = None) -> None:
+                 last_epoch: int = 0, batches_per_epoch: int | None = None, keep_through: int | None = None,
+                 clock: Any = None) -> None:
         self.config, self.is_main = config, is_main
-        self.writer: Writers = make_writers(config.tracking_tool, folder, start_epoch, keep_until) \
+        self.writer: Writers = make_writers(config.tracking_tool, folder, start_epoch, keep_through, clock) \
             if is_main and folder is not None else NullWriter()
         self.folder = folder
         self.bar = ProgressBar(last_epoch, start_epoch, batches_per_epoch) \

@@ -33,18 +33,21 @@ def format_metrics(iteration: int, metrics: dict[str, Any]) -> str:
 class JsonlWriter:
     """``metrics.jsonl``: one JSON object per write; dependency-free and append-only (resume-friendly).
 
-    ``keep_until`` (a resumed run: the wall time its checkpoint was written) drops the rows the stopped run wrote
-    after that checkpoint, which the resumed run writes again; without it they would appear twice.
+    ``keep_through`` (a resumed run: the step its checkpoint was written at) drops the rows the stopped run wrote
+    after that step, which the resumed run writes again; without it they would appear twice. Rows are compared by
+    step, never by wall time (a row written just before the checkpoint must not be lost to rounding).
     """
 
-    def __init__(self, folder: Path, keep_until: float | None = None) -> None:
+    def __init__(self, folder: Path, keep_through: int | None = None) -> None:
+        from ._files import open_append
+
         self.path = Path(folder) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if keep_until is not None and self.path.exists():
-            self._drop_rows_after(keep_until)
-        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        if keep_through is not None and self.path.exists():
+            self._drop_rows_after(keep_through)
+        self._fh = open_append(self.path)
 
-    def _drop_rows_after(self, moment: float) -> None:
+    def _drop_rows_after(self, step: int) -> None:
         from ._files import atomic_write
 
         kept = []
@@ -53,18 +56,20 @@ class JsonlWriter:
                 row = json.loads(line)
             except ValueError:
                 continue  # a line cut short by a kill
-            if isinstance(row, dict) and float(row.get("time", 0)) <= moment:
+            if isinstance(row, dict) and int(row.get("step", -1)) <= step:
                 kept.append(line)
-        atomic_write(self.path, "".join(f"{line}\n" for line in kept))
+        atomic_write(self.path, "".join(f"{line}\n" for line in kept), mode=0o600)
 
-    def write(self, iteration: int, metrics: dict[str, float]) -> None:
-        self._fh.write(json.dumps({"iteration": iteration, "time": round(time.time(), 3), **metrics}) + "\n")
+    def write(self, iteration: int, metrics: dict[str, float], step: int = 0) -> None:
+        row = {"iteration": iteration, "step": step, "time": round(time.time(), 3), **metrics}
+        self._fh.write(json.dumps(row) + "\n")
         self._fh.flush()
 
     def log_hyperparams(self, hyperparams: dict[str, Any]) -> None:
-        with open(self.path.with_name("hyperparams.json"), "w", encoding="utf-8") as fh:
-            json.dump({k: v if isinstance(v, (int, float, str, bool)) else repr(v) for k, v in hyperparams.items()},
-                      fh, indent=2)
+        from ._files import atomic_write
+
+        atomic_write(self.path.with_name("hyperparams.json"), json.dumps(
+            {k: v if isinstance(v, (int, float, str, bool)) else repr(v) for k, v in hyperparams.items()}, indent=2))
 
     def add_figure(self, name: str, figure: Any, iteration: int) -> None:
         out = self.path.with_name("plots") / f"{name}_{iteration}.png"
@@ -84,7 +89,7 @@ class TensorBoardWriter:
                               "pip install 'trainstack[tensorboard]'.") from None
         self.sw = SummaryWriter(log_dir=str(folder), purge_step=start_step or None)
 
-    def write(self, iteration: int, metrics: dict[str, float]) -> None:
+    def write(self, iteration: int, metrics: dict[str, float], step: int = 0) -> None:
         for k, v in metrics.items():
             self.sw.add_scalar(k, v, iteration)
 
@@ -114,7 +119,7 @@ class MLflowWriter:
         mlflow.set_experiment(experiment)
         self.run = mlflow.start_run(run_name=os.environ.get("MLFLOW_RUN_NAME", Path(folder).name))
 
-    def write(self, iteration: int, metrics: dict[str, float]) -> None:
+    def write(self, iteration: int, metrics: dict[str, float], step: int = 0) -> None:
         self.mlflow.log_metrics(metrics, step=iteration)
 
     def log_hyperparams(self, hyperparams: dict[str, Any]) -> None:
@@ -133,18 +138,21 @@ class MLflowWriter:
 
 
 class Writers:
-    """Fan-out to the active writers, keeping the metric history for the final loss curve."""
+    """Fan-out to the active writers, keeping the metric history for the final loss curve. Every row is stamped
+    with the run's step (``clock``), which a resumed run compares with its checkpoint's."""
 
-    def __init__(self, folder: Path, writers: list[Any]) -> None:
+    def __init__(self, folder: Path, writers: list[Any], clock: Any = None) -> None:
         self.folder = Path(folder)
         self.writers = writers
         self.history: list[dict[str, float]] = []
+        self.clock = clock
 
     def write(self, iteration: int, metrics: dict[str, Any]) -> None:
         clean = {k: _scalar(v) for k, v in metrics.items()}
         self.history.append({"iteration": iteration, **clean})
+        step = int(self.clock()) if self.clock is not None else 0
         for w in self.writers:
-            w.write(iteration, clean)
+            w.write(iteration, clean, step)
 
     def log_hyperparams(self, hyperparams: dict[str, Any]) -> None:
         for w in self.writers:
@@ -178,13 +186,14 @@ class NullWriter(Writers):
         pass
 
 
-def make_writers(tool: str, folder: Path, start_step: int, keep_until: float | None = None) -> Writers:
-    writers: list[Any] = [JsonlWriter(folder, keep_until)]
+def make_writers(tool: str, folder: Path, start_step: int, keep_through: int | None = None,
+                 clock: Any = None) -> Writers:
+    writers: list[Any] = [JsonlWriter(folder, keep_through)]
     if tool == "tensorboard":
         writers.append(TensorBoardWriter(folder, start_step))
     elif tool == "mlflow":
         writers.append(MLflowWriter(folder))
-    return Writers(folder, writers)
+    return Writers(folder, writers, clock)
 
 
 def save_loss_curve(history: list[dict[str, float]], path: Path) -> Path | None:
@@ -211,8 +220,10 @@ def save_loss_curve(history: list[dict[str, float]], path: Path) -> Path | None:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    from ._files import temp_path
+
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
+    tmp = temp_path(path, suffix=".png")
     try:
         fig.savefig(tmp)
         os.replace(tmp, path)  # never a truncated PNG (e.g. on a full disk)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._files import fsync_path
+from ._files import TEMP_RE, create_new, fsync_path, temp_path
 from .errors import TrainstackError
 
 __all__ = ["CheckpointError", "Checkpointer", "Restored", "atomic_save", "capture_rng", "restore_rng",
@@ -44,7 +44,6 @@ __all__ = ["CheckpointError", "Checkpointer", "Restored", "atomic_save", "captur
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 _PATTERN = re.compile(r"^ckpt-e(\d+)-s(\d+)(\.pt)?$")
-_TEMP = re.compile(r"^\..+\.tmp-\d+$")
 BEST = "best.pt"
 BEST_SHARDED = "best"
 
@@ -98,11 +97,11 @@ def atomic_save(obj: Any, path: Path) -> float:
     """
     start = time.perf_counter()
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_path(path)
     committed = False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as fh:
+        with os.fdopen(create_new(tmp, 0o644), "wb") as fh:
             torch.save(obj, fh)
             fh.flush()
             os.fsync(fh.fileno())
@@ -322,7 +321,7 @@ class Checkpointer:
         """Delete temp files a killed writer left behind (call only while holding the run folder's lock)."""
         if not self.folder.is_dir():
             return []
-        stale = [p for p in self.folder.iterdir() if _TEMP.match(p.name)]
+        stale = [p for p in self.folder.iterdir() if TEMP_RE.match(p.name)]
         for p in stale:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
         return stale

@@ -537,7 +537,8 @@ class Trainer:
             self.console_print(f"trainstack: a second fit() continues the run in {self.run_folder} at epoch "
                                f"{self.current_epoch} for another max_iter={cfg.max_iter} epochs.")
         self.tracker = Tracker(cfg, self.run_folder, acc.is_main_process, self.current_epoch, self._last_epoch,
-                               self._per_epoch, keep_until=restored.counters.get("saved_at") if restored else None)
+                               self._per_epoch, keep_through=int(restored.counters["global_step"]) if restored else None,
+                               clock=self._clock)
         self.tracker.start(self._banner_info())
 
     def _claim_folder(self) -> tuple[Path, RunLock]:
@@ -602,6 +603,10 @@ class Trainer:
             self._lock = None
 
     # ------------------------------------------------------------------ state
+    def _clock(self) -> int:
+        """The step metric rows are stamped with (a resume keeps the rows up to its checkpoint's)."""
+        return self.global_step
+
     def _counters(self) -> dict[str, Any]:
         """The loop's own state in a checkpoint; the parts (model, optimizer, ...) save themselves."""
         return {"epoch": self.current_epoch, "global_step": self.global_step, "run_start_epoch": self._run_start,

@@ -170,3 +170,23 @@ def test_an_endless_loader_on_two_processes_ends_each_epoch(tmp_path):
                       _cfg(tmp_path, "endless", nprocs=2, max_iter=4, max_batches=2))
     trainer.fit(to_dataloader(torch.randn(32, 3), torch.randn(32, 1), batch_size=4, infinite=True))
     assert trainer.current_epoch == 4 and trainer.global_step == 8
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_full_disk_during_a_sharded_save_names_the_cause_on_two_processes(tmp_path, asynchronous):
+    from helpers import small_tmpfs
+
+    from trainstack.checkpoint import CheckpointError
+
+    with small_tmpfs(tmp_path / "small", "3M") as disk:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 300), nn.Tanh(), nn.Linear(300, 300), nn.Linear(300, 1))  # ~0.4 MB
+        cfg = _cfg(disk, "run", nprocs=2, max_iter=20, checkpoint_every=1, checkpoint_format="sharded",
+                   async_checkpoint=asynchronous)
+        with pytest.raises(WorkerError, match="the disk is full") as exc:
+            Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), cfg).fit(_loader())
+        assert "CheckpointError" in str(exc.value) and "The previous checkpoint is kept" in str(exc.value)
+        checkpoints = Checkpointer(disk / "run")
+        assert not list(checkpoints.folder.glob(".*tmp*"))  # the failed save's temp folder is gone
+        assert checkpoints.load()[0]["epoch"] >= 1
+    assert not own_children()
