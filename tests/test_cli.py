@@ -107,7 +107,7 @@ def test_submit_without_sbatch_is_a_clear_error(runner, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     result = runner.invoke(main, ["submit", "--log-dir", str(tmp_path / "logs"), "--", "t.py"])
     assert result.exit_code == 1 and "sbatch not found" in result.output
-    assert (tmp_path / "logs").is_dir()
+    assert not (tmp_path / "logs").exists()  # checked first, nothing written: a failed submit leaves no file
 
 
 def test_generate_does_not_import_torch():

@@ -139,3 +139,32 @@ def test_verify_refuses_shard_paths_outside_the_checkpoint(tmp_path):
         pickle.dump(meta, fh)
     with pytest.raises(_dcp.DamagedCheckpoint, match="outside the checkpoint"):
         _dcp.verify(path)
+
+
+@pytest.mark.parametrize("sharded", [True, False])
+def test_inspect_and_consolidate_of_a_live_run_that_rotates_its_checkpoints(tmp_path, sharded):
+    """A run keeping one checkpoint deletes the newest one as soon as it writes the next: reading the run folder
+    meanwhile follows to the new newest instead of failing."""
+    import threading
+
+    run = tmp_path / "run"
+    ckpt = Checkpointer(run, keep_last=1, sharded=sharded)
+    parts = _parts()
+    ckpt.save({"epoch": 0, "global_step": 0}, parts)
+    stop = threading.Event()
+
+    def train():
+        step = 1
+        while not stop.is_set():
+            ckpt.save({"epoch": step, "global_step": step}, parts)
+            step += 1
+
+    writer = threading.Thread(target=train)
+    writer.start()
+    try:
+        for _ in range(10):
+            assert describe(run)["parameters"] == 15
+            assert set(consolidate(run)) == {"weight", "bias"}
+    finally:
+        stop.set()
+        writer.join()

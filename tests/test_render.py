@@ -229,3 +229,33 @@ def test_sweep_tasks_are_every_combination_with_stable_signatures():
 def test_bad_sweeps_name_the_option(kwargs, message):
     with pytest.raises(SpecError, match=message):
         LaunchSpec(cpu=True, program=["train.py"], **kwargs)
+
+
+def test_a_sweep_task_signature_covers_what_the_task_runs_with():
+    """A finished sweep rerun with another environment, interpreter, setup or time is new work, not finished."""
+    base = dict(program=["train.py"], sweep={"lr": ["1", "2"]})
+    signatures = {LaunchSpec(**(base | change)).tasks[0]["signature"] for change in (
+        {}, {"env": {"MODE": "b"}}, {"python": "python3.12"}, {"setup": "multi-gpu"}, {"time": "02:00:00"},
+        {"venv": "/v"}, {"setup_cmd": ["module load x"]}, {"cpu": True})}
+    assert len(signatures) == 8
+    same = LaunchSpec(**base, job_name="other", max_parallel=1).tasks[0]["signature"]  # bookkeeping only
+    assert same == LaunchSpec(**base).tasks[0]["signature"]
+
+
+def test_a_huge_sweep_is_refused_before_any_task_is_built():
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(SpecError, match="100000000 tasks"):
+        LaunchSpec(program=["t.py"], sweep={k: [str(i) for i in range(100)] for k in "abcd"})
+    assert time.monotonic() - start < 2
+
+
+@pytest.mark.parametrize("word", ["--v", "--max", "--nproc", "--node=2"])
+def test_program_arguments_torchrun_would_read_as_its_own_are_refused(word):
+    with pytest.raises(SpecError, match="abbreviation torchrun cannot tell apart"):
+        LaunchSpec(program=["train.py", word, "1"], launcher="torchrun")
+    with pytest.raises(SpecError, match="abbreviation torchrun"):
+        LaunchSpec(program=["train.py"], launcher="torchrun", sweep={word.lstrip("-").split("=")[0]: ["1"]})
+    LaunchSpec(program=["train.py", word, "1"], launcher="srun")  # srun passes them through untouched
+    LaunchSpec(program=["train.py", "--lr", "1", "--max-restarts", "2"], launcher="torchrun")

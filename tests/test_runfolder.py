@@ -160,3 +160,77 @@ def test_a_read_only_folder_is_a_clear_error(tmp_path):
         ro.mkdir(mode=0o500)
         with pytest.raises(ConfigError, match="cannot use the run folder"):
             RunLock(ro / "run").acquire()
+
+
+def _fit(folder_kw: dict, seed: int = 0, lr: float = 0.1, max_iter: int = 2):
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainstack import TrainConfig, Trainer
+
+    torch.manual_seed(0)
+    m = torch.nn.Linear(2, 1)
+    dl = DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4)
+    trainer = Trainer(m, torch.optim.SGD(m.parameters(), lr=lr), TrainConfig(
+        max_iter=max_iter, verbose=False, seed=seed, checkpoint_every=1, resume="auto", **folder_kw))
+    trainer.fit(dl)
+    return trainer
+
+
+def test_resume_auto_never_continues_another_experiment(tmp_path, capsys):
+    first = _fit({"root_folder": tmp_path}, seed=1, lr=0.1)
+    other = _fit({"root_folder": tmp_path}, seed=2, lr=0.01)  # another experiment on the same root
+    assert other.run_folder != first.run_folder and other.current_epoch == 2
+    assert "another experiment ran there (hyperparameters, seed differ)" in capsys.readouterr().out
+    again = _fit({"root_folder": tmp_path}, seed=2, lr=0.01, max_iter=3)  # the same experiment: continues
+    assert again.run_folder == other.run_folder and again.current_epoch == 3
+
+
+def test_resume_auto_on_a_finished_run_says_there_is_nothing_to_train(tmp_path, capsys):
+    from trainstack import TrainConfig
+
+    _fit({"log_folder": tmp_path / "run"})
+    capsys.readouterr()
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainstack import Trainer
+
+    m = torch.nn.Linear(2, 1)
+    cfg = TrainConfig(max_iter=2, log_folder=tmp_path / "run", resume="auto", seed=0)
+    Trainer(m, torch.optim.SGD(m.parameters(), lr=0.1), cfg).fit(
+        DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4))
+    out = capsys.readouterr().out
+    assert "NOTHING TO TRAIN" in out and "raise max_iter" in out
+    assert "Total optimization steps" in out and "= -" not in out
+
+
+def test_concurrent_auto_resumes_skip_a_folder_claimed_meanwhile(tmp_path):
+    """Two runs claim with resume='auto' at the same instant: the loser takes the next folder, never an error."""
+    import threading
+
+    from trainstack._runfolder import RunLock
+
+    _fit({"root_folder": tmp_path}, max_iter=1)
+    newest = max(tmp_path.iterdir(), key=lambda p: p.stat().st_mtime)
+    holder = RunLock(newest)
+    started = threading.Event()
+
+    def claim_late():  # the folder gets claimed between the choice and the lock
+        started.set()
+        holder.acquire()
+
+    original = RunLock.acquire
+
+    def racing_acquire(self):
+        if self.folder == newest and not started.is_set():
+            claim_late()
+        return original(self)
+
+    RunLock.acquire = racing_acquire
+    try:
+        trainer = _fit({"root_folder": tmp_path}, max_iter=1)
+    finally:
+        RunLock.acquire = original
+        holder.release()
+    assert trainer.run_folder != newest

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainstack._snapshot import MAX_FILE_BYTES, git_root, git_state, take
+from trainstack._snapshot import MAX_FILE_BYTES, SnapshotError, git_root, git_state, take
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
@@ -64,3 +64,28 @@ def test_outside_a_repository_there_is_nothing_to_snapshot(tmp_path):
     assert git_root(tmp_path) is None
     with pytest.raises(ValueError, match="not inside a git repository"):
         take(tmp_path, tmp_path / "code", exclude=[])
+
+
+def test_submodule_files_are_copied(tmp_path):
+    lib = tmp_path / "libsrc"
+    lib.mkdir()
+    subprocess.run(["git", "init", "-q", str(lib)], check=True)
+    (lib / "libmod.py").write_text("VALUE = 42\n")
+    for cmd in (["add", "-A"], ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "lib"]):
+        subprocess.run(["git", "-C", str(lib), *cmd], check=True)
+    repo = _repo(tmp_path)
+    subprocess.run(["git", "-C", str(repo), "-c", "protocol.file.allow=always", "submodule", "add", "-q",
+                    str(lib), "vendor/lib"], check=True, capture_output=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "sub"],
+                   check=True)
+    take(repo, tmp_path / "code", exclude=[])
+    assert (tmp_path / "code" / "vendor" / "lib" / "libmod.py").read_text() == "VALUE = 42\n"
+
+
+def test_an_unreadable_file_stops_the_snapshot_with_its_name(tmp_path):
+    if os.getuid() == 0:
+        pytest.skip("root reads every file (tests/slurm/test_workflow.py checks it as a second user)")
+    repo = _repo(tmp_path)
+    (repo / "train.py").chmod(0)
+    with pytest.raises(SnapshotError, match="train.py.*HINT"):
+        take(repo, tmp_path / "code", exclude=[])

@@ -63,7 +63,7 @@ def test_a_job_slurm_forgot_is_answered_from_the_submission_record(tmp_path, mon
 
 
 @pytest.mark.parametrize("command", ["status", "logs", "cancel", "debug"])
-@pytest.mark.parametrize("job_id", ["abc", "12;rm -rf ~", "-5", "1_2_3"])
+@pytest.mark.parametrize("job_id", ["abc", "12;rm -rf ~", "-5", "1_2_3", "0", "0_1", "000"])
 def test_malformed_job_ids_are_refused_before_anything_runs(command, job_id):
     result = CliRunner().invoke(main, [command, "--", job_id] if job_id.startswith("-") else [command, job_id])
     assert result.exit_code == 1 and "is not a Slurm job id" in result.output and "Traceback" not in result.output

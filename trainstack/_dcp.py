@@ -102,8 +102,10 @@ def _commit(temp: Path, final: Path, is_main: bool) -> Path:
         marker = temp / MARKER
         marker.write_text(time.strftime("%Y-%m-%d %H:%M:%S"))
         fsync_path(marker)
-        if final.exists():
-            shutil.rmtree(final)
+        if final.exists():  # best: replaced; gone at once, never half deleted
+            old = temp_path(final)
+            os.replace(final, old)
+            shutil.rmtree(old, ignore_errors=True)
         os.replace(temp, final)
         fsync_path(final.parent)
     return final
@@ -272,8 +274,14 @@ def tensors(folder: Path, prefix: str = "model") -> dict[str, torch.Tensor]:
         if key.startswith(prefix + ".") and isinstance(meta, TensorStorageMetadata):
             template[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
     if template:
-        with _single_process():
-            dcp.load(template, storage_reader=_reader(folder), planner=_planner(), no_dist=True)
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        try:
+            with _single_process():
+                dcp.load(template, storage_reader=_reader(folder), planner=_planner(), no_dist=True)
+        except (Exception, CheckpointException) as exc:  # DCP's own is a BaseException
+            first = next((line for line in str(exc).splitlines()[::-1] if line.strip()), type(exc).__name__)
+            raise DamagedCheckpoint(f"cannot read the shards of {folder}: {first.strip()[:300]}") from None
     return {key[len(prefix) + 1:]: value for key, value in template.items()}
 
 

@@ -37,6 +37,18 @@ class JobInfo:
     array_job_id: str | None = None
     array_task_id: str | None = None  # one index, or a pending range like "2-3%2"
     reason: str | None = None  # why a pending job waits
+    user: str | None = None  # scontrol's UserId, "name(uid)"
+
+    @property
+    def uid(self) -> int | None:
+        m = re.search(r"\((\d+)\)", self.user or "")
+        return int(m.group(1)) if m else None
+
+    def check_mine(self, action: str) -> None:
+        """Refuse to act on another user's job (Slurm would refuse too, after trainstack wrote into its folder)."""
+        if self.uid is not None and self.uid != os.getuid() and os.getuid() != 0:
+            raise JobError(f"job {self.label} belongs to {self.user}, not to you: trainstack can {action} only your "
+                           f"own jobs.")
 
     @property
     def label(self) -> str:
@@ -49,9 +61,9 @@ class JobInfo:
 
 def check_job_id(job_id: str) -> str:
     """A Slurm job id (digits, or ``<array job>_<task>``), else a clear error."""
-    if not re.fullmatch(r"\d+(_\d+)?", job_id):
+    if not re.fullmatch(r"\d+(_\d+)?", job_id) or int(job_id.split("_")[0]) == 0:
         raise JobError(f"{job_id!r} is not a Slurm job id (digits, or <array job>_<task> for an array task, e.g. "
-                       f"1234 or 1234_0).")
+                       f"1234 or 1234_0; 0 is not a job).")
     return job_id
 
 
@@ -67,6 +79,12 @@ def job_infos(job_id: str) -> list[JobInfo]:
     if shutil.which("scontrol") is None:
         raise JobError("scontrol not found on PATH. HINT: run this on a Slurm login node.")
     proc = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0 and "_" in job_id and "not found" in proc.stdout + proc.stderr:
+        base = job_id.split("_")[0]
+        if any(i.array_job_id is None for i in job_infos(base)):
+            raise JobError(f"job {base} is not an array job, so it has no task {job_id.split('_')[1]}. HINT: "
+                           f"trainstack status {base}")
+        return []
     if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
         raise JobError(f"scontrol could not answer: {proc.stderr.strip() or proc.stdout.strip()}")
     out = []
@@ -80,7 +98,7 @@ def job_infos(job_id: str) -> list[JobInfo]:
                            work_dir=_field(text, "WorkDir"), elapsed=_field(text, "RunTime") or "",
                            restarts=_leading_int(_field(text, "Restarts")), exit_code=_field(text, "ExitCode"),
                            array_job_id=array, array_task_id=_field(text, "ArrayTaskId") if array else None,
-                           reason=_field(text, "Reason")))
+                           reason=_field(text, "Reason"), user=_field(text, "UserId")))
     return sorted(out, key=lambda i: (int(i.array_job_id or i.job_id), _task_key(i.array_task_id)))
 
 
@@ -110,7 +128,10 @@ def job_folder(info: JobInfo) -> Path | None:
     folder = Path(info.stdout).parent / f"{safe_name(info.name)}-{info.array_job_id or info.job_id}"
     if info.array_job_id is not None and (info.array_task_id or "").isdigit():
         folder = folder / f"task-{info.array_task_id}"
-    return folder if folder.is_dir() else None
+    try:
+        return folder if folder.is_dir() else None
+    except OSError:  # another user's folder we may not look into
+        return None
 
 
 def debug_job(job_id: str, wait_s: float = 30.0, echo: Callable[[str], None] = print) -> Path | None:
@@ -129,6 +150,7 @@ def debug_job(job_id: str, wait_s: float = 30.0, echo: Callable[[str], None] = p
     if info.state != "RUNNING":
         raise JobError(f"job {job_id} is {info.state}, not RUNNING: there are no processes to inspect. HINT: a "
                        f"finished job's hang report (if any) is in its run folder, hang-*/SUMMARY.txt.")
+    info.check_mine("debug")
     folder = job_folder(info)
     if folder is not None:
         ident = time.strftime("%Y%m%d-%H%M%S")

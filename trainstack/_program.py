@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
-__all__ = ["Program", "parse_program", "FORMS", "KINDS"]
+__all__ = ["Program", "parse_program", "FORMS", "KINDS", "ambiguous_for_torchrun", "TORCHRUN_OPTIONS"]
 
 KINDS = ("script", "module", "exec")
 _INTERPRETER = re.compile(r"^(.*/)?python(\d+(\.\d+)?)?$")
@@ -93,3 +93,25 @@ def parse_program(words: Sequence[str], python: str = "python3",
     raise ConfigError(f"{head!r} is neither a .py file, an executable found here, nor a module. HINT: for a "
                       f"script write -- {head}.py or -- python {head}; for a module -- -m {head}; for a command "
                       f"on the nodes' PATH -- ./{head} or its full path.")
+
+
+#: torchrun's long options (torch 2.13; each with its ``_`` spelling). argparse checks every word of the command
+#: line against them, the program's arguments included, and stops at an ambiguous abbreviation.
+TORCHRUN_OPTIONS = tuple(f"--{name}" for base in (
+    "duplicate-stderr-filters", "duplicate-stdout-filters", "event-log-handler", "help", "local-addr",
+    "local-ranks-filter", "log-dir", "logs-specs", "master-addr", "master-port", "max-restarts", "module",
+    "monitor-interval", "nnodes", "no-python", "node-rank", "nproc-per-node", "numa-binding", "rdzv-backend",
+    "rdzv-conf", "rdzv-endpoint", "rdzv-id", "redirects", "role", "run-path", "shutdown-timeout",
+    "signals-to-handle", "standalone", "start-method", "tee", "virtual-local-rank")
+    for name in dict.fromkeys((base, base.replace("-", "_"))))
+
+
+def ambiguous_for_torchrun(word: str) -> list[str]:
+    """The torchrun options ``word`` abbreviates when it matches more than one of them (argparse's error), else []."""
+    if not word.startswith("--") or word == "--":
+        return []
+    name = word.split("=", 1)[0]
+    if name in TORCHRUN_OPTIONS:
+        return []
+    matches = [opt for opt in TORCHRUN_OPTIONS if opt.startswith(name)]
+    return matches if len(matches) > 1 else []

@@ -9,14 +9,14 @@ import json
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import IO
 
 from .checkpoint import has_checkpoint
 from .errors import ConfigError
 
-__all__ = ["choose_run_folder", "RunLock", "RunFolderBusy"]
+__all__ = ["choose_run_folder", "RunLock", "RunFolderBusy", "auto_chosen", "refuse_to_overwrite"]
 
 _LOCK = ".lock"
 
@@ -103,14 +103,16 @@ class RunLock:
 
 
 def choose_run_folder(root: Path, log_folder: Path, new_per_run: bool, resume: object,
-                      environ: Mapping[str, str] | None = None) -> Path:
+                      environ: Mapping[str, str] | None = None,
+                      accept: Callable[[Path], bool] | None = None, skip: Collection[Path] = ()) -> Path:
     """Where this run writes.
 
     * an explicit ``log_folder`` (not ``./``) is used as given;
     * ``TRAINSTACK_RUN_DIR`` (set for each task of a sweep, named by its arguments) is used as given;
     * inside a Slurm job the folder is ``root/slurm-<job id>`` (``slurm-<array job>_<task>`` for an array task),
       so a requeued job finds its checkpoints;
-    * ``resume="auto"`` reuses the newest run folder under ``root`` that holds a checkpoint and is not in use;
+    * ``resume="auto"`` reuses the newest run folder under ``root`` that holds a checkpoint, is not in use (nor in
+      ``skip``) and that ``accept`` says belongs to this experiment;
     * otherwise (and always with ``create_subfolder_per_run``) a new ``root/<YYYYmmdd-HHMMSS>-<pid>`` folder.
     """
     env = os.environ if environ is None else environ
@@ -125,10 +127,20 @@ def choose_run_folder(root: Path, log_folder: Path, new_per_run: bool, resume: o
         array = env.get("SLURM_ARRAY_TASK_ID")
         return root / (f"slurm-{env.get('SLURM_ARRAY_JOB_ID', job)}_{array}" if array else f"slurm-{job}")
     if resume == "auto" and root.is_dir():
-        candidates = [p for p in root.iterdir() if p.is_dir() and has_checkpoint(p) and not RunLock.held(p)]
-        if candidates:
-            return max(candidates, key=lambda p: p.stat().st_mtime)
+        candidates = [p for p in root.iterdir() if p.is_dir() and p not in skip and has_checkpoint(p)
+                      and not RunLock.held(p)]
+        for folder in sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True):
+            if accept is None or accept(folder):
+                return folder
     return _new_folder(root)
+
+
+def auto_chosen(log_folder: Path, new_per_run: bool, resume: object, environ: Mapping[str, str] | None = None) -> bool:
+    """True when :func:`choose_run_folder` picks among earlier runs (``resume="auto"`` with no folder named by the
+    config, the job or the sweep): another run may claim the same one at the same moment."""
+    env = os.environ if environ is None else environ
+    return (resume == "auto" and not new_per_run and log_folder == Path("./") and not env.get("TRAINSTACK_RUN_DIR")
+            and not env.get("SLURM_JOB_ID"))
 
 
 def _new_folder(root: Path) -> Path:

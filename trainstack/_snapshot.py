@@ -1,11 +1,12 @@
 """A copy of the code a job runs, taken when it is submitted: editing files while the job waits in the queue (or
 between its requeues) does not change what it runs. Torch-free.
 
-The copy holds the git repository's tracked files as they are in the working tree (uncommitted changes included)
-plus untracked files git does not ignore; the job folders themselves and files over 50 MB are left out, and the
-changes are listed, so it is plain what the job runs that no commit records. What the copy lacks at the top of the
-submitting folder (ignored data, a venv, ``runs/``, ``logs/``) is linked to the original, so relative paths to
-data and outputs still work from the copy.
+The copy holds the git repository's tracked files as they are in the working tree (uncommitted changes included,
+submodules' files too) plus untracked files git does not ignore; the job folders themselves are left out, files over
+50 MB are linked to the original rather than copied (and named, so the user knows edits to them reach the job), and
+the changes are listed, so it is plain what the job runs that no commit records. What the copy lacks at the top of
+the submitting folder (ignored data, a venv, ``runs/``, ``logs/``) is linked to the original, so relative paths to
+data and outputs still work from the copy. A tracked file that cannot be read stops the snapshot with its name.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Snapshot", "git_root", "take", "git_state"]
+__all__ = ["Snapshot", "SnapshotError", "git_root", "take", "git_state"]
 
 MAX_FILE_BYTES = 50 * 2**20
+
+
+class SnapshotError(OSError):
+    """The working tree cannot be copied (an unreadable file): nothing was submitted."""
 
 
 @dataclass
@@ -71,22 +76,29 @@ def take(cwd: Path, dest: Path, exclude: list[Path]) -> Snapshot:
     if root is None:
         raise ValueError(f"{cwd} is not inside a git repository")
     commit, changed, untracked = git_state(root)
-    listing = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    tracked = _git(root, "ls-files", "-z", "--cached", "--recurse-submodules")
+    others = _git(root, "ls-files", "-z", "--others", "--exclude-standard")
     excluded = [e.resolve() for e in exclude]
     untracked_set = set(untracked)
     snap = Snapshot(root=root, relative_cwd=os.path.relpath(cwd.resolve(), root), commit=commit,
                     dirty=bool(changed or untracked), changed=changed)
-    for name in filter(None, listing.stdout.split("\0")):
+    names = dict.fromkeys(filter(None, (tracked.stdout + "\0" + others.stdout).split("\0")))
+    for name in names:
         source = root / name
         if not source.is_file() or any(source.resolve().is_relative_to(e) for e in excluded):
             continue  # deleted in the working tree, a submodule folder, or our own job folders
-        size = source.stat().st_size
-        if size > MAX_FILE_BYTES:
-            snap.skipped.append(name)
-            continue
         target = dest / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, target)
+        size = source.stat().st_size
+        if size > MAX_FILE_BYTES:  # linked, not copied: named in the warning and metadata.json
+            os.symlink(source.resolve(), target)
+            snap.skipped.append(name)
+            continue
+        try:
+            shutil.copy2(source, target)
+        except OSError as exc:
+            raise SnapshotError(f"cannot copy {source} into the code snapshot: {exc.strerror or exc}. HINT: fix its "
+                                f"permissions, add it to .gitignore, or submit with --no-snapshot.") from None
         snap.files += 1
         snap.bytes += size
         if name in untracked_set:

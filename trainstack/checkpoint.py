@@ -121,6 +121,20 @@ def atomic_save(obj: Any, path: Path) -> float:
     return time.perf_counter() - start
 
 
+def remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint so that it disappears at once: a sharded folder is renamed to a temp name first, so a
+    reader never sees it half deleted (and a kill mid-way leaves a temp folder the next run removes)."""
+    if not path.is_dir():
+        path.unlink(missing_ok=True)
+        return
+    doomed = temp_path(path)
+    try:
+        os.replace(path, doomed)
+    except OSError:
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
 # ---------------------------------------------------------------------------------------------------- RNG
 def capture_rng() -> dict[str, Any]:
     """This process's RNG states as weights_only-loadable values."""
@@ -348,7 +362,7 @@ class Checkpointer:
         if not self.keep_last:
             return
         for old in self.checkpoints()[: -self.keep_last]:
-            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+            remove_checkpoint(old)
 
     # -------------------------------------------------------------- restoring
     def load(self, path: str | os.PathLike | None = None) -> tuple[dict[str, Any], Path] | None:
@@ -370,6 +384,8 @@ class Checkpointer:
             try:
                 state = load_file(candidate)
             except CheckpointError as exc:
+                if not candidate.exists():
+                    continue  # rotated away by a live run since the listing: not damaged
                 failed.append((candidate, exc))
                 continue
             for bad, why in failed:
@@ -566,15 +582,26 @@ def find(path: str | os.PathLike) -> Path:
 
 
 def _on_newest(path: str | os.PathLike, read: Any) -> Any:
-    """``read(checkpoint)`` for the checkpoint ``path`` names; when a live run rotates it away mid-read (a run
-    folder was given), the new newest one is read instead."""
-    for attempt in range(5):
-        where = find(path)
+    """``read(checkpoint)`` for the checkpoint ``path`` names; when ``path`` is a run folder whose live run rotates
+    its checkpoints while we read, the new newest one is read instead."""
+    from ._dcp import DamagedCheckpoint
+
+    error: BaseException | None = None
+    for _ in range(20):
+        where: Path | None = None
         try:
+            where = find(path)
             return read(where)
-        except OSError:  # CheckpointError included
-            if where.exists() or where == Path(path) or attempt == 4:
-                raise
+        except (OSError, DamagedCheckpoint) as exc:  # CheckpointError included
+            if where is not None and (where == Path(path) or where.exists()):
+                error = exc
+                break  # a checkpoint that is there and cannot be read: not a rotation
+            error = exc
+            time.sleep(0.05)
+    if isinstance(error, DamagedCheckpoint):
+        raise UnreadableCheckpoint(f"checkpoint {path} is damaged: {error}") from None
+    assert error is not None
+    raise error
 
 
 def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -584,7 +611,8 @@ def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     def read(where: Path) -> dict[str, torch.Tensor]:
         if where.is_dir():
             return _dcp.tensors(where, "model")
-        return dict(load_file(where)["model"])
+        state = load_file(where)  # a folder renamed away meanwhile fails here, and is retried
+        return dict(state["model"])
 
     return _on_newest(path, read)
 
@@ -597,9 +625,10 @@ def describe(path: str | os.PathLike) -> dict[str, Any]:
 def _describe(where: Path) -> dict[str, Any]:
     from . import _dcp
 
+    sharded = where.is_dir()  # decided once: a live run may rotate it away while we read
     state = load_file(where)
     partial = state.get("partial_epoch") or {}
-    if where.is_dir():
+    if sharded:
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
         meta = _dcp.verify(where).state_dict_metadata
@@ -609,7 +638,7 @@ def _describe(where: Path) -> dict[str, Any]:
     else:
         params = sum(t.numel() for t in state["model"].values())
         size = where.stat().st_size
-    return {"checkpoint": str(where), "format": "sharded" if where.is_dir() else "file",
+    return {"checkpoint": str(where), "format": "sharded" if sharded else "file",
             "world_size": state.get("world_size"), "epoch": state.get("epoch"), "global_step": state.get("global_step"),
             "batch_in_epoch": partial.get("batch_in_epoch", 0), "samples_in_epoch": partial.get("samples_in_epoch"),
             "parameters": params, "bytes": size, "optimizer": state.get("optimizer_class"),

@@ -8,9 +8,11 @@ filter (``shlex.quote``). Does not import torch.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
+import math
 import re
 import shlex
 from dataclasses import asdict, dataclass, field
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ._choices import PORT_BASE, PORT_SPAN
-from ._program import KINDS, Program, parse_program
+from ._program import KINDS, Program, ambiguous_for_torchrun, parse_program
 from ._version import __version__
 from .errors import ConfigError
 
@@ -205,9 +207,10 @@ class LaunchSpec:
             raise SpecError("--max-parallel", "only applies with --sweep (it limits how many array tasks run at once)")
         if self.max_parallel is not None and self.max_parallel < 1:
             raise SpecError("--max-parallel", f"{self.max_parallel} is less than 1")
-        if len(self.tasks) > 1000:
-            raise SpecError("--sweep", f"{len(self.tasks)} tasks: more than Slurm's default MaxArraySize (1001) "
-                                       f"allows; split the sweep")
+        count = math.prod(len(v) for v in self.sweep.values()) if self.sweep else 0  # before building any task
+        if count > 1000:
+            raise SpecError("--sweep", f"{count} tasks: more than Slurm's default MaxArraySize (1001) allows; split "
+                                       f"the sweep")
 
     def _check_program(self) -> None:
         if self.program_kind is not None and self.program_kind not in KINDS:
@@ -226,9 +229,19 @@ class LaunchSpec:
         if self.command:
             raise SpecError("--command", "only applies to --launcher custom")
         try:
-            self.parsed_program  # noqa: B018 - validates the words
+            program = self.parsed_program
         except ConfigError as exc:
             raise SpecError("PROGRAM", str(exc)) from None
+        if self.launcher == "torchrun":
+            words = list(program.argv[1:]) + [k if k.startswith("-") else f"--{k}" for k in self.sweep]
+            for word in words:
+                clash = ambiguous_for_torchrun(word)
+                if clash:
+                    raise SpecError("PROGRAM", f"{word.split('=')[0]!r} is an abbreviation torchrun cannot tell apart "
+                                               f"from its own options ({', '.join(clash[:4])}): torchrun reads every "
+                                               f"word of its command line and the job would stop at 'ambiguous "
+                                               f"option'. HINT: spell the program's option out in full, or use "
+                                               f"--launcher srun")
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -251,20 +264,29 @@ class LaunchSpec:
         """``--signal``, or ``B:USR2@120`` with ``--requeue``: 120 s before the limit, to the batch shell only."""
         return self.signal or ("B:USR2@120" if self.requeue else None)
 
-    @property
+    @functools.cached_property
     def tasks(self) -> list[dict[str, Any]]:
-        """The sweep's tasks, in array order: each one's extra arguments and its stable signature."""
+        """The sweep's tasks, in array order: each one's extra arguments and its stable signature (built once)."""
         if not self.sweep:
             return []
         keys = list(self.sweep)
+        setting = self._signature_basis()
         out = []
         for combo in itertools.product(*(self.sweep[k] for k in keys)):
             args: list[str] = []
             for key, value in zip(keys, combo, strict=True):
                 args += [key if key.startswith("-") else f"--{key}", value]
-            digest = hashlib.sha1(json.dumps([self.program, self.command, args]).encode()).hexdigest()[:12]
+            digest = hashlib.sha1(json.dumps([setting, args]).encode()).hexdigest()[:12]
             out.append({"args": args, "signature": digest, "values": dict(zip(keys, combo, strict=True))})
         return out
+
+    def _signature_basis(self) -> list[Any]:
+        """What a sweep task's result depends on besides its own arguments: the program, its environment and
+        interpreter, the resources it trains on. A rerun that changes any of it is a new task, not a finished one
+        (the code's contents are not part of it: the snapshot is taken per submission)."""
+        return [self.program, self.command, self.env, self.python, self.venv, self.setup_cmd, self.container,
+                self.image, self.bind, self.setup, self.launcher, self.nodes, self.procs, self.cpu, self.time,
+                self.mem, self.cpus_per_task, self.partition, self.constraint, self.chdir]
 
     @property
     def sweep_dir(self) -> str:

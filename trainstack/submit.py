@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ._files import UntrustedFileError, atomic_write, load_private_pickle, private_dir
-from ._snapshot import Snapshot, git_root, git_state, take
+from ._snapshot import Snapshot, SnapshotError, git_root, git_state, take
 from .errors import TrainstackError
 from .render import LaunchSpec, render, safe_name
 
@@ -44,11 +44,11 @@ class SubmittedJob:
     snapshot: Snapshot | None = None
 
 
-def write_script(path: Path, text: str) -> Path:
+def write_script(path: Path, text: str, mode: int = 0o755) -> Path:
     """Write atomically (temp + rename) and make it executable; a partial script never appears."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write(path, text, mode=0o755)
+    return atomic_write(path, text, mode=mode)
 
 
 def _sbatch() -> str:
@@ -83,52 +83,76 @@ def submit_spec(spec: LaunchSpec, wait: bool = False, templates_dir: str | None 
                 argv: list[str] | None = None) -> SubmittedJob:
     """Render ``spec`` and submit it held; create its job folder (the script, ``metadata.json`` and, with
     ``snapshot``, a copy of the code the job then runs from); release it unless ``hold``. A sweep submits only the
-    tasks no earlier submission finished."""
+    tasks no earlier submission finished. Everything that can fail is checked before anything is written, and the
+    job folder is staged in a private folder first: a failed submission leaves no file behind."""
+    exe = _sbatch()
+    text = render(spec, templates_dir, command_line)
     log_dir = Path(spec.log_dir).expanduser().resolve()
-    log_dir.mkdir(parents=True, exist_ok=True)  # Slurm cannot create it: a missing one kills the job without a log
     root = git_root(Path(spec.chdir or ".")) if snapshot else None
     if root is not None:
         spec = _program_in_snapshot(spec, root)
     skipped = finished_tasks(spec)
     tasks = [i for i in range(len(spec.tasks)) if i not in skipped]
-    name = safe_name(spec.job_name)
     if spec.tasks and not tasks:
         return SubmittedJob("", log_dir / "-", log_dir / "-", skipped=skipped)
-    script = write_script(log_dir / f".{name}-{os.getpid()}.sbatch", render(spec, templates_dir, command_line))
+    log_dir.mkdir(parents=True, exist_ok=True)  # Slurm cannot create it: a missing one kills the job without a log
+    staging = private_dir(log_dir, ".trainstack-submit-")  # becomes the job folder once Slurm named the job
+    try:
+        snap = take(Path(spec.chdir or "."), staging / "code", exclude=[log_dir]) if root is not None else None
+        script = write_script(staging / "job.sbatch", text, mode=0o700)  # --env values may be secrets
+        job = _sbatch_held(exe, spec, script, staging, log_dir, tasks, skipped)
+    except SnapshotError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise SubmitError(str(exc)) from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    job.snapshot = snap
+    try:
+        atomic_write(job.job_dir / "metadata.json", json.dumps(_metadata(spec, job, argv), indent=2, default=str),
+                     mode=0o600)
+        _remember(job, spec)
+    except BaseException:
+        subprocess.run(["scancel", job.job_id], capture_output=True, timeout=30)
+        raise
+    if not hold:
+        released = subprocess.run(["scontrol", "release", job.job_id], capture_output=True, text=True, timeout=60)
+        if released.returncode != 0:
+            raise SubmitError(f"job {job.job_id} was submitted held and could not be released: "
+                              f"{released.stderr.strip()}. HINT: scontrol release {job.job_id}")
+    if wait:
+        job.exit_code = wait_for(job, echo=echo, timeout=timeout)
+    return job
+
+
+def _sbatch_held(exe: str, spec: LaunchSpec, script: Path, staging: Path, log_dir: Path, tasks: list[int],
+                 skipped: list[int]) -> SubmittedJob:
+    """``sbatch --hold`` the staged script, then move the staging folder to the job folder Slurm's id names."""
     env = dict(os.environ)
     env.pop("TRAINSTACK_SNAPSHOT", None)
+    root = git_root(Path(spec.chdir or ".")) if (staging / "code").is_dir() else None
     if root is not None:  # the job runs from <job folder>/code/<this folder relative to the repository>
         env["TRAINSTACK_SNAPSHOT"] = os.path.relpath(Path(spec.chdir or ".").resolve(), root)
-    args = [_sbatch(), "--parsable", "--hold"]
+    args = [exe, "--parsable", "--hold"]
     if spec.tasks:
         args.append(f"--array={_ranges(tasks)}" + (f"%{spec.max_parallel}" if spec.max_parallel else ""))
     proc = subprocess.run([*args, str(script)], capture_output=True, text=True, timeout=120, env=env)
     if proc.returncode != 0:
-        script.unlink(missing_ok=True)
         raise SubmitError(f"sbatch rejected the script: {proc.stderr.strip() or proc.stdout.strip()}")
     job_id = proc.stdout.strip().split(";")[0]
-    job_dir = log_dir / f"{name}-{job_id}"
-    log_path = log_dir / (f"{spec.job_name}-{job_id}_{tasks[0]}.out" if spec.tasks else f"{spec.job_name}-{job_id}.out")
-    job = SubmittedJob(job_id, job_dir / "job.sbatch", log_path, job_dir, tasks=tasks if spec.tasks else [],
-                       skipped=skipped)
+    job_dir = log_dir / f"{safe_name(spec.job_name)}-{job_id}"
     try:
-        job_dir.mkdir(parents=True, exist_ok=True)
-        os.replace(script, job.script)
-        if root is not None:
-            job.snapshot = take(Path(spec.chdir or "."), job_dir / "code", exclude=[log_dir])
-        atomic_write(job_dir / "metadata.json", json.dumps(_metadata(spec, job, argv), indent=2, default=str))
-        _remember(job, spec)
-    except BaseException:
+        os.replace(staging, job_dir)
+        mask = os.umask(0)
+        os.umask(mask)
+        job_dir.chmod(0o777 & ~mask)  # as a plain mkdir would have made it (the staging folder was private)
+    except OSError as exc:
         subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
-        raise
-    if not hold:
-        released = subprocess.run(["scontrol", "release", job_id], capture_output=True, text=True, timeout=60)
-        if released.returncode != 0:
-            raise SubmitError(f"job {job_id} was submitted held and could not be released: "
-                              f"{released.stderr.strip()}. HINT: scontrol release {job_id}")
-    if wait:
-        job.exit_code = wait_for(job, echo=echo, timeout=timeout)
-    return job
+        raise SubmitError(f"job {job_id} was cancelled: its folder {job_dir} could not be created ({exc.strerror})"
+                          f".") from None
+    log_path = log_dir / (f"{spec.job_name}-{job_id}_{tasks[0]}.out" if spec.tasks else f"{spec.job_name}-{job_id}.out")
+    return SubmittedJob(job_id, job_dir / "job.sbatch", log_path, job_dir, tasks=tasks if spec.tasks else [],
+                        skipped=skipped)
 
 
 def _program_in_snapshot(spec: LaunchSpec, root: Path) -> LaunchSpec:

@@ -31,12 +31,12 @@ from torch.utils.data import DataLoader
 
 from . import _collectives as collectives
 from . import _watchdog as watchdog
-from ._runfolder import RunLock, choose_run_folder, refuse_to_overwrite
+from ._runfolder import RunFolderBusy, RunLock, auto_chosen, choose_run_folder, refuse_to_overwrite
 from ._tracker import Tracker
 from ._watchdog import heartbeat
 from .accelerator import Accelerator, seed_everything
 from .callbacks import CallbackManager, LRScheduler, OptimizeResult
-from .checkpoint import Checkpointer, Restored, restore_rng
+from .checkpoint import CheckpointError, Checkpointer, Restored, restore_rng
 from .config import TrainConfig
 from .data import (
     DictDataLoader,
@@ -133,6 +133,7 @@ class Trainer:
         self.tracker = Tracker(config, None, is_main=False)
         self._claimed = False  # set by fit() while the launching process holds the run folder's lock
         self._continues = False  # set by fit(): this fit() continues the run of an earlier one
+        self._run_identity: dict[str, Any] | None = None  # this experiment's, as its checkpoints record it
 
     # ------------------------------------------------------------------ gradient mode (qadence switches)
     @property
@@ -523,6 +524,7 @@ class Trainer:
         self._partial = None
         self._resume_samples, self._epoch_base = None, 0
         self._run_start, restored = self.current_epoch, None
+        self._run_identity = self._run_identity or self._identity()  # before any step changes the learning rate
         if cfg.resume is not None:  # before the banner, so it shows where training continues
             restored = self.checkpointer.restore(self._parts(), None if cfg.resume == "auto" else cfg.resume,
                                                  rank=acc.rank)
@@ -536,22 +538,69 @@ class Trainer:
         if self._continues and self.current_epoch and restored is None:
             self.console_print(f"trainstack: a second fit() continues the run in {self.run_folder} at epoch "
                                f"{self.current_epoch} for another max_iter={cfg.max_iter} epochs.")
+        if restored is not None and self.current_epoch >= self._last_epoch:
+            self.console_print(
+                f"trainstack: NOTHING TO TRAIN: the run in {self.run_folder} already finished epoch "
+                f"{self.current_epoch} of its max_iter={cfg.max_iter} (max_iter counts from the run's start, not "
+                f"from this resume; qadence trained another max_iter). HINT: raise max_iter to train longer, or "
+                f"start a new run (resume=None, or another log_folder).")
         self.tracker = Tracker(cfg, self.run_folder, acc.is_main_process, self.current_epoch, self._last_epoch,
                                self._per_epoch, keep_through=int(restored.counters["global_step"]) if restored else None,
                                clock=self._clock)
         self.tracker.start(self._banner_info())
 
     def _claim_folder(self) -> tuple[Path, RunLock]:
-        """Pick the run folder, refuse to overwrite another run's checkpoints, lock it, clear stale temp files."""
+        """Pick the run folder, refuse to overwrite another run's checkpoints, lock it, clear stale temp files.
+        ``resume="auto"`` choosing among earlier runs skips one another run claims at the same moment, and runs of
+        another experiment (other seed, optimizer settings, ...)."""
         cfg = self.config
-        folder = self.run_folder if self._continues and self.run_folder is not None else choose_run_folder(
-            cfg.root_folder, cfg.log_folder, cfg.create_subfolder_per_run, cfg.resume)
-        if not self._continues:
-            refuse_to_overwrite(folder, cfg.resume)
-        lock = RunLock(folder)
-        lock.acquire()
-        Checkpointer(folder).remove_stale_temp_files()
-        return folder, lock
+        racing = auto_chosen(cfg.log_folder, cfg.create_subfolder_per_run, cfg.resume) and not self._continues
+        busy: list[Path] = []
+        while True:
+            folder = self.run_folder if self._continues and self.run_folder is not None else choose_run_folder(
+                cfg.root_folder, cfg.log_folder, cfg.create_subfolder_per_run, cfg.resume,
+                accept=self._same_experiment if racing else None, skip=busy)
+            if not self._continues:
+                refuse_to_overwrite(folder, cfg.resume)
+            lock = RunLock(folder)
+            try:
+                lock.acquire()
+            except RunFolderBusy:
+                if not racing or len(busy) > 20:
+                    raise
+                busy.append(folder)  # claimed by another run since we looked: take the next one
+                continue
+            Checkpointer(folder).remove_stale_temp_files()
+            return folder, lock
+
+    def _identity(self) -> dict[str, Any]:
+        """What makes two runs the same experiment (stored in checkpoints): the settings that change what is
+        trained, and the optimizer's class and hyperparameters -- not the duration, cadence or layout."""
+        same = ("seed", "gradient_accumulation_steps", "grad_clip_norm", "mixed_precision", "strategy", "dtype",
+                "max_batches")
+        out: dict[str, Any] = {name: repr(getattr(self.config, name)) for name in same}
+        opt = self.optimizer
+        out["optimizer"] = type(opt).__name__
+        groups = getattr(opt, "param_groups", None) or []
+        out["hyperparameters"] = [repr({k: v for k, v in g.items() if k not in ("params", "initial_lr") and isinstance(
+            v, (int, float, str, bool, tuple, type(None)))}) for g in groups]
+        return out
+
+    def _same_experiment(self, folder: Path) -> bool:
+        """Whether ``folder``'s newest checkpoint was written by this experiment (one from before trainstack
+        recorded it is taken as the same)."""
+        try:
+            found = Checkpointer(folder, is_main=False).load()
+        except CheckpointError:
+            return False
+        theirs = found[0].get("identity") if found else None
+        mine = self._run_identity or self._identity()
+        if theirs is None or theirs == mine:
+            return True
+        differ = sorted(k for k in mine if theirs.get(k) != mine[k])
+        self.console_print(f"trainstack: resume='auto' passes over {folder}: another experiment ran there "
+                           f"({', '.join(differ)} differ).")
+        return False
 
     def _check_resume_fits(self) -> None:
         """Before spawning: the checkpoint to resume from must fit the model (a clear error here, not in a worker)."""
@@ -611,7 +660,7 @@ class Trainer:
         """The loop's own state in a checkpoint; the parts (model, optimizer, ...) save themselves."""
         return {"epoch": self.current_epoch, "global_step": self.global_step, "run_start_epoch": self._run_start,
                 "partial_epoch": self._partial or {"batch_in_epoch": 0}, "best_val_loss": self._best_val,
-                "saved_at": time.time()}
+                "saved_at": time.time(), "identity": self._run_identity}
 
     def _user_callbacks(self) -> list[Any]:
         return list(self.config.callbacks) + ([self.scheduler] if self.scheduler else [])
@@ -626,6 +675,7 @@ class Trainer:
         self.current_epoch, self.global_step = int(c["epoch"]), int(c["global_step"])
         self._run_start = int(c.get("run_start_epoch", 0))
         self._best_val = float(c.get("best_val_loss", math.inf))
+        self._run_identity = c.get("identity") or self._run_identity
         if hasattr(self._train_loader, "set_epoch"):
             self._train_loader.set_epoch(self.current_epoch)
         world, saved_world = self.accelerator.world_size, restored.world_size
@@ -685,7 +735,8 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict() if self.scheduler else None,
                 "callbacks": self.callbacks.state_dict(), "epoch": self.current_epoch,
                 "global_step": self.global_step, "run_folder": str(self.run_folder),
-                "metrics": {k: float(v) for k, v in self.metrics.items()}, "stop_reason": self.stop_reason}
+                "metrics": {k: float(v) for k, v in self.metrics.items()}, "stop_reason": self.stop_reason,
+                "identity": self._run_identity}
 
     def _absorb(self, result: dict[str, Any]) -> None:
         """Take rank 0's final state into the launching process's objects."""
@@ -703,6 +754,7 @@ class Trainer:
         self.current_epoch, self.global_step = result["epoch"], result["global_step"]
         self.run_folder = Path(result["run_folder"])
         self.metrics, self.stop_reason = result["metrics"], result["stop_reason"]
+        self._run_identity = result.get("identity")
 
     def __getstate__(self) -> dict[str, Any]:
         """What a spawned worker receives: configuration and state, not this process's run handles."""
@@ -746,7 +798,7 @@ class Trainer:
         per_proc = getattr(loader, "batch_size", None) or 1
         per_epoch = self._per_epoch
         steps = "unknown (the loader has no length)" if per_epoch is None else \
-            math.ceil(per_epoch / cfg.gradient_accumulation_steps) * (self._last_epoch - self.current_epoch)
+            math.ceil(per_epoch / cfg.gradient_accumulation_steps) * max(self._last_epoch - self.current_epoch, 0)
         info: dict[str, Any] = {
             "Num examples": _num_examples(loader), "Num epochs": self._last_epoch - self._run_start,
             "Batches per epoch": per_epoch if per_epoch is not None else "until the loader ends",

@@ -1,0 +1,138 @@
+"""Edges of the Slurm workflow the second reliability probe found, on the real local cluster: a job folder deleted
+while its job runs, task ids of plain jobs, another user's jobs, an unreadable file in a snapshot."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from test_workflow import JOB, SLEEPER, ts, wait_ended, wait_for_file
+
+pytestmark = [pytest.mark.slurm]
+REPO = Path(__file__).resolve().parents[2]
+SITE = next(Path(sys.executable).parents[1].glob("lib/python3*/site-packages"), None)
+
+
+@pytest.fixture
+def env(slurm_env, shared_tmp):
+    e = dict(slurm_env)
+    e["PATH"] = f"{Path(sys.executable).parent}:{e['PATH']}"
+    e["PYTHONPATH"] = str(REPO)
+    e["XDG_STATE_HOME"] = str(shared_tmp / "state")
+    e.pop("TRAINSTACK_SNAPSHOT", None)
+    return e
+
+
+DELETES_ITS_FOLDER = textwrap.dedent("""
+    import os, shutil, time
+    shutil.rmtree(os.environ["TRAINSTACK_JOB_DIR"])  # e.g. a user cleaning up logs/ while the job runs
+    print("training finished fine", flush=True)
+""")
+
+
+@pytest.mark.timeout(240)
+def test_a_job_whose_folder_is_deleted_while_it_runs_still_completes(env, shared_tmp):
+    program = shared_tmp / "deletes.py"
+    program.write_text(DELETES_ITS_FOLDER)
+    out = ts(env, "submit", "--cpu", "--time", "5", "--job-name", JOB, "--log-dir", str(shared_tmp / "logs"),
+             "--no-snapshot", "--", str(program), cwd=shared_tmp).stdout
+    job = out.split()[1]
+    rows = wait_ended(env, [job])[job]
+    assert rows[0]["state"] == "COMPLETED", rows
+    ranks = ts(env, "logs", job, "--rank", "0", check=False)
+    assert ranks.returncode == 1 and "folder" in ranks.stderr and "deleted" in ranks.stderr
+
+
+@pytest.mark.timeout(240)
+def test_a_task_id_of_a_plain_job_is_a_clear_error(env, shared_tmp):
+    out = ts(env, "submit", "--cpu", "--time", "5", "--job-name", JOB, "--log-dir", str(shared_tmp / "logs"),
+             "--no-snapshot", "--hold", "--", SLEEPER, "1", cwd=shared_tmp).stdout
+    job = out.split()[1]
+    try:
+        for command in ("status", "logs", "cancel"):
+            result = ts(env, command, f"{job}_0", check=False)
+            assert result.returncode == 1 and "not an array job" in result.stderr, (command, result.stderr)
+    finally:
+        ts(env, "cancel", job, check=False)
+
+
+def _as_nobody(env: dict, *args: str) -> subprocess.CompletedProcess:
+    """The trainstack CLI run by another local user (the system python with this checkout's packages: the CLI
+    needs no torch)."""
+    system = shutil.which("python3", path="/usr/bin")
+    if os.getuid() != 0 or shutil.which("runuser") is None or system is None or SITE is None:
+        pytest.skip("needs root, runuser and a system python3 to act as a second user")
+    version = subprocess.run([system, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                             text=True).stdout
+    if version.strip() != str(sys.version_info[:2]):
+        pytest.skip(f"the system python ({version.strip()}) cannot use this venv's packages")
+    user_env = {"PATH": env["PATH"], "SLURM_CONF": env["SLURM_CONF"], "PYTHONPATH": f"{SITE}:{REPO}",
+                "HOME": "/tmp", "XDG_STATE_HOME": "/tmp/nobody-state"}
+    return subprocess.run(["runuser", "-u", "nobody", "--", "env", *(f"{k}={v}" for k, v in user_env.items()),
+                           system, "-m", "trainstack", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.timeout(300)
+def test_cancel_and_debug_of_another_users_job_say_so(env, shared_tmp):
+    probe = shared_tmp / "probe"
+    probe.mkdir()
+    out = ts({**env, "PROBE_OUT": str(probe)}, "submit", "--cpu", "--time", "5", "--job-name", JOB, "--log-dir",
+             str(shared_tmp / "logs"), "--no-snapshot", "--", SLEEPER, "120", cwd=shared_tmp).stdout
+    job = out.split()[1]
+    try:
+        wait_for_file(probe / "ready")
+        for command in ("cancel", "debug"):
+            result = _as_nobody(env, command, job)
+            assert result.returncode == 1 and "not to you" in result.stderr, result.stderr
+            assert "Traceback" not in result.stderr
+        status = _as_nobody(env, "status", job)
+        assert status.returncode == 0 and "RUNNING" in status.stdout, status.stderr  # reading is fine
+        assert not list((shared_tmp / "logs").glob("*/cancelled"))
+    finally:
+        ts(env, "cancel", job, check=False)
+
+
+def test_an_unreadable_file_in_the_snapshot_is_named(env):
+    import tempfile
+
+    system = shutil.which("python3", path="/usr/bin")
+    if os.getuid() != 0 or shutil.which("runuser") is None or system is None:
+        pytest.skip("needs root and runuser to act as a second user")
+    shared_tmp = Path(tempfile.mkdtemp(prefix="trainstack-shared-", dir="/tmp"))
+    shared_tmp.chmod(0o777)
+    try:
+        _unreadable_in_snapshot(shared_tmp, system)
+    finally:
+        shutil.rmtree(shared_tmp, ignore_errors=True)
+
+
+def _unreadable_in_snapshot(shared_tmp: Path, system: str) -> None:
+    repo = shared_tmp / "repo"
+    repo.mkdir()
+    (repo / "train.py").write_text("print('hi')\n")
+    (repo / "secret.py").write_text("X = 1\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", f"safe.directory={repo}", "-C", str(repo)]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    subprocess.run(["chown", "-R", "nobody", str(repo)], check=True)
+    os.chown(repo / "secret.py", 0, 0)
+    (repo / "secret.py").chmod(0o600)  # nobody cannot read this tracked file
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(SITE)!r}, {str(REPO)!r}]
+        from pathlib import Path
+        from trainstack._snapshot import SnapshotError, take
+        try:
+            take(Path({str(repo)!r}), Path({str(shared_tmp / 'code')!r}), exclude=[])
+        except SnapshotError as exc:
+            print("SNAPSHOT-ERROR", exc)
+    """)
+    proc = subprocess.run(["runuser", "-u", "nobody", "--", "env", "HOME=/tmp", system, "-c", code],
+                          capture_output=True, text=True, timeout=60)
+    assert "SNAPSHOT-ERROR" in proc.stdout and "secret.py" in proc.stdout and "HINT" in proc.stdout, proc
