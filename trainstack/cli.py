@@ -148,6 +148,10 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
         return
     if job.skipped:
         click.echo(f"skipping {len(job.skipped)} task(s) that already finished: {job.skipped}", err=True)
+    if job.snapshot is not None and job.snapshot.skipped:
+        big = job.snapshot.skipped
+        click.echo(f"warning: {len(big)} file(s) over 50 MB are linked into the snapshot, not copied (edits to them "
+                   f"reach the job): {', '.join(big[:5])}{' ...' if len(big) > 5 else ''}", err=True)
     held = " (held: scontrol release " + job.job_id + ")" if hold else ""
     click.echo(f"job {job.job_id}{held} folder {job.job_dir} log {job.log_path}")
     if wait:
