@@ -96,6 +96,17 @@ CLI_CASES = [
     (["submit", "--sweep", "lr", "--dry-run", "--", "t.py"], 2, "not KEY=V1,V2"),
     (["status", "x1"], 1, "is not a Slurm job id"), (["logs", "12.5"], 1, "is not a Slurm job id"),
     (["cancel", "1_x"], 1, "is not a Slurm job id"), (["logs", "12", "--rank", "x"], 2, "'x' is not a valid integer"),
+    # the second probe and the new user's walk-through (issues 21, 22)
+    (["status", "0"], 1, "0 is not a job"), (["cancel", "0"], 1, "0 is not a job"), (["debug", "0_1"], 1, "not a"),
+    (G + ["--sweep", "a=" + ",".join(map(str, range(100))), "--sweep", "b=" + ",".join(map(str, range(100))),
+          "--sweep", "c=" + ",".join(map(str, range(100))), "--", "t.py"], 2, "1000000 tasks"),
+    (G + ["--launcher", "torchrun", "--", "t.py", "--v", "1"], 2, "abbreviation torchrun cannot tell apart"),
+    (G + ["--launcher", "torchrun", "--sweep", "max=1,2", "--", "t.py"], 2, "'--max' is an abbreviation"),
+    (G + ["--setup", "multi-gpu", "--launcher", "torchrun", "--cpus-per-task", "1", "--", "t.py"], 2,
+     "1 CPU(s) for the 2 processes"),
+    (G + ["--signal", "B:USR2@300", "--time", "5", "--", "t.py"], 2, "300 s before a time limit of 300 s"),
+    (G + ["--setup", "multi-gpu", "t.py", "--gpus-per-node", "4"], 2, "--gpus-per-node come(s) after the program"),
+    (G + ["--container", "pyxis", "--image", "i", "--log-dir", "/a,b", "--", "t.py"], 2, "pyxis mounts it"),
 ]
 
 

@@ -119,3 +119,48 @@ def test_generate_does_not_import_torch():
             "    except SystemExit: pass\n"
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_the_readme_import_gives_the_functions_even_after_the_modules_were_imported():
+    code = ("import trainstack.render, trainstack.submit\n"
+            "from trainstack import LaunchSpec, render, submit\n"
+            "assert callable(render) and callable(submit), (render, submit)\n"
+            "print(render(LaunchSpec(program=['t.py']))[:11])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith("#!/bin/bash"), proc.stderr
+
+
+def test_trainstack_options_after_the_program_are_refused_unless_separated(runner):
+    result = runner.invoke(main, ["generate", "--setup", "multi-gpu", "train.py", "--gpus-per-node", "4", "--time",
+                                  "02:00:00"])
+    assert result.exit_code == 2 and "--gpus-per-node, --time come(s) after the program 'train.py'" in result.output
+    ok = runner.invoke(main, ["generate", "--setup", "multi-gpu", "--", "train.py", "--time", "5"])
+    assert ok.exit_code == 0 and "train.py --time 5" in ok.output  # with --, the program takes them itself
+    plain = runner.invoke(main, ["generate", "train.py", "--epochs", "3"])  # its own options: fine
+    assert plain.exit_code == 0
+
+
+def test_cpus_per_task_has_a_default_per_task_and_threads_follow_the_launcher(runner):
+    def threads(*args):
+        out = _gen(runner, *args, "--", "t.py").output
+        cpus = next(line for line in out.splitlines() if line.startswith("#SBATCH --cpus-per-task="))
+        omp = next(line for line in out.splitlines() if line.startswith("export OMP_NUM_THREADS="))
+        return int(cpus.split("=")[1]), int(omp.split("=")[1])
+
+    base = ["--setup", "multi-node", "--nodes", "2", "--gpus-per-node", "4"]
+    assert threads(*base, "--cpus-per-task", "8") == (8, 8)  # srun: a task is one process
+    assert threads(*base, "--launcher", "torchrun", "--cpus-per-task", "32") == (32, 8)  # torchrun: 4 per task
+    assert threads(*base) == (4, 4) and threads(*base, "--launcher", "torchrun") == (16, 4)  # 4 per GPU process
+    assert threads("--cpu", "--setup", "multi-gpu", "--procs-per-node", "3", "--launcher", "spawn") == (3, 1)
+    bad = runner.invoke(main, ["generate", *base, "--launcher", "torchrun", "--cpus-per-task", "2", "--", "t.py"])
+    assert bad.exit_code == 2 and "2 CPU(s) for the 4 processes each task runs" in bad.output
+    assert "CPUs of one Slurm task" in runner.invoke(main, ["generate", "--help"]).output
+
+
+def test_status_without_slurm_says_so_and_fails(runner, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    result = runner.invoke(main, ["status"])
+    assert result.exit_code == 1 and "Slurm is not available here" in result.output
+    one = runner.invoke(main, ["status", "123"])
+    assert one.exit_code == 1 and "Slurm is not available here" in one.output and "Traceback" not in one.output

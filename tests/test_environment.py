@@ -112,3 +112,21 @@ def test_bad_variables_are_named(environ, needle):
     with pytest.raises(LaunchError) as exc:
         detect_environment(environ)
     assert needle in str(exc.value)
+
+
+def test_the_job_scripts_process_count_wins_over_the_programs_nprocs(caplog):
+    """`--launcher spawn` runs one task per node; the program's own nprocs default (1, or the demo's 2) must not
+    leave the allocation's GPUs idle: TRAINSTACK_NPROCS from the generated script decides, with a warning."""
+    from trainstack._layout import plan_processes
+    from trainstack.environment import detect_environment
+
+    env = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2",
+           "SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_STEP_NODELIST": "n[1-2]",
+           "SLURM_TASKS_PER_NODE": "1(x2)", "TRAINSTACK_NPROCS": "8"}
+    for nprocs in (1, 2, 8):
+        plan = plan_processes(detect_environment(env), nprocs)
+        assert (plan.world_size, plan.nprocs_local, plan.rank_offset) == (8, 4, 4)
+    srun = {**env, "SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_PROCID": "3", "SLURM_LOCALID": "1",
+            "TRAINSTACK_NPROCS": "4"}
+    plan = plan_processes(detect_environment(srun), 2)  # the demo's default under --launcher srun
+    assert (plan.world_size, plan.spawn, plan.rank_offset) == (4, False, 3)

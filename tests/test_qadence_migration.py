@@ -226,3 +226,71 @@ def test_an_overridden_qadence_hook_is_refused_not_silently_skipped(tmp_path):
 def test_the_unused_batch_size_field_is_accepted_with_a_warning():
     with pytest.warns(UserWarning, match="batch_size=32 is not used"):
         TrainConfig(batch_size=32)
+
+
+def test_load_checkpoint_of_the_untouched_log_folder_finds_the_run(tmp_path, monkeypatch, capsys):
+    """qadence code loads from trainer.config.log_folder, which qadence rewrote to the run folder; trainstack keeps
+    the config as set (./), so ./ without checkpoints means the newest run under ./qml_logs, said out loud."""
+    from trainstack import load_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    x, y = _xy()
+    model = _model()
+    cfg = TrainConfig(max_iter=2, verbose=False, compute_setup="cpu")
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg)
+    trainer.fit(DataLoader(TensorDataset(x, y), batch_size=8))
+    assert str(trainer.config.log_folder) == "." and trainer.run_folder.parent.name == "qml_logs"
+    fresh = _model(seed=5)
+    _, _, epoch = load_checkpoint(trainer.config.log_folder, fresh, None)
+    assert epoch == 2 and str(trainer.run_folder) in capsys.readouterr().out
+    for k, v in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[k], v)
+
+
+def test_a_second_trainer_on_the_same_config_says_it_starts_a_new_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    x, y = _xy()
+    cfg = TrainConfig(max_iter=1, compute_setup="cpu", checkpoint_every=1)
+    first = Trainer(_model(), torch.optim.SGD(_model().parameters(), lr=0.1), cfg)
+    first.fit(DataLoader(TensorDataset(x, y), batch_size=8))
+    capsys.readouterr()
+    second = Trainer(_model(), torch.optim.SGD(_model().parameters(), lr=0.1), cfg)
+    second.fit(DataLoader(TensorDataset(x, y), batch_size=8))
+    out = capsys.readouterr().out
+    assert "this TrainConfig already trained a run in" in out and str(first.run_folder) in out
+    assert "resume='auto'" in out and second.run_folder != first.run_folder
+
+
+def test_checkpoint_callbacks_called_directly_outside_fit(tmp_path):
+    """qadence's own tests call SaveCheckpoint/LoadCheckpoint/SaveBestCheckpoint by hand."""
+    from trainstack.callbacks import LoadCheckpoint, SaveBestCheckpoint, SaveCheckpoint
+    from trainstack.checkpoint import Checkpointer
+
+    model = _model()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _cfg(tmp_path))
+    SaveCheckpoint().run_callback(trainer, trainer.config, trainer.writer)
+    assert Checkpointer(tmp_path / "run").latest() is not None
+    trainer.opt_result.loss = torch.tensor(0.5)  # qadence's SaveBestCheckpoint reads the result's loss
+    best = SaveBestCheckpoint()
+    best.run_callback(trainer, trainer.config, trainer.writer)
+    assert (tmp_path / "run" / "checkpoints" / "best.pt").is_file() and best.best_val_loss == 0.5
+    other = _model(seed=3)
+    loader = Trainer(other, torch.optim.SGD(other.parameters(), lr=0.1), _cfg(tmp_path))
+    LoadCheckpoint().run_callback(loader, loader.config, loader.writer)
+    for k, v in model.state_dict().items():
+        assert torch.equal(other.state_dict()[k], v)
+
+
+def test_a_loader_without_length_is_named_at_the_start(tmp_path, capsys):
+    """A user's never-ending IterableDataset (not trainstack's own marked one) would run epoch 1 forever: the
+    warning comes before the first batch, with the fix; max_batches bounds it (no warning then)."""
+    model = _model()
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _cfg(tmp_path, max_iter=1, verbose=True)).fit(
+        DataLoader(_Stream(), batch_size=8))
+    out = capsys.readouterr().out
+    assert "the training loader has no length" in out and "max_batches" in out
+    assert out.index("no length") < out.index("Running training")
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _cfg(tmp_path, name="b", max_iter=1, verbose=True,
+                                                                        max_batches=2)).fit(
+        DataLoader(_Stream(), batch_size=8))
+    assert "no length" not in capsys.readouterr().out

@@ -259,3 +259,43 @@ def test_program_arguments_torchrun_would_read_as_its_own_are_refused(word):
         LaunchSpec(program=["train.py"], launcher="torchrun", sweep={word.lstrip("-").split("=")[0]: ["1"]})
     LaunchSpec(program=["train.py", word, "1"], launcher="srun")  # srun passes them through untouched
     LaunchSpec(program=["train.py", "--lr", "1", "--max-restarts", "2"], launcher="torchrun")
+
+
+def test_a_signal_without_requeue_gets_the_graceful_stop_trap_not_bash_default_death():
+    out = render(LaunchSpec(program=["t.py"], signal="B:USR2@300", time="02:00:00"))
+    assert "#SBATCH --signal=B:USR2@300" in out and "trap 'request_stop timeout SIGUSR2' USR2" in out
+    assert "scontrol requeue" not in out and "not requeued (no --requeue)" in out
+    assert "#SBATCH --requeue" not in out
+
+
+def test_the_default_warning_margin_fits_a_short_time_limit_and_a_too_late_signal_is_refused():
+    assert "#SBATCH --signal=B:USR2@15" in render(LaunchSpec(program=["t.py"], requeue=True, time="1"))
+    assert "#SBATCH --signal=B:USR2@120" in render(LaunchSpec(program=["t.py"], requeue=True, time="02:00:00"))
+    with pytest.raises(SpecError, match="300 s before a time limit of 60 s"):
+        LaunchSpec(program=["t.py"], signal="B:USR2@300", time="1")
+
+
+def test_torchrun_requeue_scripts_ask_the_image_whether_torchrun_handles_signals():
+    out = render(LaunchSpec(program=["t.py"], launcher="torchrun", setup="multi-gpu", requeue=True))
+    assert '"${TORCHRUN_SIGNALS[@]}"' in out and "torchrun-signals True" in out
+    assert "--signals-to-handle=SIGTERM" in out.split("TORCHRUN_SIGNALS=()", 1)[1]  # only set when supported
+    plain = render(LaunchSpec(program=["t.py"], launcher="torchrun", setup="multi-gpu"))
+    assert "signals-to-handle" not in plain
+
+
+def test_pyxis_mounts_what_the_job_needs_and_reads_the_versions_inside_the_image():
+    spec = LaunchSpec(program=["t.py"], container="pyxis", image="nvcr.io#nvidia/pytorch:25.08-py3",
+                      log_dir="/scratch/logs", chdir="/home/u/proj", venv="/home/u/venv", bind=["/data:/data"])
+    out = render(spec)
+    mounts = "--container-mounts=/scratch/logs:/scratch/logs,/home/u/proj:/home/u/proj,/home/u/venv:/home/u/venv," \
+             "/data:/data"
+    assert out.count(mounts) == 2 and out.count("--container-workdir=/home/u/proj") == 2
+    probe = next(line for line in out.splitlines() if line.startswith("VERSIONS="))
+    assert "srun --nodes=1 --ntasks=1 --container-image=" in probe  # inside the image, not on the host
+    with pytest.raises(SpecError, match="pyxis mounts it"):
+        LaunchSpec(program=["t.py"], container="pyxis", image="x", log_dir="/a,b")
+
+
+def test_the_job_script_gives_the_program_its_world():
+    out = render(LaunchSpec(program=["t.py"], setup="multi-node", nodes=2, gpus_per_node=4, launcher="spawn"))
+    assert "export TRAINSTACK_NPROCS=8" in out

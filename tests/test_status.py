@@ -58,7 +58,7 @@ def test_a_job_slurm_forgot_is_answered_from_the_submission_record(tmp_path, mon
     assert len(rows) == 1 and rows[0].state == "COMPLETED" and rows[0].source == "folder"
     result = CliRunner().invoke(main, ["status", "987650"])
     assert result.exit_code == 0 and "COMPLETED" in result.output
-    with pytest.raises(JobError, match="987651 is unknown.*scontrol not found"):
+    with pytest.raises(JobError, match="987651: Slurm is not available here .scontrol not found on PATH."):
         job_status("987651")
 
 

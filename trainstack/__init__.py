@@ -16,13 +16,18 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__  # a plain constant: importlib.metadata costs ~0.1 s at CLI start-up
 
+# `render` and `submit` are both modules and the functions in them: bound eagerly (both are torch-free and cheap),
+# so `from trainstack import render` gives the function even after `import trainstack.render` ran (a lazy name
+# would lose to the submodule the import system sets on the package).
+from .render import LaunchSpec, render  # noqa: E402
+from .submit import submit  # noqa: E402
+
 __all__ = ["Accelerator", "Trainer", "TrainConfig", "Callback", "optimize_step", "seed_everything", "LaunchSpec",
            "render", "submit", "__version__"]
 
 _LAZY = {
     "Accelerator": "accelerator", "seed_everything": "accelerator", "Trainer": "trainer",
     "TrainConfig": "config", "Callback": "callbacks", "optimize_step": "steps",
-    "LaunchSpec": "render", "render": "render", "submit": "submit",
     # qadence.ml_tools names (importable, not advertised) and the errors' old home
     "DictDataLoader": "data", "to_dataloader": "data", "InfiniteTensorDataset": "data",
     "OptimizeResult": "callbacks", "load_checkpoint": "checkpoint", "write_checkpoint": "checkpoint",
@@ -33,9 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .accelerator import Accelerator, seed_everything
     from .callbacks import Callback
     from .config import TrainConfig
-    from .render import LaunchSpec, render
     from .steps import optimize_step
-    from .submit import submit
     from .trainer import Trainer
 
 

@@ -21,6 +21,7 @@ Design choices:
 
 from __future__ import annotations
 
+import ast
 import datetime
 import logging
 import multiprocessing
@@ -66,6 +67,62 @@ _MAIN_GUARD = ("start the run under a main guard, so that the worker processes (
                "    def train(model, loader, accelerator):\n        ...\n\n"
                "    if __name__ == \"__main__\":\n"
                "        accelerator.distribute(train)(model, loader, accelerator)\n")
+_MAIN_GUARD_TRAINER = ("start training under a main guard, so that the worker processes (which re-import your "
+                       "script) do not start it again:\n\n"
+                       "    if __name__ == \"__main__\":\n"
+                       "        Trainer(model, optimizer, config, loss_fn=...).fit(train_loader)\n")
+
+
+def _guard_hint(fn: Callable) -> str:
+    return _MAIN_GUARD_TRAINER if getattr(fn, "__module__", "").startswith("trainstack") else _MAIN_GUARD
+
+
+def _main_script() -> str | None:
+    """The script ``python`` runs, when there is one on disk (not a notebook, ``python -c`` or ``python -``)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return path if path and os.path.isfile(path) else None
+
+
+def check_main_guard(fn: Callable) -> None:
+    """Refuse, before any worker starts, a launch made from the top level of the main script outside
+    ``if __name__ == "__main__":`` -- every worker would re-import the script and start the run again. One short
+    error in the launching process, with the fix for the API used."""
+    path = _main_script()
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") ==
+                                     "__main__"):
+        frame = frame.f_back
+    if path is None or frame is None or not os.path.samefile(frame.f_code.co_filename, path):
+        return
+    line = frame.f_lineno
+    if any(start <= line <= end for start, end in _main_guarded_lines(path)):
+        return
+    raise LaunchError(f"{os.path.basename(path)}:{line} starts the distributed run at the top level of the script, "
+                      f"outside `if __name__ == \"__main__\":`; every worker process re-imports the script and would "
+                      f"start it again. HINT: " + _guard_hint(fn))
+
+
+def _main_guarded_lines(path: str) -> list[tuple[int, int]]:
+    """Line ranges of the script's ``if __name__ == "__main__":`` blocks."""
+    try:
+        tree = ast.parse(open(path, encoding="utf-8").read(), filename=path)
+    except (OSError, SyntaxError, ValueError):
+        return [(0, sys.maxsize)]  # cannot tell: let the launch go on
+    spans = []
+    for node in tree.body:
+        if isinstance(node, ast.If) and _is_main_test(node.test):
+            spans.append((node.lineno, node.end_lineno or node.lineno))
+    return spans
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s.id for s in sides if isinstance(s, ast.Name)]
+    values = [s.value for s in sides if isinstance(s, ast.Constant)]
+    return names == ["__name__"] and values == ["__main__"]
 
 
 def _timeout() -> datetime.timedelta:
@@ -380,9 +437,7 @@ def _start_method() -> str:
             raise LaunchError(f"TRAINSTACK_START_METHOD={forced!r} is not one of {', '.join(_START_METHODS)}. "
                               f"HINT: unset it to let trainstack choose (spawn for scripts, fork in notebooks).")
         return forced
-    main = sys.modules.get("__main__")
-    interactive = main is None or not hasattr(main, "__file__")
-    if not interactive:
+    if _main_script() is not None:  # a script on disk: new processes can re-import it
         return "forkserver" if _preload.enabled() else "spawn"
     if torch.cuda.is_initialized():
         raise LaunchError(
@@ -433,6 +488,7 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
     ``keep_open``: file descriptors every worker holds a duplicate of until it exits (e.g. a lock's).
     """
     check_not_bootstrapping()
+    check_main_guard(fn)
     method = _start_method()
     payload = _serialise(fn, args, kwargs, method)
     store = _host_store(plan)

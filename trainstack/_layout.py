@@ -87,12 +87,20 @@ def plan_processes(env: ClusterEnvironment, nprocs: int) -> ProcessPlan:
     * slurm, one task per process (``srun`` with ``--ntasks-per-node=G``): ``nprocs`` is 1 or ``SLURM_NTASKS``.
     * slurm, one task per node that spawns its share (``srun python train.py --nprocs N`` with
       ``--ntasks=<nodes>``): ``nprocs`` must be a multiple of the task count; global rank = task * k + i.
+    * a job script trainstack generated says how many processes the job was allocated (``TRAINSTACK_NPROCS``):
+      that count wins over the program's ``nprocs`` (with a warning when they differ), so a program's default can
+      never leave GPUs of the allocation idle.
     """
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise LaunchError(f"nprocs={nprocs!r} must be a positive integer (the total number of processes).")
     if env.name == "local":
         return ProcessPlan(env, nprocs, nprocs, 0, 0, nprocs, spawn=nprocs > 1, hosts_store=nprocs > 1)
     world = env.world_size
+    if env.name == "slurm" and env.allocated and nprocs != env.allocated:
+        if nprocs != 1 and env.rank == 0:
+            log.warning("nprocs=%d ignored: this job was allocated %d processes (TRAINSTACK_NPROCS, set by the job "
+                        "script).", nprocs, env.allocated)
+        nprocs = env.allocated
     if env.name == "torchrun" or nprocs in (1, world):
         if nprocs not in (1, world) and env.rank == 0:  # once, not once per process
             log.warning("nprocs=%d ignored: %s started %d processes.", nprocs, env.name, world)

@@ -193,7 +193,7 @@ def job_status(job_id: str) -> list[TaskStatus]:
     try:
         infos = job_infos(job_id)
     except JobError as exc:  # no scontrol here, or no controller: the job folder may still know
-        infos, slurm_problem = [], f" ({exc})"
+        infos, slurm_problem = [], f" ({str(exc).splitlines()[0].split('. HINT')[0]})"
     if task:
         if infos and all(i.array_job_id is None for i in infos):
             raise JobError(f"job {base} is not an array job, so it has no task {task}. HINT: trainstack status "
@@ -215,10 +215,24 @@ def job_status(job_id: str) -> list[TaskStatus]:
         return rows
     if record is not None:
         return _from_folder(base, record, task or None)
-    raise JobError(f"job {job_id} is unknown: Slurm does not know it{slurm_problem} (not queued, running or "
-                   f"recently ended), "
+    if slurm_problem:
+        raise JobError(f"job {job_id}: Slurm is not available here{slurm_problem}, and no job folder records it. "
+                       f"HINT: run trainstack on the cluster's login node.")
+    raise JobError(f"job {job_id} is unknown: Slurm does not know it (not queued, running or recently ended), "
                    f"accounting does not answer, and no job folder records it. HINT: `trainstack status` lists "
                    f"the jobs you submitted with trainstack.")
+
+
+def slurm_problem() -> str | None:
+    """Why Slurm cannot be asked here (no client commands, no controller), or None when it answers."""
+    if shutil.which("squeue") is None or shutil.which("scontrol") is None:
+        return "no squeue/scontrol on PATH"
+    proc = subprocess.run(["squeue", "-h", "-u", getpass.getuser(), "-o", "%A"], capture_output=True, text=True,
+                          timeout=30)
+    if proc.returncode != 0:
+        lines = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
+        return f"squeue failed: {lines[-1].strip() if lines else proc.returncode}"
+    return None
 
 
 def my_jobs(limit: int = 20) -> list[TaskStatus]:
@@ -227,7 +241,7 @@ def my_jobs(limit: int = 20) -> list[TaskStatus]:
     if shutil.which("squeue") is not None:
         proc = subprocess.run(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%A"], capture_output=True,
                               text=True, timeout=30)
-        for base in dict.fromkeys(proc.stdout.split()):
+        for base in dict.fromkeys(proc.stdout.split() if proc.returncode == 0 else []):
             if base.isdigit():
                 live[base] = []
     for record in index_records()[-limit:]:

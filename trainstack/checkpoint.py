@@ -658,12 +658,33 @@ def write_checkpoint(folder: str | os.PathLike, model: torch.nn.Module, optimize
     return Checkpointer(folder).write(state, name)
 
 
+def _qadence_run_folder(folder: Path) -> Path:
+    """``./`` (a config's untouched ``log_folder``) without checkpoints: the newest run under ``./qml_logs``."""
+    if folder.resolve() != Path.cwd().resolve() or Checkpointer(folder).checkpoints():
+        return folder
+    root = folder / "qml_logs"
+    runs = [p for p in root.iterdir() if p.is_dir() and Checkpointer(p).checkpoints()] if root.is_dir() else []
+    if not runs:
+        return folder
+    newest = max(runs, key=lambda p: p.stat().st_mtime)
+    log.warning("load_checkpoint(%r): no checkpoints there; using the newest run's, %s (trainstack keeps "
+                "config.log_folder as you set it: trainer.run_folder names the run's folder).", str(folder), newest)
+    print(f"trainstack: load_checkpoint('{folder}'): no checkpoints there; loading the newest run's, {newest} "
+          f"(pass trainer.run_folder to be explicit).", flush=True)
+    return newest
+
+
 def load_checkpoint(folder: str | os.PathLike, model: torch.nn.Module, optimizer: Any = None,
                     model_ckpt_name: str | os.PathLike = "", opt_ckpt_name: str | os.PathLike = "",
                     device: str | torch.device = "cpu") -> tuple[torch.nn.Module, Any, int]:
     """qadence's helper: load the newest checkpoint of ``folder`` (or ``model_ckpt_name``; the optimizer from
     ``opt_ckpt_name`` when given) into ``model``/``optimizer``; returns ``(model, optimizer, epoch)``, epoch 0 when
-    the folder holds none. ``device`` is where the model ends up."""
+    the folder holds none. ``device`` is where the model ends up.
+
+    qadence code often passes ``trainer.config.log_folder``, which qadence rewrote to the run's folder and
+    trainstack never modifies (it stays ``./``): given ``./`` without checkpoints, the newest run under the default
+    ``./qml_logs`` is used, with a warning naming it (``trainer.run_folder`` is the folder of a run)."""
+    folder = _qadence_run_folder(Path(folder)) if not model_ckpt_name else Path(folder)
     checkpointer = Checkpointer(folder)
 
     def resolve(name: str | os.PathLike) -> Path:

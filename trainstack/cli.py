@@ -33,6 +33,26 @@ EPILOG = EXAMPLES + "\n" + FORMS
 PROGRAM_FIRST = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
 
 
+class ProgramCommand(click.Command):
+    """A command whose trailing words are a program: records whether ``--`` separated them, and refuses
+    trainstack options written after a program without it (they would silently go to the program)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["dashdash"] = "--" in args
+        rest = super().parse_args(ctx, args)
+        program = list(ctx.params.get("program") or ())
+        if not ctx.meta["dashdash"] and len(program) > 1:
+            ours = {opt for param in self.params for opt in param.opts if opt.startswith("--")}
+            mixed = [w.split("=")[0] for w in program[1:] if w.split("=")[0] in ours]
+            if mixed:
+                raise click.UsageError(
+                    f"{', '.join(dict.fromkeys(mixed))} come(s) after the program {program[0]!r}, so it would be "
+                    f"passed to the program, not to trainstack. HINT: put trainstack's options before the program, "
+                    f"or separate them with -- if the program takes these options itself "
+                    f"(trainstack ... -- {shlex.join(program)}).", ctx=ctx)
+        return rest
+
+
 def _spec_options(fn: Any) -> Any:
     """The options shared by `generate` and `submit` (they map 1:1 onto LaunchSpec fields)."""
     options = [
@@ -45,21 +65,35 @@ def _spec_options(fn: Any) -> Any:
         click.option("--gpus-per-node", type=int, default=None, help="GPU setups: processes per node."),
         click.option("--cpu", is_flag=True, help="CPU-only nodes (gloo, no GPU requests)."),
         click.option("--procs-per-node", type=int, default=None, help="With --cpu: processes per node."),
-        click.option("--cpus-per-task", type=int, default=None),
+        click.option("--cpus-per-task", type=int, default=None,
+                     help="CPUs of one Slurm task (Slurm's meaning). --launcher srun runs one task per process; "
+                          "torchrun/spawn/custom one task per node holding all its processes. Default: 4 per GPU "
+                          "process (1 per CPU process) times the processes in a task. OMP_NUM_THREADS is this "
+                          "divided by the processes in a task."),
         click.option("--mem", default=None, help="e.g. 64G; 0 = all memory of the node."),
         click.option("--time", default="01:00:00", show_default=True),
-        click.option("--partition", default=None), click.option("--account", default=None),
-        click.option("--qos", default=None), click.option("--constraint", default=None),
+        click.option("--partition", default=None, help="Slurm partition (queue)."),
+        click.option("--account", default=None, help="Slurm account to charge."),
+        click.option("--qos", default=None, help="Slurm quality of service."),
+        click.option("--constraint", default=None, help="Slurm node features, e.g. a100."),
         click.option("--job-name", default="trainstack", show_default=True),
         click.option("--log-dir", default="logs", show_default=True),
         click.option("--exclusive", is_flag=True),
-        click.option("--requeue/--no-requeue", default=False, help="Requeue on preemption/time limit."),
-        click.option("--signal", default=None, help="e.g. B:USR1@90 (sent before the time limit)."),
+        click.option("--requeue/--no-requeue", default=False,
+                     help="Checkpoint and requeue on preemption and before the time limit (with --signal, or "
+                          "B:USR2 120 s before it); crashes are requeued at most --max-requeues times."),
+        click.option("--signal", default=None,
+                     help="e.g. B:USR2@300: the batch shell is told 300 s before the time limit and asks the "
+                          "trainer for a graceful checkpoint-and-stop (requeued only with --requeue)."),
         click.option("--max-requeues", type=int, default=3, show_default=True),
         click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Repeatable."),
-        click.option("--nccl-ifname", default=None), click.option("--nccl-debug", default=None),
+        click.option("--nccl-ifname", default=None, help="NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME, e.g. ib0 or ^docker,lo."),
+        click.option("--nccl-debug", default=None, help="NCCL_DEBUG level (INFO): per-process logs in the log folder."),
         click.option("--container", type=click.Choice(CONTAINERS), default="none", show_default=True),
-        click.option("--image", default=None), click.option("--bind", multiple=True, help="Repeatable."),
+        click.option("--image", default=None, help="With --container: the .sif file (apptainer) or image reference "
+                                                   "(pyxis, e.g. nvcr.io#nvidia/pytorch:25.08-py3)."),
+        click.option("--bind", multiple=True, help="With --container: an extra SRC[:DST] mount (repeatable); the "
+                                                  "log folder, working folder and venv are mounted for you."),
         click.option("--venv", default=None, help="Virtual environment to activate on the nodes."),
         click.option("--setup-cmd", multiple=True, help="Shell line run before launching (repeatable)."),
         click.option("--command", default=None, help="--launcher custom: {num_processes} {num_machines} "
@@ -88,7 +122,7 @@ def main() -> None:
     """Render, lint-clean and submit Slurm/torchrun scripts for trainstack programs."""
 
 
-@main.command(epilog=EPILOG, context_settings=PROGRAM_FIRST)
+@main.command(cls=ProgramCommand, epilog=EPILOG, context_settings=PROGRAM_FIRST)
 @_spec_options
 @click.option("--explain", is_flag=True, help="Annotate why each line is there.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here instead of stdout.")
@@ -114,7 +148,7 @@ def generate(ctx: click.Context, output: str | None, force: bool, dry_run: bool,
                        f"(mkdir -p {log_dir}), or use -o FILE or `trainstack submit`, which create it.", err=True)
 
 
-@main.command(epilog=EPILOG, context_settings=PROGRAM_FIRST)
+@main.command(cls=ProgramCommand, epilog=EPILOG, context_settings=PROGRAM_FIRST)
 @_spec_options
 @click.option("--wait", is_flag=True, help="Follow the log and exit with the job's exit code.")
 @click.option("--snapshot/--no-snapshot", default=True, show_default=True,
@@ -193,7 +227,7 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int) -> None:
     import json
 
     from ._jobs import JobError
-    from ._status import format_table, job_status, my_jobs
+    from ._status import format_table, job_status, my_jobs, slurm_problem
 
     try:
         rows = [row for job_id in job_ids for row in job_status(job_id)] if job_ids else my_jobs(limit)
@@ -204,7 +238,13 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int) -> None:
                                 "folder": str(r.folder) if r.folder else None} for r in rows], indent=2))
     elif rows:
         click.echo(format_table(rows))
-    else:
+    problem = None if job_ids else slurm_problem()
+    if problem:
+        click.echo(f"trainstack: Slurm is not available here ({problem}): no cluster was asked"
+                   + ("; the states above come from the job folders." if rows else ".")
+                   + " HINT: run trainstack on the cluster's login node.", err=True)
+        sys.exit(1)
+    if not rows and not as_json:
         click.echo("no jobs: nothing queued or running, and trainstack submitted none yet.")
 
 

@@ -89,6 +89,7 @@ class ClusterEnvironment:
     job_id: str | None = None
     restart_count: int = 0
     nodes: tuple[str, ...] = field(default=())
+    allocated: int | None = None  # processes the job script was generated for (TRAINSTACK_NPROCS), if any
 
     name: ClassVar[str] = "base"
 
@@ -206,6 +207,7 @@ class SlurmEnvironment(ClusterEnvironment):
             job_id=job_id,
             restart_count=_int(environ, "SLURM_RESTART_COUNT", default=0),
             nodes=nodes,
+            allocated=_int(environ, "TRAINSTACK_NPROCS", default=0) or None,
         )
 
 

@@ -33,6 +33,7 @@ CONTAINERS = ("none", "apptainer", "pyxis")
 PLACEHOLDERS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port")
 TEMPLATE = "slurm.sbatch.j2"
 MAX_GPUS_PER_NODE = 16
+DEFAULT_CPUS_PER_GPU_PROCESS = 4
 _TIME = re.compile(r"\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE")
 _MEM = re.compile(r"\d+[KMGT]?B?", re.IGNORECASE)
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -178,6 +179,17 @@ class LaunchSpec:
                 raise SpecError("--env", f"{key!r} is not a valid variable name (KEY=VALUE)")
         if self.signal is not None and not _SIGNAL.fullmatch(self.signal):
             raise SpecError("--signal", f"{self.signal!r} is not a Slurm signal spec such as B:USR2@120")
+        limit = self.time_seconds
+        if self.signal is not None and "@" in self.signal and limit is not None \
+                and int(self.signal.rsplit("@", 1)[1]) >= limit:
+            raise SpecError("--signal", f"{self.signal!r} asks for the warning {self.signal.rsplit('@', 1)[1]} s before "
+                                        f"a time limit of {limit} s (--time {self.time}): it would come at once. HINT: "
+                                        f"a margin of about a tenth of --time, e.g. B:USR2@{max(limit // 10, 10)}")
+        if self.cpus_per_task is not None and self.cpus_per_task < self.procs_per_task:
+            raise SpecError("--cpus-per-task", f"{self.cpus_per_task} CPU(s) for the {self.procs_per_task} processes "
+                                               f"each task runs (--launcher {self.launcher}: one task per "
+                                               f"{'process' if self.launcher == 'srun' else 'node'}); give at least "
+                                               f"{self.procs_per_task}")
         if self.container != "none" and not self.image:
             raise SpecError("--image", f"--container {self.container} needs --image")
         if self.container == "none" and (self.image or self.bind):
@@ -185,6 +197,11 @@ class LaunchSpec:
         if self.container == "pyxis" and any("," in b for b in self.bind):
             raise SpecError("--bind", f"pyxis joins mounts with commas, so {[b for b in self.bind if ',' in b]} would "
                                       f"become several mounts; give one --bind per mount without commas")
+        if self.container == "pyxis":
+            for name in ("log_dir", "chdir", "venv"):
+                if "," in (getattr(self, name) or "") or ":" in (getattr(self, name) or ""):
+                    raise SpecError(_opt(name), f"{getattr(self, name)!r}: pyxis mounts it into the container, and "
+                                                f"its mount list cannot hold a path with ',' or ':'")
         if self.max_requeues < 0:
             raise SpecError("--max-requeues", f"{self.max_requeues} is less than 0")
         if self.max_restarts < 0:
@@ -260,9 +277,43 @@ class LaunchSpec:
         return self.procs if self.launcher == "srun" else 1
 
     @property
+    def procs_per_task(self) -> int:
+        """Processes one Slurm task runs: 1 under srun, the node's share under torchrun/spawn/custom."""
+        return 1 if self.launcher == "srun" else self.procs
+
+    @property
+    def task_cpus(self) -> int:
+        """``--cpus-per-task`` (CPUs of one Slurm task), or 4 per GPU process (1 per CPU process) of the task: the
+        seeds' figure, so data loading has cores and torchrun's workers are not squeezed onto one."""
+        if self.cpus_per_task is not None:
+            return self.cpus_per_task
+        return self.procs_per_task * (1 if self.cpu else DEFAULT_CPUS_PER_GPU_PROCESS)
+
+    @property
+    def omp_threads(self) -> int:
+        """Threads per process: the task's CPUs shared by the processes it runs."""
+        return max(self.task_cpus // self.procs_per_task, 1)
+
+    @property
+    def time_seconds(self) -> int | None:
+        """``--time`` in seconds (None: unlimited)."""
+        return _seconds(self.time)
+
+    @property
     def stop_signal(self) -> str | None:
-        """``--signal``, or ``B:USR2@120`` with ``--requeue``: 120 s before the limit, to the batch shell only."""
-        return self.signal or ("B:USR2@120" if self.requeue else None)
+        """``--signal``, or with ``--requeue`` ``B:USR2@<margin>`` to the batch shell only: 120 s before the limit,
+        at most a quarter of a short one."""
+        if self.signal or not self.requeue:
+            return self.signal
+        limit = self.time_seconds
+        return f"B:USR2@{120 if limit is None else max(min(120, limit // 4), 1)}"
+
+    @property
+    def container_mounts(self) -> list[str]:
+        """pyxis: what the job needs inside the image -- the log folder (job folder, snapshot, rank logs), the
+        working folder and the venv -- then the user's ``--bind`` mounts."""
+        own = [f"{p}:{p}" for p in dict.fromkeys(x for x in (self.log_dir, self.chdir, self.venv) if x)]
+        return own + [b for b in self.bind if b not in own]
 
     @functools.cached_property
     def tasks(self) -> list[dict[str, Any]]:
@@ -317,8 +368,25 @@ class LaunchSpec:
                    program_kind=program.kind if program else "exec", program_words=program.words if program else [],
                    program_argv=list(program.argv) if program else [],
                    custom_command=self.custom_command if self.launcher == "custom" else "",
-                   omp_threads=max((self.cpus_per_task or self.procs) // self.procs, 1))
+                   omp_threads=self.omp_threads, task_cpus=self.task_cpus, procs_per_task=self.procs_per_task,
+                   container_mounts=self.container_mounts)
         return ctx
+
+
+def _seconds(text: str) -> int | None:
+    """A Slurm time (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``, ``UNLIMITED``) in seconds."""
+    if text in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:
+        h, m, sec = (parts + [0, 0])[:3]
+        return int(days) * 86400 + h * 3600 + m * 60 + sec
+    if len(parts) == 1:
+        return parts[0] * 60
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    return parts[0] * 3600 + parts[1] * 60 + parts[2]
 
 
 def safe_name(name: str) -> str:

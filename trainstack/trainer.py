@@ -134,6 +134,7 @@ class Trainer:
         self._claimed = False  # set by fit() while the launching process holds the run folder's lock
         self._continues = False  # set by fit(): this fit() continues the run of an earlier one
         self._run_identity: dict[str, Any] | None = None  # this experiment's, as its checkpoints record it
+        self._run_start, self._partial, self._best_val = 0, None, math.inf
 
     # ------------------------------------------------------------------ gradient mode (qadence switches)
     @property
@@ -231,6 +232,9 @@ class Trainer:
                 lock.release()
         if plan.spawn and result is not None:
             self._absorb(result)
+        runs = self.config.__dict__.setdefault("_runs", [])  # not a field: what this config trained, for the note
+        if self.run_folder is not None and self.run_folder not in runs:
+            runs.append(self.run_folder)
         if self.stop_reason.startswith(PREEMPTED):
             raise Preempted(f"trainstack: {self.stop_reason}; a complete checkpoint is in {self.run_folder}. "
                             f"Run again with resume='auto' to continue exactly where it stopped.")
@@ -265,16 +269,35 @@ class Trainer:
             print(text, flush=True)
 
     def save_checkpoint(self, best: bool = False) -> Path | None:
-        """Collective: every rank calls it, rank 0 writes ``ckpt-e<epoch>-s<step>.pt`` (or ``best.pt``)."""
+        """Collective: every rank calls it, rank 0 writes ``ckpt-e<epoch>-s<step>.pt`` (or ``best.pt``). Outside
+        ``fit()`` (qadence's tests call the checkpoint callbacks directly) it writes into the run folder."""
+        self._outside_fit_checkpointer()
         with watchdog.phase("checkpoint"):  # the hang watchdog allows saves more time
             return self.checkpointer.save(self._counters(), self._parts(), self.config.to_dict(), best=best)
 
     def load_checkpoint(self, path: Any = None) -> bool:
         """Load on **every** rank (``None``: the latest readable checkpoint of the run folder)."""
+        outside = self._outside_fit_checkpointer()
         restored = self.checkpointer.restore(self._parts(), path, rank=self.accelerator.rank)
         if restored is None:
             return False
-        self._apply(restored)
+        if outside:  # no loop to position: the model, optimizer and counters
+            self.current_epoch, self.global_step = int(restored.counters["epoch"]), int(
+                restored.counters["global_step"])
+        else:
+            self._apply(restored)
+        return True
+
+    def _outside_fit_checkpointer(self) -> bool:
+        """Give a Trainer used outside ``fit()`` a checkpointer for its run folder (the last fit's, the config's
+        ``log_folder``, or a new one); True when it is outside a run."""
+        if getattr(self, "checkpointer", None) is not None and getattr(self, "_train_loader", None) is not None:
+            return False
+        if self.run_folder is None:
+            cfg = self.config
+            self.run_folder = choose_run_folder(cfg.root_folder, cfg.log_folder, cfg.create_subfolder_per_run,
+                                                cfg.resume)
+        self.checkpointer = Checkpointer(self.run_folder, self.config.keep_last_checkpoints)
         return True
 
     # ------------------------------------------------------------------ the loop (every rank)
@@ -508,6 +531,11 @@ class Trainer:
         self._val_loader = _prepare_eval(self.val_dataloader, acc.rank, acc.world_size)
         self._per_epoch = batches_per_epoch(self._train_loader, self.max_batches)
         self._capped = bool(self.max_batches) or is_infinite(self._train_loader)
+        if self._per_epoch is None:
+            self.console_print("trainstack: WARNING: the training loader has no length (an IterableDataset): each "
+                               "epoch runs until it is exhausted, so a never-ending stream never finishes its first "
+                               "epoch. HINT: set max_batches (batches per epoch), or mark the dataset `infinite = "
+                               "True` (then max_batches, or 1, batches per epoch, as qadence).")
         self.step = make_step(cfg, self.optimizer, self.loss_fn, self.optimize_step, self.use_grad, acc.device,
                               acc.data_dtype)
         self.stopper = GracefulStop(resolve_signals(cfg.stop_signals),
@@ -535,6 +563,12 @@ class Trainer:
                                    f"from scratch.")
         self._last_epoch = self._run_start + cfg.max_iter
         self._first_step = self.global_step
+        earlier = [r for r in cfg.__dict__.get("_runs", []) if r != self.run_folder]
+        if earlier and not self._continues and restored is None:
+            self.console_print(
+                f"trainstack: NOTE: this TrainConfig already trained a run in {earlier[-1]}; this Trainer starts a "
+                f"NEW run in {self.run_folder}, from scratch (qadence reused the folder and continued). HINT: to "
+                f"continue that run, TrainConfig(log_folder={str(earlier[-1])!r}, resume='auto').")
         if self._continues and self.current_epoch and restored is None:
             self.console_print(f"trainstack: a second fit() continues the run in {self.run_folder} at epoch "
                                f"{self.current_epoch} for another max_iter={cfg.max_iter} epochs.")
@@ -667,7 +701,7 @@ class Trainer:
 
     def _parts(self) -> dict[str, Any]:
         return {"model": self.model, "optimizer": self.optimizer if self.use_grad else None,
-                "scheduler": self.scheduler, "scaler": self.step, "callbacks": self.callbacks}
+                "scheduler": self.scheduler, "scaler": getattr(self, "step", None), "callbacks": self.callbacks}
 
     def _apply(self, restored: Restored) -> None:
         """Take over a checkpoint's counters; a mid-epoch one continues at its batch with its partial sums."""

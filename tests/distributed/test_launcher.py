@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -85,6 +87,33 @@ def test_a_script_without_main_guard_fails_with_the_fix_and_trains_once(tmp_path
     assert proc.returncode != 0, proc.stdout
     assert "main guard" in proc.stdout and 'if __name__ == "__main__":' in proc.stdout
     assert "RESULT 0" not in proc.stdout, proc.stdout  # never a silent second (or third) training run
+    assert proc.stdout.count("Traceback") == 1 and "BrokenPipeError" not in proc.stdout  # one short error
+    assert len(proc.stdout.splitlines()) < 30, proc.stdout
+
+
+_TRAINER_NO_GUARD = textwrap.dedent("""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    from trainstack import TrainConfig, Trainer
+
+    model = torch.nn.Linear(2, 1)
+    loader = DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4)
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+            TrainConfig(nprocs=2, max_iter=1, compute_setup="cpu", verbose=False)).fit(loader)
+    print("TRAINED", flush=True)
+""")
+
+
+def test_a_trainer_without_main_guard_gets_one_error_with_the_trainer_fix(tmp_path, run_py):
+    script = tmp_path / "noguard_trainer.py"
+    script.write_text(_TRAINER_NO_GUARD)
+    proc = run_py([sys.executable, str(script)], check=False, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1 and re.search(r"noguard_trainer.py:\d+ starts the distributed run", proc.stdout)
+    assert "Trainer(model, optimizer, config" in proc.stdout and "distribute(train)" not in proc.stdout
+    assert proc.stdout.count("Traceback") == 1 and "TRAINED" not in proc.stdout and len(proc.stdout.splitlines()) < 30
+    stdin = subprocess.run([sys.executable, "-"], input=_TRAINER_NO_GUARD, capture_output=True, text=True,
+                           timeout=120, cwd=tmp_path)  # python - <<EOF: no file to re-import; workers fork
+    assert stdin.returncode == 0 and "TRAINED" in stdin.stdout, stdin.stderr[-2000:]
 
 
 _NOTEBOOK = textwrap.dedent("""

@@ -81,3 +81,28 @@ def test_sbatch_test_only_accepts_and_rejects_like_slurm(slurm_env, shared_tmp):
     assert good.returncode == 0, good.stderr
     rejected = subprocess.run(["sbatch", "--test-only", str(bad)], env=slurm_env, capture_output=True, text=True)
     assert rejected.returncode != 0 and "node configuration is not available" in rejected.stderr
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("launcher", ["srun", "spawn"])
+def test_the_cli_epilog_example_runs_as_typed(slurm_env, shared_tmp, launcher):
+    """`trainstack generate --setup multi-node --nodes 2 --cpu --procs-per-node 2 -o job.sbatch -- examples/demo.py`
+    then plain sbatch: the demo's own --nprocs default (2) must not fight the 4 processes the job was given."""
+    import os
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**slurm_env, "PYTHONPATH": str(repo), "PATH": f"{Path(sys.executable).parent}:{slurm_env['PATH']}"}
+    script = shared_tmp / "job.sbatch"
+    gen = subprocess.run([sys.executable, "-m", "trainstack", "generate", "--setup", "multi-node", "--nodes", "2",
+                          "--cpu", "--procs-per-node", "2", "--launcher", launcher, "--job-name", "trainstack-test",
+                          "--time", "5", "--log-dir", str(shared_tmp / "logs"), "-o", str(script), "--",
+                          str(repo / "examples" / "demo.py"), "--epochs", "2"], env=env, capture_output=True,
+                         text=True, timeout=60, cwd=shared_tmp)
+    assert gen.returncode == 0, gen.stderr
+    job = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], env=env, capture_output=True, text=True,
+                         timeout=240, cwd=shared_tmp)
+    log = next((shared_tmp / "logs").glob("trainstack-test-*.out")).read_text()
+    assert job.returncode == 0, log
+    assert "training on 4 process(es)" in log and "final loss" in log, log
+    assert launcher == "srun" or "nprocs=2 ignored: this job was allocated 4 processes" in log
+    assert os.path.exists(shared_tmp / "logs")

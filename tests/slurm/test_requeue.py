@@ -92,3 +92,45 @@ def test_a_graceful_stop_signalled_to_the_steps_requeues_as_a_time_limit(slurm_e
     log = job.log_path.read_text()
     assert "timeout (exit status 0): requeueing" in log and "crash" not in log and "giving up" not in log
     assert "finished (restart count 1)" in log
+
+
+def test_a_signal_without_requeue_stops_gracefully_instead_of_killing_the_job(slurm_env, shared_tmp, monkeypatch):
+    """`--signal B:USR2@T` without `--requeue`: bash's default action for USR2 would end the batch shell (and the
+    steps) at once, without a checkpoint; the trap asks the trainer to checkpoint, then the job ends cleanly."""
+    import dataclasses
+
+    for k, v in slurm_env.items():
+        monkeypatch.setenv(k, v)
+    run_dir = shared_tmp / "signal-only"
+    run_dir.mkdir(mode=0o777)
+    spec = dataclasses.replace(_spec(run_dir, "srun"), requeue=False, signal="B:USR2@60")
+    job = submit_spec(spec)
+    _wait_until(lambda: (run_dir / "epochs").exists() and int((run_dir / "epochs").read_text() or 0) >= 2, 120,
+                "two epochs")
+    subprocess.run(["scancel", "--signal=USR2", "--batch", job.job_id], env=slurm_env, check=True)
+    assert wait_for(job, timeout=200) == 0, job.log_path.read_text()
+    log = job.log_path.read_text()
+    assert "Graceful stop at epoch" in log and "not requeued (no --requeue)" in log, log
+    assert list((run_dir).glob("slurm-*/checkpoints/ckpt-*.pt"))
+
+
+def test_torchrun_without_signal_handling_still_runs_the_requeue_script(slurm_env, shared_tmp, monkeypatch):
+    """An image whose torch predates --signals-to-handle (an old torch) must not die at start: the script asks the
+    image first. Stood in for by an interpreter that answers like an old torch to that one question."""
+    import dataclasses
+
+    for k, v in slurm_env.items():
+        monkeypatch.setenv(k, v)
+    run_dir = shared_tmp / "old-torch"
+    run_dir.mkdir(mode=0o777)
+    shim = run_dir / "python-old-torch"
+    shim.write_text(f"#!/bin/bash\n# answers the script's torchrun question like torch < 2.9 would\n"
+                    f"if [[ \"$*\" == *signals-to-handle* ]]; then\n  {sys.executable} -c 'print(\"python 3 torch "
+                    f"2.8.0 cuda None nccl None\"); print(\"torchrun-signals\", False)'\n  exit 0\nfi\n"
+                    f"exec {sys.executable} \"$@\"\n")
+    shim.chmod(0o755)
+    spec = dataclasses.replace(_spec(run_dir, "torchrun"), python=str(shim), max_requeues=0)
+    job = submit_spec(spec, wait=True, timeout=200)
+    log = job.log_path.read_text()
+    assert job.exit_code == 0, log
+    assert "this torchrun has no --signals-to-handle" in log and "finished (restart count 0)" in log

@@ -67,7 +67,9 @@ class SaveBestCheckpoint(Callback):
         self.best_val_loss = math.inf
 
     def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
-        loss = float(trainer.opt_result.metrics.get("val_loss", math.nan))
+        result = trainer.opt_result  # qadence reads the result's loss; inside fit() the validation loss
+        value = result.metrics.get("val_loss", result.loss)
+        loss = float(value) if value is not None else math.nan
         criterion = config.validation_criterion or (lambda cur, best, eps: cur < best - eps)
         if math.isfinite(loss) and criterion(loss, self.best_val_loss, config.val_epsilon):
             self.best_val_loss = loss
