@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__  # a plain constant: importlib.metadata costs ~0.1 s at CLI start-up
 
-# `render` and `submit` are both modules and the functions in them: bound eagerly (both are torch-free and cheap),
-# so `from trainstack import render` gives the function even after `import trainstack.render` ran (a lazy name
-# would lose to the submodule the import system sets on the package).
-from .render import LaunchSpec, render  # noqa: E402
-from .submit import submit  # noqa: E402
+# `render` and `submit` are both modules and the functions in them. The modules are callable (they call the
+# function), so `from trainstack import render` and `import trainstack.render` give one object that works both
+# ways, whatever was imported first (a lazy name would lose to the submodule the import system sets).
+from . import render, submit  # noqa: E402  (torch-free and cheap)
+from .render import LaunchSpec  # noqa: E402
 
 __all__ = ["Accelerator", "Trainer", "TrainConfig", "Callback", "optimize_step", "seed_everything", "LaunchSpec",
            "render", "submit", "__version__"]

@@ -549,8 +549,7 @@ def check_fits(model: torch.nn.Module, path: str | os.PathLike) -> None:
             raise UnreadableCheckpoint(f"checkpoint {where} is not a regular file.")
         try:
             state = torch.load(where, map_location="cpu", weights_only=True, mmap=True)
-            model = state["model"]
-            saved = {k: tuple(v.shape) for k, v in model.items()}
+            saved = {k: tuple(v.shape) for k, v in state["model"].items()}
         except Exception as exc:
             raise UnreadableCheckpoint(f"cannot read checkpoint {where}: the file is damaged or not a trainstack "
                                        f"checkpoint ({type(exc).__name__}: {exc}).") from None

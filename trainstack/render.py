@@ -15,6 +15,8 @@ import json
 import math
 import re
 import shlex
+import sys
+import types
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -457,3 +459,13 @@ def render(spec: LaunchSpec, templates_dir: str | Path | None = None, command_li
                         f"template {exc.name!r} not found in {template_dirs(templates_dir)}") from None
     one_line = " ".join((command_line or "").split())  # a newline in a comment would start a command
     return template.render(**spec.context(), version=version, command_line=one_line)
+
+
+class _CallableModule(types.ModuleType):
+    """``from trainstack import render`` gives this module; calling it calls :func:`render`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return render(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -10,6 +10,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import types
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -323,3 +325,13 @@ def submit_function(fn: Callable, args: tuple = (), kwargs: dict | None = None, 
                         **spec)  # type: ignore[arg-type]
     job = submit_spec(launch)
     return FunctionJob(job.job_id, job.script, job.log_path, job_dir=job.job_dir, result_path=folder / "result.pkl")
+
+
+class _CallableModule(types.ModuleType):
+    """``from trainstack import submit`` gives this module; calling it calls :func:`submit`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return submit(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -88,22 +88,30 @@ _USER_PROCESSES = textwrap.dedent("""
     from concurrent.futures import ProcessPoolExecutor
     from trainstack import TrainConfig
 
-    def nap(seconds):
+    def nap(seconds, ready=None):
+        if ready:
+            open(ready, "w").close()  # inside the target: the process's own signal handlers are in place
         time.sleep(seconds)
         return seconds
+
+    def started(proc, ready):
+        import os
+        deadline = time.monotonic() + 60
+        while not os.path.exists(ready) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     if __name__ == "__main__":
         TrainConfig(nprocs=2, compute_setup="cpu")  # starts trainstack's (private) fork server
         ctx = mp.get_context("forkserver")
-        p = ctx.Process(target=nap, args=(60,))
+        p = ctx.Process(target=nap, args=(60, sys.argv[1] + "/p"))
         p.start()
-        time.sleep(0.5)
+        started(p, sys.argv[1] + "/p")
         p.terminate()
         p.join(5)
         print("TERMINATED", not p.is_alive(), flush=True)
-        q = ctx.Process(target=nap, args=(60,))
+        q = ctx.Process(target=nap, args=(60, sys.argv[1] + "/q"))
         q.start()
-        time.sleep(0.5)
+        started(q, sys.argv[1] + "/q")
         import os, signal
         os.kill(q.pid, signal.SIGINT)
         q.join(5)
@@ -125,7 +133,7 @@ def test_the_users_own_forkserver_processes_keep_their_signals(tmp_path, run_py)
     hand that to the user's processes: ours is private."""
     script = tmp_path / "user.py"
     script.write_text(_USER_PROCESSES)
-    out = run_py([sys.executable, str(script)], timeout=120).stdout
+    out = run_py([sys.executable, str(script), str(tmp_path)], timeout=120).stdout
     for marker in ("TERMINATED True", "INTERRUPTED True", "POOL 0", "POOL-TERMINATED True"):
         assert marker in out, out[-3000:]
 

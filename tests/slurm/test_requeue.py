@@ -59,7 +59,7 @@ def test_signal_checkpoint_requeue_resume(slurm_env, shared_tmp, monkeypatch, la
     # revoked"); Slurm's own ~120 s requeue delay hides that, our shortcut must wait a moment.
     time.sleep(2.5)
     subprocess.run(["scontrol", "update", f"jobid={job.job_id}", "StartTime=now"], env=slurm_env, check=True)
-    assert wait_for(job, timeout=200) == 0, job.log_path.read_text()
+    assert wait_for(job, timeout=300) == 0, job.log_path.read_text()
     log = job.log_path.read_text()
     starts = [line.split() for line in (run_dir / "starts").read_text().splitlines()]
     print(f"{launcher}: signal -> training resumed {float(starts[1][0]) - signalled:.1f}s (incl. the scontrol "

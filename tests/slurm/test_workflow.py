@@ -404,6 +404,7 @@ def test_each_sweep_task_is_requeued_on_its_own(env, shared_tmp):
         assert time.monotonic() < deadline, shown
         time.sleep(0.5)
     requeued = next(line.split()[0] for line in shown.splitlines() if "BeginTime" in line)  # skip Slurm's delay
+    time.sleep(2.5)  # slurmd refuses a launch whose credential is from the second of the revocation
     subprocess.run(["scontrol", "update", f"jobid={requeued}", "StartTime=now"], env=env, check=True)
     rows = wait_ended(env, [job_id])[job_id]
     assert [(r["job"], r["state"], r["restarts"]) for r in rows] == [(f"{job_id}_0", "COMPLETED", 0),
