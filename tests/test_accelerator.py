@@ -98,7 +98,7 @@ def test_collectives_are_identities_in_one_process():
 
 
 def test_all_reduce_dict_rejects_bad_op():
-    from trainstack._collectives import all_reduce_dict
+    from trainstack._runtime.collectives import all_reduce_dict
     with pytest.raises(ConfigError, match="op='avg'"):
         all_reduce_dict({"a": 1.0}, op="avg")
 

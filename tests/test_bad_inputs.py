@@ -330,12 +330,12 @@ def test_runtime_bad_input(name, tmp_path):
 
 def test_environment_variables_with_bad_values_are_named(monkeypatch):
     monkeypatch.setenv("TRAINSTACK_TIMEOUT_S", "soon")
-    from trainstack._launcher import _timeout
+    from trainstack._runtime.spawn import _timeout
 
     with pytest.raises(LaunchError, match="TRAINSTACK_TIMEOUT_S='soon'"):
         _timeout()
     monkeypatch.setenv("TRAINSTACK_STOP_SIGNALS", "FOO")
-    from trainstack.preemption import resolve_signals
+    from trainstack._runtime.preemption import resolve_signals
 
     with pytest.raises(ConfigError, match="'FOO'"):
         resolve_signals(None)

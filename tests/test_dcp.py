@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainstack import _dcp
+from trainstack._checkpoint import sharded as _dcp
 from trainstack.checkpoint import Checkpointer, CheckpointError, check_fits, consolidate, describe
 
 

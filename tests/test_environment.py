@@ -117,7 +117,7 @@ def test_bad_variables_are_named(environ, needle):
 def test_the_job_scripts_process_count_wins_over_the_programs_nprocs(caplog):
     """`--launcher spawn` runs one task per node; the program's own nprocs default (1, or the demo's 2) must not
     leave the allocation's GPUs idle: TRAINSTACK_NPROCS from the generated script decides, with a warning."""
-    from trainstack._layout import plan_processes
+    from trainstack._runtime.layout import plan_processes
     from trainstack.environment import detect_environment
 
     env = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from test_environment import SLURM_STEP, TORCHRUN
 
-from trainstack._layout import plan_processes
+from trainstack._runtime.layout import plan_processes
 from trainstack.environment import LocalEnvironment, detect_environment
 from trainstack.errors import LaunchError
 

@@ -11,9 +11,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainstack import Callback, TrainConfig, Trainer
+from trainstack._runtime.preemption import resolve_signals
 from trainstack.checkpoint import Checkpointer
 from trainstack.errors import ConfigError, Preempted
-from trainstack.preemption import resolve_signals
 
 
 def _fit(tmp_path, folder, callbacks=(), resume=None, stop_file=None, init_seed=0, accum=1):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainstack._program import parse_program
+from trainstack._slurm.program import parse_program
 from trainstack.errors import ConfigError
 
 

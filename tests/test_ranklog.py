@@ -11,7 +11,7 @@ import time
 
 PROGRAM = """
 import os, subprocess, sys
-from trainstack import _ranklog
+from trainstack._runtime import ranklog as _ranklog
 path = _ranklog.tee_rank_output(3)
 print("python stdout", flush=True)
 print("python stderr", file=sys.stderr, flush=True)
@@ -40,7 +40,7 @@ def test_everything_a_rank_writes_lands_in_its_file_and_on_stdout(tmp_path):
 def test_a_signal_meant_for_the_program_does_not_cut_the_copy_short(tmp_path):
     script = tmp_path / "prog.py"
     script.write_text("import signal, time, sys\n"
-                      "from trainstack import _ranklog\n"
+                      "from trainstack._runtime import ranklog as _ranklog\n"
                       "_ranklog.tee_rank_output(0)\n"
                       "signal.signal(signal.SIGUSR2, lambda *a: print('saw USR2', flush=True))\n"
                       "print('ready', flush=True)\n"

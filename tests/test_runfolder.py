@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainstack._runfolder import RunFolderBusy, RunLock, choose_run_folder, refuse_to_overwrite
+from trainstack._train.runfolder import RunFolderBusy, RunLock, choose_run_folder, refuse_to_overwrite
 from trainstack.errors import ConfigError
 
 
@@ -47,7 +47,7 @@ def test_resume_auto_picks_the_newest_folder_with_a_checkpoint_that_is_not_in_us
 def test_a_second_process_cannot_take_a_locked_folder(tmp_path):
     lock = RunLock(tmp_path / "run")
     lock.acquire()
-    code = ("import sys; from pathlib import Path; from trainstack._runfolder import RunLock, RunFolderBusy\n"
+    code = ("import sys; from pathlib import Path; from trainstack._train.runfolder import RunLock, RunFolderBusy\n"
             "try:\n    RunLock(Path(sys.argv[1])).acquire()\nexcept RunFolderBusy as e:\n    print(e); sys.exit(3)\n")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True,
                           timeout=60)
@@ -61,7 +61,7 @@ def test_a_second_process_cannot_take_a_locked_folder(tmp_path):
 
 
 def test_a_killed_holder_leaves_the_folder_free(tmp_path):
-    code = "import sys, time; from pathlib import Path; from trainstack._runfolder import RunLock\n" \
+    code = "import sys, time; from pathlib import Path; from trainstack._train.runfolder import RunLock\n" \
            "lock = RunLock(Path(sys.argv[1])); lock.acquire(); print('held', flush=True); time.sleep(60)\n"
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "run")], stdout=subprocess.PIPE, text=True)
     try:
@@ -209,7 +209,7 @@ def test_concurrent_auto_resumes_skip_a_folder_claimed_meanwhile(tmp_path):
     """Two runs claim with resume='auto' at the same instant: the loser takes the next folder, never an error."""
     import threading
 
-    from trainstack._runfolder import RunLock
+    from trainstack._train.runfolder import RunLock
 
     _fit({"root_folder": tmp_path}, max_iter=1)
     newest = max(tmp_path.iterdir(), key=lambda p: p.stat().st_mtime)

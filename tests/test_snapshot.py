@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainstack._snapshot import MAX_FILE_BYTES, SnapshotError, git_root, git_state, take
+from trainstack._slurm.snapshot import MAX_FILE_BYTES, SnapshotError, git_root, git_state, take
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from trainstack._jobs import JobError
-from trainstack._status import _from_folder, format_table, job_status, last_metric
+from trainstack._slurm.jobs import JobError
+from trainstack._slurm.status import _from_folder, format_table, job_status, last_metric
 from trainstack.cli import main
 
 

@@ -8,8 +8,7 @@ import torch
 from torch import nn
 
 from trainstack import TrainConfig
-from trainstack.errors import ConfigError
-from trainstack.steps import (
+from trainstack._train.steps import (
     AccumulatingStep,
     GradientFreeStep,
     PlainStep,
@@ -18,6 +17,7 @@ from trainstack.steps import (
     mse_loss,
     optimize_step,
 )
+from trainstack.errors import ConfigError
 
 
 def _model(seed=0):

@@ -9,7 +9,7 @@ import textwrap
 import threading
 import time
 
-from trainstack._watchdog import _library_roots, dump_stacks, summarise, where
+from trainstack._runtime.watchdog import _library_roots, dump_stacks, summarise, where
 
 
 def _user_function_that_waits(event):
@@ -55,7 +55,7 @@ def test_one_process_that_stops_progressing_is_reported_and_exits_124(tmp_path):
     code = textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from trainstack import _watchdog
+        from trainstack._runtime import watchdog as _watchdog
 
         def stuck_here():
             time.sleep(60)

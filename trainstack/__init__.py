@@ -14,12 +14,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._version import __version__  # a plain constant: importlib.metadata costs ~0.1 s at CLI start-up
-
 # `render` and `submit` are both modules and the functions in them. The modules are callable (they call the
 # function), so `from trainstack import render` and `import trainstack.render` give one object that works both
 # ways, whatever was imported first (a lazy name would lose to the submodule the import system sets).
-from . import render, submit  # noqa: E402  (torch-free and cheap)
+from . import (
+    render,
+    submit,  # noqa: E402  (torch-free and cheap)
+)
+from ._version import __version__  # a plain constant: importlib.metadata costs ~0.1 s at CLI start-up
 from .render import LaunchSpec  # noqa: E402
 
 __all__ = ["Accelerator", "Trainer", "TrainConfig", "Callback", "optimize_step", "seed_everything", "LaunchSpec",
@@ -27,7 +29,7 @@ __all__ = ["Accelerator", "Trainer", "TrainConfig", "Callback", "optimize_step",
 
 _LAZY = {
     "Accelerator": "accelerator", "seed_everything": "accelerator", "Trainer": "trainer",
-    "TrainConfig": "config", "Callback": "callbacks", "optimize_step": "steps",
+    "TrainConfig": "config", "Callback": "callbacks", "optimize_step": "_train.steps",
     # qadence.ml_tools names (importable, not advertised) and the errors' old home
     "DictDataLoader": "data", "to_dataloader": "data", "InfiniteTensorDataset": "data",
     "OptimizeResult": "callbacks", "load_checkpoint": "checkpoint", "write_checkpoint": "checkpoint",
@@ -35,10 +37,10 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ._train.steps import optimize_step
     from .accelerator import Accelerator, seed_everything
     from .callbacks import Callback
     from .config import TrainConfig
-    from .steps import optimize_step
     from .trainer import Trainer
 
 

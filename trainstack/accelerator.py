@@ -39,12 +39,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from . import _collectives as collectives
-from . import _layout, _preload
 from ._choices import BACKENDS, COMPUTE_SETUPS, DEFAULT_COMPUTE_SETUP, LOG_SETUPS, STRATEGIES
-from ._launcher import ProcessGroupSession, launch
-from ._layout import ProcessPlan, WorkerContext, plan_processes
-from ._watchdog import heartbeat, resolve_timeout, watched
+from ._runtime import collectives as collectives
+from ._runtime import layout as _layout
+from ._runtime import preload as _preload
+from ._runtime.layout import ProcessPlan, WorkerContext, plan_processes
+from ._runtime.spawn import ProcessGroupSession, launch
+from ._runtime.watchdog import heartbeat, resolve_timeout, watched
 from .data import DictDataLoader, PreparedDataLoader, generator_seed, prepare_dataloader
 from .environment import detect_environment, warn_if_outside_step
 from .errors import ConfigError, LaunchError
@@ -303,7 +304,7 @@ class Accelerator:
 
         ``moved`` collects old parameter id -> new parameter, so optimizers built earlier can follow.
         """
-        from ._fsdp import is_sharded, shard
+        from ._runtime.fsdp import is_sharded, shard
 
         if isinstance(model, DistributedDataParallel) or is_sharded(model):
             return model

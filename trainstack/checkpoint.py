@@ -22,7 +22,6 @@ import errno
 import logging
 import math
 import os
-import random
 import re
 import shutil
 import time
@@ -34,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ._checkpoint.rng import capture_rng, gather_rng, restore_rng
 from ._files import TEMP_RE, create_new, fsync_path, temp_path
 from .errors import TrainstackError
 
@@ -135,56 +135,6 @@ def remove_checkpoint(path: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-# ---------------------------------------------------------------------------------------------------- RNG
-def capture_rng() -> dict[str, Any]:
-    """This process's RNG states as weights_only-loadable values."""
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    try:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-        state["numpy"] = [kind, torch.from_numpy(np.asarray(keys).astype("int64")), int(pos), int(has_gauss),
-                          float(cached)]
-    except ImportError:  # pragma: no cover
-        pass
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    """Restore states captured by :func:`capture_rng`, wherever the checkpoint was loaded to.
-
-    RNG states are byte tensors that torch only accepts on the CPU, so they are moved back first; CUDA states
-    are restored for the devices both the saving and this process have.
-    """
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(_byte_state(state["torch"]))
-    if "numpy" in state:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((kind, keys.cpu().numpy().astype("uint32"), pos, has_gauss, cached))
-    if state.get("cuda") and torch.cuda.is_available():
-        for index, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(_byte_state(cuda_state), index)
-
-
-def _byte_state(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to(device="cpu", dtype=torch.uint8)
-
-
-def gather_rng() -> list[dict[str, Any]]:
-    """Every rank's RNG state, in rank order (a collective when distributed; over gloo, no device sync)."""
-    mine = capture_rng()
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [mine]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, mine)
-    return out
-
-
 # ---------------------------------------------------------------------------------------------------- contents
 def _unwrap(model: Any) -> Any:
     from torch.nn.parallel import DataParallel, DistributedDataParallel
@@ -273,7 +223,7 @@ class Checkpointer:
 
     def _save_sharded(self, state: dict[str, Any], parts: Mapping[str, Any], name: str, best: bool) -> Path | None:
         """Every rank writes its shard; asynchronously (only staging stalls training) when asked, except for best."""
-        from . import _dcp
+        from ._checkpoint import sharded as _dcp
 
         start = time.perf_counter()
         self.wait()  # one save in flight at a time
@@ -298,7 +248,7 @@ class Checkpointer:
         """Finish an asynchronous save in flight (collective: every rank calls it); its path on rank 0."""
         if self._pending is None:
             return None
-        from . import _dcp
+        from ._checkpoint import sharded as _dcp
 
         pending, self._pending = self._pending, None
         try:
@@ -311,7 +261,7 @@ class Checkpointer:
     def _failed_save(self, final: Path, exc: BaseException) -> None:
         """A sharded save failed on some rank: remove its temp folder (a full disk stays full otherwise) and say
         why in words."""
-        from . import _dcp
+        from ._checkpoint import sharded as _dcp
 
         if self.is_main:
             shutil.rmtree(_dcp.temp_name(final), ignore_errors=True)
@@ -343,7 +293,7 @@ class Checkpointer:
     # -------------------------------------------------------------- finding
     def checkpoints(self) -> list[Path]:
         """Complete periodic checkpoints (files, and sharded folders with their commit marker), oldest first."""
-        from ._dcp import is_complete
+        from ._checkpoint.sharded import is_complete
 
         if not self.folder.is_dir():
             return []
@@ -455,7 +405,7 @@ def _load_part(name: str, part: Any, state: Mapping[str, Any], where: Path) -> N
 
 
 def _load_shards(folder: Path, parts: Mapping[str, Any], state: Mapping[str, Any]) -> None:
-    from . import _dcp
+    from ._checkpoint import sharded as _dcp
 
     model, optimizer = parts.get("model"), parts.get("optimizer")
     if optimizer is not None and state.get("optimizer_class") not in (None, type(optimizer).__name__):
@@ -489,7 +439,7 @@ def _dcp_messages(exc: BaseException) -> list[str]:
 def load_file(path: str | os.PathLike) -> dict[str, Any]:
     """Load a checkpoint (a file, or a sharded folder's non-tensor part) to the CPU with ``weights_only=True``; a
     clear error for missing or foreign files."""
-    from ._dcp import EXTRAS, DamagedCheckpoint, is_complete, verify
+    from ._checkpoint.sharded import EXTRAS, DamagedCheckpoint, is_complete, verify
 
     path = Path(path)
     if path.is_dir() and is_complete(path):
@@ -536,7 +486,7 @@ def check_fits(model: torch.nn.Module, path: str | os.PathLike) -> None:
     into another model fails before any process starts, naming the first difference."""
     where = Path(path)
     if where.is_dir():
-        from ._dcp import DamagedCheckpoint, verify
+        from ._checkpoint.sharded import DamagedCheckpoint, verify
 
         try:
             meta = verify(where).state_dict_metadata
@@ -566,7 +516,7 @@ def check_fits(model: torch.nn.Module, path: str | os.PathLike) -> None:
 def find(path: str | os.PathLike) -> Path:
     """A checkpoint from a run folder (its newest readable one), a ``checkpoints`` folder (likewise) or a checkpoint
     itself."""
-    from ._dcp import is_complete
+    from ._checkpoint.sharded import is_complete
 
     path = Path(path)
     if path.is_file() or is_complete(path) or _PATTERN.match(path.name) or path.name in (BEST, BEST_SHARDED):
@@ -583,7 +533,7 @@ def find(path: str | os.PathLike) -> Path:
 def _on_newest(path: str | os.PathLike, read: Any) -> Any:
     """``read(checkpoint)`` for the checkpoint ``path`` names; when ``path`` is a run folder whose live run rotates
     its checkpoints while we read, the new newest one is read instead."""
-    from ._dcp import DamagedCheckpoint
+    from ._checkpoint.sharded import DamagedCheckpoint
 
     error: BaseException | None = None
     for _ in range(20):
@@ -605,7 +555,7 @@ def _on_newest(path: str | os.PathLike, read: Any) -> Any:
 
 def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The model's whole state dict (no ``module.`` prefixes) from any checkpoint, sharded or not, in one process."""
-    from . import _dcp
+    from ._checkpoint import sharded as _dcp
 
     def read(where: Path) -> dict[str, torch.Tensor]:
         if where.is_dir():
@@ -622,7 +572,7 @@ def describe(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _describe(where: Path) -> dict[str, Any]:
-    from . import _dcp
+    from ._checkpoint import sharded as _dcp
 
     sharded = where.is_dir()  # decided once: a live run may rotate it away while we read
     state = load_file(where)

@@ -12,10 +12,13 @@ from typing import Any
 
 import click
 
-from ._options import build_spec, templates_dir_of
-from ._program import FORMS
+from ._slurm.options import build_spec, templates_dir_of
+from ._slurm.program import FORMS
+from ._slurm.spec import spec_defaults
 from ._version import __version__
 from .render import CONTAINERS, LAUNCHERS, SETUPS, LaunchSpec, SpecError, render
+
+DEFAULTS = spec_defaults()
 
 EXAMPLES = """\b
 Examples:
@@ -53,58 +56,76 @@ class ProgramCommand(click.Command):
         return rest
 
 
+#: Help of the options that map onto LaunchSpec fields (their defaults come from the fields: written once).
+HELP = {
+    "setup": "single-gpu: one process; multi-gpu: one node, --gpus-per-node (or --procs-per-node) processes "
+             "(default 2); multi-node: --nodes nodes of them.",
+    "launcher": "srun: one task per process; torchrun: one agent per node; spawn: one task per node that spawns "
+                "its share (python train.py --nprocs N); custom: the command after -- (or --command) with "
+                "{num_processes}-style placeholders.",
+    "nodes": "Nodes (multi-node: at least 2).",
+    "gpus_per_node": "GPU setups: processes (GPUs) per node.",
+    "cpu": "CPU-only nodes (gloo, no GPU requests).",
+    "procs_per_node": "With --cpu: processes per node.",
+    "cpus_per_task": "CPUs of one Slurm task (Slurm's meaning). --launcher srun runs one task per process; "
+                     "torchrun/spawn/custom one task per node holding all its processes. Default: 4 per GPU "
+                     "process (1 per CPU process) times the processes in a task. OMP_NUM_THREADS is this divided "
+                     "by the processes in a task.",
+    "mem": "Memory per node, e.g. 64G; 0 = all memory of the node.",
+    "time": "Time limit (MM, HH:MM:SS, D-HH:MM...).",
+    "partition": "Slurm partition (queue).", "account": "Slurm account to charge.",
+    "qos": "Slurm quality of service.", "constraint": "Slurm node features, e.g. a100.",
+    "job_name": "Job name (the job folder is <log dir>/<name>-<job id>).",
+    "log_dir": "Folder of the logs and job folders (created for you).",
+    "exclusive": "Whole nodes for this job.",
+    "requeue": "Checkpoint and requeue on preemption and before the time limit (with --signal, or B:USR2 120 s "
+               "before it); crashes are requeued at most --max-requeues times.",
+    "signal": "e.g. B:USR2@300: the batch shell is told 300 s before the time limit and asks the trainer for a "
+              "graceful checkpoint-and-stop (requeued only with --requeue).",
+    "max_requeues": "With --requeue: time-limit and crash requeues allowed (preemptions: unlimited).",
+    "env": "KEY=VALUE exported in the job (repeatable).",
+    "nccl_ifname": "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME, e.g. ib0 or ^docker,lo.",
+    "nccl_debug": "NCCL_DEBUG level (INFO): per-process logs in the log folder.",
+    "container": "Run inside an image, keeping the Slurm environment.",
+    "image": "With --container: the .sif file (apptainer) or image reference (pyxis, e.g. "
+             "nvcr.io#nvidia/pytorch:25.08-py3).",
+    "bind": "With --container: an extra SRC[:DST] mount (repeatable); the log folder, working folder and venv are "
+            "mounted for you.",
+    "venv": "Virtual environment to activate on the nodes (after --setup-cmd).",
+    "setup_cmd": "Shell line run before launching, e.g. 'module load cuda' (repeatable).",
+    "command": "--launcher custom: {num_processes} {num_machines} {machine_rank} {main_process_ip} "
+               "{main_process_port}.",
+    "max_restarts": "torchrun worker restarts.",
+    "sweep": "A job array over every combination (repeatable): task i appends --KEY V to the program and trains in "
+             "<log dir>/sweep-<name>/<signature of its arguments>.",
+    "max_parallel": "With --sweep: at most K tasks at once.",
+    "python": "The interpreter on the nodes.",
+    "chdir": "Working directory of the job (default: here).",
+}
+_CHOICES = {"setup": SETUPS, "launcher": LAUNCHERS, "container": CONTAINERS}
+_METAVARS = {"env": "KEY=VALUE", "sweep": "KEY=V1,V2,..."}
+
+
+def _spec_option(name: str) -> Any:
+    """The click option of LaunchSpec field ``name``: its default off the field, its help from :data:`HELP`."""
+    default = DEFAULTS[name]
+    flag = "--" + name.replace("_", "-")
+    if isinstance(default, bool):
+        names = [f"{flag}/--no-{flag[2:]}"] if name == "requeue" else [flag]
+        return click.option(*names, is_flag=True, default=default, help=HELP[name])
+    if isinstance(default, (list, dict)):
+        return click.option(flag, name, multiple=True, metavar=_METAVARS.get(name), help=HELP[name])
+    kind: Any = click.Choice(_CHOICES[name]) if name in _CHOICES else (int if name in _INTS else None)
+    return click.option(flag, type=kind, default=default, show_default=default is not None, help=HELP[name])
+
+
+_INTS = ("nodes", "gpus_per_node", "procs_per_node", "cpus_per_task", "max_requeues", "max_restarts", "max_parallel")
+
+
 def _spec_options(fn: Any) -> Any:
-    """The options shared by `generate` and `submit` (they map 1:1 onto LaunchSpec fields)."""
-    options = [
-        click.option("--setup", type=click.Choice(SETUPS), default="single-gpu", show_default=True),
-        click.option("--launcher", type=click.Choice(LAUNCHERS), default="srun", show_default=True,
-                     help="srun: one task per process; torchrun: one agent per node; spawn: one task per node "
-                          "that spawns its share (python train.py --nprocs N); custom: the command after -- (or "
-                          "--command) with {num_processes}-style placeholders."),
-        click.option("--nodes", type=int, default=1, show_default=True),
-        click.option("--gpus-per-node", type=int, default=None, help="GPU setups: processes per node."),
-        click.option("--cpu", is_flag=True, help="CPU-only nodes (gloo, no GPU requests)."),
-        click.option("--procs-per-node", type=int, default=None, help="With --cpu: processes per node."),
-        click.option("--cpus-per-task", type=int, default=None,
-                     help="CPUs of one Slurm task (Slurm's meaning). --launcher srun runs one task per process; "
-                          "torchrun/spawn/custom one task per node holding all its processes. Default: 4 per GPU "
-                          "process (1 per CPU process) times the processes in a task. OMP_NUM_THREADS is this "
-                          "divided by the processes in a task."),
-        click.option("--mem", default=None, help="e.g. 64G; 0 = all memory of the node."),
-        click.option("--time", default="01:00:00", show_default=True),
-        click.option("--partition", default=None, help="Slurm partition (queue)."),
-        click.option("--account", default=None, help="Slurm account to charge."),
-        click.option("--qos", default=None, help="Slurm quality of service."),
-        click.option("--constraint", default=None, help="Slurm node features, e.g. a100."),
-        click.option("--job-name", default="trainstack", show_default=True),
-        click.option("--log-dir", default="logs", show_default=True),
-        click.option("--exclusive", is_flag=True),
-        click.option("--requeue/--no-requeue", default=False,
-                     help="Checkpoint and requeue on preemption and before the time limit (with --signal, or "
-                          "B:USR2 120 s before it); crashes are requeued at most --max-requeues times."),
-        click.option("--signal", default=None,
-                     help="e.g. B:USR2@300: the batch shell is told 300 s before the time limit and asks the "
-                          "trainer for a graceful checkpoint-and-stop (requeued only with --requeue)."),
-        click.option("--max-requeues", type=int, default=3, show_default=True),
-        click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Repeatable."),
-        click.option("--nccl-ifname", default=None, help="NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME, e.g. ib0 or ^docker,lo."),
-        click.option("--nccl-debug", default=None, help="NCCL_DEBUG level (INFO): per-process logs in the log folder."),
-        click.option("--container", type=click.Choice(CONTAINERS), default="none", show_default=True),
-        click.option("--image", default=None, help="With --container: the .sif file (apptainer) or image reference "
-                                                   "(pyxis, e.g. nvcr.io#nvidia/pytorch:25.08-py3)."),
-        click.option("--bind", multiple=True, help="With --container: an extra SRC[:DST] mount (repeatable); the "
-                                                  "log folder, working folder and venv are mounted for you."),
-        click.option("--venv", default=None, help="Virtual environment to activate on the nodes."),
-        click.option("--setup-cmd", multiple=True, help="Shell line run before launching (repeatable)."),
-        click.option("--command", default=None, help="--launcher custom: {num_processes} {num_machines} "
-                                                     "{machine_rank} {main_process_ip} {main_process_port}."),
-        click.option("--max-restarts", type=int, default=0, show_default=True, help="torchrun worker restarts."),
-        click.option("--sweep", multiple=True, metavar="KEY=V1,V2,...",
-                     help="A job array over every combination (repeatable): task i appends --KEY V to the "
-                          "program and trains in <log dir>/sweep-<name>/<signature of its arguments>."),
-        click.option("--max-parallel", type=int, default=None, help="With --sweep: at most K tasks at once."),
-        click.option("--python", default="python3", show_default=True),
-        click.option("--chdir", default=None, help="Working directory of the job (default: here)."),
+    """The options shared by `generate` and `submit` (they map 1:1 onto LaunchSpec fields), then the profile and
+    site templates, then the program."""
+    options = [_spec_option(name) for name in HELP] + [
         click.option("--profile", type=click.Path(exists=True, dir_okay=False), default=None,
                      help="TOML/YAML file with default option values (a site profile); flags override it."),
         click.option("--templates-dir", type=click.Path(exists=True, file_okay=False), default=None,
@@ -116,7 +137,20 @@ def _spec_options(fn: Any) -> Any:
     return fn
 
 
-@click.group(epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
+class TrainstackGroup(click.Group):
+    """One place where trainstack's own errors become a one-line `Error: ...` (exit 1), as hatch does: commands
+    raise them and never catch them one by one. Usage errors stay click's (exit 2)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from .errors import TrainstackError
+
+        try:
+            return super().invoke(ctx)
+        except TrainstackError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+@click.group(cls=TrainstackGroup, epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="trainstack")
 def main() -> None:
     """Render, lint-clean and submit Slurm/torchrun scripts for trainstack programs."""
@@ -159,7 +193,7 @@ def generate(ctx: click.Context, output: str | None, force: bool, dry_run: bool,
 @click.pass_context
 def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: bool, **params: Any) -> None:
     """Render, create the job folder, sbatch; print the job id, its folder and its log."""
-    from .submit import SubmitError, finished_tasks, submit_spec
+    from .submit import finished_tasks, submit_spec
 
     templates_dir = templates_dir_of(params)
     spec = build_spec(ctx, params)
@@ -170,12 +204,9 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
         return
     if snapshot:
         _warn_uncommitted(Path(spec.chdir or "."))
-    try:
-        job = submit_spec(spec, wait=wait, templates_dir=templates_dir, command_line=_command_line(),
-                          echo=lambda line: click.echo(line, nl=False), snapshot=snapshot, hold=hold,
-                          argv=sys.argv)
-    except SubmitError as exc:
-        raise click.ClickException(str(exc)) from None
+    job = submit_spec(spec, wait=wait, templates_dir=templates_dir, command_line=_command_line(),
+                      echo=lambda line: click.echo(line, nl=False), snapshot=snapshot, hold=hold,
+                      argv=sys.argv)
     if spec.tasks and not job.job_id:
         click.echo(f"all {len(spec.tasks)} tasks of this sweep already finished (in {spec.sweep_dir}); "
                    f"nothing submitted")
@@ -205,7 +236,7 @@ def _task_table(spec: LaunchSpec, done: list[int]) -> str:
 
 
 def _warn_uncommitted(cwd: Path) -> None:
-    from ._snapshot import git_root, git_state
+    from ._slurm.snapshot import git_root, git_state
 
     root = git_root(cwd)
     if root is None:
@@ -226,13 +257,9 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int) -> None:
     JOBID, your queued and running jobs and the last jobs trainstack submitted. Works without Slurm accounting."""
     import json
 
-    from ._jobs import JobError
-    from ._status import format_table, job_status, my_jobs, slurm_problem
+    from ._slurm.status import format_table, job_status, my_jobs, slurm_problem
 
-    try:
-        rows = [row for job_id in job_ids for row in job_status(job_id)] if job_ids else my_jobs(limit)
-    except JobError as exc:
-        raise click.ClickException(str(exc)) from None
+    rows = [row for job_id in job_ids for row in job_status(job_id)] if job_ids else my_jobs(limit)
     if as_json:
         click.echo(json.dumps([{**vars(r), "log": str(r.log) if r.log else None,
                                 "folder": str(r.folder) if r.folder else None} for r in rows], indent=2))
@@ -254,17 +281,13 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int) -> None:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows, until the job ends.")
 def logs(job_id: str, rank: int | None, follow: bool) -> None:
     """Print a job's combined log, or one rank's log; an array task is <job>_<task>."""
-    from ._jobs import JobError
-    from ._status import find_log, follow_log
+    from ._slurm.status import find_log, follow_log
 
-    try:
-        if follow:
-            row = follow_log(job_id, rank, echo=lambda text: click.echo(text, nl=False))
-            click.echo(f"--- job {row.job} {row.state}", err=True)
-            return
-        path, _ = find_log(job_id, rank)
-    except JobError as exc:
-        raise click.ClickException(str(exc)) from None
+    if follow:
+        row = follow_log(job_id, rank, echo=lambda text: click.echo(text, nl=False))
+        click.echo(f"--- job {row.job} {row.state}", err=True)
+        return
+    path, _ = find_log(job_id, rank)
     with open(path, encoding="utf-8", errors="replace") as fh:
         for line in fh:
             click.echo(line, nl=False)
@@ -274,13 +297,9 @@ def logs(job_id: str, rank: int | None, follow: bool) -> None:
 @click.argument("job_id")
 def cancel(job_id: str) -> None:
     """Cancel a queued or running job (or one array task, <job>_<task>); a --requeue job is not requeued."""
-    from ._jobs import JobError
-    from ._status import cancel_job
+    from ._slurm.status import cancel_job
 
-    try:
-        done = cancel_job(job_id)
-    except JobError as exc:
-        raise click.ClickException(str(exc)) from None
+    done = cancel_job(job_id)
     click.echo(f"cancelled {', '.join(done)}")
 
 
@@ -329,12 +348,9 @@ def _command_line() -> str:
 def debug(job_id: str, wait_s: float) -> None:
     """Every rank's Python stacks from a running job, and a summary naming the rank that is behind (the job keeps
     running). Dumps land in the job folder, debug-<time>/rank-<r>.txt."""
-    from ._jobs import JobError, debug_job
+    from ._slurm.jobs import debug_job
 
-    try:
-        folder = debug_job(job_id, wait_s=wait_s, echo=click.echo)
-    except JobError as exc:
-        raise click.ClickException(str(exc)) from None
+    folder = debug_job(job_id, wait_s=wait_s, echo=click.echo)
     if folder is not None:
         click.echo(f"stacks: {folder}/rank-<r>.txt")
 
@@ -351,12 +367,9 @@ def checkpoint_inspect(path: str, as_json: bool) -> None:
     """Format, world size, step, epoch, parameters and size of a checkpoint (or a run folder's newest)."""
     import json
 
-    from .checkpoint import CheckpointError, describe
+    from .checkpoint import describe
 
-    try:
-        info = describe(path)
-    except CheckpointError as exc:
-        raise click.ClickException(str(exc)) from None
+    info = describe(path)
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
@@ -372,15 +385,12 @@ def checkpoint_inspect(path: str, as_json: bool) -> None:
 def checkpoint_consolidate(path: str, output: str, force: bool) -> None:
     """Write the model's whole state dict (loadable with torch.load(..., weights_only=True) into the plain module,
     no `module.` prefixes) from any checkpoint: sharded by any number of processes, or a file."""
-    from .checkpoint import CheckpointError, atomic_save, consolidate
+    from .checkpoint import atomic_save, consolidate
 
     if Path(output).exists() and not force:
         raise click.BadParameter(f"{output} exists; pass --force to overwrite it", param_hint="'-o'")
-    try:
-        state = consolidate(path)
-        atomic_save(state, Path(output))
-    except CheckpointError as exc:
-        raise click.ClickException(str(exc)) from None
+    state = consolidate(path)
+    atomic_save(state, Path(output))
     click.echo(f"wrote {output}: {len(state)} tensors, {sum(t.numel() for t in state.values()):,} parameters")
 
 
@@ -390,7 +400,7 @@ def checkpoint_consolidate(path: str, output: str, force: bool) -> None:
               help="What the job will ask for: 'gpu' makes a missing GPU a problem.")
 def doctor(as_json: bool, compute_setup: str) -> None:
     """Check this machine/job for what breaks distributed training; exit 1 with a fix for each problem."""
-    from ._doctor import run_doctor
+    from ._runtime.doctor import run_doctor
 
     sys.exit(run_doctor(as_json=as_json, compute_setup=compute_setup))
 
@@ -399,7 +409,7 @@ def doctor(as_json: bool, compute_setup: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def env_cmd(as_json: bool) -> None:
     """Print versions, GPUs, launcher and NCCL settings (paste it into bug reports)."""
-    from ._doctor import run_doctor
+    from ._runtime.doctor import run_doctor
 
     run_doctor(as_json=as_json, report_only=True)
 

@@ -155,7 +155,7 @@ class TrainConfig:
         if self.stop_file is not None:
             self.stop_file = _as_path("stop_file", self.stop_file)
         if self.stop_signals is not None:
-            from .preemption import resolve_signals
+            from ._runtime.preemption import resolve_signals
 
             resolve_signals(self.stop_signals)  # a plain string is refused before it could become characters
             self.stop_signals = tuple(self.stop_signals)
@@ -166,8 +166,8 @@ class TrainConfig:
         self._check_callables()
         self._check_combinations()
         # A valid multi-process config: let the workers' fork server import torch while the script goes on
-        # building its model and data (trainstack._preload; TRAINSTACK_PRELOAD=0 turns it off).
-        from ._preload import start_for
+        # building its model and data (trainstack._runtime.preload; TRAINSTACK_PRELOAD=0 turns it off).
+        from ._runtime.preload import start_for
 
         start_for(self.nprocs)
 

@@ -33,7 +33,8 @@ from .errors import ConfigError
 
 __all__ = ["ResumableDistributedSampler", "PreparedDataLoader", "FastTensorLoader", "prepare_dataloader",
            "ShardedIterableDataset", "EvalShardSampler", "prepare_eval_dataloader", "DictDataLoader",
-           "InfiniteTensorDataset", "to_dataloader", "epoch_batches", "batches_per_epoch", "check_loader"]
+           "InfiniteTensorDataset", "to_dataloader", "epoch_batches", "batches_per_epoch", "check_loader",
+           "prepare_train"]
 
 _COPIED = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "generator",
            "persistent_workers", "pin_memory_device", "in_order")
@@ -270,6 +271,17 @@ def prepare_dataloader(loader: DataLoader, rank: int, world_size: int, seed: int
                                           seed=seed, drop_last=loader.drop_last)
     cls = FastTensorLoader if _fast_path_ok(loader) else PreparedDataLoader
     return cls(dataset, batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last, **kwargs)
+
+
+def prepare_train(loader: Any, rank: int, world_size: int, seed: int, pin_memory: bool) -> Any:
+    """This rank's share of a training loader: every DataLoader (each one of a dict of loaders) sharded with the
+    run's seed; anything else passes through."""
+    def prepare(dl: Any) -> Any:
+        if isinstance(dl, DataLoader):
+            return prepare_dataloader(dl, rank, world_size, seed=seed, pin_memory=pin_memory)
+        return dl
+
+    return loader.prepared(prepare) if isinstance(loader, DictDataLoader) else prepare(loader)
 
 
 def generator_seed(loader: DataLoader) -> int:

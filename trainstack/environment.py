@@ -12,7 +12,7 @@ Each environment parses an explicit mapping (``os.environ`` by default), so test
    there is treated as local (with a warning), so it never waits for tasks that do not exist.
 3. :class:`LocalEnvironment` -- anything else: a laptop, a notebook, a login node.
 
-:func:`trainstack._layout.plan_processes` then combines the environment with the user's ``nprocs``.
+:func:`trainstack._runtime.layout.plan_processes` then combines the environment with the user's ``nprocs``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import sys
 import types
 from typing import Any
 
-from .steps import optimize_step
+from ._train.steps import optimize_step
 
 __all__ = ["optimize_step"]
 

@@ -7,24 +7,27 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
-import types
 import time
+import types
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ._files import UntrustedFileError, atomic_write, load_private_pickle, private_dir
-from ._snapshot import Snapshot, SnapshotError, git_root, git_state, take
+from ._slurm import index, status
+from ._slurm.jobfolder import JobPaths, safe_name
+from ._slurm.jobs import JobError
+from ._slurm.snapshot import Snapshot, SnapshotError, git_root, git_state, take
+from ._slurm.spec import LaunchSpec
 from .errors import TrainstackError
-from .render import LaunchSpec, render, safe_name
+from .render import render
 
 __all__ = ["SubmitError", "SubmittedJob", "FunctionJob", "write_script", "submit", "submit_spec",
-           "submit_function", "finished_tasks", "index_path", "wait_for"]
+           "submit_function", "finished_tasks", "wait_for"]
 
 
 class SubmitError(TrainstackError, RuntimeError):
@@ -142,7 +145,8 @@ def _sbatch_held(exe: str, spec: LaunchSpec, script: Path, staging: Path, log_di
     if proc.returncode != 0:
         raise SubmitError(f"sbatch rejected the script: {proc.stderr.strip() or proc.stdout.strip()}")
     job_id = proc.stdout.strip().split(";")[0]
-    job_dir = log_dir / f"{safe_name(spec.job_name)}-{job_id}"
+    paths = JobPaths(log_dir, spec.job_name, job_id, tasks[0] if spec.tasks else None)
+    job_dir = paths.job_folder
     try:
         os.replace(staging, job_dir)
         mask = os.umask(0)
@@ -152,8 +156,7 @@ def _sbatch_held(exe: str, spec: LaunchSpec, script: Path, staging: Path, log_di
         subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
         raise SubmitError(f"job {job_id} was cancelled: its folder {job_dir} could not be created ({exc.strerror})"
                           f".") from None
-    log_path = log_dir / (f"{spec.job_name}-{job_id}_{tasks[0]}.out" if spec.tasks else f"{spec.job_name}-{job_id}.out")
-    return SubmittedJob(job_id, job_dir / "job.sbatch", log_path, job_dir, tasks=tasks if spec.tasks else [],
+    return SubmittedJob(job_id, job_dir / "job.sbatch", paths.log, job_dir, tasks=tasks if spec.tasks else [],
                         skipped=skipped)
 
 
@@ -213,23 +216,10 @@ def _slurm_version() -> str | None:
     return proc.stdout.strip() or None
 
 
-def index_path() -> Path:
-    """This user's record of submitted jobs (``$XDG_STATE_HOME/trainstack/jobs.jsonl``), for `trainstack status`."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "trainstack" / "jobs.jsonl"
-
-
 def _remember(job: SubmittedJob, spec: LaunchSpec) -> None:
-    path = index_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with os.fdopen(fd, "a") as fh:
-            fh.write(json.dumps({"job_id": job.job_id, "name": spec.job_name, "job_dir": str(job.job_dir),
-                                 "log_dir": str(Path(spec.log_dir).resolve()), "log": str(job.log_path),
-                                 "submitted": time.time(), "tasks": job.tasks, "launcher": spec.launcher}) + "\n")
-    except OSError:  # the record is a convenience; the job folder is the source of truth
-        pass
+    index.remember({"job_id": job.job_id, "name": spec.job_name, "job_dir": str(job.job_dir),
+                    "log_dir": str(Path(spec.log_dir).resolve()), "log": str(job.log_path), "tasks": job.tasks,
+                    "launcher": spec.launcher})
 
 
 def submit(spec: LaunchSpec, wait: bool = False, **kwargs: Any) -> str:
@@ -237,51 +227,14 @@ def submit(spec: LaunchSpec, wait: bool = False, **kwargs: Any) -> str:
     return submit_spec(spec, wait=wait, **kwargs).job_id
 
 
-def _exit_of(state: str) -> int:
-    """0 for COMPLETED; else the exit status in ``STATE (exit N)`` / ``(exit N:S)`` (128+S for a signal), or 1."""
-    if state == "COMPLETED":
-        return 0
-    m = re.search(r"\(exit (\d+)(?::(\d+))?\)", state)
-    if not m:
-        return 1
-    code, sig = int(m.group(1)), int(m.group(2) or 0)
-    return code or (128 + sig if sig else 1)
-
-
 def wait_for(job: SubmittedJob, echo: Callable[[str], None] | None = None, timeout: float | None = None,
              poll: float = 0.5) -> int:
-    """Follow the job's log until it (every array task) ends; return its exit code (non-zero for any failure).
-    Slurm answers while it knows the job; after that, the job folder's record does."""
-    from ._jobs import JobError
-    from ._status import job_status
-
-    deadline = None if timeout is None else time.monotonic() + timeout
-    offset = 0
-    while True:
-        try:
-            rows = job_status(job.job_id)
-        except JobError as exc:
-            raise SubmitError(str(exc)) from None
-        if echo and job.log_path.exists():
-            with open(job.log_path, encoding="utf-8", errors="replace") as fh:
-                fh.seek(offset)
-                chunk = fh.read()
-                offset = fh.tell()
-            if chunk:
-                echo(chunk)
-        if all(r.ended for r in rows):
-            time.sleep(1.0)  # a requeue passes through terminal-looking states: believe only a stable one
-            rows = job_status(job.job_id) or rows
-            if all(r.ended for r in rows):
-                job.state = rows[0].state if len(rows) == 1 else ", ".join(sorted({r.state for r in rows}))
-                return max(_exit_of(r.state) for r in rows)
-        if deadline is not None and time.monotonic() > deadline:
-            subprocess.run(["scancel", job.job_id], timeout=30)
-            raise SubmitError(f"job {job.job_id} did not finish within {timeout:.0f}s; cancelled it.")
-        time.sleep(poll)
-
-
-_safe = safe_name
+    """Follow the job's log until it (every array task) ends; return its exit code (non-zero for any failure)."""
+    try:
+        job.exit_code, job.state = status.wait_for(job.job_id, job.log_path, echo, timeout, poll)
+    except JobError as exc:
+        raise SubmitError(str(exc)) from None
+    return job.exit_code
 
 
 @dataclass
@@ -318,7 +271,7 @@ def submit_function(fn: Callable, args: tuple = (), kwargs: dict | None = None, 
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         raise SubmitError(f"cannot pickle {fn!r} for the job: {exc}. HINT: use a module-level function.") from None
     log_dir = Path(str(spec.pop("log_dir", "logs"))).expanduser().absolute()
-    folder = private_dir(log_dir, prefix=f"{_safe(str(spec['job_name']))}-")
+    folder = private_dir(log_dir, prefix=f"{safe_name(str(spec['job_name']))}-")
     call = atomic_write(folder / "call.pkl", payload, mode=0o600)
     python = str(spec.pop("python", "python3"))
     launch = LaunchSpec(program=["-m", "trainstack._remote", str(call)], python=python, log_dir=str(folder),

@@ -56,7 +56,7 @@ def touch_stop_at_step_3(trainer, config, writer) -> None:
 
 def dump_state_at_start(trainer, config, writer) -> None:
     """Every rank takes part (the gather is a collective); rank 0 writes the model and optimizer, whole."""
-    from trainstack._fsdp import full_state, is_sharded
+    from trainstack._runtime.fsdp import full_state, is_sharded
 
     if is_sharded(trainer.model):
         model_sd, optim_sd = full_state(trainer.model, trainer.optimizer)
@@ -86,7 +86,7 @@ def fit(folder: Path, nprocs: int, strategy: str = "fsdp", init: int = 0, **kw) 
 
 def _pause_second_commit() -> None:
     """For the SIGKILL test: rank 0 stops forever just before committing its second checkpoint."""
-    from trainstack import _dcp
+    from trainstack._checkpoint import sharded as _dcp
 
     real, calls = _dcp._commit, []
 

@@ -71,7 +71,7 @@ def test_resharded_resume_loads_the_saved_state_and_continues_at_the_same_sample
     before = [i for row in _ids(tmp_path / "run-ids") for i in row]
     assert len(before) == 12 and len(set(before)) == 12
     checkpoint = Checkpointer(folder).latest()
-    from trainstack._dcp import tensors
+    from trainstack._checkpoint.sharded import tensors
 
     saved = tensors(checkpoint, "model")
     saved_optim = tensors(checkpoint, "optimizer")

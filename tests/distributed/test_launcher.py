@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainstack._launcher import _read_error
+from trainstack._runtime.spawn import _read_error
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 

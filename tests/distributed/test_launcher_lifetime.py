@@ -16,7 +16,7 @@ import pytest
 from psutil_free import children_of, cmdline
 
 from trainstack import Callback, TrainConfig, Trainer
-from trainstack._runfolder import RunFolderBusy, RunLock
+from trainstack._train.runfolder import RunFolderBusy, RunLock
 from trainstack.errors import WorkerError
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]

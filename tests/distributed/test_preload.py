@@ -1,4 +1,4 @@
-"""Workers fork from a preloaded server (trainstack._preload): what they see, what survives, what is left."""
+"""Workers fork from a preloaded server (trainstack._runtime.preload): what they see, what survives, what is left."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import time
 import pytest
 from psutil_free import own_children
 
-from trainstack import Accelerator, _preload
+from trainstack import Accelerator
+from trainstack._runtime import preload as _preload
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 
@@ -53,7 +54,8 @@ def test_preload_off_spawns_the_workers(monkeypatch):
 
 _SCRIPT = textwrap.dedent("""
     import os, sys
-    from trainstack import Accelerator, _preload
+    from trainstack import Accelerator
+    from trainstack._runtime import preload as _preload
 
     def where(_):
         return os.getppid()

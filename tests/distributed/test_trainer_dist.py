@@ -176,7 +176,6 @@ def test_an_endless_loader_on_two_processes_ends_each_epoch(tmp_path):
 def test_a_full_disk_during_a_sharded_save_names_the_cause_on_two_processes(tmp_path, asynchronous):
     from helpers import small_tmpfs
 
-    from trainstack.checkpoint import CheckpointError
 
     with small_tmpfs(tmp_path / "small", "3M") as disk:
         torch.manual_seed(0)

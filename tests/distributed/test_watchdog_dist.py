@@ -56,7 +56,7 @@ def test_slow_but_progressing_and_long_checkpoints_never_trigger(tmp_path, monke
 
 
 def test_hang_timeout_is_validated_and_can_come_from_the_environment(monkeypatch):
-    from trainstack._watchdog import resolve_timeout
+    from trainstack._runtime.watchdog import resolve_timeout
     from trainstack.errors import ConfigError
 
     with pytest.raises(ConfigError, match="hang_timeout=-1"):

@@ -127,7 +127,7 @@ def _unreadable_in_snapshot(shared_tmp: Path, system: str) -> None:
         import sys
         sys.path[:0] = [{str(SITE)!r}, {str(REPO)!r}]
         from pathlib import Path
-        from trainstack._snapshot import SnapshotError, take
+        from trainstack._slurm.snapshot import SnapshotError, take
         try:
             take(Path({str(repo)!r}), Path({str(shared_tmp / 'code')!r}), exclude=[])
         except SnapshotError as exc:

@@ -19,7 +19,7 @@ class PrintMetrics(Callback):
     main_process_only = True
 
     def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
-        from .._writers import format_metrics
+        from .._train.writers import format_metrics
 
         trainer.console_print(format_metrics(trainer.opt_result.iteration, trainer.opt_result.metrics))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .._watchdog import phase
+from .._runtime.watchdog import phase
 from .base import EVENTS, Callback
 
 __all__ = ["CallbackManager"]

@@ -17,9 +17,9 @@ from typing import Any
 
 import click
 
-from ._program import parse_program
-from .errors import ConfigError
-from .render import LaunchSpec, SpecError
+from ..errors import ConfigError
+from .program import parse_program
+from .spec import LaunchSpec, SpecError
 
 __all__ = ["build_spec", "load_profile", "PROFILE_ONLY"]
 

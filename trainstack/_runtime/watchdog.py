@@ -90,7 +90,7 @@ def resolve_timeout(value: float | None) -> float:
     except ValueError:
         seconds = -1.0
     if seconds < 0:
-        from .errors import ConfigError
+        from ..errors import ConfigError
 
         raise ConfigError(f"TRAINSTACK_HANG_TIMEOUT={raw!r} is not a number of seconds >= 0 (0 turns the hang "
                           f"watchdog off).")
@@ -306,7 +306,7 @@ class Watchdog(threading.Thread):
             Path(self.report_file).write_text(f"{HANG_REPORT}\n{body}")
         sys.stderr.flush()
         sys.stdout.flush()
-        from . import _ranklog
+        from . import ranklog as _ranklog
 
         _ranklog.close(timeout=2.0)
         os._exit(HANG_EXIT_CODE)

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import TrainstackError
-from .render import safe_name
+from ..errors import TrainstackError
+from .jobfolder import JobPaths
 
 __all__ = ["JobError", "JobInfo", "job_info", "job_infos", "job_folder", "debug_job", "check_job_id"]
 
@@ -49,6 +49,15 @@ class JobInfo:
         if self.uid is not None and self.uid != os.getuid() and os.getuid() != 0:
             raise JobError(f"job {self.label} belongs to {self.user}, not to you: trainstack can {action} only your "
                            f"own jobs.")
+
+    @property
+    def paths(self) -> JobPaths | None:
+        """This job's folder and log paths (None when Slurm does not say where its output goes)."""
+        if not self.stdout:
+            return None
+        task = int(self.array_task_id) if self.array_job_id is not None and (self.array_task_id or "").isdigit() \
+            else None
+        return JobPaths.of_log(self.stdout, self.name, self.array_job_id or self.job_id, task)
 
     @property
     def label(self) -> str:
@@ -123,11 +132,10 @@ def job_info(job_id: str) -> JobInfo | None:
 
 def job_folder(info: JobInfo) -> Path | None:
     """``<log_dir>/<job name>-<job id>`` (``.../task-<i>`` for an array task): the log's folder holds it."""
-    if not info.stdout:
+    paths = info.paths
+    if paths is None:
         return None
-    folder = Path(info.stdout).parent / f"{safe_name(info.name)}-{info.array_job_id or info.job_id}"
-    if info.array_job_id is not None and (info.array_task_id or "").isdigit():
-        folder = folder / f"task-{info.array_task_id}"
+    folder = paths.folder
     try:
         return folder if folder.is_dir() else None
     except OSError:  # another user's folder we may not look into

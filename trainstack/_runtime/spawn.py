@@ -8,7 +8,7 @@ Design choices:
   When a worker hosts it instead (``srun`` with one task per process), it waits until every rank has
   left the group before it exits, which avoids the "terminate called without an active exception" crash.
 * Workers are started with :func:`torch.multiprocessing.start_processes`, forked from a server that has torch
-  imported already (``forkserver``, see :mod:`trainstack._preload`; ``spawn`` with ``TRAINSTACK_PRELOAD=0``,
+  imported already (``forkserver``, see :mod:`trainstack._runtime.preload`; ``spawn`` with ``TRAINSTACK_PRELOAD=0``,
   ``fork`` in notebooks), and they take the launching process's environment as it is at launch; when one
   fails, the others are terminated within a grace period and the caller gets
   :class:`~trainstack.errors.WorkerError` naming the rank with the worker's traceback, sent as text through a
@@ -47,11 +47,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
-from . import _layout, _preload, _ranklog
-from ._files import atomic_write
-from ._layout import ProcessPlan, WorkerContext
-from ._watchdog import HANG_EXIT_CODE, HANG_REPORT, watched
-from .errors import LaunchError, Preempted, TrainingHung, WorkerError
+from .._files import atomic_write
+from ..errors import LaunchError, Preempted, TrainingHung, WorkerError
+from . import layout as _layout
+from . import preload as _preload
+from . import ranklog as _ranklog
+from .layout import ProcessPlan, WorkerContext
+from .watchdog import HANG_EXIT_CODE, HANG_REPORT, watched
 
 __all__ = ["ProcessGroupSession", "launch", "check_not_bootstrapping"]
 
@@ -429,7 +431,7 @@ def _autograd_threads() -> list[str]:
 
 
 def _start_method() -> str:
-    """``forkserver`` (preloaded, see :mod:`trainstack._preload`) or ``spawn`` for scripts; ``fork`` in
+    """``forkserver`` (preloaded, see :mod:`trainstack._runtime.preload`) or ``spawn`` for scripts; ``fork`` in
     notebooks/REPLs where a new process cannot re-import ``__main__``."""
     forced = os.environ.get("TRAINSTACK_START_METHOD")
     if forced:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["all_reduce_dict", "gather", "broadcast", "active"]
 

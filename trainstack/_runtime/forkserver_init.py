@@ -1,9 +1,9 @@
-"""Imported only by the workers' fork server, the one module it is told to preload (see :mod:`trainstack._preload`).
+"""Imported only by the workers' fork server, the one module it is told to preload (see :mod:`trainstack._runtime.preload`).
 
 Slurm and ``kill`` may signal every process of a job step: the server must outlive a stop signal, because its
 death would take the workers down (their parent-death signal) while they write their preemption checkpoint. It
 exits when the launching process does. Workers restore the default dispositions first thing
-(``trainstack._launcher._worker``). Then it imports what every worker needs; a module that fails to import (not
+(``trainstack._runtime.spawn._worker``). Then it imports what every worker needs; a module that fails to import (not
 only with ImportError: Python's own preloading would let any other exception kill the server) is reported and
 skipped.
 """
@@ -11,7 +11,7 @@ skipped.
 import signal
 import sys
 
-from ._preload import SERVER_IGNORES, modules
+from .preload import SERVER_IGNORES, modules
 
 for _sig in SERVER_IGNORES:
     signal.signal(_sig, signal.SIG_IGN)

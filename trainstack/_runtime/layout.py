@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from .environment import ClusterEnvironment
-from .errors import LaunchError
+from ..environment import ClusterEnvironment
+from ..errors import LaunchError
 
 __all__ = ["WorkerContext", "ProcessPlan", "plan_processes", "current", "activate", "deactivate"]
 

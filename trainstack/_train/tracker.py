@@ -9,13 +9,15 @@ a row written.
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
-from ._progress import ProgressBar, banner, progress_enabled
-from ._writers import NullWriter, Writers, format_metrics, make_writers, save_loss_curve
+from ..data import DictDataLoader, is_infinite
+from .progress import ProgressBar, banner, progress_enabled
+from .writers import NullWriter, Writers, format_metrics, make_writers, save_loss_curve
 
-__all__ = ["Tracker"]
+__all__ = ["Tracker", "banner_info"]
 
 log = logging.getLogger(__name__)
 
@@ -96,3 +98,35 @@ class Tracker:
     @staticmethod
     def line(iteration: int, metrics: dict[str, Any]) -> str:
         return format_metrics(iteration, metrics)
+
+
+def banner_info(trainer: Any, per_epoch: int | None, last_epoch: int, hang_timeout: float) -> dict[str, Any]:
+    """What the start banner shows: the data, the processes, the batch sizes, the steps ahead, the folder."""
+    acc, cfg, loader = trainer.accelerator, trainer.config, trainer.train_dataloader
+    per_proc = getattr(loader, "batch_size", None) or 1
+    steps = "unknown (the loader has no length)" if per_epoch is None else \
+        math.ceil(per_epoch / cfg.gradient_accumulation_steps) * max(last_epoch - trainer.current_epoch, 0)
+    info: dict[str, Any] = {
+        "Num examples": _num_examples(loader), "Num epochs": last_epoch - trainer._run_start,
+        "Batches per epoch": per_epoch if per_epoch is not None else "until the loader ends",
+        "Processes": f"{acc.world_size} ({acc.backend} on {acc.device.type})",
+        "Batch size per process": per_proc,
+        "Total batch size (w. parallel & accumulation)": per_proc * acc.world_size * cfg.gradient_accumulation_steps,
+        "Gradient accumulation steps": cfg.gradient_accumulation_steps,
+        "Total optimization steps": steps, "Run folder": trainer.run_folder,
+        "Hang watchdog": f"armed: {hang_timeout:g} s without progress (3x for the first step, checkpoints, "
+                         f"callbacks)" if hang_timeout else "off"}
+    if is_infinite(trainer._train_loader) and not trainer.max_batches:
+        info["Batches per epoch"] = "1 (an endless loader; set max_batches for more)"
+    if trainer.current_epoch:
+        info["Continuing at epoch"] = trainer.current_epoch
+    return info
+
+
+def _num_examples(loader: Any) -> Any:
+    if isinstance(loader, DictDataLoader):
+        return {k: _num_examples(v) for k, v in loader.dataloaders.items()}
+    try:
+        return len(loader.dataset)
+    except (AttributeError, TypeError):
+        return "unknown"

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from ._watchdog import heartbeat
-from .errors import ConfigError
+from .._runtime.watchdog import heartbeat
+from ..errors import ConfigError
 
 __all__ = ["optimize_step", "get_loss_fn", "mse_loss", "cross_entropy_loss", "call_loss", "LossFn", "Step",
            "PlainStep", "AccumulatingStep", "GradientFreeStep", "make_step", "check_step_options"]

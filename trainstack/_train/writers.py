@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["Writers", "NullWriter", "make_writers", "save_loss_curve", "format_metrics"]
 
@@ -39,7 +39,7 @@ class JsonlWriter:
     """
 
     def __init__(self, folder: Path, keep_through: int | None = None) -> None:
-        from ._files import open_append
+        from .._files import open_append
 
         self.path = Path(folder) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -48,7 +48,7 @@ class JsonlWriter:
         self._fh = open_append(self.path)
 
     def _drop_rows_after(self, step: int) -> None:
-        from ._files import atomic_write
+        from .._files import atomic_write
 
         kept = []
         for line in self.path.read_text(encoding="utf-8").splitlines():
@@ -66,7 +66,7 @@ class JsonlWriter:
         self._fh.flush()
 
     def log_hyperparams(self, hyperparams: dict[str, Any]) -> None:
-        from ._files import atomic_write
+        from .._files import atomic_write
 
         atomic_write(self.path.with_name("hyperparams.json"), json.dumps(
             {k: v if isinstance(v, (int, float, str, bool)) else repr(v) for k, v in hyperparams.items()}, indent=2))
@@ -220,7 +220,7 @@ def save_loss_curve(history: list[dict[str, float]], path: Path) -> Path | None:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    from ._files import temp_path
+    from .._files import temp_path
 
     path = Path(path)
     tmp = temp_path(path, suffix=".png")

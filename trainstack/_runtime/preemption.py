@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["GracefulStop", "resolve_signals", "DEFAULT_SIGNALS"]
 
@@ -94,7 +94,7 @@ class GracefulStop:
         local = self.requested()
         if world_size <= 1:
             return {k: bool(v) for k, v in wishes.items()}, local
-        from . import _collectives
+        from . import collectives as _collectives
 
         flags = _collectives.all_reduce_dict({**{k: float(v) for k, v in wishes.items()},
                                               "__preempt": float(local is not None)}, "max")

@@ -18,10 +18,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._jobs import JobError, JobInfo, check_job_id, job_folder, job_infos
+from . import index
+from .jobfolder import JobPaths
+from .jobs import JobError, JobInfo, check_job_id, job_folder, job_infos
 
 __all__ = ["TaskStatus", "job_status", "my_jobs", "format_table", "find_log", "follow_log", "cancel_job",
-           "index_records", "ENDED"]
+           "wait_for", "ENDED", "slurm_problem"]
 
 #: States after which nothing more happens to a job (a requeued job passes through none of them for long).
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
@@ -49,31 +51,9 @@ class TaskStatus:
         return self.state.split(" (")[0] in ENDED
 
 
-def index_path() -> Path:
-    from .submit import index_path as path
-
-    return path()
-
-
-def index_records() -> list[dict]:
-    """The jobs `trainstack submit` recorded for this user, oldest first (unreadable lines skipped)."""
-    path = index_path()
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and str(record.get("job_id", "")).isdigit():
-            records.append(record)
-    return records
-
-
 def _record(base: str) -> dict | None:
     """The submission record of job ``base``; else a job folder ``logs/<name>-<id>`` or ``runs/...`` here."""
-    for record in reversed(index_records()):
+    for record in reversed(index.records()):
         if str(record["job_id"]) == base:
             return record
     for log_dir in (Path("logs"), Path("runs")):
@@ -170,14 +150,14 @@ def _folder_elapsed(folder: Path) -> tuple[str, int]:
 def _from_folder(base: str, record: dict, task: str | None) -> list[TaskStatus]:
     job_dir = Path(record["job_dir"])
     name = str(record.get("name", ""))
-    log_dir = Path(record.get("log_dir") or job_dir.parent)
+    paths = JobPaths(Path(record.get("log_dir") or job_dir.parent), name, base)
     tasks = [int(t) for t in record.get("tasks") or []]
     if task is not None:
         tasks = [int(task)]
-    units = [(f"{base}_{t}", job_dir / f"task-{t}", log_dir / f"{name}-{base}_{t}.out") for t in tasks] if tasks \
-        else [(base, job_dir, log_dir / f"{name}-{base}.out")]
+    units = [(f"{base}_{t}", paths.task_paths(t)) for t in tasks] if tasks else [(base, paths)]
     rows = []
-    for label, folder, log in units:
+    for label, unit in units:
+        folder, log = job_dir / unit.folder.relative_to(paths.job_folder), unit.log
         elapsed, restarts = _folder_elapsed(folder)
         rows.append(TaskStatus(label, name, _folder_state(folder, job_dir), "", elapsed, restarts,
                                last_metric(log), "folder", log if log.exists() else None,
@@ -244,7 +224,7 @@ def my_jobs(limit: int = 20) -> list[TaskStatus]:
         for base in dict.fromkeys(proc.stdout.split() if proc.returncode == 0 else []):
             if base.isdigit():
                 live[base] = []
-    for record in index_records()[-limit:]:
+    for record in index.records()[-limit:]:
         live.setdefault(str(record["job_id"]), [])
     rows: list[TaskStatus] = []
     for base in sorted(live, key=int, reverse=True):
@@ -353,8 +333,8 @@ def cancel_job(job_id: str) -> list[str]:
     marks = []  # first, so a job script with --requeue sees it and does not requeue itself
     for info in infos:
         folder = job_folder(info)
-        if folder is None and info.stdout and "_" not in job_id:  # pending tasks have no folder yet: the job's
-            parent = Path(info.stdout).parent / f"{_safe(info.name)}-{info.array_job_id or info.job_id}"
+        if folder is None and info.paths is not None and "_" not in job_id:  # pending tasks: the array's folder
+            parent = info.paths.job_folder
             folder = parent if parent.is_dir() else None
         if folder is not None:
             marks.append(folder / "cancelled")
@@ -367,7 +347,39 @@ def cancel_job(job_id: str) -> list[str]:
     return [i.label for i in infos]
 
 
-def _safe(name: str) -> str:
-    from .render import safe_name
+def _exit_of(state: str) -> int:
+    """0 for COMPLETED; else the exit status in ``STATE (exit N)`` / ``(exit N:S)`` (128+S for a signal), or 1."""
+    if state == "COMPLETED":
+        return 0
+    m = re.search(r"\(exit (\d+)(?::(\d+))?\)", state)
+    if not m:
+        return 1
+    code, sig = int(m.group(1)), int(m.group(2) or 0)
+    return code or (128 + sig if sig else 1)
 
-    return safe_name(name)
+
+def wait_for(job_id: str, log_path: Path | None, echo: Callable[[str], None] | None = None,
+             timeout: float | None = None, poll: float = 0.5) -> tuple[int, str]:
+    """Follow the job's log until it (every array task) ends; return its exit code (non-zero for any failure) and
+    final state. Slurm answers while it knows the job; after that, the job folder's record does."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    offset = 0
+    while True:
+        rows = job_status(job_id)
+        if echo and log_path is not None and log_path.exists():
+            with open(log_path, encoding="utf-8", errors="replace") as fh:
+                fh.seek(offset)
+                chunk = fh.read()
+                offset = fh.tell()
+            if chunk:
+                echo(chunk)
+        if all(r.ended for r in rows):
+            time.sleep(1.0)  # a requeue passes through terminal-looking states: believe only a stable one
+            rows = job_status(job_id) or rows
+            if all(r.ended for r in rows):
+                state = rows[0].state if len(rows) == 1 else ", ".join(sorted({r.state for r in rows}))
+                return max(_exit_of(r.state) for r in rows), state
+        if deadline is not None and time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id], timeout=30)
+            raise JobError(f"job {job_id} did not finish within {timeout:.0f}s; cancelled it.")
+        time.sleep(poll)

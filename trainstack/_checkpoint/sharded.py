@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._files import fsync_path, temp_path
+from .._files import fsync_path, temp_path
 
 __all__ = ["MARKER", "EXTRAS", "write", "finish", "read_extras", "load_into", "is_complete", "tensors", "Pending",
            "size_on_disk", "read_metadata", "verify", "DamagedCheckpoint"]

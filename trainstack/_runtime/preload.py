@@ -37,16 +37,16 @@ __all__ = ["enabled", "modules", "private_tempdir", "start", "start_for", "serve
 
 # What every worker imports anyway: torch, the parts the first step and the process group pull in, and ours.
 _DEFAULT = ("torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", "torch.utils.data", "trainstack",
-            "trainstack._launcher", "trainstack.trainer")
+            "trainstack._runtime.spawn", "trainstack.trainer")
 #: The one module the server is told to preload; it ignores stop signals and imports the rest, reporting failures.
-_INIT = "trainstack._forkserver_init"
+_INIT = "trainstack._runtime.forkserver_init"
 
 _SERVER = multiprocessing.forkserver.ForkServer()
 _SERVER_ENV: dict[str, str] = {}  # the environment the server started with (what torch read at import)
 _LOCK = threading.Lock()
 
 
-# What the server ignores (trainstack._forkserver_init) and its workers restore first thing.
+# What the server ignores (trainstack._runtime.forkserver_init) and its workers restore first thing.
 SERVER_IGNORES = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGINT"))
 
 
@@ -150,9 +150,9 @@ def start_for(nprocs: int) -> None:
     main = sys.modules.get("__main__")
     if main is None or not hasattr(main, "__file__"):
         return
-    from ._layout import plan_processes
-    from .environment import detect_environment
-    from .errors import TrainstackError
+    from ..environment import detect_environment
+    from ..errors import TrainstackError
+    from .layout import plan_processes
 
     try:
         env = detect_environment()

@@ -196,8 +196,8 @@ def diagnose(f: Facts, compute_setup: str = "auto") -> list[Finding]:
 
 
 def _launcher_error(environ: Mapping[str, str]) -> str | None:
-    from .environment import detect_environment
-    from .errors import LaunchError
+    from ..environment import detect_environment
+    from ..errors import LaunchError
 
     try:
         detect_environment(environ)
@@ -225,12 +225,12 @@ def hang_settings(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def _report(f: Facts) -> dict[str, Any]:
-    from .environment import detect_environment
+    from ..environment import detect_environment
 
     error = _launcher_error(f.environ)
     launcher = f"error: {error}" if error else detect_environment(f.environ).describe()
     env = {k: v for k, v in sorted(f.environ.items()) if k.startswith(_ENV_PREFIXES)}
-    from ._version import __version__
+    from .._version import __version__
 
     return {"trainstack": __version__, "python": f.python, "platform": platform.platform(), "torch": f.torch,
             "cuda": f.cuda, "cudnn": f.cudnn, "nccl": f.nccl, "nccl_available": f.nccl_available, "gpus": f.gpus,

@@ -1,5 +1,8 @@
-"""The run folder (logs, metrics, checkpoints): chosen once on rank 0, shared with every rank, and locked while a
-run uses it, so two runs never mix their checkpoints and metrics."""
+"""The run folder (logs, metrics, checkpoints): chosen once on rank 0 (or by the launching process), shared with
+every rank, and locked while a run and its workers use it, so two runs never mix their checkpoints and metrics.
+:class:`RunFolder` is what the Trainer calls: ``claim`` (choose, refuse to overwrite, lock, clean), ``agree`` (every
+rank gets the folder or the same error), ``fits`` (a resume must fit the model, checked before any process starts).
+"""
 
 from __future__ import annotations
 
@@ -11,12 +14,13 @@ import socket
 import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from .checkpoint import has_checkpoint
-from .errors import ConfigError
+from ..checkpoint import Checkpointer, CheckpointError, check_fits, has_checkpoint
+from ..errors import ConfigError
 
-__all__ = ["choose_run_folder", "RunLock", "RunFolderBusy", "auto_chosen", "refuse_to_overwrite"]
+__all__ = ["choose_run_folder", "RunLock", "RunFolderBusy", "auto_chosen", "refuse_to_overwrite", "RunFolder",
+           "run_identity", "standalone_checkpointer"]
 
 _LOCK = ".lock"
 
@@ -160,3 +164,104 @@ def refuse_to_overwrite(folder: Path, resume: object) -> None:
             f"run folder {folder} already holds checkpoints of an earlier run; starting afresh there would overwrite "
             f"them. HINT: continue that run with resume='auto', or give this run another log_folder (or delete "
             f"{folder / 'checkpoints'}).")
+
+
+def run_identity(config: Any, optimizer: Any) -> dict[str, Any]:
+    """What makes two runs the same experiment (stored in checkpoints): the settings that change what is trained, and
+    the optimizer's class and hyperparameters -- not the duration, cadence or layout."""
+    same = ("seed", "gradient_accumulation_steps", "grad_clip_norm", "mixed_precision", "strategy", "dtype",
+            "max_batches")
+    out: dict[str, Any] = {name: repr(getattr(config, name)) for name in same}
+    out["optimizer"] = type(optimizer).__name__
+    groups = getattr(optimizer, "param_groups", None) or []
+    out["hyperparameters"] = [repr({k: v for k, v in g.items() if k not in ("params", "initial_lr") and isinstance(
+        v, (int, float, str, bool, tuple, type(None)))}) for g in groups]
+    return out
+
+
+class RunFolder:
+    """Choose, claim, share and release the run folder of one ``fit()``.
+
+    ``identity`` is this experiment's (see :func:`run_identity`): ``resume="auto"`` choosing among earlier runs
+    continues only one of the same experiment, and skips a folder another run claims at the same moment.
+    ``echo`` prints on rank 0.
+    """
+
+    def __init__(self, config: Any, identity: dict[str, Any], echo: Callable[[str], None]) -> None:
+        self.config, self.identity, self.echo = config, identity, echo
+        self.lock: RunLock | None = None
+
+    def claim(self, continuing: Path | None = None) -> Path:
+        """Pick the folder (``continuing``: a second fit's), refuse to overwrite another run's checkpoints, lock it,
+        clear stale temp files. The lock is held by this object until :meth:`release`."""
+        cfg = self.config
+        racing = continuing is None and auto_chosen(cfg.log_folder, cfg.create_subfolder_per_run, cfg.resume)
+        busy: list[Path] = []
+        while True:
+            folder = continuing if continuing is not None else choose_run_folder(
+                cfg.root_folder, cfg.log_folder, cfg.create_subfolder_per_run, cfg.resume,
+                accept=self._same_experiment if racing else None, skip=busy)
+            if continuing is None:
+                refuse_to_overwrite(folder, cfg.resume)
+            lock = RunLock(folder)
+            try:
+                lock.acquire()
+            except RunFolderBusy:
+                if not racing or len(busy) > 20:
+                    raise
+                busy.append(folder)  # claimed by another run since we looked: take the next one
+                continue
+            Checkpointer(folder).remove_stale_temp_files()
+            self.lock = lock
+            return folder
+
+    def agree(self, accelerator: Any, claimed: Path | None, continuing: Path | None = None) -> Path:
+        """Collective: rank 0 claims the folder (unless its launching process did: ``claimed``); every rank gets it
+        or the same error."""
+        choice: tuple[str | None, str | None] = (str(claimed), None) if claimed is not None else (None, None)
+        if accelerator.is_main_process and claimed is None:
+            try:
+                choice = (str(self.claim(continuing)), None)
+            except ConfigError as exc:
+                choice = (None, str(exc))
+        folder, error = accelerator.broadcast(choice)
+        if error is not None:
+            raise ConfigError(error)
+        return Path(folder)
+
+    def fits(self, model: Any, folder: Path) -> None:
+        """Before spawning: the checkpoint to resume from must fit the model (a clear error here, not in a worker)."""
+        resume = self.config.resume
+        if resume is None:
+            return
+        target = Checkpointer(folder, is_main=False).readable_latest() if resume == "auto" else Path(resume)
+        if target is not None and target.exists():
+            check_fits(model, target)
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def _same_experiment(self, folder: Path) -> bool:
+        """Whether ``folder``'s newest checkpoint was written by this experiment (one from before trainstack
+        recorded it is taken as the same)."""
+        try:
+            found = Checkpointer(folder, is_main=False).load()
+        except CheckpointError:
+            return False
+        theirs = found[0].get("identity") if found else None
+        if theirs is None or theirs == self.identity:
+            return True
+        differ = sorted(k for k in self.identity if theirs.get(k) != self.identity[k])
+        self.echo(f"trainstack: resume='auto' passes over {folder}: another experiment ran there "
+                  f"({', '.join(differ)} differ).")
+        return False
+
+
+def standalone_checkpointer(config: Any, run_folder: Path | None) -> tuple[Path, Checkpointer]:
+    """A checkpointer for a Trainer used outside ``fit()``: its last run's folder, the config's ``log_folder``, or a
+    new one (qadence's tests call the checkpoint callbacks by hand)."""
+    folder = run_folder if run_folder is not None else choose_run_folder(
+        config.root_folder, config.log_folder, config.create_subfolder_per_run, config.resume)
+    return folder, Checkpointer(folder, config.keep_last_checkpoints)

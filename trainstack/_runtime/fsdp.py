@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["shard", "is_sharded", "module_classes", "check_blocks", "full_state", "fqn_optimizer_to_indexed"]
 

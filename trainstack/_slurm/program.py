@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["Program", "parse_program", "FORMS", "KINDS", "ambiguous_for_torchrun", "TORCHRUN_OPTIONS"]
 

@@ -1,0 +1,413 @@
+"""What one generated job is: :class:`LaunchSpec`, validated when it is built, so an inconsistent request fails
+before anything is written or submitted, naming the CLI option to fix. Torch-free.
+
+Field names match the CLI options (one name from the command line to the template variable); every default is
+written here once (the CLI reads them off the fields).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import json
+import math
+import re
+import shlex
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .._choices import PORT_BASE, PORT_SPAN
+from ..errors import ConfigError
+from .jobfolder import JobPaths, safe_name
+from .program import KINDS, Program, ambiguous_for_torchrun, parse_program
+
+__all__ = ["LaunchSpec", "SpecError", "SETUPS", "LAUNCHERS", "CONTAINERS", "PLACEHOLDERS", "MAX_GPUS_PER_NODE",
+           "DEFAULT_CPUS_PER_GPU_PROCESS", "spec_defaults"]
+
+SETUPS = ("single-gpu", "multi-gpu", "multi-node")
+LAUNCHERS = ("srun", "torchrun", "spawn", "custom")
+CONTAINERS = ("none", "apptainer", "pyxis")
+PLACEHOLDERS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port")
+MAX_GPUS_PER_NODE = 16
+DEFAULT_CPUS_PER_GPU_PROCESS = 4
+_TIME = re.compile(r"\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE")
+_MEM = re.compile(r"\d+[KMGT]?B?", re.IGNORECASE)
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SIGNAL = re.compile(r"(B:)?(SIG)?[A-Z0-9]+(@\d+)?")
+_SINGLE_LINE = ("job_name", "partition", "account", "qos", "constraint", "mem", "log_dir", "chdir", "image", "venv",
+                "python", "nccl_ifname", "nccl_debug", "time", "signal")
+_NO_LEADING_DASH = ("log_dir", "chdir", "image", "venv", "python")  # would become options of source/srun/apptainer
+
+
+class SpecError(ConfigError):
+    """A launch request that cannot work; ``option`` names the CLI option to fix."""
+
+    def __init__(self, option: str, message: str) -> None:
+        self.option = option
+        super().__init__(f"{option}: {message}")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything one generated script depends on. Field names match the CLI options.
+
+    Unset values (None) get their defaults in the derived properties (``procs``, ``stop_signal``), never by
+    rewriting fields. ``program_kind`` is ``script``/``module``/``exec`` when the caller already knows it (the CLI
+    asks the file system); otherwise it is read off the words.
+    """
+
+    program: list[str] = field(default_factory=list)
+    setup: str = "single-gpu"
+    launcher: str = "srun"
+    nodes: int = 1
+    gpus_per_node: int | None = None
+    cpu: bool = False
+    procs_per_node: int | None = None
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    time: str = "01:00:00"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    job_name: str = "trainstack"
+    log_dir: str = "logs"
+    exclusive: bool = False
+    requeue: bool = False
+    signal: str | None = None
+    max_requeues: int = 3
+    env: dict[str, str] = field(default_factory=dict)
+    nccl_ifname: str | None = None
+    nccl_debug: str | None = None
+    container: str = "none"
+    image: str | None = None
+    bind: list[str] = field(default_factory=list)
+    venv: str | None = None
+    setup_cmd: list[str] = field(default_factory=list)
+    command: str | None = None
+    max_restarts: int = 0
+    python: str = "python3"
+    chdir: str | None = None
+    explain: bool = False
+    program_kind: str | None = None
+    sweep: dict[str, list[str]] = field(default_factory=dict)
+    max_parallel: int | None = None
+
+    def __post_init__(self) -> None:
+        self._check_types()
+        self._check_shape()
+        self._check_resources()
+        self._check_program()
+
+    # ------------------------------------------------------------------ validation
+    def _check_types(self) -> None:
+        for name, kind in (("nodes", int), ("max_requeues", int), ("max_restarts", int)):
+            _expect(name, getattr(self, name), kind)
+        for name in ("gpus_per_node", "procs_per_node", "cpus_per_task"):
+            if getattr(self, name) is not None:
+                _expect(name, getattr(self, name), int)
+        for name in ("cpu", "exclusive", "requeue", "explain"):
+            _expect(name, getattr(self, name), bool)
+        for name in ("setup", "launcher", "time", "job_name", "log_dir", "container", "python"):
+            _expect(name, getattr(self, name), str)
+        for name in ("program", "bind", "setup_cmd"):
+            value = getattr(self, name)
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                raise SpecError(_opt(name), f"must be a list of strings, got {value!r}")
+        if not isinstance(self.env, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                     for k, v in self.env.items()):
+            raise SpecError("--env", f"must map names to strings, got {self.env!r}")
+        if not isinstance(self.sweep, dict) or not all(
+                isinstance(k, str) and isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)
+                for k, v in self.sweep.items()):
+            raise SpecError("--sweep", f"must map names to lists of values, got {self.sweep!r}")
+        if self.max_parallel is not None:
+            _expect("max_parallel", self.max_parallel, int)
+
+    def _check_shape(self) -> None:
+        for name, allowed in (("setup", SETUPS), ("launcher", LAUNCHERS), ("container", CONTAINERS)):
+            if getattr(self, name) not in allowed:
+                raise SpecError(f"--{name}", f"{getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        if self.nodes < 1:
+            raise SpecError("--nodes", f"{self.nodes} is less than 1")
+        if self.setup == "multi-node" and self.nodes < 2:
+            raise SpecError("--nodes", f"multi-node needs at least 2 nodes, got {self.nodes}; use --setup multi-gpu "
+                                       f"for one node")
+        if self.setup != "multi-node" and self.nodes != 1:
+            raise SpecError("--nodes", f"--setup {self.setup} runs on one node, got {self.nodes}; use --setup "
+                                       f"multi-node")
+        if self.cpu and self.gpus_per_node is not None:
+            raise SpecError("--gpus-per-node", "cannot be combined with --cpu (CPU-only nodes, gloo)")
+        if not self.cpu and self.procs_per_node is not None:
+            raise SpecError("--procs-per-node", "only applies with --cpu; on GPU nodes use --gpus-per-node")
+        count, option = (self.procs_per_node, "--procs-per-node") if self.cpu else (self.gpus_per_node,
+                                                                                    "--gpus-per-node")
+        if count is not None and count < 1:
+            raise SpecError(option, f"{count} is less than 1")
+        if not self.cpu and not 1 <= self.procs <= MAX_GPUS_PER_NODE:
+            raise SpecError("--gpus-per-node", f"{self.procs} is outside 1..{MAX_GPUS_PER_NODE}")
+        if self.setup == "single-gpu" and self.procs != 1:
+            raise SpecError(option, f"single-gpu runs one process, got {self.procs}; use --setup multi-gpu")
+
+    def _check_resources(self) -> None:
+        for name in _SINGLE_LINE:
+            value = getattr(self, name)
+            if value is not None and ("\n" in str(value) or "\r" in str(value)):
+                raise SpecError(_opt(name), "must be a single line")
+        if not _TIME.fullmatch(self.time):
+            raise SpecError("--time", f"{self.time!r} is not a Slurm time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
+                                      f"D-HH:MM:SS or UNLIMITED)")
+        if self.mem is not None and not _MEM.fullmatch(self.mem):
+            raise SpecError("--mem", f"{self.mem!r} is not a Slurm memory size such as 16G, 500M or 0")
+        if self.cpus_per_task is not None and self.cpus_per_task < 1:
+            raise SpecError("--cpus-per-task", f"{self.cpus_per_task} is less than 1")
+        if not self.job_name.strip():
+            raise SpecError("--job-name", "must not be empty")
+        if not self.python.strip():
+            raise SpecError("--python", "must not be empty (e.g. python3 or /path/to/venv/bin/python)")
+        for name in _NO_LEADING_DASH:
+            value = getattr(self, name)
+            if value and str(value).startswith("-"):
+                raise SpecError(_opt(name), f"{value!r} starts with '-' and would be read as an option; write "
+                                            f"./{value} for a relative path")
+        for key in self.env:
+            if not _ENV_KEY.fullmatch(key):
+                raise SpecError("--env", f"{key!r} is not a valid variable name (KEY=VALUE)")
+        if self.signal is not None and not _SIGNAL.fullmatch(self.signal):
+            raise SpecError("--signal", f"{self.signal!r} is not a Slurm signal spec such as B:USR2@120")
+        limit = self.time_seconds
+        if self.signal is not None and "@" in self.signal and limit is not None \
+                and int(self.signal.rsplit("@", 1)[1]) >= limit:
+            raise SpecError("--signal", f"{self.signal!r} asks for the warning {self.signal.rsplit('@', 1)[1]} s before "
+                                        f"a time limit of {limit} s (--time {self.time}): it would come at once. HINT: "
+                                        f"a margin of about a tenth of --time, e.g. B:USR2@{max(limit // 10, 10)}")
+        if self.cpus_per_task is not None and self.cpus_per_task < self.procs_per_task:
+            raise SpecError("--cpus-per-task", f"{self.cpus_per_task} CPU(s) for the {self.procs_per_task} processes "
+                                               f"each task runs (--launcher {self.launcher}: one task per "
+                                               f"{'process' if self.launcher == 'srun' else 'node'}); give at least "
+                                               f"{self.procs_per_task}")
+        if self.container != "none" and not self.image:
+            raise SpecError("--image", f"--container {self.container} needs --image")
+        if self.container == "none" and (self.image or self.bind):
+            raise SpecError("--container", "--image/--bind given without --container apptainer|pyxis")
+        if self.container == "pyxis" and any("," in b for b in self.bind):
+            raise SpecError("--bind", f"pyxis joins mounts with commas, so {[b for b in self.bind if ',' in b]} would "
+                                      f"become several mounts; give one --bind per mount without commas")
+        if self.container == "pyxis":
+            for name in ("log_dir", "chdir", "venv"):
+                if "," in (getattr(self, name) or "") or ":" in (getattr(self, name) or ""):
+                    raise SpecError(_opt(name), f"{getattr(self, name)!r}: pyxis mounts it into the container, and "
+                                                f"its mount list cannot hold a path with ',' or ':'")
+        if self.max_requeues < 0:
+            raise SpecError("--max-requeues", f"{self.max_requeues} is less than 0")
+        if self.max_restarts < 0:
+            raise SpecError("--max-restarts", f"{self.max_restarts} is less than 0")
+        if self.max_restarts and self.launcher != "torchrun":
+            raise SpecError("--max-restarts", "only applies to --launcher torchrun")
+        self._check_sweep()
+
+    def _check_sweep(self) -> None:
+        for key, values in self.sweep.items():
+            if not re.fullmatch(r"-{0,2}[A-Za-z_][A-Za-z0-9_.-]*", key):
+                raise SpecError("--sweep", f"{key!r} is not an option name (letters, digits, _ . -), e.g. lr=1e-3,1e-4")
+            if not values or any(v == "" for v in values):
+                raise SpecError("--sweep", f"{key}={','.join(values)!r} has an empty value; give KEY=V1,V2,...")
+            if any("\n" in v or "\r" in v for v in values):
+                raise SpecError("--sweep", f"{key}: values must be single lines")
+            if len(set(values)) != len(values):
+                raise SpecError("--sweep", f"{key} repeats a value ({','.join(values)}): each task would run twice")
+        if self.max_parallel is not None and not self.sweep:
+            raise SpecError("--max-parallel", "only applies with --sweep (it limits how many array tasks run at once)")
+        if self.max_parallel is not None and self.max_parallel < 1:
+            raise SpecError("--max-parallel", f"{self.max_parallel} is less than 1")
+        count = math.prod(len(v) for v in self.sweep.values()) if self.sweep else 0  # before building any task
+        if count > 1000:
+            raise SpecError("--sweep", f"{count} tasks: more than Slurm's default MaxArraySize (1001) allows; split "
+                                       f"the sweep")
+
+    def _check_program(self) -> None:
+        if self.program_kind is not None and self.program_kind not in KINDS:
+            raise SpecError("PROGRAM", f"program_kind={self.program_kind!r} is not one of {', '.join(KINDS)}")
+        if self.launcher == "custom":
+            if self.command and self.program:
+                raise SpecError("--command", "give the custom command either after -- or with --command, not both "
+                                             f"(the program {self.program!r} would be ignored)")
+            if not (self.command or self.program):
+                raise SpecError("--command", "--launcher custom needs the command after --, e.g. -- accelerate "
+                                             "launch --num_processes {num_processes} ... train.py")
+            unknown = set(re.findall(r"{(\w+)}", self.custom_command)) - set(PLACEHOLDERS)
+            if unknown:
+                raise SpecError("--command", f"unknown placeholder(s) {sorted(unknown)}; use {list(PLACEHOLDERS)}")
+            return
+        if self.command:
+            raise SpecError("--command", "only applies to --launcher custom")
+        try:
+            program = self.parsed_program
+        except ConfigError as exc:
+            raise SpecError("PROGRAM", str(exc)) from None
+        if self.launcher == "torchrun":
+            words = list(program.argv[1:]) + [k if k.startswith("-") else f"--{k}" for k in self.sweep]
+            for word in words:
+                clash = ambiguous_for_torchrun(word)
+                if clash:
+                    raise SpecError("PROGRAM", f"{word.split('=')[0]!r} is an abbreviation torchrun cannot tell apart "
+                                               f"from its own options ({', '.join(clash[:4])}): torchrun reads every "
+                                               f"word of its command line and the job would stop at 'ambiguous "
+                                               f"option'. HINT: spell the program's option out in full, or use "
+                                               f"--launcher srun")
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def procs(self) -> int:
+        """Processes per node (default: 1 for single-gpu, else 2)."""
+        given = self.procs_per_node if self.cpu else self.gpus_per_node
+        return given if given is not None else (1 if self.setup == "single-gpu" else 2)
+
+    @property
+    def world_size(self) -> int:
+        return self.procs * self.nodes
+
+    @property
+    def tasks_per_node(self) -> int:
+        """srun mode: one Slurm task per process; every other launcher: one task per node."""
+        return self.procs if self.launcher == "srun" else 1
+
+    @property
+    def procs_per_task(self) -> int:
+        """Processes one Slurm task runs: 1 under srun, the node's share under torchrun/spawn/custom."""
+        return 1 if self.launcher == "srun" else self.procs
+
+    @property
+    def task_cpus(self) -> int:
+        """``--cpus-per-task`` (CPUs of one Slurm task), or 4 per GPU process (1 per CPU process) of the task: the
+        seeds' figure, so data loading has cores and torchrun's workers are not squeezed onto one."""
+        if self.cpus_per_task is not None:
+            return self.cpus_per_task
+        return self.procs_per_task * (1 if self.cpu else DEFAULT_CPUS_PER_GPU_PROCESS)
+
+    @property
+    def omp_threads(self) -> int:
+        """Threads per process: the task's CPUs shared by the processes it runs."""
+        return max(self.task_cpus // self.procs_per_task, 1)
+
+    @property
+    def time_seconds(self) -> int | None:
+        """``--time`` in seconds (None: unlimited)."""
+        return _seconds(self.time)
+
+    @property
+    def stop_signal(self) -> str | None:
+        """``--signal``, or with ``--requeue`` ``B:USR2@<margin>`` to the batch shell only: 120 s before the limit,
+        at most a quarter of a short one."""
+        if self.signal or not self.requeue:
+            return self.signal
+        limit = self.time_seconds
+        return f"B:USR2@{120 if limit is None else max(min(120, limit // 4), 1)}"
+
+    @property
+    def container_mounts(self) -> list[str]:
+        """pyxis: what the job needs inside the image -- the log folder (job folder, snapshot, rank logs), the
+        working folder and the venv -- then the user's ``--bind`` mounts."""
+        own = [f"{p}:{p}" for p in dict.fromkeys(x for x in (self.log_dir, self.chdir, self.venv) if x)]
+        return own + [b for b in self.bind if b not in own]
+
+    @functools.cached_property
+    def tasks(self) -> list[dict[str, Any]]:
+        """The sweep's tasks, in array order: each one's extra arguments and its stable signature (built once)."""
+        if not self.sweep:
+            return []
+        keys = list(self.sweep)
+        setting = self._signature_basis()
+        out = []
+        for combo in itertools.product(*(self.sweep[k] for k in keys)):
+            args: list[str] = []
+            for key, value in zip(keys, combo, strict=True):
+                args += [key if key.startswith("-") else f"--{key}", value]
+            digest = hashlib.sha1(json.dumps([setting, args]).encode()).hexdigest()[:12]
+            out.append({"args": args, "signature": digest, "values": dict(zip(keys, combo, strict=True))})
+        return out
+
+    def _signature_basis(self) -> list[Any]:
+        """What a sweep task's result depends on besides its own arguments: the program, its environment and
+        interpreter, the resources it trains on. A rerun that changes any of it is a new task, not a finished one
+        (the code's contents are not part of it: the snapshot is taken per submission)."""
+        return [self.program, self.command, self.env, self.python, self.venv, self.setup_cmd, self.container,
+                self.image, self.bind, self.setup, self.launcher, self.nodes, self.procs, self.cpu, self.time,
+                self.mem, self.cpus_per_task, self.partition, self.constraint, self.chdir]
+
+    @property
+    def sweep_dir(self) -> str:
+        """Where a sweep's tasks train: one run folder per signature, the same for every submission of it."""
+        return f"{self.log_dir}/sweep-{safe_name(self.job_name)}"
+
+    @property
+    def parsed_program(self) -> Program:
+        if self.program_kind is not None:
+            return Program(self.program_kind, tuple(self.program[1:] if self.program_kind == "module"
+                                                    and self.program[:1] == ["-m"] else self.program))
+        return parse_program(self.program, self.python)
+
+    @property
+    def custom_command(self) -> str:
+        """The custom launcher's command: ``--command`` as written, or the words after ``--`` shell-quoted (words
+        holding placeholders stay expandable)."""
+        if self.command:
+            return self.command
+        return " ".join(_quote_keeping_placeholders(w) for w in self.program)
+
+    def context(self) -> dict[str, Any]:
+        ctx = asdict(self)
+        program = None if self.launcher == "custom" else self.parsed_program
+        ctx.update(procs=self.procs, world_size=self.world_size, tasks_per_node=self.tasks_per_node,
+                   job_dir_prefix=JobPaths.prefix(self.log_dir, self.job_name), tasks=self.tasks,
+                   sweep_dir=self.sweep_dir,
+                   signal=self.stop_signal, port_base=PORT_BASE, port_span=PORT_SPAN, placeholders=PLACEHOLDERS,
+                   program_kind=program.kind if program else "exec", program_words=program.words if program else [],
+                   program_argv=list(program.argv) if program else [],
+                   custom_command=self.custom_command if self.launcher == "custom" else "",
+                   omp_threads=self.omp_threads, task_cpus=self.task_cpus, procs_per_task=self.procs_per_task,
+                   container_mounts=self.container_mounts)
+        return ctx
+
+
+def _seconds(text: str) -> int | None:
+    """A Slurm time (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``, ``UNLIMITED``) in seconds."""
+    if text in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:
+        h, m, sec = (parts + [0, 0])[:3]
+        return int(days) * 86400 + h * 3600 + m * 60 + sec
+    if len(parts) == 1:
+        return parts[0] * 60
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    return parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def _opt(name: str) -> str:
+    return "PROGRAM" if name == "program" else f"--{name.replace('_', '-')}"
+
+
+def _expect(name: str, value: Any, kind: type) -> None:
+    ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+    if not ok:
+        what = {int: "an integer", bool: "true or false", str: "a string"}[kind]
+        raise SpecError(_opt(name), f"must be {what}, got {value!r} ({type(value).__name__})")
+
+
+def _quote_keeping_placeholders(word: str) -> str:
+    """Shell-quote one word; a word holding ``{placeholder}`` goes in double quotes so the task can expand it."""
+    if "{" not in word:
+        return shlex.quote(word)
+    return '"' + re.sub(r'(["\\$`])', r"\\\1", word) + '"'
+
+
+def spec_defaults() -> dict[str, Any]:
+    """Every LaunchSpec field's default, for the CLI (defaults are written once, on the fields)."""
+    from dataclasses import MISSING, fields
+
+    return {f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+            for f in fields(LaunchSpec)}

@@ -1,0 +1,92 @@
+"""Hand-off between the launching process and its workers: what a spawned worker receives (configuration and state,
+not the launcher's run handles), and rank 0's final state back in the user's own objects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["export", "absorb", "worker_state", "to_cpu", "conclude", "PREEMPTED", "DIVERGED"]
+
+PREEMPTED, DIVERGED = "preempted", "diverged"  # how a stop_reason starts when the run must not read as finished
+
+#: What one run holds on a rank and never crosses a process boundary.
+RUN_HANDLES = ("_ddp_model", "_train_loader", "_val_loader", "step", "stopper", "checkpointer", "_lock", "_folder")
+
+
+def export(trainer: Any) -> dict[str, Any] | None:
+    """Rank 0's final state for the launching process (CPU tensors); a sharded model is gathered whole first (a
+    collective: every rank calls this)."""
+    from .._runtime.fsdp import full_state, is_sharded
+
+    optimizer = trainer.optimizer if trainer.use_grad else None
+    if is_sharded(trainer.model):
+        model_sd, optim_sd = full_state(trainer.model, optimizer)
+    else:
+        model_sd = trainer.model.state_dict()
+        optim_sd = optimizer.state_dict() if optimizer is not None else None
+    if not trainer.accelerator.is_main_process:
+        return None
+    return {"model": to_cpu(model_sd), "optimizer": to_cpu(optim_sd),
+            "scheduler": trainer.scheduler.state_dict() if trainer.scheduler else None,
+            "callbacks": trainer.callbacks.state_dict(), "epoch": trainer.current_epoch,
+            "global_step": trainer.global_step, "run_folder": str(trainer.run_folder),
+            "metrics": {k: float(v) for k, v in trainer.metrics.items()}, "stop_reason": trainer.stop_reason,
+            "identity": trainer._run_identity}
+
+
+def absorb(trainer: Any, result: dict[str, Any], callbacks: Any) -> None:
+    """Take rank 0's final state into the launching process's objects (``callbacks``: a manager over the user's)."""
+    from .._runtime.fsdp import fqn_optimizer_to_indexed
+
+    trainer.model.load_state_dict(result["model"])
+    optim = result["optimizer"]
+    if optim is not None:
+        keys = [p for g in optim["param_groups"] for p in g["params"]]
+        trainer.optimizer.load_state_dict(fqn_optimizer_to_indexed(optim) if keys and isinstance(keys[0], str)
+                                          else optim)
+    if result["scheduler"] is not None and trainer.scheduler is not None:
+        trainer.scheduler.load_state_dict(result["scheduler"])
+    callbacks.load_state_dict(result["callbacks"])
+    trainer.current_epoch, trainer.global_step = result["epoch"], result["global_step"]
+    trainer.run_folder = Path(result["run_folder"])
+    trainer.metrics, trainer.stop_reason = result["metrics"], result["stop_reason"]
+    trainer._run_identity = result.get("identity")
+
+
+def conclude(trainer: Any) -> None:
+    """The end of ``fit()`` in the launching process: the config remembers its run (for the note a second Trainer
+    on it prints), and a run that did not finish raises -- ``Preempted`` (a checkpoint to continue from) or
+    ``TrainingDiverged`` -- so the code after ``fit()`` never runs as if it had."""
+    from ..errors import Preempted, TrainingDiverged
+
+    runs = trainer.config.__dict__.setdefault("_runs", [])  # not a field
+    if trainer.run_folder is not None and trainer.run_folder not in runs:
+        runs.append(trainer.run_folder)
+    reason = trainer.stop_reason
+    if reason.startswith(PREEMPTED):
+        raise Preempted(f"trainstack: {reason}; a complete checkpoint is in {trainer.run_folder}. Run again with "
+                        f"resume='auto' to continue exactly where it stopped.")
+    if reason.startswith(DIVERGED):
+        raise TrainingDiverged(f"trainstack: {reason[len(DIVERGED) + 2:]}")
+
+
+def worker_state(trainer: Any, fresh_tracker: Any) -> dict[str, Any]:
+    """What a spawned worker receives: the Trainer's state without this process's run handles."""
+    state = dict(trainer.__dict__)
+    for key in RUN_HANDLES:
+        state.pop(key, None)
+    state["tracker"] = fresh_tracker
+    return state
+
+
+def to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_cpu(v) for v in obj]
+    return obj
