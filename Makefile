@@ -47,8 +47,11 @@ test-gpu: $(VENV)/.installed  ## the GPU lane (tests/gpu; skipped without CUDA, 
 test-slurm: $(VENV)/.installed slurm-up  ## tests on the local 2-node Slurm
 	SLURM_CONF=$(SLURM_CONF_PATH) $(PY) -m pytest -m slurm $(PYTEST_ARGS)
 
-lint: $(VENV)/.installed lint-hpc  ## ruff + lint-hpc
+lint: $(VENV)/.installed lint-hpc  ## ruff, the import contracts and graph, the size budget, lint-hpc
 	$(PY) -m ruff check trainstack tests examples bench scripts
+	$(VENV)/bin/lint-imports --no-cache
+	$(PY) scripts/importgraph.py --fail-on-cycle --torch-free
+	$(PY) scripts/sizes.py --max-class 400 --max-function 60
 
 typecheck: $(VENV)/.installed  ## mypy over the package (settings in pyproject.toml)
 	$(PY) -m mypy
@@ -141,8 +144,8 @@ bench-slurm: $(VENV)/.installed slurm-up  ## local Slurm: snapshot size/time, su
 bench-gpu: $(VENV)/.installed  ## one GPU: raw vs Accelerator vs Trainer.fit vs peers (steps/s, syncs/step, memory)
 	$(PY) bench/gpu.py $(BENCH_ARGS)
 
-bench-smoke: $(VENV)/.installed  ## a few steps of every benchmark (also run by the test suite)
-	$(PY) bench/run.py --smoke $(BENCH_ARGS)
+bench-smoke: $(VENV)/.installed  ## a few steps of every benchmark, end to end (CI runs it; make test does not)
+	$(PY) -m pytest -m bench tests/test_bench.py $(PYTEST_ARGS)
 
 bench-peers: $(VENV)/.installed  ## install the peers for the comparison (keeps the pinned torch)
 	$(PIP) install -q "torch==$(TORCH_VERSION)" -e '.[bench]'

@@ -38,7 +38,7 @@ def cmdline(pid: int) -> str:
 
 def own_children() -> dict[int, str]:
     """Live descendants of this process, except multiprocessing's long-lived helpers: the resource tracker and the
-    workers' fork server (trainstack._runtime.preload; it exits with this process, tests/test_preload.py checks that)."""
+    workers' fork server (trainstack._runtime.preload; it exits with this process, test_preload.py checks that)."""
     found = {pid: cmdline(pid) for pid in children_of(os.getpid())}
     return {pid: cmd for pid, cmd in found.items()
             if "resource_tracker" not in cmd and "multiprocessing.forkserver" not in cmd}

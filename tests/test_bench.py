@@ -1,4 +1,5 @@
-"""The benchmark runs end to end in smoke mode, so it cannot rot (numbers are not asserted: not a timed test)."""
+"""The benchmarks run end to end in smoke mode, so they cannot rot (numbers are not asserted: not a timed test).
+Marked `bench`: `make bench-smoke` runs them (CI does), `make test` does not."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.bench, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_bench_smoke(run_py, tmp_path):

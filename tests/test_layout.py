@@ -54,7 +54,7 @@ def test_context_is_the_one_identity_record():
     plan = plan_processes(detect_environment(SLURM_STEP | {"SLURM_PROCID": "1", "SLURM_NODEID": "0",
                                                            "SLURM_LOCALID": "1"}), 8)
     ctx = plan.context(1, "cuda", gpus=4, port=1234)
-    assert (ctx.rank, ctx.local_rank, ctx.world_size, ctx.master_port, ctx.launcher) == (
+    assert (ctx.rank, ctx.local_rank, ctx.world_size, ctx.master_port, ctx.environment) == (
         plan.rank_offset + 1, plan.local_rank_offset + 1, 8, 1234, "slurm")
     assert ctx.device == f"cuda:{(plan.local_rank_offset + 1) % 4}" and not ctx.is_main
     assert plan_processes(LocalEnvironment(), 1).context().device == "cpu"

@@ -39,6 +39,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from . import _envvars as envvars
 from ._choices import BACKENDS, COMPUTE_SETUPS, DEFAULT_COMPUTE_SETUP, LOG_SETUPS, STRATEGIES
 from ._runtime import collectives as collectives
 from ._runtime import layout as _layout
@@ -222,7 +223,7 @@ class Accelerator:
     @property
     def pin_memory(self) -> bool:
         """Pin prepared loaders' batches on CUDA (asynchronous copies); ``TRAINSTACK_PIN_MEMORY=0`` turns it off."""
-        return self.use_cuda and os.environ.get("TRAINSTACK_PIN_MEMORY", "1") != "0"
+        return self.use_cuda and os.environ.get(envvars.PIN_MEMORY, "1") != "0"
 
     @property
     def log_device(self) -> torch.device:
@@ -247,7 +248,7 @@ class Accelerator:
                 return fn(*args, **kwargs)
             warn_if_outside_step()
             plan = self.plan
-            hang_dir = os.environ.get("TRAINSTACK_HANG_DIR", ".")
+            hang_dir = os.environ.get(envvars.HANG_DIR, ".")
             if plan.spawn:
                 return launch(fn, args, kwargs, plan, self.backend, self._device_type, self.hang_timeout, hang_dir,
                               keep_open)

@@ -29,6 +29,7 @@ from torch.utils.data import (
 )
 from torch.utils.data import DistributedSampler as _TorchDistributedSampler
 
+from . import _envvars as envvars
 from .errors import ConfigError
 
 __all__ = ["ResumableDistributedSampler", "PreparedDataLoader", "FastTensorLoader", "prepare_dataloader",
@@ -202,7 +203,7 @@ def _fast_path_ok(loader: DataLoader) -> bool:
     from torch.utils.data._utils.collate import default_collate
 
     return (type(loader.dataset) is TensorDataset and loader.num_workers == 0 and loader.collate_fn is default_collate
-            and loader.batch_size is not None and os.environ.get("TRAINSTACK_FAST_TENSOR_PATH", "1") != "0")
+            and loader.batch_size is not None and os.environ.get(envvars.FAST_TENSOR_PATH, "1") != "0")
 
 
 def _loader_kwargs(loader: DataLoader) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import ClassVar
 
 import hostlist
 
+from . import _envvars as envvars
 from ._choices import PORT_BASE, PORT_SPAN
 from .errors import LaunchError
 
@@ -207,7 +208,7 @@ class SlurmEnvironment(ClusterEnvironment):
             job_id=job_id,
             restart_count=_int(environ, "SLURM_RESTART_COUNT", default=0),
             nodes=nodes,
-            allocated=_int(environ, "TRAINSTACK_NPROCS", default=0) or None,
+            allocated=_int(environ, envvars.NPROCS, default=0) or None,
         )
 
 

@@ -18,6 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from . import _envvars as envvars
 from .accelerator import Accelerator
 
 
@@ -53,7 +54,7 @@ def check(accelerator: Accelerator, megabytes: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nprocs", type=int, default=1, help="processes to spawn when not under a launcher")
-    parser.add_argument("--compute-setup", default=os.environ.get("TRAINSTACK_COMPUTE_SETUP", "auto"),
+    parser.add_argument("--compute-setup", default=os.environ.get(envvars.COMPUTE_SETUP, "auto"),
                         choices=["auto", "gpu", "cpu"])
     parser.add_argument("--megabytes", type=int, default=64, help="size of the timed all_reduce (0: skip)")
     args = parser.parse_args(argv)

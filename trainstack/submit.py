@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import _envvars as envvars
 from ._files import UntrustedFileError, atomic_write, load_private_pickle, private_dir
 from ._slurm import index, status
 from ._slurm.jobfolder import JobPaths, safe_name
@@ -113,6 +114,7 @@ def submit_spec(spec: LaunchSpec, wait: bool = False, templates_dir: str | None 
         shutil.rmtree(staging, ignore_errors=True)
         raise
     job.snapshot = snap
+    assert job.job_dir is not None  # set by _sbatch_held
     try:
         atomic_write(job.job_dir / "metadata.json", json.dumps(_metadata(spec, job, argv), indent=2, default=str),
                      mode=0o600)
@@ -134,10 +136,10 @@ def _sbatch_held(exe: str, spec: LaunchSpec, script: Path, staging: Path, log_di
                  skipped: list[int]) -> SubmittedJob:
     """``sbatch --hold`` the staged script, then move the staging folder to the job folder Slurm's id names."""
     env = dict(os.environ)
-    env.pop("TRAINSTACK_SNAPSHOT", None)
+    env.pop(envvars.SNAPSHOT, None)
     root = git_root(Path(spec.chdir or ".")) if (staging / "code").is_dir() else None
     if root is not None:  # the job runs from <job folder>/code/<this folder relative to the repository>
-        env["TRAINSTACK_SNAPSHOT"] = os.path.relpath(Path(spec.chdir or ".").resolve(), root)
+        env[envvars.SNAPSHOT] = os.path.relpath(Path(spec.chdir or ".").resolve(), root)
     args = [exe, "--parsable", "--hold"]
     if spec.tasks:
         args.append(f"--array={_ranges(tasks)}" + (f"%{spec.max_parallel}" if spec.max_parallel else ""))

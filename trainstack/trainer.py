@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from . import _envvars as envvars
 from ._runtime import watchdog
 from ._runtime.preemption import GracefulStop, resolve_signals
 from ._runtime.watchdog import heartbeat
@@ -387,7 +388,7 @@ class Trainer:
                               acc.data_dtype)
         self.evaluate = Evaluator(acc, self.loss_fn, self._fire_batch)
         self.stopper = GracefulStop(resolve_signals(cfg.stop_signals),
-                                    cfg.stop_file or os.environ.get("TRAINSTACK_STOP_FILE"))
+                                    cfg.stop_file or os.environ.get(envvars.STOP_FILE))
         self.stopper.install()
         self._run_identity = self._run_identity or run_identity(cfg, self.optimizer)  # before any lr change
         self._folder = RunFolder(cfg, self._run_identity, self.console_print)
@@ -428,12 +429,12 @@ class Trainer:
         if getattr(self, "stopper", None) is not None:
             self.stopper.restore()
         self.tracker.close()
-        if getattr(self, "_folder", None) is not None:
-            self._folder.release()
+        folder = getattr(self, "_folder", None)
+        if folder is not None:
+            folder.release()
 
     def _outside_fit_checkpointer(self) -> bool:
-        """Give a Trainer used outside ``fit()`` a checkpointer for its run folder (the last fit's, the config's
-        ``log_folder``, or a new one); True when it is outside a run."""
+        """A checkpointer for a Trainer used outside ``fit()`` (see ``standalone_checkpointer``); True outside."""
         if getattr(self, "checkpointer", None) is not None and getattr(self, "_train_loader", None) is not None:
             return False
         self.run_folder, self.checkpointer = standalone_checkpointer(self.config, self.run_folder)

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import _envvars as envvars
+
 __all__ = ["Facts", "Finding", "gather_facts", "diagnose", "run_doctor"]
 
 _ENV_PREFIXES = ("NCCL_", "TORCH_", "GLOO_", "MASTER_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "SLURM_JOB_ID",
@@ -208,12 +210,12 @@ def _launcher_error(environ: Mapping[str, str]) -> str | None:
 
 def hang_settings(environ: Mapping[str, str]) -> dict[str, str]:
     """How long a stuck collective or a stuck rank can last here, and what is recorded when it happens."""
-    timeout = environ.get("TRAINSTACK_TIMEOUT_S") or "1800"
+    timeout = environ.get(envvars.TIMEOUT_S) or "1800"
     recorder = environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or "0"
     return {
         "collective timeout": f"{timeout} s (TRAINSTACK_TIMEOUT_S; the process group's timeout for NCCL and gloo)",
-        "hang watchdog": ("off (TRAINSTACK_HANG_TIMEOUT=0)" if environ.get("TRAINSTACK_HANG_TIMEOUT") == "0" else
-                          f"{environ.get('TRAINSTACK_HANG_TIMEOUT') or '600'} s without progress on every rank "
+        "hang watchdog": ("off (TRAINSTACK_HANG_TIMEOUT=0)" if environ.get(envvars.HANG_TIMEOUT) == "0" else
+                          f"{environ.get(envvars.HANG_TIMEOUT) or '600'} s without progress on every rank "
                           f"(TRAINSTACK_HANG_TIMEOUT or TrainConfig.hang_timeout)"),
         "NCCL flight recorder": (f"on, last {recorder} collectives per rank, dumped on timeout: "
                                  f"{environ.get('TORCH_NCCL_DUMP_ON_TIMEOUT', '0')} to "

@@ -32,7 +32,7 @@ class WorkerContext:
     num_nodes: int
     master_addr: str
     master_port: int
-    launcher: str = "local"
+    environment: str = "local"  # who started the processes: local, torchrun or slurm (environment.py's names)
     device: str = "cpu"
 
     @property
@@ -74,7 +74,7 @@ class ProcessPlan:
         return WorkerContext(rank=self.rank_offset + local_index, local_rank=local_rank, world_size=self.world_size,
                              local_world_size=self.local_world_size, node_rank=env.node_rank,
                              num_nodes=env.num_nodes, master_addr=self.master_addr,
-                             master_port=self.master_port if port is None else port, launcher=env.name,
+                             master_port=self.master_port if port is None else port, environment=env.name,
                              device=device)
 
 

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from .. import _envvars as envvars
 from ..errors import ConfigError
 
 __all__ = ["GracefulStop", "resolve_signals", "DEFAULT_SIGNALS"]
@@ -34,7 +35,7 @@ def resolve_signals(names: Sequence[str] | None, environ: dict[str, str] | None 
     """Signal names from the config, else ``TRAINSTACK_STOP_SIGNALS`` (comma separated), else SIGUSR2."""
     env = os.environ if environ is None else environ
     if names is None:
-        raw = env.get("TRAINSTACK_STOP_SIGNALS")
+        raw = env.get(envvars.STOP_SIGNALS)
         names = [n.strip() for n in raw.split(",") if n.strip()] if raw else list(DEFAULT_SIGNALS)
     if isinstance(names, str):
         raise ConfigError(f"stop signals {names!r} must be a list of signal names, e.g. ({names!r},) or "
@@ -104,6 +105,6 @@ class GracefulStop:
     @staticmethod
     def confirm_saved(checkpoint: Path | None) -> None:
         """Tell the batch script the checkpoint is complete, so it requeues the job (main process only)."""
-        marker = os.environ.get("TRAINSTACK_STOP_FILE")
+        marker = os.environ.get(envvars.STOP_FILE)
         if marker:
             Path(marker + ".saved").write_text(str(checkpoint or ""))

@@ -31,6 +31,8 @@ import tempfile
 import threading
 from collections.abc import Iterator
 
+from .. import _envvars as envvars
+
 log = logging.getLogger("trainstack")
 
 __all__ = ["enabled", "modules", "private_tempdir", "start", "start_for", "server_pid", "serving", "server_environ"]
@@ -52,12 +54,12 @@ SERVER_IGNORES = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1", 
 
 def enabled() -> bool:
     """False when ``TRAINSTACK_PRELOAD=0`` (or ``no``/``off``/``false``)."""
-    return os.environ.get("TRAINSTACK_PRELOAD", "1").strip().lower() not in ("0", "no", "off", "false")
+    return os.environ.get(envvars.PRELOAD, "1").strip().lower() not in ("0", "no", "off", "false")
 
 
 def modules() -> list[str]:
     """The defaults plus the modules named in ``TRAINSTACK_PRELOAD`` (a comma-separated list)."""
-    extra = [m.strip() for m in os.environ.get("TRAINSTACK_PRELOAD", "").split(",")
+    extra = [m.strip() for m in os.environ.get(envvars.PRELOAD, "").split(",")
              if m.strip() and m.strip().lower() not in ("1", "yes", "on", "true")]
     return list(dict.fromkeys([*_DEFAULT, *extra]))
 
@@ -112,9 +114,10 @@ def start() -> bool:
         except OSError as exc:  # e.g. a socket path too long for AF_UNIX
             log.debug("fork server not started (%s); workers will be spawned", exc)
             return False
-        if not _SERVER_ENV or _SERVER_ENV.get("__pid") != str(_SERVER._forkserver_pid):
+        pid = str(server_pid())
+        if _SERVER_ENV.get("__pid") != pid:
             _SERVER_ENV.clear()
-            _SERVER_ENV.update(env, __pid=str(_SERVER._forkserver_pid))
+            _SERVER_ENV.update(env, __pid=pid)
     return True
 
 
@@ -142,7 +145,7 @@ def start_for(nprocs: int) -> None:
     not itself a worker, and not under a launcher that starts the processes itself (torchrun, srun per process)."""
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs <= 1 or not enabled():
         return
-    if os.environ.get("TRAINSTACK_START_METHOD", "forkserver") != "forkserver":
+    if os.environ.get(envvars.START_METHOD, "forkserver") != "forkserver":
         return
     if multiprocessing.parent_process() is not None or getattr(multiprocessing.current_process(), "_inheriting",
                                                                False):

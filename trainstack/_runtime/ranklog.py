@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .. import _envvars as envvars
+
 __all__ = ["tee_rank_output", "close"]
 
 _tee: subprocess.Popen | None = None
@@ -25,8 +27,8 @@ def tee_rank_output(rank: int, environ: dict[str, str] | None = None) -> Path | 
     """Start copying this process's output into the job folder's ``rank-<rank>.out`` (once per process)."""
     global _tee, _saved
     env = os.environ if environ is None else environ
-    folder = env.get("TRAINSTACK_JOB_DIR")
-    if _tee is not None or not folder or env.get("TRAINSTACK_RANK_LOG") or shutil.which("tee") is None \
+    folder = env.get(envvars.JOB_DIR)
+    if _tee is not None or not folder or env.get(envvars.RANK_LOG) or shutil.which("tee") is None \
             or not Path(folder).is_dir():
         return None
     path = Path(folder) / f"rank-{rank}.out"
@@ -49,7 +51,7 @@ def tee_rank_output(rank: int, environ: dict[str, str] | None = None) -> Path | 
     os.dup2(tee.stdin.fileno(), 2)
     tee.stdin.close()
     _tee = tee
-    os.environ["TRAINSTACK_RANK_LOG"] = str(path)  # child processes write through this one
+    os.environ[envvars.RANK_LOG] = str(path)  # child processes write through this one
     atexit.register(close)
     return path
 

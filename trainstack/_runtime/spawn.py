@@ -40,13 +40,14 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
+from .. import _envvars as envvars
 from .._files import atomic_write
 from ..errors import LaunchError, Preempted, TrainingHung, WorkerError
 from . import layout as _layout
@@ -91,7 +92,7 @@ def check_main_guard(fn: Callable) -> None:
     ``if __name__ == "__main__":`` -- every worker would re-import the script and start the run again. One short
     error in the launching process, with the fix for the API used."""
     path = _main_script()
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") ==
                                      "__main__"):
         frame = frame.f_back
@@ -129,7 +130,7 @@ def _is_main_test(test: ast.expr) -> bool:
 
 def _timeout() -> datetime.timedelta:
     """Collective/rendezvous timeout; ``TRAINSTACK_TIMEOUT_S`` overrides the 30-minute default."""
-    raw = os.environ.get("TRAINSTACK_TIMEOUT_S", "1800")
+    raw = os.environ.get(envvars.TIMEOUT_S, "1800")
     try:
         seconds = float(raw)
     except ValueError:
@@ -177,7 +178,7 @@ class ProcessGroupSession:
         if ctx.world_size == 1 or dist.is_initialized():
             return
         timeout = _timeout()
-        if ctx.launcher == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        if ctx.environment == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             # torchrun's agent hosts the store and keeps it across worker restarts (same MASTER_PORT), so the
             # keys of the previous attempt's group are still there; with torch 2.13 a restarted gloo group then
             # fails in connectFullMesh about 2 times in 3. A per-attempt key prefix keeps attempts apart.
@@ -318,7 +319,7 @@ def _die_with_launcher() -> None:
     sentinel = getattr(parent, "sentinel", None)
     if sentinel is None:
         return
-    server = multiprocessing.forkserver._forkserver
+    server: Any = multiprocessing.forkserver._forkserver  # CPython's own singleton
     alive = getattr(server, "_forkserver_alive_fd", None)
     if alive is not None:  # the server's "alive" pipe: held here, it would keep the server up after the launcher
         os.close(alive)
@@ -354,7 +355,7 @@ def _worker(local_index: int, payload: Any, spec: _WorkerSpec, private_dir: str)
         for sig in _preload.SERVER_IGNORES:
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     atomic_write(os.path.join(private_dir, f"started-{local_index}"), b"", mode=0o600)
-    os.environ["TRAINSTACK_ERROR_REPORT"] = os.path.join(private_dir, f"error-{local_index}.txt")
+    os.environ[envvars.ERROR_REPORT] = os.path.join(private_dir, f"error-{local_index}.txt")
     try:
         ctx = spec.plan.context(local_index, spec.device_type, spec.gpus, port=spec.store_port)
         _set_child_environ(ctx)
@@ -433,7 +434,7 @@ def _autograd_threads() -> list[str]:
 def _start_method() -> str:
     """``forkserver`` (preloaded, see :mod:`trainstack._runtime.preload`) or ``spawn`` for scripts; ``fork`` in
     notebooks/REPLs where a new process cannot re-import ``__main__``."""
-    forced = os.environ.get("TRAINSTACK_START_METHOD")
+    forced = os.environ.get(envvars.START_METHOD)
     if forced:
         if forced not in _START_METHODS:
             raise LaunchError(f"TRAINSTACK_START_METHOD={forced!r} is not one of {', '.join(_START_METHODS)}. "

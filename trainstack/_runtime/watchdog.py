@@ -32,6 +32,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from .. import _envvars as envvars
+
 __all__ = ["Heartbeat", "Watchdog", "heartbeat", "HANG_EXIT_CODE", "start", "stop", "resolve_timeout",
            "DEFAULT_TIMEOUT_S", "watched", "summarise", "where", "dump_stacks", "phase", "HANG_REPORT"]
 
@@ -82,7 +84,7 @@ def resolve_timeout(value: float | None) -> float:
     """``hang_timeout`` from the config, else ``TRAINSTACK_HANG_TIMEOUT``, else 600 s; 0 turns the watchdog off."""
     if value is not None:
         return float(value)
-    raw = os.environ.get("TRAINSTACK_HANG_TIMEOUT")
+    raw = os.environ.get(envvars.HANG_TIMEOUT)
     if raw is None or raw == "":
         return DEFAULT_TIMEOUT_S
     try:
@@ -336,11 +338,11 @@ def start(rank: int, world: int, timeout: float, dump_dir: Path, store: Any = No
     """
     global _current
     stop()
-    job_dir = Path(os.environ["TRAINSTACK_JOB_DIR"]) if os.environ.get("TRAINSTACK_JOB_DIR") else None
+    job_dir = Path(os.environ[envvars.JOB_DIR]) if os.environ.get(envvars.JOB_DIR) else None
     if not timeout and job_dir is None:
         return None
     _HEARTBEAT.step, _HEARTBEAT.phase, _HEARTBEAT.tick, _HEARTBEAT.beats = 0, "start", 0, 0
-    _current = Watchdog(rank, world, timeout, dump_dir, store, job_dir, os.environ.get("TRAINSTACK_ERROR_REPORT"),
+    _current = Watchdog(rank, world, timeout, dump_dir, store, job_dir, os.environ.get(envvars.ERROR_REPORT),
                         armed)
     _current.start()
     return _current

@@ -55,8 +55,8 @@ class JobInfo:
         """This job's folder and log paths (None when Slurm does not say where its output goes)."""
         if not self.stdout:
             return None
-        task = int(self.array_task_id) if self.array_job_id is not None and (self.array_task_id or "").isdigit() \
-            else None
+        task_id = self.array_task_id or ""
+        task = int(task_id) if self.array_job_id is not None and task_id.isdigit() else None
         return JobPaths.of_log(self.stdout, self.name, self.array_job_id or self.job_id, task)
 
     @property

@@ -179,9 +179,10 @@ class LaunchSpec:
         limit = self.time_seconds
         if self.signal is not None and "@" in self.signal and limit is not None \
                 and int(self.signal.rsplit("@", 1)[1]) >= limit:
-            raise SpecError("--signal", f"{self.signal!r} asks for the warning {self.signal.rsplit('@', 1)[1]} s before "
-                                        f"a time limit of {limit} s (--time {self.time}): it would come at once. HINT: "
-                                        f"a margin of about a tenth of --time, e.g. B:USR2@{max(limit // 10, 10)}")
+            margin = self.signal.rsplit("@", 1)[1]
+            raise SpecError("--signal", f"{self.signal!r} asks for the warning {margin} s before a time limit of "
+                                        f"{limit} s (--time {self.time}): it would come at once. HINT: a margin of "
+                                        f"about a tenth of --time, e.g. B:USR2@{max(limit // 10, 10)}")
         if self.cpus_per_task is not None and self.cpus_per_task < self.procs_per_task:
             raise SpecError("--cpus-per-task", f"{self.cpus_per_task} CPU(s) for the {self.procs_per_task} processes "
                                                f"each task runs (--launcher {self.launcher}: one task per "
@@ -409,5 +410,7 @@ def spec_defaults() -> dict[str, Any]:
     """Every LaunchSpec field's default, for the CLI (defaults are written once, on the fields)."""
     from dataclasses import MISSING, fields
 
-    return {f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
-            for f in fields(LaunchSpec)}
+    out: dict[str, Any] = {}
+    for f in fields(LaunchSpec):
+        out[f.name] = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[operator]
+    return out

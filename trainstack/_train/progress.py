@@ -6,12 +6,14 @@ import os
 import sys
 from typing import Any
 
+from .. import _envvars as envvars
+
 __all__ = ["ProgressBar", "banner", "progress_enabled"]
 
 
 def progress_enabled(verbose: bool) -> bool:
     """Bar on when verbose and stdout is a terminal; TRAINSTACK_PROGRESS=1/0 forces it on/off."""
-    forced = os.environ.get("TRAINSTACK_PROGRESS")
+    forced = os.environ.get(envvars.PROGRESS)
     if forced is not None:
         return forced not in ("0", "false", "")
     return verbose and sys.stdout.isatty()

@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from .. import _envvars as envvars
 from ..checkpoint import Checkpointer, CheckpointError, check_fits, has_checkpoint
 from ..errors import ConfigError
 
@@ -121,11 +122,11 @@ def choose_run_folder(root: Path, log_folder: Path, new_per_run: bool, resume: o
     """
     env = os.environ if environ is None else environ
     if new_per_run:
-        return _new_folder(Path(env["TRAINSTACK_RUN_DIR"]) if env.get("TRAINSTACK_RUN_DIR") else root)
+        return _new_folder(Path(env[envvars.RUN_DIR]) if env.get(envvars.RUN_DIR) else root)
     if log_folder != Path("./"):
         return log_folder
-    if env.get("TRAINSTACK_RUN_DIR"):
-        return Path(env["TRAINSTACK_RUN_DIR"])
+    if env.get(envvars.RUN_DIR):
+        return Path(env[envvars.RUN_DIR])
     job = env.get("SLURM_JOB_ID")
     if job:
         array = env.get("SLURM_ARRAY_TASK_ID")
@@ -143,7 +144,7 @@ def auto_chosen(log_folder: Path, new_per_run: bool, resume: object, environ: Ma
     """True when :func:`choose_run_folder` picks among earlier runs (``resume="auto"`` with no folder named by the
     config, the job or the sweep): another run may claim the same one at the same moment."""
     env = os.environ if environ is None else environ
-    return (resume == "auto" and not new_per_run and log_folder == Path("./") and not env.get("TRAINSTACK_RUN_DIR")
+    return (resume == "auto" and not new_per_run and log_folder == Path("./") and not env.get(envvars.RUN_DIR)
             and not env.get("SLURM_JOB_ID"))
 
 

@@ -1,0 +1,37 @@
+"""One owner for the environment variables: every TRAINSTACK_* name the package or its job templates use is listed
+(with who sets it and what it does) in trainstack._envvars, and every listed one is used."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from trainstack import _envvars
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = re.compile(r"TRAINSTACK_[A-Z][A-Z0-9_]*[A-Z0-9]")
+
+
+def _used() -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for path in [*ROOT.glob("trainstack/**/*.py"), *ROOT.glob("templates/*.j2")]:
+        if path.name == "_envvars.py":
+            continue
+        for name in NAME.findall(path.read_text()):
+            found.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_variable_used_is_listed_with_its_meaning():
+    listed = {v.name for v in _envvars.VARIABLES}
+    unlisted = {name: sorted(where) for name, where in _used().items() if name not in listed}
+    assert not unlisted, f"add these to trainstack/_envvars.py: {unlisted}"
+    assert all(v.meaning and v.set_by for v in _envvars.VARIABLES)
+
+
+def test_every_listed_variable_is_used_and_read_through_its_constant():
+    used = _used()
+    assert not [v.name for v in _envvars.VARIABLES if v.name not in used and v.name not in
+                {getattr(_envvars, k) for k in _envvars.__all__ if k.isupper()}]
+    for path in ROOT.glob("trainstack/**/*.py"):  # code never spells a name as a bare string: it uses the constant
+        assert not re.search(r"[\"']TRAINSTACK_[A-Z_]+[\"']", path.read_text()) or path.name == "_envvars.py", path

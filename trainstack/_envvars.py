@@ -1,0 +1,76 @@
+"""Every ``TRAINSTACK_*`` environment variable, in one place: its name, who sets it, and what it does.
+
+Code reads them through these constants; the job templates write the same names (a test checks that every
+``TRAINSTACK_*`` name in the package and the templates is listed here, and the docs' reference table is generated
+from :data:`VARIABLES`). Torch-free leaf.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["Variable", "VARIABLES"] + [
+    "COMPUTE_SETUP", "ERROR_REPORT", "FAST_TENSOR_PATH", "HANG_DIR", "HANG_TIMEOUT", "JOB_DIR", "NODE_LOG", "NPROCS",
+    "PIN_MEMORY", "PRELOAD", "PROGRESS", "RANK_LOG", "RUN_DIR", "SNAPSHOT", "START_METHOD", "STOP_FILE",
+    "STOP_SIGNALS", "SUBMIT_DIR", "TIMEOUT_S"]
+
+
+class Variable(NamedTuple):
+    name: str
+    set_by: str  # "you" (a knob), or the part of trainstack that sets it for its own processes
+    meaning: str
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable("TRAINSTACK_HANG_TIMEOUT", "you",
+             "Seconds without progress on every rank before the hang watchdog reports and exits (default 600; 0: "
+             "off). TrainConfig.hang_timeout / Accelerator(hang_timeout=) win over it."),
+    Variable("TRAINSTACK_HANG_DIR", "you",
+             "Where an Accelerator loop's hang reports go (default: the working folder; the Trainer uses its run "
+             "folder)."),
+    Variable("TRAINSTACK_TIMEOUT_S", "you",
+             "Collective and rendezvous timeout of the process group, in seconds (default 1800)."),
+    Variable("TRAINSTACK_PRELOAD", "you",
+             "0 turns the workers' preloaded fork server off (workers are spawned); a comma-separated list of modules "
+             "preloads those as well (e.g. transformers)."),
+    Variable("TRAINSTACK_START_METHOD", "you",
+             "Force how workers start: forkserver, spawn or fork (default: forkserver for scripts, fork in "
+             "notebooks)."),
+    Variable("TRAINSTACK_PIN_MEMORY", "you", "0 turns off pinned host memory for prepared loaders on CUDA."),
+    Variable("TRAINSTACK_FAST_TENSOR_PATH", "you",
+             "0 turns off the whole-batch indexing of in-memory TensorDatasets (identical batches either way)."),
+    Variable("TRAINSTACK_PROGRESS", "you", "1/0 forces the rich progress bar on or off (default: on a terminal)."),
+    Variable("TRAINSTACK_STOP_SIGNALS", "you / requeue scripts",
+             "Comma-separated signals that ask for a graceful checkpoint-and-stop (default SIGUSR2)."),
+    Variable("TRAINSTACK_STOP_FILE", "requeue scripts",
+             "A file whose existence asks for a graceful stop; the trainer writes <file>.saved once its checkpoint "
+             "is complete."),
+    Variable("TRAINSTACK_NPROCS", "job scripts",
+             "The processes the job was allocated; it wins over a program's nprocs (with a warning when they "
+             "differ)."),
+    Variable("TRAINSTACK_COMPUTE_SETUP", "CPU job scripts", "cpu in --cpu scripts: programs may read it."),
+    Variable("TRAINSTACK_JOB_DIR", "job scripts",
+             "This job's folder (task folder for an array task): rank logs, hang reports, debug requests."),
+    Variable("TRAINSTACK_RUN_DIR", "sweep scripts",
+             "The run folder of a sweep task (named by its arguments' signature); the Trainer uses it."),
+    Variable("TRAINSTACK_SNAPSHOT", "trainstack submit",
+             "The submitting folder relative to the repository: the job runs <job folder>/code/<this>."),
+    Variable("TRAINSTACK_SUBMIT_DIR", "job scripts", "The folder the job was submitted from."),
+    Variable("TRAINSTACK_RANK_LOG", "job scripts / the runtime",
+             "This process's own log file (set once a process tees its output: not teed twice)."),
+    Variable("TRAINSTACK_NODE_LOG", "custom-launcher job scripts", "This node's own log file."),
+    Variable("TRAINSTACK_ERROR_REPORT", "the runtime",
+             "Where a spawned worker reports why it stopped (a private file the launching process reads as text)."),
+)
+
+_BY_NAME = {v.name: v for v in VARIABLES}
+HANG_TIMEOUT, HANG_DIR, TIMEOUT_S = "TRAINSTACK_HANG_TIMEOUT", "TRAINSTACK_HANG_DIR", "TRAINSTACK_TIMEOUT_S"
+PRELOAD, START_METHOD, PIN_MEMORY = "TRAINSTACK_PRELOAD", "TRAINSTACK_START_METHOD", "TRAINSTACK_PIN_MEMORY"
+FAST_TENSOR_PATH, PROGRESS = "TRAINSTACK_FAST_TENSOR_PATH", "TRAINSTACK_PROGRESS"
+STOP_SIGNALS, STOP_FILE, NPROCS = "TRAINSTACK_STOP_SIGNALS", "TRAINSTACK_STOP_FILE", "TRAINSTACK_NPROCS"
+COMPUTE_SETUP, JOB_DIR, RUN_DIR = "TRAINSTACK_COMPUTE_SETUP", "TRAINSTACK_JOB_DIR", "TRAINSTACK_RUN_DIR"
+SNAPSHOT, SUBMIT_DIR, RANK_LOG = "TRAINSTACK_SNAPSHOT", "TRAINSTACK_SUBMIT_DIR", "TRAINSTACK_RANK_LOG"
+NODE_LOG, ERROR_REPORT = "TRAINSTACK_NODE_LOG", "TRAINSTACK_ERROR_REPORT"
+assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PRELOAD, START_METHOD, PIN_MEMORY,
+                                         FAST_TENSOR_PATH, PROGRESS, STOP_SIGNALS, STOP_FILE, NPROCS, COMPUTE_SETUP,
+                                         JOB_DIR, RUN_DIR, SNAPSHOT, SUBMIT_DIR, RANK_LOG, NODE_LOG, ERROR_REPORT))
