@@ -167,12 +167,11 @@ _RESERVED = ("format_version", "rng", "world_size", "config")
 
 
 def _save_errors() -> tuple[type[BaseException], ...]:
+    """What a failed save raises: DCP's CheckpointException is a BaseException (imported only when saving sharded
+    checkpoints: torch.distributed.checkpoint takes seconds to import)."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     return (Exception, CheckpointException)
-
-
-_SAVE_ERRORS = _save_errors()
 
 
 class Checkpointer:
@@ -235,7 +234,7 @@ class Checkpointer:
         try:
             out = _dcp.write(self.folder / name, parts.get("model"), parts.get("optimizer"), state, self.is_main,
                              group)
-        except _SAVE_ERRORS as exc:  # DCP's CheckpointException is a BaseException
+        except _save_errors() as exc:  # DCP's CheckpointException is a BaseException
             self._failed_save(self.folder / name, exc)
         self.last_save_seconds = time.perf_counter() - start
         if isinstance(out, _dcp.Pending):
@@ -253,7 +252,7 @@ class Checkpointer:
         pending, self._pending = self._pending, None
         try:
             path = _dcp.finish(pending, self.is_main)
-        except _SAVE_ERRORS as exc:
+        except _save_errors() as exc:
             self._failed_save(pending.final, exc)
         self._committed(best=False)
         return path if self.is_main else None

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from ._slurm.options import build_spec, templates_dir_of
+from ._slurm.options import build_spec
 from ._slurm.program import FORMS
 from ._slurm.spec import spec_defaults
 from ._version import __version__
@@ -165,8 +165,7 @@ def main() -> None:
 @click.pass_context
 def generate(ctx: click.Context, output: str | None, force: bool, dry_run: bool, **params: Any) -> None:
     """Render one sbatch script; the program and its arguments follow `--`."""
-    templates_dir = templates_dir_of(params)
-    spec = build_spec(ctx, params)
+    spec, templates_dir = build_spec(ctx, params)
     text = _render(spec, templates_dir)
     log_dir = Path(spec.log_dir)
     if output and not dry_run:
@@ -195,8 +194,7 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
     """Render, create the job folder, sbatch; print the job id, its folder and its log."""
     from .submit import finished_tasks, submit_spec
 
-    templates_dir = templates_dir_of(params)
-    spec = build_spec(ctx, params)
+    spec, templates_dir = build_spec(ctx, params)
     if dry_run:
         click.echo(_render(spec, templates_dir), nl=False)
         if spec.tasks:
@@ -309,7 +307,7 @@ def _render(spec: LaunchSpec, templates_dir: str | None) -> str:
     try:
         return render(spec, templates_dir, command_line=_command_line())
     except SpecError as exc:
-        raise click.BadParameter(str(exc), param_hint=f"'{exc.option}'") from None
+        raise click.BadParameter(exc.message, param_hint=f"'{exc.option}'") from None
     except jinja2.TemplateError as exc:  # a site template (--templates-dir) that does not render
         where = f" ({exc.filename}, line {exc.lineno})" if isinstance(exc, jinja2.TemplateSyntaxError) else ""
         raise click.ClickException(f"the template could not be rendered{where}: {exc.message}. HINT: fix the "

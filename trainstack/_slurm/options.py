@@ -92,30 +92,30 @@ def _is_executable(word: str, venv: str | None, cwd: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
-def build_spec(ctx: click.Context, params: dict[str, Any], cwd: Path | None = None) -> LaunchSpec:
-    """Profile values for options left at their defaults, absolute paths, the program classified; any bad value
-    becomes a usage error naming its option."""
+def build_spec(ctx: click.Context, params: dict[str, Any],
+               cwd: Path | None = None) -> tuple[LaunchSpec, str | None]:
+    """The spec and the site templates folder: profile values (read once) for options left at their defaults,
+    absolute paths, the program classified; any bad value becomes a usage error naming its option."""
     cwd = cwd or Path.cwd()
     params = dict(params)
     profile_path = params.pop("profile", None)
-    params.pop("templates_dir", None)
-    if profile_path:
-        known = {f.name for f in fields(LaunchSpec)} | set(PROFILE_ONLY)
-        for key, value in load_profile(profile_path).items():
-            if key not in known:
-                raise click.BadParameter(f"unknown option {key!r} in {profile_path}; valid keys: "
-                                         f"{', '.join(sorted(known))}", param_hint="'--profile'")
-            source = ctx.get_parameter_source(key) if key in ctx.params else None
-            if key in PROFILE_ONLY:
-                continue
-            if source is None or source.name in ("DEFAULT", "DEFAULT_MAP"):
-                params[key] = _profile_value(key, value, profile_path)
+    templates_dir = params.pop("templates_dir", None)
+    profile = load_profile(profile_path) if profile_path else {}
+    known = {f.name for f in fields(LaunchSpec)} | set(PROFILE_ONLY)
+    for key, value in profile.items():
+        if key not in known:
+            raise click.BadParameter(f"unknown option {key!r} in {profile_path}; valid keys: "
+                                     f"{', '.join(sorted(known))}", param_hint="'--profile'")
+        source = ctx.get_parameter_source(key) if key in ctx.params else None
+        if key not in PROFILE_ONLY and (source is None or source.name in ("DEFAULT", "DEFAULT_MAP")):
+            params[key] = _profile_value(key, value, str(profile_path))
+    if templates_dir is None and profile.get("templates_dir") is not None:
+        templates_dir = _profile_templates(str(profile_path), profile["templates_dir"])
     env = params.pop("env")
     pairs = env.items() if isinstance(env, dict) else [_split_env(item) for item in env]
     params["sweep"] = _parse_sweep(params.get("sweep") or ())
     program = list(params.pop("program"))
-    params.setdefault("chdir", None)
-    params["chdir"] = params["chdir"] or str(cwd)
+    params["chdir"] = params.get("chdir") or str(cwd)
     for key in _PATHS:
         params[key] = _absolute(params.get(key), cwd)
     try:
@@ -123,25 +123,20 @@ def build_spec(ctx: click.Context, params: dict[str, Any], cwd: Path | None = No
             parsed = parse_program(program, params.get("python") or "python3",
                                    lambda w: _is_executable(w, params.get("venv"), cwd))
             program, params["program_kind"] = parsed.words, parsed.kind
-        return LaunchSpec(env=dict(pairs), program=program, bind=list(params.pop("bind")),
+        spec = LaunchSpec(env=dict(pairs), program=program, bind=list(params.pop("bind")),
                           setup_cmd=list(params.pop("setup_cmd")), **params)
     except SpecError as exc:
-        raise click.BadParameter(str(exc).split(": ", 1)[1], param_hint=f"'{exc.option}'") from None
+        raise click.BadParameter(exc.message, param_hint=f"'{exc.option}'") from None
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="'PROGRAM'") from None
+    return spec, templates_dir
 
 
-def templates_dir_of(ctx_params: dict[str, Any]) -> str | None:
-    """``--templates-dir``, else the profile's ``templates_dir`` (relative to the profile file)."""
-    given = ctx_params.get("templates_dir")
-    if given or not ctx_params.get("profile"):
-        return given
-    value = load_profile(ctx_params["profile"]).get("templates_dir")
-    if value is None:
-        return None
-    folder = (Path(ctx_params["profile"]).parent / str(value)).resolve()
+def _profile_templates(profile_path: str, value: Any) -> str:
+    """A profile's ``templates_dir``, relative to the profile file."""
+    folder = (Path(profile_path).parent / str(value)).resolve()
     if not folder.is_dir():
-        raise click.BadParameter(f"templates_dir {value!r} in {ctx_params['profile']} is not a folder",
+        raise click.BadParameter(f"templates_dir {value!r} in {profile_path} is not a folder",
                                  param_hint="'--profile'")
     return str(folder)
 

@@ -44,7 +44,7 @@ class SpecError(ConfigError):
     """A launch request that cannot work; ``option`` names the CLI option to fix."""
 
     def __init__(self, option: str, message: str) -> None:
-        self.option = option
+        self.option, self.message = option, message
         super().__init__(f"{option}: {message}")
 
 
