@@ -125,7 +125,7 @@ def test_a_damaged_newest_sharded_checkpoint_falls_back_to_the_previous(tmp_path
     expected = _parts(1)["model"].state_dict()
     assert all(torch.equal(parts["model"].state_dict()[k], v) for k, v in expected.items())
     assert "unreadable" in capsys.readouterr().out
-    assert describe(run)["global_step"] == 1  # inspect names the readable one, no traceback, no hang
+    assert describe(run)["step"] == 1  # inspect names the readable one, no traceback, no hang
     with pytest.raises(CheckpointError, match="damaged|not a regular file|truncated|missing"):
         describe(newest)
 

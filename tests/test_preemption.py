@@ -29,9 +29,9 @@ def _fit(tmp_path, folder, callbacks=(), resume=None, stop_file=None, init_seed=
     return trainer
 
 
-def _at_step(step, action):
+def _at_batch(batch, action):
     def cb(trainer, config, writer):
-        if trainer.global_step == step:
+        if trainer.global_batch == batch:
             action()
     return Callback(on="train_batch_end", callback=cb)
 
@@ -44,7 +44,7 @@ def test_mid_epoch_stop_then_resume_is_bitwise_identical(tmp_path, how, capsys):
     ended = []
     on_end = Callback(on="train_end", callback=lambda t, c, w: ended.append(t.current_epoch))
     with pytest.raises(Preempted) as exc:
-        _fit(tmp_path, "run", callbacks=[_at_step(17, action), on_end], stop_file=stop_file)  # epoch 2, batch 5
+        _fit(tmp_path, "run", callbacks=[_at_batch(17, action), on_end], stop_file=stop_file)  # epoch 2, batch 5
     assert exc.value.code == 0 and "resume='auto'" in str(exc.value)
     assert ended == []  # the run was stopped, not finished: train_end callbacks do not fire
     assert "Graceful stop at epoch 1, step 17" in capsys.readouterr().out
@@ -61,9 +61,10 @@ def test_mid_epoch_stop_then_resume_is_bitwise_identical(tmp_path, how, capsys):
 def test_stop_waits_for_the_end_of_an_accumulation_window(tmp_path):
     stop_file = tmp_path / "STOP"
     with pytest.raises(Preempted):
-        _fit(tmp_path, "acc", callbacks=[_at_step(5, stop_file.touch)], stop_file=stop_file, accum=4)
+        _fit(tmp_path, "acc", callbacks=[_at_batch(5, stop_file.touch)], stop_file=stop_file, accum=4)
     state = torch.load(Checkpointer(tmp_path / "acc").latest(), weights_only=True)
-    assert state["global_step"] == 8  # not 5: the optimizer step of the window 5..8 is never half done
+    # not after batch 5: the optimizer step of the window 5..8 is never half done (step 2 = batches 1..8)
+    assert (state["global_batch"], state["global_step"]) == (8, 2)
 
 
 def test_stop_at_an_epoch_end_saves_and_stops(tmp_path):

@@ -65,7 +65,7 @@ def test_validation_calls_and_metric_prefixes(tmp_path):
     assert loss.calls == 5 * 4 + 2 * 2  # validation after epochs 2 and 4, 2 batches each
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [1, 2, 3, 4, 5]
-    assert set(rows[1]) == {"iteration", "step", "time", "train_loss", "train_mae", "val_loss", "val_mae"}
+    assert set(rows[1]) == {"epoch", "iteration", "step", "time", "train_loss", "train_mae", "val_loss", "val_mae"}
     assert "val_loss" not in rows[0]
 
 
@@ -116,8 +116,8 @@ def test_print_metrics_from_the_main_process(tmp_path, capsys):
     Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg).fit(_loader())
     out = capsys.readouterr().out
     assert "***** Running training *****" in out and "Total optimization steps" in out
-    lines = [line for line in out.splitlines() if line.startswith("Iteration")]
-    assert len(lines) == 2 and "train_loss:" in lines[0] and "train_mse:" in lines[0]
+    lines = [line for line in out.splitlines() if line.startswith("epoch ") and "train_loss:" in line]
+    assert len(lines) == 2 and lines[0].startswith("epoch 2/4 | step 8 |") and "train_mse:" in lines[0], lines
 
 
 def test_checkpoints_round_trip_rotate_and_load_weights_only(tmp_path):

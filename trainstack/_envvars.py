@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 __all__ = ["Variable", "VARIABLES"] + [
     "COMPUTE_SETUP", "ERROR_REPORT", "FAST_TENSOR_PATH", "HANG_DIR", "HANG_TIMEOUT", "JOB_DIR", "NODE_LOG", "NPROCS",
-    "PIN_MEMORY", "PRELOAD", "PROGRESS", "RANK_LOG", "RUN_DIR", "SNAPSHOT", "START_METHOD", "STOP_FILE",
-    "STOP_SIGNALS", "SUBMIT_DIR", "TIMEOUT_S"]
+    "INTERRUPT_FILE", "PIN_MEMORY", "PRELOAD", "PROGRESS", "RANK_LOG", "RUN_DIR", "SNAPSHOT", "START_METHOD",
+    "STOP_FILE", "STOP_SIGNALS", "SUBMIT_DIR", "TIMEOUT_S"]
 
 
 class Variable(NamedTuple):
@@ -61,6 +61,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TRAINSTACK_NODE_LOG", "custom-launcher job scripts", "This node's own log file."),
     Variable("TRAINSTACK_ERROR_REPORT", "the runtime",
              "Where a spawned worker reports why it stopped (a private file the launching process reads as text)."),
+    Variable("TRAINSTACK_INTERRUPT_FILE", "the runtime",
+             "A private file the launching process creates at the first Ctrl-C: spawned Trainer workers stop at the "
+             "next step boundary with a checkpoint."),
 )
 
 _BY_NAME = {v.name: v for v in VARIABLES}
@@ -70,7 +73,8 @@ FAST_TENSOR_PATH, PROGRESS = "TRAINSTACK_FAST_TENSOR_PATH", "TRAINSTACK_PROGRESS
 STOP_SIGNALS, STOP_FILE, NPROCS = "TRAINSTACK_STOP_SIGNALS", "TRAINSTACK_STOP_FILE", "TRAINSTACK_NPROCS"
 COMPUTE_SETUP, JOB_DIR, RUN_DIR = "TRAINSTACK_COMPUTE_SETUP", "TRAINSTACK_JOB_DIR", "TRAINSTACK_RUN_DIR"
 SNAPSHOT, SUBMIT_DIR, RANK_LOG = "TRAINSTACK_SNAPSHOT", "TRAINSTACK_SUBMIT_DIR", "TRAINSTACK_RANK_LOG"
-NODE_LOG, ERROR_REPORT = "TRAINSTACK_NODE_LOG", "TRAINSTACK_ERROR_REPORT"
+NODE_LOG, ERROR_REPORT, INTERRUPT_FILE = "TRAINSTACK_NODE_LOG", "TRAINSTACK_ERROR_REPORT", "TRAINSTACK_INTERRUPT_FILE"
 assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PRELOAD, START_METHOD, PIN_MEMORY,
                                          FAST_TENSOR_PATH, PROGRESS, STOP_SIGNALS, STOP_FILE, NPROCS, COMPUTE_SETUP,
-                                         JOB_DIR, RUN_DIR, SNAPSHOT, SUBMIT_DIR, RANK_LOG, NODE_LOG, ERROR_REPORT))
+                                         JOB_DIR, RUN_DIR, SNAPSHOT, SUBMIT_DIR, RANK_LOG, NODE_LOG, ERROR_REPORT,
+                                         INTERRUPT_FILE))

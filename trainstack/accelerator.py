@@ -234,12 +234,13 @@ class Accelerator:
         return self.world_size > 1 and dist.is_available() and dist.is_initialized()
 
     # ------------------------------------------------------------------ launching
-    def distribute(self, fn: F, keep_open: Sequence[int] = ()) -> F:
+    def distribute(self, fn: F, keep_open: Sequence[int] = (), interruptible: bool = False) -> F:
         """Wrap ``fn`` so that calling it runs it on every process; returns rank 0's return value.
 
         Spawns workers only when the environment started fewer processes than ``nprocs``; inside
         torchrun/srun-per-process it joins the existing processes instead. ``keep_open``: file descriptors the
-        spawned workers hold until they exit (a lock stays held while any of them lives).
+        spawned workers hold until they exit (a lock stays held while any of them lives). ``interruptible``: ``fn``
+        stops gracefully at a first Ctrl-C (the Trainer), which the launching process passes on.
         """
 
         @functools.wraps(fn)
@@ -251,7 +252,7 @@ class Accelerator:
             hang_dir = os.environ.get(envvars.HANG_DIR, ".")
             if plan.spawn:
                 return launch(fn, args, kwargs, plan, self.backend, self._device_type, self.hang_timeout, hang_dir,
-                              keep_open)
+                              keep_open, interruptible)
             ctx = self._ctx()
             with ProcessGroupSession(ctx, self.backend, host_store=plan.rank_offset == 0), \
                     watched(ctx.rank, ctx.world_size, self.hang_timeout, Path(hang_dir)):

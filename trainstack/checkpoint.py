@@ -18,7 +18,6 @@ hold only tensors and plain values: ``torch.load(path, weights_only=True)`` work
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import os
@@ -33,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ._checkpoint.failures import why_failed
 from ._checkpoint.rng import capture_rng, gather_rng, restore_rng
 from ._files import TEMP_RE, create_new, fsync_path, temp_path
 from .errors import TrainstackError
@@ -66,30 +66,6 @@ def has_checkpoint(run_folder: str | os.PathLike) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------- writing
-_REASONS = {errno.ENOSPC: "the disk is full", errno.EACCES: "permission denied", errno.EPERM: "permission denied",
-            errno.EROFS: "the file system is read-only", errno.EDQUOT: "the disk quota is exceeded"}
-
-
-def _why(exc: BaseException, folder: Path) -> str:
-    """The cause of a failed write in words. torch reports a full disk as a RuntimeError from its zip writer, so
-    when no OSError is attached the free space decides."""
-    causes: list[BaseException] = [exc]
-    while causes:
-        cause = causes.pop()
-        if isinstance(cause, OSError) and cause.errno in _REASONS:
-            return _REASONS[cause.errno]
-        causes += [c for c in (cause.__cause__, cause.__context__) if c is not None]
-        causes += [c for c in getattr(cause, "failures", {}).values() if isinstance(c, BaseException)]  # DCP's
-    try:
-        st = os.statvfs(folder)
-        if st.f_bavail * st.f_frsize < 1 << 20:
-            return _REASONS[errno.ENOSPC]
-    except OSError:
-        pass
-    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    return (text.strip().splitlines() or [type(exc).__name__])[0][:300]
-
-
 def atomic_save(obj: Any, path: Path) -> float:
     """``torch.save`` to a temp file next to ``path``, fsync, then rename. Returns the seconds it took.
 
@@ -109,7 +85,7 @@ def atomic_save(obj: Any, path: Path) -> float:
         committed = True
         fsync_path(path.parent)
     except Exception as exc:
-        raise CheckpointError(f"could not write checkpoint {path}: {_why(exc, path.parent)}. The previous "
+        raise CheckpointError(f"could not write checkpoint {path}: {why_failed(exc, path.parent)}. The previous "
                               f"checkpoint is kept. HINT: free space or choose another root_folder/log_folder.") \
             from exc
     finally:
@@ -194,40 +170,43 @@ class Checkpointer:
 
     # -------------------------------------------------------------- saving
     def save(self, counters: Mapping[str, Any], parts: Mapping[str, Any], config: dict | None = None,
-             best: bool = False) -> Path | None:
-        """Write ``ckpt-e<epoch>-s<step>.pt`` (or ``best.pt``) from every part's state; None if already saved at
-        this step (decided from memory, identically on every rank) or on non-main ranks."""
+             best: bool = False, name: str | None = None) -> Path | None:
+        """Write ``ckpt-e<epoch>-s<step>.pt`` from every part's state -- or, given a ``name`` (a callback's top-k
+        file, ``best``), ``<name>.pt``, which rotation never touches. None if this periodic checkpoint was already
+        saved at this step (decided from memory, identically on every rank) or on non-main ranks."""
         step = int(counters["global_step"])
-        if not best and self.saved_step == step:
+        name = BEST_SHARDED if best and name is None else name
+        if name is None and self.saved_step == step:
             return None
         sharded = self.sharded
         state: dict[str, Any] = {"format_version": FORMAT_VERSION, **counters}
-        for name, part in parts.items():
-            if sharded and name in ("model", "optimizer"):
+        for part_name, part in parts.items():
+            if sharded and part_name in ("model", "optimizer"):
                 continue  # written as shards by every rank
-            state[name] = _state_of(part)
+            state[part_name] = _state_of(part)
         if parts.get("optimizer") is not None:
             state["optimizer_class"] = type(parts["optimizer"]).__name__
         state["rng"] = gather_rng()
         state["world_size"] = len(state["rng"])
         state["config"] = config
-        if not best:
+        if name is None:
             self.saved_step = step
-        name = checkpoint_name(int(counters["epoch"]), step)
+        periodic = checkpoint_name(int(counters["epoch"]), step)
         if sharded:
-            return self._save_sharded(state, parts, BEST_SHARDED if best else name.removesuffix(".pt"), best)
+            return self._save_sharded(state, parts, name or periodic.removesuffix(".pt"), name is not None)
         if not self.is_main:
             return None
-        return self.write(state, BEST if best else name)
+        return self.write(state, f"{name}.pt" if name else periodic)
 
-    def _save_sharded(self, state: dict[str, Any], parts: Mapping[str, Any], name: str, best: bool) -> Path | None:
-        """Every rank writes its shard; asynchronously (only staging stalls training) when asked, except for best."""
+    def _save_sharded(self, state: dict[str, Any], parts: Mapping[str, Any], name: str, named: bool) -> Path | None:
+        """Every rank writes its shard; asynchronously (only staging stalls training) when asked, except for named
+        checkpoints (best, top-k), which are linked to as soon as they exist."""
         from ._checkpoint import sharded as _dcp
 
         start = time.perf_counter()
         self.wait()  # one save in flight at a time
         group = None
-        if self.async_save and not best and dist.is_available() and dist.is_initialized():
+        if self.async_save and not named and dist.is_available() and dist.is_initialized():
             if self._async_group is None:  # collectives of the background save must not share training's group
                 self._async_group = dist.new_group(backend="gloo")
             group = self._async_group
@@ -240,7 +219,7 @@ class Checkpointer:
         if isinstance(out, _dcp.Pending):
             self._pending = out
             return None
-        self._committed(best)
+        self._committed(named)
         return out if self.is_main else None
 
     def wait(self) -> Path | None:
@@ -254,7 +233,7 @@ class Checkpointer:
             path = _dcp.finish(pending, self.is_main)
         except _save_errors() as exc:
             self._failed_save(pending.final, exc)
-        self._committed(best=False)
+        self._committed(named=False)
         return path if self.is_main else None
 
     def _failed_save(self, final: Path, exc: BaseException) -> None:
@@ -264,21 +243,58 @@ class Checkpointer:
 
         if self.is_main:
             shutil.rmtree(_dcp.temp_name(final), ignore_errors=True)
-        raise CheckpointError(f"could not write checkpoint {final}: {_why(exc, self.folder)}. The previous "
+        raise CheckpointError(f"could not write checkpoint {final}: {why_failed(exc, self.folder)}. The previous "
                               f"checkpoint is kept. HINT: free space or choose another root_folder/log_folder.") \
             from (exc if isinstance(exc, Exception) else None)
 
-    def _committed(self, best: bool) -> None:
-        if self.is_main and not best:
+    def _committed(self, named: bool) -> None:
+        if self.is_main and not named:
             self._rotate()
 
     def write(self, state: Mapping[str, Any], name: str) -> Path:
         """Write one prepared state atomically under ``name`` (this process only), then rotate."""
         path = self.folder / name
         self.last_save_seconds = atomic_save(dict(state), path)
-        if name != BEST:
+        if _PATTERN.match(name):
             self._rotate()
         return path
+
+    # -------------------------------------------------------------- other names: best, last, top-k
+    def named(self, name: str) -> Path | None:
+        """The checkpoint saved under ``name`` (a file ``name.pt`` or a sharded folder), if there is one."""
+        from ._checkpoint.aliases import alias_path
+
+        return alias_path(self.folder, name)
+
+    def link(self, target: str | Path, alias: str) -> Path | None:
+        """Rank 0: make ``alias`` (``best``, ``last``) another name of the checkpoint ``target`` (a name or path)."""
+        from ._checkpoint.aliases import link
+
+        src = self.named(target) if isinstance(target, str) else Path(target)
+        if not self.is_main or src is None:
+            return None
+        return link(src, self.folder / (alias if src.is_dir() else f"{alias}.pt"))
+
+    def remove(self, name: str) -> None:
+        """Rank 0: delete the named checkpoint (a top-k file that fell out)."""
+        path = self.named(name)
+        if self.is_main and path is not None:
+            remove_checkpoint(path)
+
+    def resolve(self, which: str | os.PathLike | None) -> Path | None:
+        """``"best"``, ``"last"`` (the ``last`` alias, else the newest readable checkpoint), a path, or None (the
+        newest readable one)."""
+        if which is None:
+            return self.readable_latest()
+        if which == "best":
+            path = self.named(BEST_SHARDED)
+            if path is None:
+                raise CheckpointError(f"no best checkpoint in {self.folder}. HINT: ModelCheckpoint(monitor=...), "
+                                      f"TrainConfig(checkpoint_best_only=True) or SaveBestCheckpoint write one.")
+            return path
+        if which == "last":
+            return self.named("last") or self.readable_latest()
+        return Path(which)
 
     def remove_stale_temp_files(self) -> list[Path]:
         """Delete temp files a killed writer left behind (call only while holding the run folder's lock)."""
@@ -512,24 +528,25 @@ def check_fits(model: torch.nn.Module, path: str | os.PathLike) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- tools
-def find(path: str | os.PathLike) -> Path:
-    """A checkpoint from a run folder (its newest readable one), a ``checkpoints`` folder (likewise) or a checkpoint
-    itself."""
+def find(path: str | os.PathLike, which: str | None = None) -> Path:
+    """A checkpoint from a run folder (its newest readable one, or its ``which`` = ``best``/``last``), a
+    ``checkpoints`` folder (likewise) or a checkpoint itself."""
     from ._checkpoint.sharded import is_complete
 
     path = Path(path)
-    if path.is_file() or is_complete(path) or _PATTERN.match(path.name) or path.name in (BEST, BEST_SHARDED):
+    if which is None and (path.is_file() or is_complete(path) or _PATTERN.match(path.name)
+                          or path.name in (BEST, BEST_SHARDED)):
         load_file(path)  # a clear error for a missing, damaged or incomplete one
         return path
     run = path.parent if path.name == "checkpoints" else path
-    latest = Checkpointer(run).readable_latest()
-    if latest is None:
+    found = Checkpointer(run).resolve(which)
+    if found is None:
         raise CheckpointError(f"no complete checkpoint in {path}. HINT: give a run folder, its checkpoints folder, "
                               f"or one ckpt-* file or folder.")
-    return latest
+    return found
 
 
-def _on_newest(path: str | os.PathLike, read: Any) -> Any:
+def _on_newest(path: str | os.PathLike, read: Any, which: str | None = None) -> Any:
     """``read(checkpoint)`` for the checkpoint ``path`` names; when ``path`` is a run folder whose live run rotates
     its checkpoints while we read, the new newest one is read instead."""
     from ._checkpoint.sharded import DamagedCheckpoint
@@ -538,7 +555,7 @@ def _on_newest(path: str | os.PathLike, read: Any) -> Any:
     for _ in range(20):
         where: Path | None = None
         try:
-            where = find(path)
+            where = find(path, which)
             return read(where)
         except (OSError, DamagedCheckpoint) as exc:  # CheckpointError included
             if where is not None and (where == Path(path) or where.exists()):
@@ -552,8 +569,9 @@ def _on_newest(path: str | os.PathLike, read: Any) -> Any:
     raise error
 
 
-def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """The model's whole state dict (no ``module.`` prefixes) from any checkpoint, sharded or not, in one process."""
+def consolidate(path: str | os.PathLike, which: str | None = None) -> dict[str, torch.Tensor]:
+    """The model's whole state dict (no ``module.`` prefixes) from any checkpoint, sharded or not, in one process
+    (``which="best"``: a run folder's best one)."""
     from ._checkpoint import sharded as _dcp
 
     def read(where: Path) -> dict[str, torch.Tensor]:
@@ -562,12 +580,13 @@ def consolidate(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         state = load_file(where)  # a folder renamed away meanwhile fails here, and is retried
         return dict(state["model"])
 
-    return _on_newest(path, read)
+    return _on_newest(path, read, which)
 
 
-def describe(path: str | os.PathLike) -> dict[str, Any]:
-    """What ``trainstack checkpoint inspect`` shows: format, written by how many processes, where in training, size."""
-    return _on_newest(path, _describe)
+def describe(path: str | os.PathLike, which: str | None = None) -> dict[str, Any]:
+    """What ``trainstack checkpoint inspect`` shows: format, written by how many processes, where in training (epoch,
+    step, batch), the monitored value, size."""
+    return _on_newest(path, _describe, which)
 
 
 def _describe(where: Path) -> dict[str, Any]:
@@ -586,12 +605,26 @@ def _describe(where: Path) -> dict[str, Any]:
     else:
         params = sum(t.numel() for t in state["model"].values())
         size = where.stat().st_size
-    return {"checkpoint": str(where), "format": "sharded" if sharded else "file",
-            "world_size": state.get("world_size"), "epoch": state.get("epoch"), "global_step": state.get("global_step"),
-            "batch_in_epoch": partial.get("batch_in_epoch", 0), "samples_in_epoch": partial.get("samples_in_epoch"),
-            "parameters": params, "bytes": size, "optimizer": state.get("optimizer_class"),
-            "saved_at": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state["saved_at"]))
-            if state.get("saved_at") else None}
+    info = {"checkpoint": str(where), "format": "sharded" if sharded else "file",
+            "world_size": state.get("world_size"), "epoch": state.get("epoch"), "step": state.get("global_step"),
+            "batch": state.get("global_batch", state.get("global_step")),
+            "batch_in_epoch": partial.get("batch_in_epoch", 0), "samples_in_epoch": partial.get("samples_in_epoch")}
+    info.update(_monitored(state))
+    info.update({"parameters": params, "bytes": size, "optimizer": state.get("optimizer_class"),
+                 "saved_at": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state["saved_at"]))
+                 if state.get("saved_at") else None})
+    return info
+
+
+def _monitored(state: Mapping[str, Any]) -> dict[str, str]:
+    """The value that chose this checkpoint (a top-k/best one) and the run's best so far, in words."""
+    out = {}
+    monitor, best = state.get("monitor") or {}, state.get("best") or {}
+    if monitor.get("name") and monitor.get("value") is not None:
+        out["monitor"] = f"{monitor['name']} = {monitor['value']:.6g} (mode {monitor.get('mode', 'min')})"
+    if best.get("name") and best.get("value") is not None:
+        out["best"] = f"{best['name']} = {best['value']:.6g} at epoch {best.get('epoch')}, step {best.get('step')}"
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- qadence helpers

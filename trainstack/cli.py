@@ -358,16 +358,30 @@ def checkpoint() -> None:
     """Inspect checkpoints and turn them into one plain state dict."""
 
 
+_WHICH = [click.option("--best", "which", flag_value="best", help="A run folder's best checkpoint (ModelCheckpoint, "
+                                                                 "checkpoint_best_only)."),
+          click.option("--last", "which", flag_value="last", help="A run folder's `last` checkpoint (save_last), else "
+                                                                 "its newest.")]
+
+
+def _which(fn: Any) -> Any:
+    for option in reversed(_WHICH):
+        fn = option(fn)
+    return fn
+
+
 @checkpoint.command("inspect")
 @click.argument("path", type=click.Path(exists=True))
+@_which
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def checkpoint_inspect(path: str, as_json: bool) -> None:
-    """Format, world size, step, epoch, parameters and size of a checkpoint (or a run folder's newest)."""
+def checkpoint_inspect(path: str, which: str | None, as_json: bool) -> None:
+    """Format, world size, epoch, step, the monitored value, parameters and size of a checkpoint (or a run folder's
+    newest, best or last)."""
     import json
 
     from .checkpoint import describe
 
-    info = describe(path)
+    info = describe(path, which)
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
@@ -379,15 +393,17 @@ def checkpoint_inspect(path: str, as_json: bool) -> None:
 @checkpoint.command("consolidate")
 @click.argument("path", type=click.Path(exists=True))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The .pt file to write.")
+@_which
 @click.option("--force", is_flag=True, help="Overwrite --output if it exists.")
-def checkpoint_consolidate(path: str, output: str, force: bool) -> None:
+def checkpoint_consolidate(path: str, output: str, which: str | None, force: bool) -> None:
     """Write the model's whole state dict (loadable with torch.load(..., weights_only=True) into the plain module,
-    no `module.` prefixes) from any checkpoint: sharded by any number of processes, or a file."""
+    no `module.` prefixes) from any checkpoint: sharded by any number of processes, or a file (a run folder: its
+    newest, --best or --last)."""
     from .checkpoint import atomic_save, consolidate
 
     if Path(output).exists() and not force:
         raise click.BadParameter(f"{output} exists; pass --force to overwrite it", param_hint="'-o'")
-    state = consolidate(path)
+    state = consolidate(path, which)
     atomic_save(state, Path(output))
     click.echo(f"wrote {output}: {len(state)} tensors, {sum(t.numel() for t in state.values()):,} parameters")
 

@@ -7,7 +7,9 @@ A bad or contradictory value fails here, with the field name and the fix, not ho
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
@@ -26,23 +28,41 @@ from ._choices import (
     STRATEGIES,
     TRACKING_TOOLS,
 )
-from .errors import ConfigError
+from .errors import ConfigError, UnknownField
 
 __all__ = ["TrainConfig"]
 
 
 @dataclass(kw_only=True)
 class TrainConfig:
-    """Settings of one training run (see the README table for every field)."""
+    """Settings of one training run, every one validated when the config is built (a bad value names its field).
+
+    ``TrainConfig.from_cli()`` reads ``--<field> value`` from the command line, ``TrainConfig.from_file(path)`` a
+    YAML/TOML/JSON file; a run folder holds the ``config.yaml`` (or ``.json``) of what ran."""
 
     max_iter: int = 10000
-    """Number of passes (epochs) over the training data -- exactly this many."""
+    """Number of passes (epochs) over the training data -- exactly this many (counted from the run's start)."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (with ``max_iter``: whichever comes first; counted from the run's start).
+    None: no step limit."""
     print_every: int = 0
     """Print one metrics line from rank 0 every N epochs (0: never). Needs ``verbose``."""
+    log_every_n_steps: int = 50
+    """A live log line from rank 0 every N optimizer steps -- step, epoch, running loss, learning rate, samples/s and
+    the values of ``trainer.log`` -- also written to ``metrics.jsonl`` and the tracker (0: off). On a terminal the
+    progress bar shows them instead of printing lines."""
+    log_every_seconds: float = 30.0
+    """Without a terminal (a Slurm log), a line at least this often while training, between ``log_every_n_steps``
+    lines (0: only those). No host sync is added per step either way."""
+    val_every_n_steps: int = 0
+    """Also validate every N optimizer steps (0: only every ``val_every`` epochs). Needs a validation DataLoader."""
+    checkpoint_every_n_steps: int = 0
+    """Also checkpoint every N optimizer steps, mid-epoch (0: only every ``checkpoint_every`` epochs); a resume from
+    such a checkpoint continues bitwise at its batch."""
     write_every: int = 0
     """Write metrics to the tracker every N epochs (0: only at the end). metrics.jsonl is always written."""
     checkpoint_every: int = 0
-    """Save a checkpoint every N epochs and at the end (0: never, unless ``resume`` is on)."""
+    """Save a checkpoint every N epochs (0: only the final one, which every finished run writes)."""
     plot_every: int = 0
     """Call ``plotting_functions`` every N epochs (0: never)."""
     val_every: int = 0
@@ -133,8 +153,15 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.root_folder = _as_path("root_folder", self.root_folder)
         self.log_folder = _as_path("log_folder", self.log_folder)
-        for name in ("max_iter", "print_every", "write_every", "checkpoint_every", "plot_every", "val_every"):
+        for name in ("max_iter", "print_every", "write_every", "checkpoint_every", "plot_every", "val_every",
+                     "log_every_n_steps", "val_every_n_steps", "checkpoint_every_n_steps"):
             _check_int(name, getattr(self, name), minimum=0)
+        if self.max_steps is not None:
+            _check_int("max_steps", self.max_steps, minimum=1)
+        if isinstance(self.log_every_seconds, bool) or not isinstance(self.log_every_seconds, (int, float)) \
+                or self.log_every_seconds < 0:
+            raise ConfigError(f"TrainConfig.log_every_seconds={self.log_every_seconds!r} must be a number of seconds "
+                              f">= 0 (0: only every log_every_n_steps).")
         _check_int("nprocs", self.nprocs, minimum=1)
         _check_int("batch_size", self.batch_size, minimum=1)
         _check_int("fsdp_min_params", self.fsdp_min_params, minimum=1)
@@ -211,9 +238,9 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.hyperparams must be a dict, got {type(self.hyperparams).__name__}.")
 
     def _check_combinations(self) -> None:
-        if self.checkpoint_best_only and self.val_every == 0:
-            raise ConfigError("TrainConfig.checkpoint_best_only=True needs validation: set val_every > 0 (and pass a "
-                              "validation DataLoader).")
+        if self.checkpoint_best_only and self.val_every == 0 and self.val_every_n_steps == 0:
+            raise ConfigError("TrainConfig.checkpoint_best_only=True needs validation: set val_every > 0 (or "
+                              "val_every_n_steps) and pass a validation DataLoader.")
         if self.plot_every and not self.plotting_functions:
             raise ConfigError(f"TrainConfig.plot_every={self.plot_every} but plotting_functions is empty: nothing to "
                               f"plot. HINT: pass plotting_functions=(fn,) or set plot_every=0.")
@@ -236,6 +263,87 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (loadable with ``torch.load(weights_only=True)``): functions become their names."""
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+
+    # ------------------------------------------------------------------ files and the command line
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, **overrides: Any) -> TrainConfig:
+        """A config from a YAML, TOML or JSON file of field values (``overrides`` win); unknown keys and bad values
+        are the same :class:`ConfigError` as in code."""
+        return cls(**{**_read_settings(Path(path)), **overrides})
+
+    def to_file(self, path: str | os.PathLike) -> Path:
+        """Write the plain fields (not functions or callbacks) as YAML (``.yaml``/``.yml``) or JSON, atomically; what
+        :meth:`from_file` reads back."""
+        from ._files import atomic_write
+
+        path = Path(path)
+        data = {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name in _FILE_FIELDS}
+        if path.suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError:
+                raise ConfigError(f"writing {path} needs pyyaml: pip install 'trainstack[yaml]', or use a .json "
+                                  f"file.") from None
+            text = yaml.safe_dump(data, sort_keys=False)
+        else:
+            text = json.dumps(data, indent=2) + "\n"
+        return atomic_write(path, text)
+
+    @classmethod
+    def from_cli(cls, argv: list[str] | None = None, **defaults: Any) -> TrainConfig:
+        """A config from the command line: ``--<field> value`` for every plain field (``--max-iter 5`` or
+        ``--max_iter=5``; a boolean also as ``--verbose`` / ``--no-verbose``; ``--config FILE`` reads a
+        YAML/TOML/JSON file). ``defaults`` are the script's own; a file wins over them, the command line over both.
+        So ``trainstack submit --sweep lr=...`` needs no parsing of yours. An argument that is not a field is an
+        error (:meth:`parse_cli` gives such arguments back instead)."""
+        config, rest = cls.parse_cli(argv, **defaults)
+        if rest:
+            word = rest[0].lstrip("-").partition("=")[0].replace("-", "_")
+            raise ConfigError(f"TrainConfig.from_cli: {rest[0]!r} is not a field{_suggestion(word)} (for arguments "
+                              f"of your own: config, rest = TrainConfig.parse_cli()).")
+        return config
+
+    @classmethod
+    def parse_cli(cls, argv: list[str] | None = None, **defaults: Any) -> tuple[TrainConfig, list[str]]:
+        """Like :meth:`from_cli`, but arguments that are not fields come back, in order, for the script's own parser:
+        ``config, rest = TrainConfig.parse_cli()``."""
+        args = list(sys.argv[1:] if argv is None else argv)
+        cli: dict[str, Any] = {}
+        from_file: dict[str, Any] = {}
+        rest: list[str] = []
+        i = 0
+        while i < len(args):
+            word = args[i]
+            name, eq, value = word[2:].partition("=")
+            name = name.replace("-", "_")
+            negated = name.startswith("no_") and _is_bool(name[3:])
+            if not word.startswith("--") or (name not in _FILE_FIELDS and name != "config" and not negated):
+                rest.append(word)
+                if word.startswith("--") and not eq and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                    rest.append(args[i + 1])  # its value
+                    i += 1
+                i += 1
+                continue
+            if negated:
+                name, value = name[3:], "false"
+            elif not eq:
+                if _is_bool(name) and (i + 1 >= len(args) or args[i + 1].startswith("--")):
+                    value = "true"
+                elif i + 1 >= len(args):
+                    raise ConfigError(f"TrainConfig.from_cli: --{name} needs a value.")
+                else:
+                    value, i = args[i + 1], i + 1
+            if name == "config":
+                from_file = _read_settings(Path(value))
+            else:
+                cli[name] = _parse_value(name, value)
+            i += 1
+        return cls(**{**defaults, **from_file, **cli}), rest
+
+    @classmethod
+    def field_docs(cls) -> dict[str, tuple[str, str]]:
+        """``{field: (default, doc)}`` for every field, from the class source (the docs' table, ``help()``)."""
+        return dict(_FIELD_DOCS)
 
     def changed(self) -> dict[str, Any]:
         """Fields that differ from their defaults (shown in the start banner)."""
@@ -268,3 +376,147 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (Path, torch.dtype)):
         return str(value)
     return getattr(value, "__name__", type(value).__name__)
+
+
+# ---------------------------------------------------------------------------------------------------- unknown fields
+_SYNONYMS = {"max_epochs": "max_iter (epochs) or max_steps (optimizer steps)", "epochs": "max_iter",
+             "num_epochs": "max_iter", "max_iters": "max_iter", "lr": "the optimizer's lr (torch.optim.SGD(lr=...))",
+             "learning_rate": "the optimizer's lr (torch.optim.SGD(lr=...))", "devices": "nprocs",
+             "num_processes": "nprocs", "world_size": "nprocs", "precision": "mixed_precision",
+             "accumulate_grad_batches": "gradient_accumulation_steps", "gradient_clip_val": "grad_clip_norm",
+             "val_check_interval": "val_every_n_steps", "check_val_every_n_epoch": "val_every",
+             "default_root_dir": "root_folder", "ckpt_path": "resume", "limit_train_batches": "max_batches"}
+
+
+def _suggestion(name: str) -> str:
+    import difflib
+
+    if name in _SYNONYMS:
+        return f". HINT: use {_SYNONYMS[name]}."
+    close = difflib.get_close_matches(name, [f.name for f in fields(TrainConfig)], n=2, cutoff=0.6)
+    return f". HINT: did you mean {' or '.join(close)}?" if close else \
+        ". HINT: help(TrainConfig) lists every field with its default."
+
+
+def _checked_init(init: Any) -> Any:
+    """Wrap the generated ``__init__``: an unknown keyword is a ConfigError naming the nearest field (Python's own
+    error is a bare TypeError), a positional argument a ConfigError too."""
+    import functools
+
+    names = {f.name for f in fields(TrainConfig)}
+
+    @functools.wraps(init)
+    def __init__(self: TrainConfig, *args: Any, **kwargs: Any) -> None:
+        if args:
+            raise UnknownField(f"TrainConfig takes keyword arguments only, got {len(args)} positional (e.g. "
+                              f"TrainConfig(max_iter=10)).")
+        unknown = [k for k in kwargs if k not in names]
+        if unknown:
+            raise UnknownField(f"TrainConfig has no field {unknown[0]!r}{_suggestion(unknown[0])}")
+        init(self, **kwargs)
+
+    return __init__
+
+
+TrainConfig.__init__ = _checked_init(TrainConfig.__init__)  # type: ignore[method-assign]
+
+
+# ---------------------------------------------------------------------------------------------------- files, CLI
+#: Fields a file or the command line can set: plain values (not functions, callbacks or figures).
+_FILE_FIELDS = tuple(f.name for f in fields(TrainConfig) if f.name not in (
+    "validation_criterion", "trainstop_criterion", "callbacks", "plotting_functions"))
+
+
+def _read_settings(path: Path) -> dict[str, Any]:
+    """Field values from a YAML, TOML or JSON file (a top-level table, or one under ``[train]``)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config file {path}: {exc.strerror or exc}.") from None
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError:
+                raise ConfigError(f"reading {path} needs pyyaml: pip install 'trainstack[yaml]'.") from None
+            data = yaml.safe_load(text) or {}
+        elif path.suffix == ".toml":
+            if sys.version_info >= (3, 11):
+                import tomllib
+            else:  # pragma: no cover - Python 3.10
+                import tomli as tomllib
+            data = tomllib.loads(text)
+        else:
+            data = json.loads(text)
+    except ConfigError:
+        raise
+    except Exception as exc:  # each parser has its own error class
+        raise ConfigError(f"{path} is not a valid {path.suffix.lstrip('.') or 'json'} file: {exc}") from None
+    data = data.get("train", data) if isinstance(data, dict) else data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a table of TrainConfig fields, got {type(data).__name__}.")
+    return {str(k).replace("-", "_"): _from_file_value(str(k).replace("-", "_"), v) for k, v in data.items()}
+
+
+def _from_file_value(name: str, value: Any) -> Any:
+    if name == "dtype" and isinstance(value, str):
+        return _parse_value(name, value)
+    if name in ("fsdp_blocks", "stop_signals") and isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def _is_bool(name: str) -> bool:
+    return name in _FILE_FIELDS and str(next(f for f in fields(TrainConfig) if f.name == name).type) == "bool"
+
+
+def _parse_value(name: str, text: str) -> Any:
+    """A command-line string as the field's type (ints, floats, booleans, None, paths, dtypes, tuples)."""
+    default = next(f for f in fields(TrainConfig) if f.name == name)
+    kind = str(default.type)
+    lowered = text.strip().lower()
+    if lowered in ("none", "null") and "None" in kind:
+        return None
+    try:
+        if kind.startswith("bool"):
+            if lowered not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(text)
+            return lowered in ("true", "1", "yes")
+        if kind.startswith("int"):
+            return int(text)
+        if kind.startswith("float") or name == "hang_timeout":
+            return float(text)
+        if name == "dtype":
+            value = getattr(torch, text.replace("torch.", ""), None)
+            if not isinstance(value, torch.dtype):
+                raise ValueError(text)
+            return value
+        if name in ("fsdp_blocks", "stop_signals"):
+            return tuple(part.strip() for part in text.split(",") if part.strip())
+        if name == "hyperparams":
+            return json.loads(text)
+    except ValueError:
+        raise ConfigError(f"TrainConfig.{name}={text!r} is not a valid {kind} value.") from None
+    return text
+
+
+def _field_docs() -> dict[str, tuple[str, str]]:
+    """Every field's default (as written in the source) and docstring, read from this file once."""
+    import ast
+
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TrainConfig")
+    out: dict[str, tuple[str, str]] = {}
+    body = cls.body
+    for node, after in zip(body, [*body[1:], None], strict=True):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            doc = after.value.value if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) else ""
+            default = ast.unparse(node.value) if node.value is not None else ""
+            out[node.target.id] = (default.replace("field(default_factory=list)", "[]").replace(
+                "field(default_factory=dict)", "{}"), " ".join(str(doc).split()))
+    return out
+
+
+_FIELD_DOCS = _field_docs()
+TrainConfig.__doc__ = (TrainConfig.__doc__ or "") + "\n\nFields (default: meaning):\n\n" + "\n".join(
+    f"    {name} = {default}\n        {doc}" for name, (default, doc) in _FIELD_DOCS.items())

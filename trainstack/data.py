@@ -304,12 +304,17 @@ class EvalShardSampler(torch.utils.data.Sampler[int]):
         return len(range(self.rank, self.length, self.world_size))
 
 
-def prepare_eval_dataloader(loader: DataLoader, rank: int, world_size: int) -> DataLoader:
-    """Shard an evaluation loader without the padding duplicates a DistributedSampler adds."""
-    if world_size == 1 or loader is None:
+def prepare_eval_dataloader(loader: DataLoader, rank: int, world_size: int, ordered: bool = False) -> DataLoader:
+    """Shard an evaluation loader without the padding duplicates a DistributedSampler adds. ``ordered`` (predict):
+    in dataset order even on one process, rank ``r`` taking samples ``r, r + W, ...``."""
+    if (world_size == 1 and not ordered) or loader is None:
         return loader
     if isinstance(loader.dataset, IterableDataset):
-        return prepare_dataloader(loader, rank, world_size)
+        if ordered and world_size > 1:
+            raise ConfigError("predict() on several processes needs a map-style dataset (an IterableDataset has no "
+                              "order to put the outputs back in). HINT: predict on one process (nprocs=1), or use "
+                              "a Dataset with __getitem__.")
+        return loader if world_size == 1 else prepare_dataloader(loader, rank, world_size)
     if _shuffles(loader) is None or loader.batch_size is None:
         raise ConfigError("cannot shard an evaluation DataLoader with a custom sampler/batch_sampler without "
                           "duplicates. HINT: build it with batch_size and shuffle=False.")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["TrainstackError", "ConfigError", "LaunchError", "WorkerError", "TrainingHung", "TrainingDiverged",
-           "Preempted"]
+__all__ = ["TrainstackError", "ConfigError", "UnknownField", "LaunchError", "WorkerError", "TrainingHung",
+           "TrainingDiverged", "Preempted", "Interrupted"]
 
 
 class TrainstackError(Exception):
@@ -12,6 +12,10 @@ class TrainstackError(Exception):
 
 class ConfigError(TrainstackError, ValueError):
     """A setting is invalid or contradicts another one (raised before any work starts)."""
+
+
+class UnknownField(ConfigError, TypeError):
+    """A keyword no config field has (a ``TypeError`` too, as Python's own error for it is)."""
 
 
 class LaunchError(TrainstackError, RuntimeError):
@@ -50,3 +54,12 @@ class Preempted(SystemExit):
 
     def __str__(self) -> str:
         return self.message
+
+
+class Interrupted(Preempted):
+    """Training stopped after a Ctrl-C, with a complete checkpoint to continue from (exit status 130, as a shell
+    reports an interrupted command)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = 130

@@ -7,18 +7,19 @@ Example::
     config = TrainConfig(nprocs=2, compute_setup="cpu", max_iter=50, print_every=5)
     model, optimizer = Trainer(model, optimizer, config, loss_fn="mse").fit(dataloader)
 
-The loop (:meth:`Trainer._fit`, :meth:`Trainer._train_epoch`, :meth:`Trainer._end_epoch`) reads top to bottom and
-calls its collaborators by name, each in the training room (:mod:`trainstack._train`) or below it: ``self.step``
-turns a batch into an optimizer step, ``self.cursor`` knows where a resumed epoch stands, ``self.checkpointer``
-saves and restores, ``self.stopper`` makes the ranks agree on stopping, ``self.evaluate`` validates and tests,
+The loop (:meth:`Trainer._fit`, :meth:`Trainer._train_epoch`, :meth:`Trainer._at_step`, :meth:`Trainer._end_epoch`)
+reads top to bottom and calls its collaborators by name, each in the training room (:mod:`trainstack._train`) or
+below it: ``self.step`` turns a batch into an optimizer step, ``self.schedule`` says which duties fall on which
+step, ``self.cursor`` knows where a resumed epoch stands, ``self.checkpointer`` saves and restores,
+``self.stopper`` makes the ranks agree on stopping, ``self.evaluate`` validates, tests and predicts,
 ``self.tracker`` prints, writes and plots (rank 0), and ``self.callbacks`` are the user's.
+
+Counters: ``current_epoch`` (finished epochs), ``global_step`` (optimizer steps), ``global_batch`` (batches).
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,31 +28,29 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from . import _envvars as envvars
 from ._runtime import watchdog
-from ._runtime.preemption import GracefulStop, resolve_signals
+from ._runtime.preemption import GracefulStop
 from ._runtime.watchdog import heartbeat
-from ._train import handoff, qadence
-from ._train.evaluate import Evaluator, prepare_eval
-from ._train.handoff import DIVERGED, PREEMPTED
-from ._train.metrics import EpochSums, nonfinite_loss
-from ._train.notes import UNBOUNDED_LOADER, diverged_reason, first_step_note, resume_notes
+from ._train import handoff, notes, qadence, run
+from ._train.evaluate import Evaluator, default_predict
+from ._train.handoff import DIVERGED, INTERRUPTED, PREEMPTED
+from ._train.metrics import EpochSums, MetricLog, nonfinite_loss
 from ._train.qadence import UseGrad, check_optimizer, refuse_qadence_hooks
-from ._train.resume import EpochCursor, derived_seed
-from ._train.runfolder import RunFolder, run_identity, standalone_checkpointer
-from ._train.steps import Step, check_step_options, get_loss_fn, make_step, optimize_step
-from ._train.tracker import Tracker, banner_info
+from ._train.resume import EpochCursor
+from ._train.runfolder import RunFolder, run_identity
+from ._train.schedule import Schedule
+from ._train.steps import Step, check_step_options, get_loss_fn, optimize_step
+from ._train.tracker import Tracker
 from .accelerator import Accelerator, seed_everything
-from .callbacks import CallbackManager, LRScheduler, OptimizeResult
-from .checkpoint import Checkpointer, Restored, restore_rng
+from .callbacks import CallbackManager, LRScheduler, ModelCheckpoint, OptimizeResult
+from .checkpoint import Checkpointer, restore_rng
 from .config import TrainConfig
-from .data import batches_per_epoch, check_loader, is_infinite, prepare_train
+from .data import check_loader
 from .errors import ConfigError
 
 __all__ = ["Trainer"]
 
 log = logging.getLogger(__name__)
-_UNBOUNDED_REPORT = 1000  # batches between "still in epoch N" lines for a loader without a length
 
 
 def _accelerator_for(config: TrainConfig, model: nn.Module) -> Accelerator:
@@ -73,13 +72,17 @@ def _fit_entry(trainer: Trainer) -> dict[str, Any] | None:
     return trainer._fit()
 
 
-def _test_entry(trainer: Trainer, loader: Any) -> dict[str, float]:
+def _eval_entry(trainer: Trainer, kind: str, loader: Any, predict_fn: Any = None) -> Any:
+    """``test`` or ``predict`` in every process: rank 0's result comes back."""
     acc = trainer.accelerator
     acc.setup()
     if trainer.config.seed is not None:
         seed_everything(trainer.config.seed + acc.rank)
     trainer.callbacks = CallbackManager(list(trainer.config.callbacks), acc.is_main_process)  # test_* events
-    return Evaluator(acc, trainer.loss_fn, trainer._fire_batch).test(trainer.model, loader)
+    evaluator = Evaluator(acc, trainer.loss_fn, trainer._fire_batch)
+    if kind == "predict":
+        return evaluator.predict(trainer.model, loader, predict_fn)
+    return evaluator.test(trainer.model, loader)
 
 
 class Trainer:
@@ -87,12 +90,14 @@ class Trainer:
 
     ``loss_fn`` is ``"mse"``, ``"cross_entropy"`` or ``(model, batch) -> loss | (loss, metrics)``; metrics are
     reported with ``train_``/``val_``/``test_`` prefixes. ``optimize_step`` defaults to a closure-based step
-    (LBFGS works). ``scheduler`` is any ``torch.optim.lr_scheduler``, stepped after every epoch.
+    (LBFGS works). ``scheduler`` is any ``torch.optim.lr_scheduler``, stepped after every epoch
+    (``scheduler_interval="epoch"``) or after every optimizer step (``"step"``; gradient accumulation counts once).
     """
 
     _use_grad: ClassVar[bool] = True
-    # What one run holds on each rank (set by _start_run, dropped when the Trainer is pickled to workers):
+    # What one run holds on each rank (set by _train.run.start, dropped when the Trainer is pickled to workers):
     step: Step
+    schedule: Schedule
     checkpointer: Checkpointer
     stopper: GracefulStop
     evaluate: Evaluator
@@ -102,16 +107,22 @@ class Trainer:
     _per_epoch: int | None  # batches per epoch (None: until the loader ends); _capped: stop after them anyway
     _capped: bool
     _last_epoch: int
-    _first_step: int  # the global step this run started at (a failure there gets a note on the loss contract)
+    _last_step: int
+    _first_step: int  # the step this run started at (a failure before its first step gets a note on the loss)
     _folder: RunFolder | None
+    _started: float  # time.monotonic() at the first step of this run
 
     def __init__(self, model: nn.Module, optimizer: Any, config: TrainConfig, loss_fn: Any = "mse",
                  train_dataloader: Any = None, val_dataloader: Any = None, test_dataloader: Any = None,
-                 optimize_step: Any = optimize_step, max_batches: int | None = None, scheduler: Any = None) -> None:
+                 optimize_step: Any = optimize_step, max_batches: int | None = None, scheduler: Any = None,
+                 scheduler_interval: str = "epoch") -> None:
         if not isinstance(config, TrainConfig):
             raise ConfigError(f"config must be a trainstack TrainConfig, got {type(config).__name__}.")
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+        if scheduler_interval not in ("epoch", "step"):
+            raise ConfigError(f"scheduler_interval={scheduler_interval!r}: must be 'epoch' (step the scheduler after "
+                              f"every epoch) or 'step' (after every optimizer step).")
         self.model, self.optimizer, self.config = model, optimizer, config
         refuse_qadence_hooks(type(self), Trainer)
         check_optimizer(optimizer, self.use_grad)
@@ -121,10 +132,11 @@ class Trainer:
         self.val_dataloader = check_loader(val_dataloader, "validation")
         self.test_dataloader = check_loader(test_dataloader, "test")
         self.max_batches = max_batches if max_batches is not None else config.max_batches
-        self.scheduler = LRScheduler(scheduler) if scheduler is not None else None
+        self.scheduler = LRScheduler(scheduler, on="optimizer_step" if scheduler_interval == "step" else
+                                     "train_epoch_end") if scheduler is not None else None
         self.accelerator = _accelerator_for(config, model)
         check_step_options(config, optimizer, self._custom_step, self.use_grad, self.accelerator.use_cuda)
-        self.current_epoch = self.global_step = 0
+        self.current_epoch = self.global_step = self.global_batch = 0
         self.run_folder: Path | None = None
         self.stop_training, self.stop_reason = False, ""
         self.metrics: dict[str, Any] = {}
@@ -132,10 +144,14 @@ class Trainer:
         self.callbacks = CallbackManager(list(config.callbacks), True)
         self.tracker = Tracker(config, None, is_main=False)
         self.cursor = EpochCursor()
+        self.log_values = MetricLog()  # what trainer.log() collects until the next log line
+        self._keeper = ModelCheckpoint(monitor="val_loss", filename="best", criterion=config.validation_criterion,
+                                       min_delta=config.val_epsilon) if config.checkpoint_best_only else None
         self._claimed: Path | None = None  # set by fit() while the launching process holds the run folder
         self._continues = False  # set by fit(): this fit() continues the run of an earlier one
         self._run_identity: dict[str, Any] | None = None  # this experiment's, as its checkpoints record it
-        self._run_start, self._best_val = 0, math.inf
+        self._run_start = self._run_start_step = 0
+        self._val_step = -1  # the step of the latest validation (never twice at one step)
 
     # ------------------------------------------------------------------ gradient mode (qadence switches)
     use_grad = UseGrad()  # this Trainer's mode; set_use_grad sets every Trainer's
@@ -149,7 +165,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ public API
     def fit(self, train_dataloader: Any = None, val_dataloader: Any = None) -> tuple[nn.Module, Any]:
-        """Train for ``config.max_iter`` epochs; returns ``(model, optimizer)`` holding rank 0's final state.
+        """Train for ``config.max_iter`` epochs (or ``max_steps`` optimizer steps, whichever comes first); returns
+        ``(model, optimizer)`` holding rank 0's final state. A first Ctrl-C stops at the next step boundary with a
+        checkpoint (raising :class:`~trainstack.errors.Interrupted`), a second one aborts.
 
         A second ``fit()`` on the same Trainer continues the run for another ``max_iter`` epochs.
         """
@@ -157,28 +175,26 @@ class Trainer:
             self.train_dataloader = check_loader(train_dataloader, "training")
         if val_dataloader is not None:
             self.val_dataloader = check_loader(val_dataloader, "validation")
-        if self.config.val_every and self.val_dataloader is None:
-            raise ConfigError(f"TrainConfig.val_every={self.config.val_every} but no validation DataLoader was "
-                              f"given. HINT: fit(train_loader, val_loader) or Trainer(..., val_dataloader=...).")
+        cfg = self.config
+        run.check_validation(cfg, self.val_dataloader)
         self.stop_training, self.stop_reason = False, ""
         # a second fit() on this Trainer continues its run folder (unless a new folder per run is asked for)
-        self._continues = self.run_folder is not None and not self.config.create_subfolder_per_run
+        self._continues = self.run_folder is not None and not cfg.create_subfolder_per_run
         plan = self.accelerator.plan
-        folder = RunFolder(self.config, self._run_identity or run_identity(self.config, self.optimizer),
-                           self.console_print)
+        folder = RunFolder(cfg, self._run_identity or run_identity(cfg, self.optimizer), self.console_print)
         try:
             if plan.spawn and plan.rank_offset == 0:  # this process launches rank 0: it claims the run folder, so a
                 self._claimed = folder.claim(self.run_folder if self._continues else None)  # busy one errs here
                 self.run_folder = self._claimed
                 folder.fits(self.model, self._claimed)
             held = [folder.lock.fileno()] if folder.lock is not None else []  # spawned workers keep it locked too
-            result = self.accelerator.distribute(_fit_entry, keep_open=held)(self)
+            result = self.accelerator.distribute(_fit_entry, keep_open=held, interruptible=True)(self)
         finally:
             self._claimed = None
             folder.release()
         if plan.spawn and result is not None:
             handoff.absorb(self, result, CallbackManager(self._user_callbacks(), True))
-        handoff.conclude(self)  # a stopped run raises: Preempted (requeue me) or TrainingDiverged
+        handoff.conclude(self)  # a stopped run raises: Preempted/Interrupted (resume me) or TrainingDiverged
         return self.model, self.optimizer
 
     def test(self, test_dataloader: Any = None) -> dict[str, float]:
@@ -186,7 +202,41 @@ class Trainer:
         loader = check_loader(test_dataloader, "test") if test_dataloader is not None else self.test_dataloader
         if loader is None:
             raise ConfigError("test() needs a DataLoader: test(loader) or Trainer(..., test_dataloader=loader).")
-        return self.accelerator.distribute(_test_entry)(self, loader)
+        return self.accelerator.distribute(_eval_entry)(self, "test", loader)
+
+    def predict(self, dataloader: Any, predict_fn: Any = None) -> Any:
+        """The model's outputs for every sample of ``dataloader``, in dataset order, in this process -- on any number
+        of processes, without padding duplicates. ``predict_fn(model, batch)`` (default: ``model(inputs)``) returns
+        a tensor (or a tuple/list/dict of tensors) with one row per sample; the rows are concatenated."""
+        loader = check_loader(dataloader, "predict")
+        if loader is None:
+            raise ConfigError("predict() needs a DataLoader: trainer.predict(loader).")
+        if predict_fn is not None and not callable(predict_fn):
+            raise ConfigError(f"predict_fn={predict_fn!r} must be a function (model, batch) -> outputs.")
+        return self.accelerator.distribute(_eval_entry)(self, "predict", loader, predict_fn or default_predict)
+
+    def log(self, name: str | dict[str, Any], value: Any = None, *, reduce: str = "mean",
+            sync_dist: bool = False) -> None:
+        """Log a value, or a dict of them: reduced over the steps until the next log line (``reduce``: mean, sum,
+        max, min) and, with ``sync_dist=True``, over the ranks (then every rank must log it at the same steps).
+        Logged values reach the live line, metrics.jsonl, TensorBoard/MLflow, the loss plot and ``ModelCheckpoint``.
+        """
+        for key, val in (name.items() if isinstance(name, dict) else [(name, value)]):
+            self.log_values.add(key, val, reduce, sync_dist)
+
+    def log_dict(self, values: dict[str, Any], *, reduce: str = "mean", sync_dist: bool = False) -> None:
+        """Lightning's spelling of ``log(dict)``."""
+        self.log(values, reduce=reduce, sync_dist=sync_dist)
+
+    @property
+    def callback_metrics(self) -> dict[str, Any]:
+        """The newest value of every metric: the epoch's and validation's, and what was logged since the last line."""
+        return {**self.metrics, **self.log_values.current()}
+
+    @property
+    def validates(self) -> bool:
+        """Whether this run validates (a validation loader and ``val_every`` or ``val_every_n_steps``)."""
+        return self.val_dataloader is not None and bool(self.config.val_every or self.config.val_every_n_steps)
 
     @property
     def unwrapped_model(self) -> nn.Module:
@@ -199,7 +249,8 @@ class Trainer:
         return self.tracker.writer
 
     def request_stop(self, reason: str) -> None:
-        """Ask every rank to stop after the current epoch (agreed by an all-reduce)."""
+        """Ask every rank to stop (agreed by an all-reduce at the next stop check or epoch end), with a final
+        checkpoint."""
         self.stop_training, self.stop_reason = True, reason
 
     def console_print(self, text: str) -> None:
@@ -207,50 +258,55 @@ class Trainer:
         if self.accelerator.is_main_process:
             print(text, flush=True)
 
-    def save_checkpoint(self, best: bool = False) -> Path | None:
-        """Collective: rank 0 writes ``ckpt-e<epoch>-s<step>.pt`` (or ``best.pt``); also outside ``fit()``."""
-        self._outside_fit_checkpointer()
+    def save_checkpoint(self, best: bool = False, name: str | None = None,
+                        monitor: dict[str, Any] | None = None) -> Path | None:
+        """Collective: rank 0 writes ``ckpt-e<epoch>-s<step>.pt`` (``best.pt`` with ``best``; ``<name>.pt`` with
+        ``name``, recording the ``monitor`` value that chose it); also outside ``fit()``."""
+        run.outside_fit(self)
+        counters = {**run.counters(self), **({"monitor": monitor} if monitor else {})}
         with watchdog.phase("checkpoint"):  # the hang watchdog allows saves more time
-            return self.checkpointer.save(self._counters(), self._parts(), self.config.to_dict(), best=best)
+            return self.checkpointer.save(counters, self._parts(), self.config.to_dict(), best=best, name=name)
 
     def load_checkpoint(self, path: Any = None) -> bool:
-        """Load on **every** rank (``None``: the latest readable checkpoint of the run folder)."""
-        outside = self._outside_fit_checkpointer()
-        restored = self.checkpointer.restore(self._parts(), path, rank=self.accelerator.rank)
+        """Load on **every** rank: ``"best"``, ``"last"``, a path, or ``None`` (the newest readable checkpoint of the
+        run folder). After ``fit()`` this puts e.g. the best weights into ``trainer.model`` for ``predict``."""
+        outside = run.outside_fit(self)
+        where = self.checkpointer.resolve(path) if path in ("best", "last") else path
+        restored = self.checkpointer.restore(self._parts(), where, rank=self.accelerator.rank)
         if restored is None:
             return False
         if outside:  # no loop to position: the model, optimizer and counters
-            self.current_epoch, self.global_step = int(restored.counters["epoch"]), int(
-                restored.counters["global_step"])
+            c = restored.counters
+            self.current_epoch, self.global_step = int(c["epoch"]), int(c["global_step"])
+            self.global_batch = int(c.get("global_batch", self.global_step))
         else:
-            self._apply(restored)
+            run.apply(self, restored)
         return True
 
     # ------------------------------------------------------------------ the loop (every rank)
     def _fit(self) -> dict[str, Any] | None:
         try:
-            self._start_run()
+            run.start(self)
             self.callbacks.fire("train_start", self)
-            while self.current_epoch < self._last_epoch and not self.stop_training:
+            while self.current_epoch < self._last_epoch and self.global_step < self._last_step \
+                    and not self.stop_training:
                 if not self.cursor.batch:
                     self.callbacks.fire("train_epoch_start", self)
-                if self._train_epoch():  # stopped mid-epoch: checkpoint written, epoch not finished
+                if self._train_epoch():  # stopped mid-epoch: checkpoint written (or due), epoch not finished
                     break
                 self.current_epoch += 1
-                if self.config.val_every and self.current_epoch % self.config.val_every == 0:
-                    self._validate()
                 self._end_epoch()
-            if not self.stop_reason.startswith((PREEMPTED, DIVERGED)):  # only a finished run has an end
+            if not self.stop_reason.startswith((PREEMPTED, INTERRUPTED, DIVERGED)):  # only a finished run has an end
                 self._finish()
             with watchdog.phase("checkpoint"):
                 self.checkpointer.wait()  # an asynchronous save in flight is committed before the run ends
         finally:
-            self._close()
+            run.close(self)
         return handoff.export(self)
 
     def _train_epoch(self) -> bool:
         """One pass over the training data (the rest of one after a mid-epoch resume); True when stopped early."""
-        model, step, tracker, hb = self._ddp_model, self.step, self.tracker, heartbeat()
+        model, step, schedule, hb = self._ddp_model, self.step, self.schedule, heartbeat()
         pending_rng = self.cursor.pending_rng
         n, totals, batches, left = self.cursor.begin(self._train_loader, self._per_epoch, self._capped)
         sums = EpochSums(totals)
@@ -258,71 +314,111 @@ class Trainer:
             restore_rng(pending_rng)
             self.cursor.pending_rng = None
         step.begin_epoch(left)
+        self.tracker.live.epoch_start(sums, n)
+        end = n + left if left is not None else -1  # the epoch's last batch, when known
         model.train()
         on_start, on_end = self.callbacks.period("train_batch_start"), self.callbacks.period("train_batch_end")
-        poll, bar, prepare = self.config.stop_check_every, tracker.bar_every, self.accelerator.prepare_batch
-        report = _UNBOUNDED_REPORT if self._per_epoch is None else 0
-        batch = None
+        prepare, batch = self.accelerator.prepare_batch, None
         hb.phase = "data"
         try:
             for batch in batches:
                 batch = prepare(batch)
-                if on_start and (self.global_step + 1) % on_start == 0:
-                    self._fire_batch("train_batch_start", self.global_step + 1)
+                self.global_batch += 1
+                if on_start and self.global_batch % on_start == 0:
+                    self._fire_batch("train_batch_start", self.global_batch)
                 loss, metrics = step(model, batch)
                 n += 1
-                self.global_step += 1
-                hb.step = self.global_step
                 hb.beats += 1
                 sums.add(loss, metrics)
-                if on_end and self.global_step % on_end == 0:
-                    self._fire_batch("train_batch_end", self.global_step, loss, metrics)
-                if bar and self.global_step % bar == 0:
-                    tracker.batch_end()
-                if report and n % report == 0:
-                    tracker.print(f"epoch {self.current_epoch + 1}: {n} batches so far (the training loader has no "
-                                  f"length, so an epoch ends when it is exhausted; max_batches bounds it)")
-                if self.global_step % poll == 0 and step.at_boundary and self._stop_now(n, sums):
+                boundary = step.at_boundary  # an optimizer step was taken (not half an accumulation window)
+                if boundary:
+                    self.global_step += 1
+                    hb.step = self.global_step
+                if on_end and self.global_batch % on_end == 0:
+                    self._fire_batch("train_batch_end", self.global_batch, loss, metrics)
+                if boundary and self.global_step >= schedule.next and self._at_step(n, sums, n == end):
                     return True
                 hb.phase = "data"
         except Exception as exc:
             if self.global_step == self._first_step and hasattr(exc, "add_note"):
-                exc.add_note(first_step_note(batch))
+                exc.add_note(notes.first_step_note(batch))
             raise
-        self.metrics = sums.means("train", n, self.accelerator.all_reduce_dict if self.config.all_reduce_metrics
-                                  else None)
+        self.metrics = self._epoch_means(sums, n)
         self.cursor.end_epoch()
         return False
 
+    def _at_step(self, n: int, sums: EpochSums, epoch_end: bool) -> bool:
+        """The duties the schedule puts on this optimizer step, in order: callbacks, lines, the bar; then (mid-epoch)
+        validation, a checkpoint, the stop agreement, the step limit. True when training stops here; any checkpoint
+        written here records this position in the epoch."""
+        step, due = self.global_step, self.schedule.due(self.global_step)
+        collective = due - {"log", "clock", "bar", "report"}
+        if collective:
+            self.cursor.stop_at(n, getattr(self._train_loader, "samples_per_step", None),
+                                self.accelerator.world_size, sums.loss_sum, sums.sums)
+        if "optimizer_step" in due:
+            self._fire_batch("optimizer_step", step)
+        if "clock" in due:
+            line, period = self.tracker.clock_due(step)
+            self.schedule.set_period("clock", period, step)
+            if line and "log" not in due:
+                self._log_line(n, sums, row=False)
+        if "log" in due:
+            self._log_line(n, sums, row=True)
+        if "bar" in due:
+            self.tracker.bar_update(self.current_epoch, step, sums, n)
+        if "report" in due:
+            self.tracker.print(notes.unbounded_progress(self.current_epoch, n))
+        if not epoch_end and "val" in due:
+            self._validate(mid_epoch=True)
+        if not epoch_end and "checkpoint" in due and not self.config.checkpoint_best_only:
+            self.save_checkpoint()
+        stopped = self._stop_here(due, epoch_end, sums, n)
+        if not stopped:
+            self.cursor.saved = None
+        return stopped
+
     def _end_epoch(self) -> None:
-        """Callbacks and reports, then the ranks agree (one small collective) on stopping, then the checkpoint."""
-        cfg, epoch = self.config, self.current_epoch
+        """Validation, callbacks and reports, then the ranks agree (one small collective) on stopping, then the
+        checkpoint."""
+        cfg, epoch, step = self.config, self.current_epoch, self.global_step
+        if self._val_loader is not None and self._val_step != step and (
+                cfg.val_every and epoch % cfg.val_every == 0
+                or cfg.val_every_n_steps and step % cfg.val_every_n_steps == 0):
+            self._validate()
         self._set_result(epoch)
         self.callbacks.fire("train_epoch_end", self)
+        self.metrics.update(self.log_values.collect(self.accelerator.all_reduce_dict))  # what no line showed yet
         with watchdog.phase("callback"):  # plots and tracker writes may take a while on rank 0
-            self.tracker.epoch_end(epoch, self.metrics, self.model)
+            self.tracker.epoch_end(epoch, self.metrics, self.model, step)
         wants_stop = self.stop_training or bool(cfg.trainstop_criterion and cfg.trainstop_criterion(self))
         agreed, preempt = self.stopper.agree(self.accelerator.world_size, stop=wants_stop,
                                              nonfinite=cfg.stop_on_nonfinite and nonfinite_loss(self.metrics))
         if agreed["nonfinite"]:  # before saving: the last finite checkpoint must survive rotation
-            self._stop_diverged()
+            run.stop_diverged(self)
             return
-        if cfg.checkpoint_every and not cfg.checkpoint_best_only and epoch % cfg.checkpoint_every == 0:
+        if not cfg.checkpoint_best_only and (cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0 or
+                                             cfg.checkpoint_every_n_steps and step % cfg.checkpoint_every_n_steps == 0):
             self.save_checkpoint()
-        if preempt and epoch < self._last_epoch:
-            self._stop_for_preemption(preempt)
+        if preempt and epoch < self._last_epoch and step < self._last_step:
+            run.stop_gracefully(self, preempt)
         elif agreed["stop"]:
             self.stop_training = True
             self.stop_reason = self.stop_reason or "trainstop_criterion returned True"
             self.tracker.print(f"Stopping after epoch {epoch}: {self.stop_reason}.")
 
-    def _validate(self) -> None:
+    def _validate(self, mid_epoch: bool = False) -> None:
+        """Validation at an epoch's end, or inside one (its callbacks then see the epoch in progress, 1-based)."""
+        epoch = self.current_epoch + 1 if mid_epoch else self.current_epoch
+        self._set_result(epoch)
         self.callbacks.fire("val_epoch_start", self)
-        self.metrics.update(self.evaluate("val", self.model, self._val_loader))
-        self._set_result(self.current_epoch)
+        values = self.evaluate("val", self.model, self._val_loader)
+        self.metrics.update(values)
+        self._val_step = self.global_step
+        if mid_epoch:
+            self.tracker.validation(self.current_epoch, self.global_step, values)
+        self._set_result(epoch)
         self.callbacks.fire("val_epoch_end", self)
-        if self.config.checkpoint_best_only and self._improved(self.metrics.get("val_loss", math.nan)):
-            self.save_checkpoint(best=True)
 
     def _finish(self) -> None:
         """The end of a finished run: the final checkpoint, the user's train_end callbacks, the last reports."""
@@ -332,146 +428,51 @@ class Trainer:
         self.callbacks.fire("train_end", self)
         with watchdog.phase("callback"):
             self.tracker.train_end(self.current_epoch, self.model)
+        self.tracker.summary(time.monotonic() - self._started, self.current_epoch - self._run_start,
+                             self.global_step - self._first_step, run.best(self), self.stop_reason)
 
     # ------------------------------------------------------------------ stopping
-    def _stop_now(self, n: int, sums: EpochSums) -> bool:
-        """Every rank asks at the same step; if any rank was asked to stop, all save and stop together."""
-        _, why = self.stopper.agree(self.accelerator.world_size)
-        if why is None:
-            return False
-        self.cursor.stop_at(n, getattr(self._train_loader, "samples_per_step", None), self.accelerator.world_size,
-                            sums.loss_sum, sums.sums)
-        self._stop_for_preemption(why)
-        return True
-
-    def _stop_for_preemption(self, why: str) -> None:
-        self.stop_training, self.stop_reason = True, f"{PREEMPTED} ({why})"
-        path = self.save_checkpoint()
-        with watchdog.phase("checkpoint"):
-            path = self.checkpointer.wait() or path  # an asynchronous save must be complete before the job ends
-        took = self.checkpointer.last_save_seconds
-        if self.accelerator.is_main_process:  # tells the batch script: checkpoint complete, requeue me
-            self.stopper.confirm_saved(path or self.checkpointer.latest())
-        self.tracker.print(f"Graceful stop at epoch {self.current_epoch}, step {self.global_step}: {why}. "
-                           f"Checkpoint {path.name if path else '(already saved)'}"
-                           f"{f' written in {took:.2f}s' if took and path else ''}.")
-
-    def _stop_diverged(self) -> None:
-        reason = diverged_reason(self.metrics.get("train_loss"), self.current_epoch, self.checkpointer.latest())
-        self.stop_training, self.stop_reason = True, f"{DIVERGED}: {reason}"
-        self.tracker.print(f"trainstack: {reason}")
-
-    def _improved(self, val_loss: float) -> bool:
-        criterion = self.config.validation_criterion or (lambda cur, best, eps: cur < best - eps)
-        if math.isfinite(val_loss) and criterion(val_loss, self._best_val, self.config.val_epsilon):
-            self._best_val = val_loss
+    def _stop_here(self, due: set[str], epoch_end: bool, sums: EpochSums, n: int) -> bool:
+        """Mid-epoch stops: a graceful stop (signal, stop file, Ctrl-C), a stop any rank asked for (early stopping
+        after a validation), or the step limit; the epoch's partial metrics become the run's."""
+        if "poll" in due or ("val" in due and not epoch_end):
+            agreed, why = self.stopper.agree(self.accelerator.world_size, stop=self.stop_training)
+            if why is not None:
+                run.stop_gracefully(self, why)
+                return True
+            if agreed["stop"] and not epoch_end:
+                self.stop_training, self.stop_reason = True, self.stop_reason or "another rank asked to stop"
+                self.tracker.print(f"Stopping at step {self.global_step}: {self.stop_reason}.")
+        if "max_steps" in due and not epoch_end and not self.stop_training:
+            self.stop_training, self.stop_reason = True, f"max_steps={self.config.max_steps} reached"
+        if self.stop_training and not epoch_end:
+            self.metrics = self._epoch_means(sums, n)
             return True
         return False
 
-    # ------------------------------------------------------------------ set-up and teardown
-    def _start_run(self) -> None:
-        """Everything one run needs on this rank: device, data shards, step, run folder, checkpoint, reports."""
-        acc, cfg = self.accelerator, self.config
-        acc.setup()
-        if cfg.seed is not None:
-            seed_everything(cfg.seed + acc.rank)
-        moved: dict[int, nn.Parameter] = {}
-        self._ddp_model = acc.prepare_model(self.model, moved)
-        if self.use_grad:
-            acc._retarget_optimizer(self.optimizer, moved)
-        self._train_loader = prepare_train(self.train_dataloader, acc.rank, acc.world_size, cfg.seed or 0,
-                                           acc.pin_memory)
-        self._val_loader = prepare_eval(self.val_dataloader, acc.rank, acc.world_size)
-        self._per_epoch = batches_per_epoch(self._train_loader, self.max_batches)
-        self._capped = bool(self.max_batches) or is_infinite(self._train_loader)
-        self.step = make_step(cfg, self.optimizer, self.loss_fn, self.optimize_step, self.use_grad, acc.device,
-                              acc.data_dtype)
-        self.evaluate = Evaluator(acc, self.loss_fn, self._fire_batch)
-        self.stopper = GracefulStop(resolve_signals(cfg.stop_signals),
-                                    cfg.stop_file or os.environ.get(envvars.STOP_FILE))
-        self.stopper.install()
-        self._run_identity = self._run_identity or run_identity(cfg, self.optimizer)  # before any lr change
-        self._folder = RunFolder(cfg, self._run_identity, self.console_print)
-        self.run_folder = self._folder.agree(acc, self._claimed, self.run_folder if self._continues else None)
-        sharded = cfg.checkpoint_format == "sharded" or cfg.checkpoint_format == "auto" and cfg.strategy == "fsdp"
-        self.checkpointer = Checkpointer(self.run_folder, cfg.keep_last_checkpoints, acc.is_main_process, sharded,
-                                         cfg.async_checkpoint)
-        watchdog.start(acc.rank, acc.world_size, watchdog.resolve_timeout(cfg.hang_timeout), self.run_folder,
-                       watchdog.default_store(), armed=True)
-        self.callbacks = CallbackManager(self._user_callbacks(), acc.is_main_process)
-        restored = self._resume()
-        self.tracker = Tracker(cfg, self.run_folder, acc.is_main_process, self.current_epoch, self._last_epoch,
-                               self._per_epoch, clock=lambda: self.global_step,
-                               keep_through=int(restored.counters["global_step"]) if restored else None)
-        self.tracker.start(banner_info(self, self._per_epoch, self._last_epoch,
-                                       watchdog.resolve_timeout(cfg.hang_timeout)))
-
-    def _resume(self) -> Restored | None:
-        """Continue from a checkpoint when asked (before the banner, so it shows where training continues), and
-        say what this run is: new, continued, or with nothing left to train."""
-        cfg = self.config
-        self.cursor, self._best_val, self._run_start, restored = EpochCursor(), math.inf, self.current_epoch, None
-        if cfg.resume is not None:
-            restored = self.checkpointer.restore(self._parts(), None if cfg.resume == "auto" else cfg.resume,
-                                                 rank=self.accelerator.rank)
-            if restored is not None:
-                self._apply(restored)
-        self._last_epoch = self._run_start + cfg.max_iter
-        self._first_step = self.global_step
-        for note in resume_notes(cfg, self.run_folder, restored is not None, self._continues, self.current_epoch,
-                                 self._last_epoch) + ([UNBOUNDED_LOADER] if self._per_epoch is None else []):
-            self.console_print(note)
-        return restored
-
-    def _close(self) -> None:
-        """Release what the run holds; never raises over the error that ended the run."""
-        watchdog.stop()
-        if getattr(self, "stopper", None) is not None:
-            self.stopper.restore()
-        self.tracker.close()
-        folder = getattr(self, "_folder", None)
-        if folder is not None:
-            folder.release()
-
-    def _outside_fit_checkpointer(self) -> bool:
-        """A checkpointer for a Trainer used outside ``fit()`` (see ``standalone_checkpointer``); True outside."""
-        if getattr(self, "checkpointer", None) is not None and getattr(self, "_train_loader", None) is not None:
-            return False
-        self.run_folder, self.checkpointer = standalone_checkpointer(self.config, self.run_folder)
-        return True
-
     # ------------------------------------------------------------------ state
-    def _counters(self) -> dict[str, Any]:
-        """The loop's own state in a checkpoint; the parts (model, optimizer, ...) save themselves."""
-        return {"epoch": self.current_epoch, "global_step": self.global_step, "run_start_epoch": self._run_start,
-                "partial_epoch": self.cursor.checkpoint(), "best_val_loss": self._best_val,
-                "saved_at": time.time(), "identity": self._run_identity}
-
     def _user_callbacks(self) -> list[Any]:
-        return list(self.config.callbacks) + ([self.scheduler] if self.scheduler else [])
+        return list(self.config.callbacks) + ([self.scheduler] if self.scheduler else []) + (
+            [self._keeper] if self._keeper else [])
 
     def _parts(self) -> dict[str, Any]:
         return {"model": self.model, "optimizer": self.optimizer if self.use_grad else None,
                 "scheduler": self.scheduler, "scaler": getattr(self, "step", None), "callbacks": self.callbacks}
-
-    def _apply(self, restored: Restored) -> None:
-        """Take over a checkpoint's counters; a mid-epoch one continues at its batch with its partial sums."""
-        c, acc = restored.counters, self.accelerator
-        self.current_epoch, self.global_step = int(c["epoch"]), int(c["global_step"])
-        self._run_start, self._best_val = int(c.get("run_start_epoch", 0)), float(c.get("best_val_loss", math.inf))
-        self._run_identity = c.get("identity") or self._run_identity
-        if hasattr(self._train_loader, "set_epoch"):
-            self._train_loader.set_epoch(self.current_epoch)
-        where = self.cursor.resume(restored, acc.world_size, getattr(self._train_loader, "samples_per_step", None),
-                                   derived_seed(self.config.seed or 0, acc.rank, self.global_step))
-        self.console_print(f"Resumed from {restored.path} (epoch {self.current_epoch}, step {self.global_step}"
-                           f"{where}).")
 
     def __getstate__(self) -> dict[str, Any]:
         """What a spawned worker receives: configuration and state, not this process's run handles."""
         return handoff.worker_state(self, Tracker(self.config, None, is_main=False))
 
     # ------------------------------------------------------------------ helpers
+    def _epoch_means(self, sums: EpochSums, n: int) -> dict[str, Any]:
+        return sums.means("train", n, self.accelerator.all_reduce_dict if self.config.all_reduce_metrics else None)
+
+    def _log_line(self, n: int, sums: EpochSums, row: bool) -> None:
+        position = self.current_epoch + (n / self._per_epoch if self._per_epoch else 0.0)
+        self.tracker.step_line((self.current_epoch, self.global_step, position), sums, n,
+                               self.optimizer if self.use_grad else None, self.log_values,
+                               self.accelerator.all_reduce_dict if row else None, row)
+
     def _fire_batch(self, event: str, iteration: int, loss: Any = None, metrics: dict | None = None) -> None:
         self._set_result(iteration, loss, metrics)
         self.callbacks.fire(event, self)

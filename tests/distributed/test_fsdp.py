@@ -133,7 +133,7 @@ def test_consolidate_and_inspect(tmp_path):
         assert torch.equal(plain.state_dict()[k], v), k
     info = CliRunner().invoke(main, ["checkpoint", "inspect", "--json", str(tmp_path / "run")])
     data = json.loads(info.output)
-    assert (data["format"], data["world_size"], data["epoch"], data["global_step"]) == ("sharded", 2, 2, 30)
+    assert (data["format"], data["world_size"], data["epoch"], data["step"]) == ("sharded", 2, 2, 30)
     bad = CliRunner().invoke(main, ["checkpoint", "inspect", str(tmp_path)])
     assert bad.exit_code == 1 and "no complete checkpoint" in bad.output
 

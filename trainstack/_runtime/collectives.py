@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from ..errors import ConfigError
 
-__all__ = ["all_reduce_dict", "gather", "broadcast", "active"]
+__all__ = ["all_reduce_dict", "gather", "gather_objects", "broadcast", "active"]
 
 _OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
@@ -85,3 +85,12 @@ def broadcast(obj: Any, src: int, comm_device: torch.device) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def gather_objects(obj: Any, dst: int = 0) -> list[Any] | None:
+    """Every rank's picklable ``obj`` on rank ``dst`` (a list by rank; None elsewhere)."""
+    if not active():
+        return [obj]
+    out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == dst else None
+    dist.gather_object(obj, out, dst=dst)
+    return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +23,7 @@ from types import FrameType
 from .. import _envvars as envvars
 from ..errors import ConfigError
 
-__all__ = ["GracefulStop", "resolve_signals", "DEFAULT_SIGNALS"]
+__all__ = ["GracefulStop", "resolve_signals", "DEFAULT_SIGNALS", "INTERRUPT"]
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +55,24 @@ def resolve_signals(names: Sequence[str] | None, environ: dict[str, str] | None 
     return tuple(out)
 
 
-class GracefulStop:
-    """Collects stop requests (signals, a stop file); the Trainer decides when to act on them."""
+INTERRUPT = "Ctrl-C"
 
-    def __init__(self, signals: Sequence[signal.Signals], stop_file: str | os.PathLike | None) -> None:
+
+class GracefulStop:
+    """Collects stop requests (signals, a stop file, a Ctrl-C); the Trainer decides when to act on them.
+
+    ``interrupt``: the first Ctrl-C asks for a stop too, a second one aborts (KeyboardInterrupt). A worker spawned by
+    trainstack leaves Ctrl-C to its launching process, which creates ``TRAINSTACK_INTERRUPT_FILE`` instead.
+    """
+
+    def __init__(self, signals: Sequence[signal.Signals], stop_file: str | os.PathLike | None,
+                 interrupt: bool = False, announce: bool = False) -> None:
         self.signals = tuple(signals)
         self.stop_file = Path(stop_file) if stop_file else None
         self.received: str | None = None
+        self.interrupt, self.announce = interrupt, announce
+        marker = os.environ.get(envvars.INTERRUPT_FILE)
+        self.interrupt_file = Path(marker) if interrupt and marker else None
         self._previous: dict[signal.Signals, object] = {}
 
     def install(self) -> None:
@@ -68,6 +80,18 @@ class GracefulStop:
             return  # handlers can only be set from the main thread (e.g. not in a notebook worker thread)
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handler)
+        if self.interrupt and signal.SIGINT not in self._previous:
+            self._previous[signal.SIGINT] = signal.signal(
+                signal.SIGINT, signal.SIG_IGN if self.interrupt_file is not None else self._on_interrupt)
+
+    def _on_interrupt(self, signum: int, frame: FrameType | None) -> None:
+        if self.received == INTERRUPT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        self.received = INTERRUPT
+        if self.announce:
+            print("\ntrainstack: Ctrl-C: stopping at the next step boundary with a checkpoint (Ctrl-C again to "
+                  "abort).", file=sys.stderr, flush=True)
 
     def restore(self) -> None:
         for sig, prev in self._previous.items():
@@ -80,9 +104,11 @@ class GracefulStop:
     def requested(self) -> str | None:
         """Why a stop is wanted here (this rank), or None."""
         if self.received:
-            return f"signal {self.received}"
+            return INTERRUPT if self.received == INTERRUPT else f"signal {self.received}"
         if self.stop_file is not None and self.stop_file.exists():
             return f"stop file {self.stop_file}"
+        if self.interrupt_file is not None and self.interrupt_file.exists():
+            return INTERRUPT
         return None
 
     def agree(self, world_size: int, **wishes: bool) -> tuple[dict[str, bool], str | None]:
@@ -98,9 +124,11 @@ class GracefulStop:
         from . import collectives as _collectives
 
         flags = _collectives.all_reduce_dict({**{k: float(v) for k, v in wishes.items()},
-                                              "__preempt": float(local is not None)}, "max")
-        preempt = local or ("another rank was asked to stop" if flags.pop("__preempt") else None)
-        return {k: bool(v) for k, v in flags.items() if k != "__preempt"}, preempt
+                                              "__preempt": float(local is not None),
+                                              "__interrupt": float(local == INTERRUPT)}, "max")
+        interrupted, asked = flags.pop("__interrupt"), flags.pop("__preempt")
+        preempt = local or (INTERRUPT if interrupted else "another rank was asked to stop" if asked else None)
+        return {k: bool(v) for k, v in flags.items()}, preempt
 
     @staticmethod
     def confirm_saved(checkpoint: Path | None) -> None:

@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 _EXITED_KEY = "trainstack/exited"
 _RESULT = "result.pkl"
 _DONE = "done-{}"  # a worker that returned (rank 0 also wrote the result); exit 0 without it is a failure
+_INTERRUPTED = "interrupted"  # created by the launching process at the first Ctrl-C (interruptible launches)
 GRACE_PERIOD_S = 3.0
 _START_METHODS = ("spawn", "fork", "forkserver")
 _MAIN_GUARD = ("start the run under a main guard, so that the worker processes (which re-import your script) do "
@@ -230,6 +231,7 @@ class _WorkerSpec:
     umask: int = 0o022  # the launching process's, at launch
     rlimits: tuple[tuple[int, int, int], ...] = ()  # (resource, soft, hard) of the launching process
     keep_open: tuple[Any, ...] = field(default_factory=tuple)  # _SharedFd: held by every worker until it exits
+    interruptible: bool = False  # the launching process turns a first Ctrl-C into a graceful stop (the Trainer)
 
 
 class _SharedFd:
@@ -354,6 +356,9 @@ def _worker(local_index: int, payload: Any, spec: _WorkerSpec, private_dir: str)
     if spec.environ is not None:  # forked from the fork server, which ignores stop signals (_forkserver_init)
         for sig in _preload.SERVER_IGNORES:
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+    if spec.interruptible:  # Ctrl-C is the launching process's to handle: it asks for a stop through a file
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        os.environ[envvars.INTERRUPT_FILE] = os.path.join(private_dir, _INTERRUPTED)
     atomic_write(os.path.join(private_dir, f"started-{local_index}"), b"", mode=0o600)
     os.environ[envvars.ERROR_REPORT] = os.path.join(private_dir, f"error-{local_index}.txt")
     try:
@@ -485,10 +490,13 @@ def _host_store(plan: ProcessPlan) -> dist.TCPStore | None:
 
 
 def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: str, device_type: str,
-           hang_timeout: float = 0.0, hang_dir: str = ".", keep_open: Sequence[int] = ()) -> Any:
+           hang_timeout: float = 0.0, hang_dir: str = ".", keep_open: Sequence[int] = (),
+           interruptible: bool = False) -> Any:
     """Run ``fn`` in ``plan.nprocs_local`` new processes and return rank 0's result (None elsewhere).
 
     ``keep_open``: file descriptors every worker holds a duplicate of until it exits (e.g. a lock's).
+    ``interruptible``: the first Ctrl-C asks the workers for a graceful stop (they poll a private file), the second
+    one stops them.
     """
     check_not_bootstrapping()
     check_main_guard(fn)
@@ -505,11 +513,12 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
     spec = _WorkerSpec(plan=plan, backend=backend, device_type=device_type, gpus=gpus, store_port=port,
                        hang_timeout=hang_timeout, hang_dir=hang_dir,
                        environ=dict(os.environ) if method == "forkserver" else None, umask=mask, rlimits=limits,
-                       keep_open=tuple(_SharedFd(fd) for fd in keep_open) if method != "fork" else tuple(keep_open))
+                       keep_open=tuple(_SharedFd(fd) for fd in keep_open) if method != "fork" else tuple(keep_open),
+                       interruptible=interruptible)
     # mkdtemp makes the folder 0700: reports, the result and torch's own error files live where only we can write.
     with tempfile.TemporaryDirectory(prefix="launch-", dir=_preload.private_tempdir()) as private_dir:
         context = _start(payload, spec, private_dir, plan.nprocs_local, method)
-        previous = _forward_stop_signals(context)
+        previous = _forward_stop_signals(context, os.path.join(private_dir, _INTERRUPTED) if interruptible else None)
         try:
             failure = _monitor(context, private_dir)
         finally:
@@ -594,11 +603,13 @@ def _read_error(path: str, observed: float) -> tuple[str | None, float]:
         return None, observed
 
 
-def _forward_stop_signals(context: tmp.ProcessContext) -> dict[signal.Signals, Any]:
+def _forward_stop_signals(context: tmp.ProcessContext, interrupt_file: str | None = None
+                          ) -> dict[signal.Signals, Any]:
     """While workers run, relay stop signals sent to this (launching) process to them, as torchrun does.
 
     Without this, ``kill -USR2 <launcher>`` (or Slurm signalling a task that spawned its share) would kill the
-    launcher and, through PDEATHSIG, the workers before they could checkpoint.
+    launcher and, through PDEATHSIG, the workers before they could checkpoint. With ``interrupt_file``, the first
+    Ctrl-C creates it (the workers, which ignore SIGINT, stop gracefully) and the second raises KeyboardInterrupt.
     """
     from .preemption import resolve_signals
 
@@ -610,7 +621,18 @@ def _forward_stop_signals(context: tmp.ProcessContext) -> dict[signal.Signals, A
             if proc.is_alive() and proc.pid:
                 os.kill(proc.pid, signum)
 
-    return {sig: signal.signal(sig, relay) for sig in resolve_signals(None)}
+    def interrupt(signum: int, frame: Any) -> None:
+        assert interrupt_file is not None
+        if os.path.exists(interrupt_file):
+            raise KeyboardInterrupt
+        atomic_write(interrupt_file, b"", mode=0o600)
+        print("\ntrainstack: Ctrl-C: stopping at the next step boundary with a checkpoint (Ctrl-C again to abort).",
+              file=sys.stderr, flush=True)
+
+    previous = {sig: signal.signal(sig, relay) for sig in resolve_signals(None)}
+    if interrupt_file is not None:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, interrupt)
+    return previous
 
 
 def _describe_exit(code: int) -> str:

@@ -28,7 +28,8 @@ __all__ = ["TaskStatus", "job_status", "my_jobs", "format_table", "find_log", "f
 #: States after which nothing more happens to a job (a requeued job passes through none of them for long).
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
          "PREEMPTED", "NEVER RAN", "ENDED")
-_METRIC = re.compile(r"Iteration\s+\d+ \|.*")
+# a Trainer's live or epoch line ("epoch 2/10 | step 150/400 | loss ..."), or qadence's "Iteration N | ..."
+_METRIC = re.compile(r"(?:epoch \d+(?:/\d+)? \| step \d+(?:/\d+)?|Iteration\s+\d+) \|.*")
 
 
 @dataclass
@@ -75,7 +76,7 @@ def _read_json(path: Path) -> dict:
 
 
 def last_metric(log: Path | None) -> str:
-    """The last ``Iteration N | loss: ...`` line of a log (read from its tail only)."""
+    """The last ``epoch E | step S | loss ...`` (or ``Iteration N | ...``) line of a log (read from its tail only)."""
     try:
         if log is None or not log.is_file():
             return ""

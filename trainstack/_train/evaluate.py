@@ -16,7 +16,7 @@ from ..data import DictDataLoader, epoch_batches, prepare_eval_dataloader
 from ..errors import ConfigError
 from .steps import call_loss
 
-__all__ = ["Evaluator", "prepare_eval", "batch_size"]
+__all__ = ["Evaluator", "prepare_eval", "batch_size", "default_predict", "assemble"]
 
 #: ``fire(event, batch_index, loss, metrics)``: the Trainer's batch events (``val_batch_start`` ...).
 Fire = Callable[[str, int, Any, Any], None]
@@ -61,7 +61,32 @@ class Evaluator:
         model = acc.prepare_model(model) if acc.world_size == 1 else model.to(acc.device)
         return self("test", model, prepare_eval(loader, acc.rank, acc.world_size))
 
-    def even_out_forwards(self, model: nn.Module, loader: Any, done: int, batch: Any) -> None:
+    def predict(self, model: nn.Module, loader: Any, predict_fn: Callable[[nn.Module, Any], Any]) -> Any:
+        """``Trainer.predict`` on this rank: ``predict_fn(model, batch)`` over this rank's share of the dataset (every
+        sample once over all ranks), concatenated on the CPU; rank 0 gets everything in dataset order
+        (:func:`assemble`), the other ranks None."""
+        acc = self.accelerator
+        if isinstance(loader, DictDataLoader):
+            raise ConfigError("predict() takes one DataLoader, not a dict of them: call it once per loader.")
+        model = acc.prepare_model(model) if acc.world_size == 1 else model.to(acc.device)
+        shard = prepare_eval_dataloader(loader, acc.rank, acc.world_size, ordered=True)
+        was_training, outputs, batch, hb = model.training, [], None, heartbeat()
+        model.eval()
+        hb.phase = "predict"
+        with torch.no_grad():
+            for batch in epoch_batches(shard):
+                hb.tick += 1
+                outputs.append(_to_cpu(predict_fn(model, acc.prepare_batch(batch))))
+            self.even_out_forwards(model, shard, len(outputs), batch, lambda b: predict_fn(model, b))
+        model.train(was_training)
+        mine = _concat(outputs)
+        if acc.world_size == 1:
+            return mine
+        parts = collectives.gather_objects(mine)
+        return assemble(parts) if parts is not None else None
+
+    def even_out_forwards(self, model: nn.Module, loader: Any, done: int, batch: Any,
+                          forward: Callable[[Any], Any] | None = None) -> None:
         """A sharded model's forward is a collective: ranks with fewer evaluation batches (the shards differ by one
         sample) run discarded forwards until every rank has run as many."""
         from .._runtime.fsdp import is_sharded
@@ -72,7 +97,7 @@ class Evaluator:
         if most > done and batch is None:  # this rank had no batch at all: borrow one sample of the dataset
             batch = self.accelerator.prepare_batch(next(iter(DataLoader(_dataset_of(loader), batch_size=1))))
         for _ in range(most - done):
-            call_loss(self.loss_fn, model, batch)
+            forward(batch) if forward is not None else call_loss(self.loss_fn, model, batch)
 
 
 def prepare_eval(loader: Any, rank: int, world: int) -> Any:
@@ -101,3 +126,55 @@ def batch_size(batch: Any) -> int:
             if size:
                 return size
     return 1
+
+
+def default_predict(model: nn.Module, batch: Any) -> Any:
+    """``model(inputs)``: the batch itself, or its first item for ``(inputs, targets)`` batches."""
+    if isinstance(batch, (list, tuple)) and batch:
+        return model(batch[0])
+    if isinstance(batch, dict):
+        raise ConfigError(f"predict(): the batches are dicts ({sorted(batch)[:4]}), so which one is the input is "
+                          f"yours to say. HINT: predict(loader, predict_fn=lambda model, batch: model(batch['x'])).")
+    return model(batch)
+
+
+def _to_cpu(out: Any) -> Any:
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t, out)
+
+
+def _concat(outputs: list[Any]) -> Any:
+    """Per-batch outputs (a tensor, or a tuple/list/dict of them, one row per sample) joined along dim 0."""
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    if not outputs:
+        return None
+    flat = [tree_flatten(out) for out in outputs]
+    leaves0, spec = flat[0]
+    for leaves, other in flat:
+        if other != spec or not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in leaves):
+            raise ConfigError("predict(): predict_fn must return a tensor, or a tuple/list/dict of tensors, with one "
+                              "row per sample of the batch (the same structure for every batch).")
+    return tree_unflatten([torch.cat([leaves[i] for leaves, _ in flat]) for i in range(len(leaves0))], spec)
+
+
+def assemble(parts: list[Any]) -> Any:
+    """Every rank's outputs back in dataset order: rank ``r`` predicted samples ``r, r + W, r + 2W, ...``."""
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    present = [p for p in parts if p is not None]
+    if not present:
+        return None
+    spec = tree_flatten(present[0])[1]
+    world = len(parts)
+    per_rank = [tree_flatten(p)[0] if p is not None else None for p in parts]
+    out = []
+    for i, leaf in enumerate(tree_flatten(present[0])[0]):
+        rows = sum(int(r[i].shape[0]) for r in per_rank if r is not None)
+        joined = leaf.new_empty((rows, *leaf.shape[1:]))
+        for rank, leaves in enumerate(per_rank):
+            if leaves is not None:
+                joined[rank::world] = leaves[i]
+        out.append(joined)
+    return tree_unflatten(out, spec)

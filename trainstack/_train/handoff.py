@@ -8,12 +8,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["export", "absorb", "worker_state", "to_cpu", "conclude", "PREEMPTED", "DIVERGED"]
+__all__ = ["export", "absorb", "worker_state", "to_cpu", "conclude", "PREEMPTED", "INTERRUPTED", "DIVERGED"]
 
-PREEMPTED, DIVERGED = "preempted", "diverged"  # how a stop_reason starts when the run must not read as finished
+# how a stop_reason starts when the run must not read as finished
+PREEMPTED, INTERRUPTED, DIVERGED = "preempted", "interrupted", "diverged"
 
 #: What one run holds on a rank and never crosses a process boundary.
-RUN_HANDLES = ("_ddp_model", "_train_loader", "_val_loader", "step", "stopper", "checkpointer", "_lock", "_folder")
+RUN_HANDLES = ("_ddp_model", "_train_loader", "_val_loader", "step", "stopper", "checkpointer", "_lock", "_folder",
+               "schedule", "_held_warnings")
 
 
 def export(trainer: Any) -> dict[str, Any] | None:
@@ -32,7 +34,8 @@ def export(trainer: Any) -> dict[str, Any] | None:
     return {"model": to_cpu(model_sd), "optimizer": to_cpu(optim_sd),
             "scheduler": trainer.scheduler.state_dict() if trainer.scheduler else None,
             "callbacks": trainer.callbacks.state_dict(), "epoch": trainer.current_epoch,
-            "global_step": trainer.global_step, "run_folder": str(trainer.run_folder),
+            "global_step": trainer.global_step, "global_batch": trainer.global_batch,
+            "run_folder": str(trainer.run_folder),
             "metrics": {k: float(v) for k, v in trainer.metrics.items()}, "stop_reason": trainer.stop_reason,
             "identity": trainer._run_identity}
 
@@ -51,6 +54,7 @@ def absorb(trainer: Any, result: dict[str, Any], callbacks: Any) -> None:
         trainer.scheduler.load_state_dict(result["scheduler"])
     callbacks.load_state_dict(result["callbacks"])
     trainer.current_epoch, trainer.global_step = result["epoch"], result["global_step"]
+    trainer.global_batch = result.get("global_batch", result["global_step"])
     trainer.run_folder = Path(result["run_folder"])
     trainer.metrics, trainer.stop_reason = result["metrics"], result["stop_reason"]
     trainer._run_identity = result.get("identity")
@@ -59,13 +63,17 @@ def absorb(trainer: Any, result: dict[str, Any], callbacks: Any) -> None:
 def conclude(trainer: Any) -> None:
     """The end of ``fit()`` in the launching process: the config remembers its run (for the note a second Trainer
     on it prints), and a run that did not finish raises -- ``Preempted`` (a checkpoint to continue from) or
-    ``TrainingDiverged`` -- so the code after ``fit()`` never runs as if it had."""
-    from ..errors import Preempted, TrainingDiverged
+    ``TrainingDiverged``, or ``Interrupted`` after a Ctrl-C -- so the code after ``fit()`` never runs as if it
+    had."""
+    from ..errors import Interrupted, Preempted, TrainingDiverged
 
     runs = trainer.config.__dict__.setdefault("_runs", [])  # not a field
     if trainer.run_folder is not None and trainer.run_folder not in runs:
         runs.append(trainer.run_folder)
     reason = trainer.stop_reason
+    if reason.startswith(INTERRUPTED):
+        raise Interrupted(f"trainstack: {reason}; a complete checkpoint is in {trainer.run_folder}. Run again with "
+                          f"resume='auto' to continue exactly where it stopped.")
     if reason.startswith(PREEMPTED):
         raise Preempted(f"trainstack: {reason}; a complete checkpoint is in {trainer.run_folder}. Run again with "
                         f"resume='auto' to continue exactly where it stopped.")

@@ -8,7 +8,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["first_step_note", "diverged_reason", "resume_notes", "UNBOUNDED_LOADER"]
+__all__ = ["first_step_note", "diverged_reason", "resume_notes", "graceful_stop", "unbounded_progress",
+           "UNBOUNDED_LOADER", "UNBOUNDED_REPORT"]
+
+UNBOUNDED_REPORT = 1000  # steps between "still in epoch N" lines for a loader without a length
 
 UNBOUNDED_LOADER = ("trainstack: WARNING: the training loader has no length (an IterableDataset): each epoch runs "
                     "until it is exhausted, so a never-ending stream never finishes its first epoch. HINT: set "
@@ -42,8 +45,24 @@ def diverged_reason(loss: Any, epoch: int, kept: Path | None) -> str:
               "TrainConfig(stop_on_nonfinite=False) to train on.")
 
 
+def unbounded_progress(epoch: int, batches: int) -> str:
+    return (f"epoch {epoch + 1}: {batches} batches so far (the training loader has no length, so an epoch ends when it "
+            f"is exhausted; max_batches bounds it)")
+
+
+def graceful_stop(kind: str, why: str, epoch: int, step: int, path: Path | None, took: float | None,
+                  folder: Path | None) -> str:
+    """The line a stop with a checkpoint prints: where, why, which file, and how to continue."""
+    saved = f"Checkpoint {path.name if path else '(already saved)'}" + (
+        f" written in {took:.2f}s" if took and path else "") + "."
+    if kind == "interrupted":
+        return (f"Interrupted at epoch {epoch}, step {step} ({why}). {saved} To continue exactly here: run again with "
+                f"TrainConfig(resume='auto', log_folder={str(folder)!r}).")
+    return f"Graceful stop at epoch {epoch}, step {step}: {why}. {saved}"
+
+
 def resume_notes(config: Any, folder: Path | None, restored: bool, continues: bool, epoch: int,
-                 last_epoch: int) -> list[str]:
+                 last_epoch: int, step: int = 0, last_step: int = 0) -> list[str]:
     """What kind of run this is, when it is not a plain new one."""
     notes = []
     if config.resume == "auto" and not restored:
@@ -56,7 +75,11 @@ def resume_notes(config: Any, folder: Path | None, restored: bool, continues: bo
     if continues and epoch and not restored:
         notes.append(f"trainstack: a second fit() continues the run in {folder} at epoch {epoch} for another "
                      f"max_iter={config.max_iter} epochs.")
-    if restored and epoch >= last_epoch:
+    if restored and step >= last_step:
+        notes.append(f"trainstack: NOTHING TO TRAIN: the run in {folder} already reached step {step} of its "
+                     f"max_steps={config.max_steps} (counted from the run's start). HINT: raise max_steps to train "
+                     f"longer, or start a new run (resume=None, or another log_folder).")
+    elif restored and epoch >= last_epoch:
         notes.append(f"trainstack: NOTHING TO TRAIN: the run in {folder} already finished epoch {epoch} of its "
                      f"max_iter={config.max_iter} (max_iter counts from the run's start, not from this resume; "
                      f"qadence trained another max_iter). HINT: raise max_iter to train longer, or start a new run "

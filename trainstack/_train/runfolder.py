@@ -21,7 +21,7 @@ from ..checkpoint import Checkpointer, CheckpointError, check_fits, has_checkpoi
 from ..errors import ConfigError
 
 __all__ = ["choose_run_folder", "RunLock", "RunFolderBusy", "auto_chosen", "refuse_to_overwrite", "RunFolder",
-           "run_identity", "standalone_checkpointer"]
+           "run_identity", "standalone_checkpointer", "record_config"]
 
 _LOCK = ".lock"
 
@@ -266,3 +266,18 @@ def standalone_checkpointer(config: Any, run_folder: Path | None) -> tuple[Path,
     folder = run_folder if run_folder is not None else choose_run_folder(
         config.root_folder, config.log_folder, config.create_subfolder_per_run, config.resume)
     return folder, Checkpointer(folder, config.keep_last_checkpoints)
+
+
+def record_config(config: Any, folder: Path) -> Path | None:
+    """Write what ran as ``config.yaml`` (``config.json`` without pyyaml) into the run folder; a failure warns."""
+    try:
+        import yaml  # noqa: F401
+
+        name = "config.yaml"
+    except ImportError:
+        name = "config.json"
+    try:
+        return config.to_file(folder / name)
+    except (OSError, ConfigError) as exc:
+        print(f"trainstack: WARNING: could not write {folder / name}: {exc}", flush=True)
+        return None

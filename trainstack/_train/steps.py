@@ -25,7 +25,8 @@ from .._runtime.watchdog import heartbeat
 from ..errors import ConfigError
 
 __all__ = ["optimize_step", "get_loss_fn", "mse_loss", "cross_entropy_loss", "call_loss", "LossFn", "Step",
-           "PlainStep", "AccumulatingStep", "GradientFreeStep", "make_step", "check_step_options"]
+           "PlainStep", "AccumulatingStep", "GradientFreeStep", "make_step", "check_step_options",
+           "track_optimizer_steps"]
 
 LossFn = Callable[[nn.Module, Any], Any]
 StepResult = tuple[torch.Tensor, dict[str, Any]]
@@ -314,3 +315,24 @@ def make_step(config: Any, optimizer: Any, loss_fn: LossFn, fn: Callable[..., An
         return AccumulatingStep(optimizer, loss_fn, device.type, config.gradient_accumulation_steps,
                                 config.grad_clip_norm, precision)
     return PlainStep(fn, optimizer, loss_fn, device, data_dtype)
+
+
+def track_optimizer_steps(optimizer: Any) -> None:
+    """Mark ``optimizer.step`` the way a torch LR scheduler does when it is built (``_opt_called``), again: an
+    optimizer that crossed a process boundary lost the mark, and its scheduler would warn on every rank that
+    ``optimizer.step()`` was overridden."""
+    import functools
+    import weakref
+
+    if optimizer is None or hasattr(optimizer.step, "_wrapped_by_lr_sched"):
+        return
+    step, ref = type(optimizer).step, weakref.ref(optimizer)
+
+    @functools.wraps(step)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        opt = ref()
+        opt._opt_called = True  # type: ignore[union-attr]
+        return step(opt, *args, **kwargs)
+
+    wrapper._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    optimizer.step = wrapper

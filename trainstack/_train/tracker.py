@@ -1,40 +1,72 @@
-"""What a run reports, on rank 0 only: the banner, metrics lines, metrics.jsonl (plus TensorBoard or MLflow),
-plots, the progress bar, hyperparameters, the model, and the loss curve at the end.
+"""What a run reports, on rank 0 only: the banner, live lines or the progress bar, epoch lines, metrics.jsonl (plus
+TensorBoard or MLflow), plots, hyperparameters, the model, the loss curve and the end-of-run summary.
 
-The loop calls it by name at its three moments (``epoch_end``, ``batch_end`` every ``bar_every`` steps, ``close``);
-every other rank gets one that does nothing. ``.item()`` (a host sync) happens only here, when a line is printed or
-a row written.
+The loop calls it by name at its moments (``step_line`` and ``bar_update`` when the schedule says so,
+``epoch_end``, ``train_end``, ``close``); every other rank gets one that only takes part in the reductions of
+logged values. ``.item()`` (a host sync) happens only here, when a line is printed or a row written.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..data import DictDataLoader, is_infinite
-from .progress import ProgressBar, banner, progress_enabled
+from .live import LiveLog, ProgressBar, banner, format_line, progress_enabled, summary
+from .metrics import MetricLog
+from .schedule import Clock
 from .writers import NullWriter, Writers, format_metrics, make_writers, save_loss_curve
 
-__all__ = ["Tracker", "banner_info"]
+__all__ = ["Tracker", "Span", "banner_info", "run_span"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Span:
+    """How far a run goes: epochs ``start_epoch..last_epoch``, optimizer steps up to ``total_steps`` (None:
+    unknown), ``steps_per_epoch`` (None: the loader has no length)."""
+
+    start_epoch: int = 0
+    last_epoch: int = 0
+    start_step: int = 0
+    total_steps: int | None = None
+    steps_per_epoch: int | None = None
+    batches_per_epoch: int | None = None
+    capped_by_steps: bool = False
 
 
 class Tracker:
     """Rank 0's reports for one run folder, at the cadence ``config`` asks for."""
 
-    def __init__(self, config: Any, folder: Path | None, is_main: bool, start_epoch: int = 0,
-                 last_epoch: int = 0, batches_per_epoch: int | None = None, keep_through: int | None = None,
-                 clock: Any = None) -> None:
-        self.config, self.is_main = config, is_main
-        self.writer: Writers = make_writers(config.tracking_tool, folder, start_epoch, keep_through, clock) \
+    def __init__(self, config: Any, folder: Path | None, is_main: bool, span: Span | None = None,
+                 keep_through: int | None = None, clock: Any = None, samples_per_batch: int | None = None,
+                 world_size: int = 1) -> None:
+        self.config, self.is_main, self.folder = config, is_main, folder
+        self.span = span or Span()
+        self.writer: Writers = make_writers(config.tracking_tool, folder, keep_through, clock) \
             if is_main and folder is not None else NullWriter()
-        self.folder = folder
-        self.bar = ProgressBar(last_epoch, start_epoch, batches_per_epoch) \
+        self.bar = ProgressBar(self.span.total_steps, self.span.start_step, self.span.steps_per_epoch) \
             if is_main and progress_enabled(config.verbose) else None
-        self.bar_every = self.bar.every if self.bar else 0
+        self.live = LiveLog(samples_per_batch, world_size, config.gradient_accumulation_steps)
+        self.clock = Clock(config.log_every_seconds) if is_main and config.verbose and self.bar is None \
+            and config.log_every_seconds else None
+        self._extra = ""  # the last line's values after the loss, shown on the bar
+
+    # -------------------------------------------------------------- periods for the loop's schedule
+    def periods(self) -> dict[str, int]:
+        """Step periods of this rank's reports: log lines (every rank: logged values may be reduced), the bar and the
+        clock (rank 0)."""
+        return {"log": self.config.log_every_n_steps, "bar": self.bar.every if self.bar else 0,
+                "clock": 1 if self.clock else 0}
+
+    def bar_on(self) -> bool:
+        """Whether rank 0 shows a bar (every rank knows: it shares the terminal and the environment)."""
+        return progress_enabled(self.config.verbose)
 
     def print(self, text: str) -> None:
         if self.is_main:
@@ -46,23 +78,70 @@ class Tracker:
         if self.bar:
             self.bar.start()
 
-    def batch_end(self) -> None:
-        if self.bar:
-            self.bar.advance()
+    # -------------------------------------------------------------- while training
+    def head(self, epoch: int, step: int) -> str:
+        """``epoch 2/10 | step 150/400`` (the epoch in progress; totals when known)."""
+        span = self.span
+        epochs = "" if span.capped_by_steps else f"/{span.last_epoch}"
+        steps = f"/{span.total_steps}" if span.total_steps else ""
+        return f"epoch {epoch + 1}{epochs} | step {step}{steps}"
 
-    def epoch_end(self, epoch: int, metrics: dict[str, Any], model: Any) -> None:
+    def step_line(self, where: tuple[int, int, float], sums: Any, n: int, optimizer: Any, logged: MetricLog,
+                  reduce: Any, row: bool) -> None:
+        """A live line at ``where`` = (epoch, step, fractional epoch). ``row``: a line of the step count (every rank
+        is here: logged values are collected, reduced over ranks, and written as a metrics.jsonl row); otherwise
+        rank 0's clock asked for it (printed only)."""
+        extra = logged.collect(reduce) if row else ({k: float(v) for k, v in logged.current().items()}
+                                                   if self.is_main else {})
+        if not self.is_main:
+            return
+        epoch, step, position = where
+        values = {**self.live.values(sums, n, step, optimizer), **extra}
+        if self.clock is not None:
+            self.clock.lined()
+        if self.bar is not None:
+            self._extra = format_line("", {k: v for k, v in values.items() if k != "loss"}).lstrip(" |")
+        elif self.config.verbose:
+            print(format_line(self.head(epoch, step), values), flush=True)
+        if row:
+            self.writer.write(None, values, epoch=round(position, 4))
+
+    def clock_due(self, step: int) -> tuple[bool, int]:
+        """Rank 0's clock: ``(a time-based line is due, the next period)``."""
+        assert self.clock is not None
+        return self.clock.reading(step)
+
+    def bar_update(self, epoch: int, step: int, sums: Any, n: int) -> None:
+        """The bar moves on; its text shows the epoch and the running loss of the current epoch (a host sync here,
+        every ~5 % of an epoch)."""
+        if self.bar is None:
+            return
+        loss = f" | loss {float(sums.loss_sum) / n:.4g}" if n and sums.loss_sum is not None else ""
+        self.bar.update(step, self.head(epoch, step) + loss + (f" | {self._extra}" if self._extra else ""))
+
+    def validation(self, epoch: int, step: int, values: dict[str, Any]) -> None:
+        """A validation inside an epoch: a line (when verbose) and a metrics.jsonl row at its step."""
+        if not self.is_main:
+            return
+        if self.config.verbose:
+            line = format_line(self.head(epoch, step), values)
+            self.bar.progress.console.print(line) if self.bar else print(line, flush=True)
+        self.writer.write(None, values, epoch=epoch)
+
+    def epoch_end(self, epoch: int, metrics: dict[str, Any], model: Any, step: int) -> None:
         """A metrics line every ``print_every`` epochs, a row every ``write_every`` (default 1), plots."""
         if not self.is_main:
             return
         cfg = self.config
         if cfg.verbose and cfg.print_every and epoch % cfg.print_every == 0:
-            print(format_metrics(epoch, metrics), flush=True)
+            line = format_metrics(epoch, metrics, step, None if self.span.capped_by_steps else self.span.last_epoch)
+            self.bar.progress.console.print(line) if self.bar else print(line, flush=True)
         if metrics and epoch % (cfg.write_every or 1) == 0:
-            self.writer.write(epoch, metrics)
+            self.writer.write(epoch, metrics, epoch=epoch)
         if cfg.plot_every and epoch % cfg.plot_every == 0:
             self.writer.plot(model, epoch, cfg.plotting_functions)
         if self.bar:
-            self.bar.epoch_end(epoch, metrics.get("train_loss"))
+            self.bar.update(step)
 
     def train_end(self, epoch: int, model: Any) -> None:
         """The reports of a finished run: a last plot, the hyperparameters, the model (MLflow)."""
@@ -76,18 +155,29 @@ class Tracker:
         if cfg.log_model:
             self.writer.log_model(model)
 
-    def close(self) -> None:
-        """Stop the bar, draw the loss curve, close the writers. Failures here are logged, never raised: they must
-        not hide the error that ended the run."""
+    def summary(self, seconds: float, epochs: int, steps: int, best: dict[str, Any] | None, reason: str) -> None:
+        """The end-of-run summary (after the bar is gone)."""
+        if not (self.is_main and self.config.verbose):
+            return
+        self._stop_bar()
+        print(summary(seconds, epochs, steps, best, self.folder, reason), flush=True)
+
+    def _stop_bar(self) -> None:
         if self.bar:
             self.bar.stop()
             self.bar = None
+
+    def close(self) -> None:
+        """Stop the bar, draw the loss curve, close the writers. Failures here are logged, never raised: they must
+        not hide the error that ended the run."""
+        self._stop_bar()
         writer, self.writer = self.writer, NullWriter()
         if not self.is_main or self.folder is None:
             return
         try:
-            if writer.history:
-                save_loss_curve(writer.history, self.folder / "loss_curve.png")
+            rows = read_rows(self.folder / "metrics.jsonl") or writer.history
+            if rows:
+                save_loss_curve(rows, self.folder / "loss_curve.png")
         except Exception as exc:  # e.g. a full disk: the checkpoint error the user needs came first
             log.warning("could not draw %s: %s", self.folder / "loss_curve.png", exc)
         try:
@@ -95,20 +185,33 @@ class Tracker:
         except Exception as exc:
             log.warning("could not close the metric writers: %s", exc)
 
-    @staticmethod
-    def line(iteration: int, metrics: dict[str, Any]) -> str:
-        return format_metrics(iteration, metrics)
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl with a step (a whole resumed run's, not only this process's)."""
+    rows = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append({k: v for k, v in row.items() if isinstance(v, (int, float))})
+    return rows
 
 
-def banner_info(trainer: Any, per_epoch: int | None, last_epoch: int, hang_timeout: float) -> dict[str, Any]:
+def banner_info(trainer: Any, span: Span, hang_timeout: float) -> dict[str, Any]:
     """What the start banner shows: the data, the processes, the batch sizes, the steps ahead, the folder."""
     acc, cfg, loader = trainer.accelerator, trainer.config, trainer.train_dataloader
     per_proc = getattr(loader, "batch_size", None) or 1
-    steps = "unknown (the loader has no length)" if per_epoch is None else \
-        math.ceil(per_epoch / cfg.gradient_accumulation_steps) * max(last_epoch - trainer.current_epoch, 0)
+    steps: Any = "unknown (the loader has no length)" if span.total_steps is None else \
+        span.total_steps - span.start_step
     info: dict[str, Any] = {
-        "Num examples": _num_examples(loader), "Num epochs": last_epoch - trainer._run_start,
-        "Batches per epoch": per_epoch if per_epoch is not None else "until the loader ends",
+        "Num examples": _num_examples(loader), "Num epochs": span.last_epoch - trainer._run_start,
+        "Batches per epoch": span.batches_per_epoch if span.batches_per_epoch is not None else "until the loader ends",
         "Processes": f"{acc.world_size} ({acc.backend} on {acc.device.type})",
         "Batch size per process": per_proc,
         "Total batch size (w. parallel & accumulation)": per_proc * acc.world_size * cfg.gradient_accumulation_steps,
@@ -116,11 +219,29 @@ def banner_info(trainer: Any, per_epoch: int | None, last_epoch: int, hang_timeo
         "Total optimization steps": steps, "Run folder": trainer.run_folder,
         "Hang watchdog": f"armed: {hang_timeout:g} s without progress (3x for the first step, checkpoints, "
                          f"callbacks)" if hang_timeout else "off"}
+    if cfg.max_steps is not None:
+        info["Max steps"] = cfg.max_steps
     if is_infinite(trainer._train_loader) and not trainer.max_batches:
         info["Batches per epoch"] = "1 (an endless loader; set max_batches for more)"
-    if trainer.current_epoch:
-        info["Continuing at epoch"] = trainer.current_epoch
+    if trainer.current_epoch or trainer.global_step:
+        info["Continuing at"] = f"epoch {trainer.current_epoch}, step {trainer.global_step}"
     return info
+
+
+def run_span(trainer: Any, accumulation: int) -> Span:
+    """How far this run goes from where it starts (a resumed run: from its checkpoint's position)."""
+    from .schedule import NEVER
+
+    batches = trainer._per_epoch
+    per_epoch = None if batches is None else math.ceil(batches / accumulation)
+    last_step = trainer._last_step
+    by_epochs = None
+    if per_epoch is not None:
+        done = math.ceil(trainer.cursor.batch / accumulation)
+        by_epochs = trainer.global_step + max((trainer._last_epoch - trainer.current_epoch) * per_epoch - done, 0)
+    capped = last_step != NEVER and (by_epochs is None or last_step < by_epochs)
+    total = last_step if capped else by_epochs
+    return Span(trainer.current_epoch, trainer._last_epoch, trainer.global_step, total, per_epoch, batches, capped)
 
 
 def _num_examples(loader: Any) -> Any:

@@ -21,13 +21,15 @@ def _scalar(value: Any) -> float:
     return float(value.item() if hasattr(value, "item") else value)
 
 
-def format_metrics(iteration: int, metrics: dict[str, Any]) -> str:
-    """``Iteration N | train_loss: 0.1234567 | ...`` (the host sync of ``.item()`` happens here, once per line)."""
+def format_metrics(epoch: int, metrics: dict[str, Any], step: int | None = None, epochs: int | None = None) -> str:
+    """``epoch 3/10 | step 120 | train_loss: 0.1234567 | ...`` (the host sync of ``.item()`` happens here, once per
+    line)."""
     def fmt(value: Any) -> str:
         v = _scalar(value)
         return f"{v:.7f}" if abs(v) >= 1e-4 or v == 0 else f"{v:.4e}"
 
-    return f"Iteration {iteration:>6} | " + " | ".join(f"{k}: {fmt(v)}" for k, v in metrics.items())
+    head = f"epoch {epoch}" + (f"/{epochs}" if epochs else "") + (f" | step {step}" if step is not None else "")
+    return " | ".join([head, *(f"{k}: {fmt(v)}" for k, v in metrics.items())])
 
 
 class JsonlWriter:
@@ -60,8 +62,12 @@ class JsonlWriter:
                 kept.append(line)
         atomic_write(self.path, "".join(f"{line}\n" for line in kept), mode=0o600)
 
-    def write(self, iteration: int, metrics: dict[str, float], step: int = 0) -> None:
-        row = {"iteration": iteration, "step": step, "time": round(time.time(), 3), **metrics}
+    def write(self, iteration: int | None, metrics: dict[str, float], step: int = 0,
+              epoch: float | None = None) -> None:
+        row: dict[str, Any] = {} if epoch is None else {"epoch": epoch}
+        if iteration is not None:
+            row["iteration"] = iteration  # qadence's key: the epoch of an epoch row, the batch of a callback's row
+        row.update({"step": step, "time": round(time.time(), 3), **metrics})
         self._fh.write(json.dumps(row) + "\n")
         self._fh.flush()
 
@@ -81,17 +87,21 @@ class JsonlWriter:
 
 
 class TensorBoardWriter:
-    def __init__(self, folder: Path, start_step: int) -> None:
+    """TensorBoard scalars with the optimizer step as x; a resumed run purges the events written after its
+    checkpoint's step."""
+
+    def __init__(self, folder: Path, purge_step: int | None) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise ConfigError("tracking_tool='tensorboard' needs the tensorboard package. HINT: "
                               "pip install 'trainstack[tensorboard]'.") from None
-        self.sw = SummaryWriter(log_dir=str(folder), purge_step=start_step or None)
+        self.sw = SummaryWriter(log_dir=str(folder), purge_step=purge_step)
 
-    def write(self, iteration: int, metrics: dict[str, float], step: int = 0) -> None:
+    def write(self, iteration: int | None, metrics: dict[str, float], step: int = 0,
+              epoch: float | None = None) -> None:
         for k, v in metrics.items():
-            self.sw.add_scalar(k, v, iteration)
+            self.sw.add_scalar(k, v, step)
 
     def log_hyperparams(self, hyperparams: dict[str, Any]) -> None:
         clean = {k: v for k, v in hyperparams.items() if isinstance(v, (int, float, str, bool))}
@@ -119,8 +129,9 @@ class MLflowWriter:
         mlflow.set_experiment(experiment)
         self.run = mlflow.start_run(run_name=os.environ.get("MLFLOW_RUN_NAME", Path(folder).name))
 
-    def write(self, iteration: int, metrics: dict[str, float], step: int = 0) -> None:
-        self.mlflow.log_metrics(metrics, step=iteration)
+    def write(self, iteration: int | None, metrics: dict[str, float], step: int = 0,
+              epoch: float | None = None) -> None:
+        self.mlflow.log_metrics(metrics, step=step)
 
     def log_hyperparams(self, hyperparams: dict[str, Any]) -> None:
         self.mlflow.log_params(hyperparams)
@@ -147,12 +158,14 @@ class Writers:
         self.history: list[dict[str, float]] = []
         self.clock = clock
 
-    def write(self, iteration: int, metrics: dict[str, Any]) -> None:
+    def write(self, iteration: int | None, metrics: dict[str, Any], epoch: float | None = None) -> None:
+        """One row: ``iteration`` is qadence's (the epoch of an epoch row; a callback's own count), ``epoch`` the
+        epoch (fractional in a step row); the step is the run's optimizer step."""
         clean = {k: _scalar(v) for k, v in metrics.items()}
-        self.history.append({"iteration": iteration, **clean})
         step = int(self.clock()) if self.clock is not None else 0
+        self.history.append({"step": step, **clean})
         for w in self.writers:
-            w.write(iteration, clean, step)
+            w.write(iteration, clean, step, epoch)
 
     def log_hyperparams(self, hyperparams: dict[str, Any]) -> None:
         for w in self.writers:
@@ -182,23 +195,25 @@ class NullWriter(Writers):
     def __init__(self) -> None:
         super().__init__(Path("."), [])
 
-    def write(self, iteration: int, metrics: dict[str, Any]) -> None:
+    def write(self, iteration: int | None, metrics: dict[str, Any], epoch: float | None = None) -> None:
         pass
 
 
-def make_writers(tool: str, folder: Path, start_step: int, keep_through: int | None = None,
-                 clock: Any = None) -> Writers:
+def make_writers(tool: str, folder: Path, keep_through: int | None = None, clock: Any = None) -> Writers:
+    """The writers of ``tool`` (and metrics.jsonl); ``keep_through``: a resumed run's checkpoint step, after which
+    rows of the stopped run are dropped."""
     writers: list[Any] = [JsonlWriter(folder, keep_through)]
     if tool == "tensorboard":
-        writers.append(TensorBoardWriter(folder, start_step))
+        writers.append(TensorBoardWriter(folder, keep_through + 1 if keep_through is not None else None))
     elif tool == "mlflow":
         writers.append(MLflowWriter(folder))
     return Writers(folder, writers, clock)
 
 
 def save_loss_curve(history: list[dict[str, float]], path: Path) -> Path | None:
-    """Plot every ``*_loss`` series of the history to a PNG (skipped when matplotlib is missing)."""
-    keys = sorted({k for row in history for k in row if k.endswith("loss")})
+    """Plot every loss series of the history against the optimizer step to a PNG (skipped when matplotlib is
+    missing): ``loss`` from the live lines, ``train_loss``/``val_loss`` per epoch or validation."""
+    keys = sorted({k for row in history for k in row if k == "loss" or k.endswith("_loss")})
     if not keys:
         return None
     try:
@@ -211,10 +226,10 @@ def save_loss_curve(history: list[dict[str, float]], path: Path) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
     for key in keys:
-        points = [(row["iteration"], row[key]) for row in history if key in row and math.isfinite(row[key])]
+        points = [(row["step"], row[key]) for row in history if key in row and math.isfinite(row[key])]
         if points:
             ax.plot(*zip(*points, strict=True), marker="." if len(points) < 50 else None, label=key)
-    ax.set_xlabel("epoch")
+    ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_yscale("log" if all(row[k] > 0 for row in history for k in keys if k in row) else "linear")
     ax.legend()

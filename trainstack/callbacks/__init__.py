@@ -13,13 +13,13 @@ from .builtin import (
     LRSchedulerStepDecay,
     PlotMetrics,
     PrintMetrics,
-    SaveBestCheckpoint,
     SaveCheckpoint,
     WriteMetrics,
 )
+from .checkpointing import ModelCheckpoint, SaveBestCheckpoint
 from .manager import CallbackManager
 
 __all__ = ["EVENTS", "Callback", "OptimizeResult", "CallbackManager", "EarlyStopping",
            "GradientMonitoring", "LoadCheckpoint", "LogHyperparameters", "LogModelTracker", "LRScheduler",
-           "LRSchedulerCosineAnnealing", "LRSchedulerCyclic", "LRSchedulerStepDecay", "PlotMetrics",
+           "LRSchedulerCosineAnnealing", "LRSchedulerCyclic", "LRSchedulerStepDecay", "ModelCheckpoint", "PlotMetrics",
            "PrintMetrics", "SaveBestCheckpoint", "SaveCheckpoint", "WriteMetrics"]

@@ -11,14 +11,15 @@ from ..errors import ConfigError
 __all__ = ["EVENTS", "Callback", "OptimizeResult"]
 
 EVENTS = ("train_start", "train_end", "train_epoch_start", "train_epoch_end", "train_batch_start",
-          "train_batch_end", "val_epoch_start", "val_epoch_end", "val_batch_start", "val_batch_end",
+          "train_batch_end", "optimizer_step", "val_epoch_start", "val_epoch_end", "val_batch_start", "val_batch_end",
           "test_batch_start", "test_batch_end")
 _ALWAYS = ("train_start", "train_end")
 
 
 @dataclass
 class OptimizeResult:
-    """What callbacks see: ``iteration`` is the epoch (epoch events) or the global batch (batch events)."""
+    """What callbacks see: ``iteration`` is the epoch (epoch events), the global batch (batch events) or the optimizer
+    step (``optimizer_step``)."""
 
     iteration: int
     model: Any
@@ -63,6 +64,11 @@ class Callback:
         self.callback = callback
         self.callback_condition = callback_condition
         self.modify_optimize_result = modify_optimize_result
+
+    @property
+    def events(self) -> tuple[str, ...]:
+        """The events this callback listens to (one, ``on``, unless a subclass listens to several)."""
+        return (self.on,)
 
     def should_call(self, opt_result: OptimizeResult) -> bool:
         if self.on in _ALWAYS:

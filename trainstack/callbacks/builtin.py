@@ -9,19 +9,22 @@ from ..errors import ConfigError
 from .base import Callback
 
 __all__ = ["PrintMetrics", "WriteMetrics", "PlotMetrics", "LogHyperparameters", "LogModelTracker",
-           "SaveCheckpoint", "SaveBestCheckpoint", "LoadCheckpoint", "EarlyStopping", "GradientMonitoring",
+           "SaveCheckpoint", "LoadCheckpoint", "EarlyStopping", "GradientMonitoring",
            "LRScheduler", "LRSchedulerStepDecay", "LRSchedulerCyclic", "LRSchedulerCosineAnnealing"]
 
 
 class PrintMetrics(Callback):
-    """One line from rank 0: ``Iteration N | train_loss: ... | val_loss: ...``."""
+    """One line from rank 0: ``epoch N | step S | train_loss: ... | val_loss: ...`` (``batch N | ...`` on batch
+    events)."""
 
     main_process_only = True
 
     def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
         from .._train.writers import format_metrics
 
-        trainer.console_print(format_metrics(trainer.opt_result.iteration, trainer.opt_result.metrics))
+        result, step = trainer.opt_result, getattr(trainer, "global_step", None)
+        line = format_metrics(result.iteration, result.metrics, step)
+        trainer.console_print(line.replace("epoch", "batch", 1) if "batch" in self.on else line)
 
 
 class WriteMetrics(Callback):
@@ -57,29 +60,6 @@ class SaveCheckpoint(Callback):
 
     def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
         trainer.save_checkpoint()
-
-
-class SaveBestCheckpoint(Callback):
-    """Save ``best.pt`` when ``validation_criterion(val_loss, best, eps)`` says so (default: lower by eps)."""
-
-    def __init__(self, on: str = "val_epoch_end", called_every: int = 1, **kwargs: Any) -> None:
-        super().__init__(on=on, called_every=called_every, **kwargs)
-        self.best_val_loss = math.inf
-
-    def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
-        result = trainer.opt_result  # qadence reads the result's loss; inside fit() the validation loss
-        value = result.metrics.get("val_loss", result.loss)
-        loss = float(value) if value is not None else math.nan
-        criterion = config.validation_criterion or (lambda cur, best, eps: cur < best - eps)
-        if math.isfinite(loss) and criterion(loss, self.best_val_loss, config.val_epsilon):
-            self.best_val_loss = loss
-            trainer.save_checkpoint(best=True)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"best_val_loss": self.best_val_loss}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best_val_loss = float(state.get("best_val_loss", math.inf))
 
 
 class LoadCheckpoint(Callback):
@@ -146,7 +126,9 @@ class GradientMonitoring(Callback):
 
 
 class LRScheduler(Callback):
-    """Step any ``torch.optim.lr_scheduler`` on an event (its state is checkpointed)."""
+    """Step any ``torch.optim.lr_scheduler`` on an event (its state is checkpointed): ``optimizer_step`` after every
+    optimizer step, ``train_epoch_end`` after every epoch. On ``train_batch_end`` it steps only after batches that
+    completed an optimizer step (gradient accumulation), so it never runs ahead of the optimizer."""
 
     def __init__(self, scheduler: Any, on: str = "train_epoch_end", called_every: int = 1, **kwargs: Any) -> None:
         super().__init__(on=on, called_every=called_every, **kwargs)
@@ -155,6 +137,9 @@ class LRScheduler(Callback):
         self.scheduler = scheduler
 
     def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
+        step = getattr(trainer, "step", None)
+        if self.on == "train_batch_end" and step is not None and not step.at_boundary:
+            return  # half an accumulated optimizer step: the learning rate has not been used yet
         self.scheduler.step()
 
     def state_dict(self) -> dict[str, Any]:

@@ -18,7 +18,8 @@ class CallbackManager:
         self.callbacks = [cb for cb in callbacks if is_main or not cb.main_process_only]
         self.by_event: dict[str, list[Callback]] = {ev: [] for ev in EVENTS}
         for cb in self.callbacks:
-            self.by_event[cb.on].append(cb)
+            for event in cb.events:
+                self.by_event[event].append(cb)
 
     def period(self, event: str) -> int:
         """Steps between possible firings of ``event`` (gcd of the intervals; 0: never), for the hot loop."""

@@ -1,0 +1,54 @@
+"""What rank 0 shows while training: live lines from the epoch's sums, learning rates, the summary."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from trainstack._train.live import LiveLog, format_line, hold_warnings, learning_rates, summary
+from trainstack._train.metrics import EpochSums
+
+
+def test_a_live_line_averages_the_steps_since_the_previous_one():
+    live = LiveLog(samples_per_batch=8, world_size=2, accumulation=1)
+    sums = EpochSums()
+    live.epoch_start(sums, 0)
+    for v in (1.0, 3.0):
+        sums.add(torch.tensor(v), {"acc": torch.tensor(v / 10)})
+    first = live.values(sums, 2, 2, None)
+    assert first["loss"] == 2.0 and abs(first["acc"] - 0.2) < 1e-6 and first["samples_per_s"] > 0
+    for v in (5.0, 7.0, 9.0):
+        sums.add(torch.tensor(v), {"acc": torch.tensor(0.0)})
+    second = live.values(sums, 5, 5, None)
+    assert second["loss"] == 7.0 and second["acc"] == 0.0  # only the 3 new steps
+    fresh = EpochSums()  # a new epoch: its sums start from zero
+    fresh.add(torch.tensor(4.0), {})
+    assert live.values(fresh, 1, 6, None)["loss"] == 4.0
+
+
+def test_learning_rates_per_param_group_and_the_line_format():
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    one = torch.optim.SGD(a.parameters(), lr=0.1)
+    two = torch.optim.SGD([{"params": a.parameters()}, {"params": b.parameters(), "lr": 0.01}], lr=0.1)
+    assert learning_rates(one) == {"lr": 0.1} and learning_rates(two) == {"lr/group0": 0.1, "lr/group1": 0.01}
+    assert learning_rates(None) == {}
+    line = format_line("epoch 1/3 | step 5", {"loss": 0.123456, "lr": 0.001, "samples_per_s": 1234.5})
+    assert line == "epoch 1/3 | step 5 | loss 0.1235 | lr 1.00e-03 | 1,234 samples/s"
+
+
+def test_the_summary_names_time_steps_best_and_folder():
+    text = summary(75.0, 3, 120, {"name": "val_acc", "value": 0.91, "epoch": 2, "step": 80,
+                                   "path": "/r/checkpoints/best.pt"}, "/r", "max_steps=120 reached")
+    assert "3 epoch(s), 120 step(s) in 00:01:15 (1.60 steps/s); max_steps=120 reached" in text
+    assert "best val_acc = 0.91 (epoch 2, step 80): /r/checkpoints/best.pt" in text and "run folder: /r" in text
+
+
+def test_other_ranks_hold_their_warnings_until_the_bar_is_gone(capsys):
+    release = hold_warnings(1)
+    for _ in range(3):
+        warnings.warn("lr scheduler called too early", UserWarning, stacklevel=1)
+    assert capsys.readouterr().err == ""
+    release()
+    err = capsys.readouterr().err
+    assert err.count("[rank 1] warning during training: UserWarning: lr scheduler called too early") == 1

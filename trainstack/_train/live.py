@@ -1,0 +1,163 @@
+"""What users see on rank 0 while training: the start banner, the progress bar (a terminal) or live log lines (a
+Slurm log), and the end-of-run summary.
+
+A live line reads ``epoch 2/10 | step 150/400 | loss 0.4123 | lr 1.00e-03 | 812 samples/s | <logged values>``:
+the loss and the loss function's metrics averaged over the steps since the previous line (from the epoch's sums
+on the device: the ``.item()`` host sync happens here, once per line), the learning rate of every param group,
+and the throughput over the interval.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from typing import Any
+
+from .. import _envvars as envvars
+
+__all__ = ["ProgressBar", "LiveLog", "banner", "progress_enabled", "format_line", "summary", "hold_warnings"]
+
+
+def progress_enabled(verbose: bool) -> bool:
+    """Bar on when verbose and stdout is a terminal; TRAINSTACK_PROGRESS=1/0 forces it on/off."""
+    forced = os.environ.get(envvars.PROGRESS)
+    if forced is not None:
+        return forced not in ("0", "false", "")
+    return verbose and sys.stdout.isatty()
+
+
+def banner(info: dict[str, Any]) -> str:
+    width = max(len(k) for k in info)
+    lines = ["***** Running training *****"] + [f"  {k:<{width}} = {v}" for k, v in info.items()]
+    return "\n".join(lines)
+
+
+def _number(value: float) -> str:
+    if not math.isfinite(value) or value == 0:
+        return f"{value:g}"
+    return f"{value:.4g}" if 1e-3 <= abs(value) < 1e5 else f"{value:.3e}"
+
+
+def format_line(head: str, values: dict[str, float]) -> str:
+    """``head | name value | ...`` with short numbers (learning rates in scientific notation)."""
+    parts = [head]
+    for name, value in values.items():
+        if name == "samples_per_s" or name == "batches_per_s":
+            parts.append(f"{value:,.0f} {name.replace('_per_s', '/s')}")
+        elif name.startswith("lr"):
+            parts.append(f"{name} {value:.2e}")
+        else:
+            parts.append(f"{name} {_number(value)}")
+    return " | ".join(parts)
+
+
+class LiveLog:
+    """Rank 0's view of the interval since the previous line: a snapshot of the epoch's sums (references to device
+    tensors, no copy), the step and the time."""
+
+    def __init__(self, samples_per_batch: int | None, world_size: int, accumulation: int) -> None:
+        self.per_step = samples_per_batch * world_size * accumulation if samples_per_batch else None
+        self.batches_per_step = world_size * accumulation
+        self._sums: Any = None
+        self._loss: Any = None
+        self._metrics: dict[str, Any] = {}
+        self._n = self._step = 0
+        self._time = time.monotonic()
+
+    def epoch_start(self, sums: Any, n: int) -> None:
+        """A new epoch (or the rest of a resumed one) starts: the interval counts its batches from ``n``."""
+        self._sums, self._loss, self._metrics, self._n = sums, sums.loss_sum, dict(sums.sums), n
+
+    def values(self, sums: Any, n: int, step: int, optimizer: Any) -> dict[str, float]:
+        """The interval's loss and metric means, learning rates and throughput; starts the next interval."""
+        now = time.monotonic()
+        out: dict[str, float] = {}
+        if sums is not self._sums:  # an epoch the trainer did not announce: from its start
+            self._sums, self._loss, self._metrics, self._n = sums, None, {}, 0
+        batches = n - self._n
+        if batches > 0 and sums.loss_sum is not None:
+            out["loss"] = float(sums.loss_sum - (self._loss if self._loss is not None else 0)) / batches
+            for name, total in sums.sums.items():
+                out[name] = float(total - self._metrics.get(name, 0)) / batches
+        out.update(learning_rates(optimizer))
+        seconds = max(now - self._time, 1e-9)
+        if step > self._step:
+            if self.per_step:
+                out["samples_per_s"] = (step - self._step) * self.per_step / seconds
+            else:
+                out["batches_per_s"] = (step - self._step) * self.batches_per_step / seconds
+        self._loss, self._metrics, self._n, self._step, self._time = sums.loss_sum, dict(sums.sums), n, step, now
+        return out
+
+
+def learning_rates(optimizer: Any) -> dict[str, float]:
+    """``lr`` (one param group) or ``lr/group<i>`` for each group; nothing for optimizers without groups."""
+    groups = getattr(optimizer, "param_groups", None) or []
+    rates = [float(g["lr"]) for g in groups if "lr" in g]
+    if len(rates) == 1:
+        return {"lr": rates[0]}
+    return {f"lr/group{i}": lr for i, lr in enumerate(rates)}
+
+
+def summary(seconds: float, epochs: int, steps: int, best: dict[str, Any] | None, folder: Any,
+            reason: str) -> str:
+    """The end-of-run lines: how long, how far, why it ended, the best monitored value and where the files are."""
+    took = time.strftime("%H:%M:%S", time.gmtime(seconds)) if seconds >= 60 else f"{seconds:.1f} s"
+    rate = f" ({steps / seconds:.2f} steps/s)" if seconds > 0 and steps else ""
+    lines = [f"Training finished: {epochs} epoch(s), {steps} step(s) in {took}{rate}" + (f"; {reason}" if reason
+                                                                                          else ".")]
+    if best and best.get("value") is not None:
+        where = f": {best['path']}" if best.get("path") else ""
+        lines.append(f"  best {best['name']} = {_number(float(best['value']))} (epoch {best.get('epoch')}, step "
+                     f"{best.get('step')}){where}")
+    lines.append(f"  run folder: {folder}")
+    return "\n".join(lines)
+
+
+class ProgressBar:
+    """A bar over the optimizer steps of the run, updated every ``every`` steps (~5 % of an epoch), never per step;
+    its text shows the epoch and the running loss of the current epoch."""
+
+    def __init__(self, total_steps: int | None, start_step: int, steps_per_epoch: int | None) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.every = max((steps_per_epoch or 20) // 20, 1)
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[text]}"), TimeRemainingColumn(), transient=False)
+        self.task = self.progress.add_task("training", total=total_steps, completed=start_step, text="")
+
+    def start(self) -> None:
+        self.progress.start()
+
+    def update(self, step: int, text: str | None = None) -> None:
+        if text is None:
+            self.progress.update(self.task, completed=step)
+        else:
+            self.progress.update(self.task, completed=step, text=text)
+
+    def stop(self) -> None:
+        self.progress.stop()
+
+
+def hold_warnings(rank: int) -> Any:
+    """On a rank other than 0 while rank 0 draws a bar on the shared terminal: Python warnings are kept (each once)
+    instead of printed through the bar; the returned function prints them, marked with the rank, and restores
+    the usual printing."""
+    import warnings
+
+    held: dict[str, None] = {}
+    previous = warnings.showwarning
+
+    def keep(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        held[f"{category.__name__}: {message} ({filename}:{lineno})"] = None
+
+    warnings.showwarning = keep
+
+    def release() -> None:
+        warnings.showwarning = previous
+        for text in held:
+            print(f"[rank {rank}] warning during training: {text}", file=sys.stderr, flush=True)
+
+    return release
