@@ -52,6 +52,7 @@ lint: $(VENV)/.installed lint-hpc  ## ruff, the import contracts and graph, the 
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) scripts/importgraph.py --fail-on-cycle --torch-free
 	$(PY) scripts/sizes.py --max-class 400 --max-function 60
+	$(PY) scripts/config_table.py --check
 
 typecheck: $(VENV)/.installed  ## mypy over the package (settings in pyproject.toml)
 	$(PY) -m mypy

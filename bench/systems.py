@@ -197,7 +197,8 @@ def _clock_end(trainer, config, writer) -> None:  # noqa: ANN001
 def run_trainer(name: str, nprocs: int, steps: int, out: Path, count: bool) -> None:
     from trainstack import Callback, TrainConfig, Trainer
 
-    os.environ["TRAINSTACK_PROGRESS"] = "1"  # the progress bar is part of the default experience: keep it on
+    if not os.environ.get("TRAINSTACK_BENCH_NO_BAR"):  # the progress bar is part of the default experience
+        os.environ["TRAINSTACK_PROGRESS"] = "1"
     model = make_model(name)
     cfg = TrainConfig(nprocs=nprocs, compute_setup="cpu", max_iter=1, print_every=1, root_folder=out / "runs",
                       callbacks=[Callback(on="train_start", callback=_clock_start),
@@ -284,9 +285,20 @@ def _spawned(run):  # noqa: ANN001, ANN202
     return wrapped
 
 
+def _log_lines(run):  # noqa: ANN001, ANN202
+    """The same system as a Slurm log sees it: no progress bar, a live line every 50 steps (log_every_n_steps's
+    default) and at least every 30 s -- the step-based logging's own cost."""
+    def wrapped(*args):  # noqa: ANN002, ANN202
+        os.environ["TRAINSTACK_PROGRESS"] = "0"
+        os.environ["TRAINSTACK_BENCH_NO_BAR"] = "1"
+        return run(*args)
+    return wrapped
+
+
 SYSTEMS = {"raw": run_raw, "accelerator": run_accelerator, "trainer": run_trainer,
            "accelerator-std": _standard_loader(run_accelerator), "trainer-std": _standard_loader(run_trainer),
            "trainer-std-nowd": _no_watchdog(_standard_loader(run_trainer)),
+           "trainer-lines": _log_lines(run_trainer),
            "accelerator-spawn": _spawned(run_accelerator), "trainer-spawn": _spawned(run_trainer),
            "accelerate": run_accelerate, "fabric": run_fabric}
 PEER_MODULES = {"accelerate": "accelerate", "fabric": "lightning"}

@@ -140,3 +140,25 @@ def test_help_shows_every_field_with_its_default_and_doc():
     assert docs["max_iter"][0] == "10000" and docs["print_every"][0] == "0" and "qml_logs" in docs["root_folder"][0]
     text = TrainConfig.__doc__ or ""
     assert all(f"    {name} = " in text for name in docs)
+
+
+def test_the_docs_field_table_is_generated_from_the_dataclass():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run([sys.executable, "scripts/config_table.py", "--check"], cwd=root, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    page = (root / "docs" / "reference" / "trainconfig.md").read_text()
+    for name in TrainConfig.field_docs():
+        assert f"| `{name}`" in page, name
+
+
+def test_from_cli_help_lists_every_option_and_exits(capsys):
+    with pytest.raises(SystemExit) as exc:
+        TrainConfig.from_cli(["--max_iter", "3", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "--max_iter 3 " in out and "--gradient_accumulation_steps 1 " in out and "--callbacks" not in out

@@ -41,7 +41,7 @@ def test_the_summary_names_time_steps_best_and_folder():
     text = summary(75.0, 3, 120, {"name": "val_acc", "value": 0.91, "epoch": 2, "step": 80,
                                    "path": "/r/checkpoints/best.pt"}, "/r", "max_steps=120 reached")
     assert "3 epoch(s), 120 step(s) in 00:01:15 (1.60 steps/s); max_steps=120 reached" in text
-    assert "best val_acc = 0.91 (epoch 2, step 80): /r/checkpoints/best.pt" in text and "run folder: /r" in text
+    assert "best val_acc = 0.91 (step 80): /r/checkpoints/best.pt" in text and "run folder: /r" in text
 
 
 def test_other_ranks_hold_their_warnings_until_the_bar_is_gone(capsys):

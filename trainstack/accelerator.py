@@ -43,6 +43,7 @@ from . import _envvars as envvars
 from ._choices import BACKENDS, COMPUTE_SETUPS, DEFAULT_COMPUTE_SETUP, LOG_SETUPS, STRATEGIES
 from ._runtime import collectives as collectives
 from ._runtime import layout as _layout
+from ._runtime import loop as _loop
 from ._runtime import preload as _preload
 from ._runtime.layout import ProcessPlan, WorkerContext, plan_processes
 from ._runtime.spawn import ProcessGroupSession, launch
@@ -51,7 +52,7 @@ from .data import DictDataLoader, PreparedDataLoader, generator_seed, prepare_da
 from .environment import detect_environment, warn_if_outside_step
 from .errors import ConfigError, LaunchError
 
-__all__ = ["Accelerator", "seed_everything"]
+__all__ = ["Accelerator", "seed_everything", "set_seed"]
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -71,6 +72,12 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed % 2**32)
 
 
+def set_seed(seed: int, device_specific: bool = False) -> None:
+    """HF Accelerate's ``set_seed``: Python, NumPy and torch; ``device_specific`` adds this process's rank."""
+    ctx = _layout.current()
+    seed_everything(seed + (ctx.rank if device_specific and ctx is not None else 0))
+
+
 class Accelerator:
     """Distributes a function over processes and prepares models, optimizers and data for them.
 
@@ -80,32 +87,31 @@ class Accelerator:
         log_setup: where reduced metrics live: ``"cpu"`` or ``"auto"`` (the compute device).
         dtype: model dtype; floating batch tensors are cast to it (complex dtypes use the real counterpart).
         backend: ``None`` picks nccl on GPU and gloo on CPU; ``"nccl"``, ``"gloo"`` or ``"mpi"`` explicitly.
-        strategy: ``"ddp"`` (a full copy of the model per process) or ``"fsdp"`` (FSDP2: parameters, gradients and
-            optimizer state sharded; blocks by class name ``fsdp_blocks``, else submodules of at least
-            ``fsdp_min_params`` parameters; ``fsdp_param_dtype=torch.bfloat16`` computes in bf16, reduces in fp32).
+        strategy: ``"ddp"`` (a model copy per process) or ``"fsdp"`` (FSDP2, see docs/fsdp: ``fsdp_blocks``...).
+        HF Accelerate's ``device_placement``, ``mixed_precision``, ``gradient_accumulation_steps``, ``cpu``,
+        ``log_with``, ``project_dir`` and its loop API work too (docs/accelerate.md).
     """
+
+    device_placement: bool
+    mixed_precision: str
+    gradient_accumulation_steps: int
+    log_with: str | None
+    project_dir: Path | None
+    scaler: Any
+    _prepared: dict[str, list[Any]]
+    _trackers: Any
 
     def __init__(self, nprocs: int = 1, compute_setup: str = DEFAULT_COMPUTE_SETUP, log_setup: str = "cpu",
                  dtype: torch.dtype | None = None, backend: str | None = None, strategy: str = "ddp",
                  fsdp_blocks: Sequence[str] | None = None, fsdp_min_params: int = 1_000_000,
-                 fsdp_param_dtype: torch.dtype | None = None, hang_timeout: float | None = None) -> None:
-        if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
-            raise ConfigError(f"nprocs={nprocs!r}: must be an integer >= 1 (total number of processes).")
-        if compute_setup not in COMPUTE_SETUPS:
-            raise ConfigError(f"compute_setup={compute_setup!r}: must be one of {COMPUTE_SETUPS}.")
-        if log_setup not in LOG_SETUPS:
-            raise ConfigError(f"log_setup={log_setup!r}: must be one of {LOG_SETUPS}.")
-        if backend not in BACKENDS:
-            raise ConfigError(f"backend={backend!r}: must be one of {BACKENDS} (None chooses for you).")
-        if dtype is not None and not isinstance(dtype, torch.dtype):
-            raise ConfigError(f"dtype={dtype!r}: must be a torch.dtype such as torch.float32, or None.")
-        if strategy not in STRATEGIES:
-            raise ConfigError(f"strategy={strategy!r}: must be one of {STRATEGIES} (ddp: a full copy per process; "
-                              f"fsdp: parameters, gradients and optimizer state sharded across processes).")
-        if fsdp_blocks is not None and (isinstance(fsdp_blocks, str) or not all(isinstance(b, str)
-                                                                                for b in fsdp_blocks)):
-            raise ConfigError(f"fsdp_blocks={fsdp_blocks!r}: must be a tuple of module class names, e.g. "
-                              f"('TransformerEncoderLayer',).")
+                 fsdp_param_dtype: torch.dtype | None = None, hang_timeout: float | None = None, *,
+                 device_placement: bool = True, mixed_precision: str = "no", gradient_accumulation_steps: int = 1,
+                 cpu: bool = False, log_with: str | None = None, project_dir: str | os.PathLike | None = None,
+                 **unknown: Any) -> None:
+        if unknown:
+            _loop.refuse_keywords(unknown)
+        compute_setup = "cpu" if cpu else compute_setup
+        _check_arguments(nprocs, compute_setup, log_setup, backend, dtype, strategy, fsdp_blocks)
         self.hang_timeout = resolve_timeout(hang_timeout)
         self.strategy, self.fsdp_blocks = strategy, tuple(fsdp_blocks) if fsdp_blocks else None
         self.fsdp_min_params, self.fsdp_param_dtype = fsdp_min_params, fsdp_param_dtype
@@ -119,6 +125,8 @@ class Accelerator:
         self._plan: ProcessPlan | None = None
         self._home: WorkerContext | None = None
         self._device: tuple[WorkerContext, torch.device] | None = None
+        _accelerate_options(self, device_placement, mixed_precision, gradient_accumulation_steps, log_with,
+                            project_dir)
         _preload.start_for(nprocs)  # workers will fork from it: its torch import overlaps the script's set-up
 
     # ------------------------------------------------------------------ set-up
@@ -149,29 +157,15 @@ class Accelerator:
         """The process layout for this Accelerator in the current environment (computed once)."""
         if self._plan is None:
             self._plan = plan_processes(detect_environment(), self.nprocs)
-            self._check_devices(self._plan)
+            _check_devices(self, self._plan)
         return self._plan
-
-    def _check_devices(self, plan: ProcessPlan) -> None:
-        """One GPU per process: NCCL refuses two ranks on one device (with a raw 'Duplicate GPU detected')."""
-        if not self.use_cuda:
-            return
-        count = torch.cuda.device_count()
-        if plan.local_world_size > count:
-            raise LaunchError(
-                f"compute_setup={self.compute_setup!r} runs on the GPU here, with {plan.local_world_size} processes "
-                f"on this node but only {count} visible CUDA device(s); NCCL needs one GPU per process. HINT: lower "
-                f"nprocs (or --nproc-per-node) to {count}, request more GPUs (--gpus-per-node), or use "
-                f"compute_setup='cpu' to train on CPU processes.")
 
     def __getstate__(self) -> dict[str, Any]:
         # The plan and the identity describe the launching process; a worker works them out for itself.
-        return {**self.__dict__, "_plan": None, "_home": None, "_device": None}
+        return {**self.__dict__, "_plan": None, "_home": None, "_device": None, "_trackers": None,
+                "_prepared": {k: [] for k in self.__dict__.get("_prepared", {})}}
 
-    @property
-    def _device_type(self) -> str:
-        return "cuda" if self.use_cuda else "cpu"
-
+    _device_type = property(lambda self: "cuda" if self.use_cuda else "cpu")
     # ------------------------------------------------------------------ identity
     def _ctx(self) -> WorkerContext:
         """Who this process is: the running worker's identity, else the first process of the plan (this one)."""
@@ -225,9 +219,8 @@ class Accelerator:
         """Pin prepared loaders' batches on CUDA (asynchronous copies); ``TRAINSTACK_PIN_MEMORY=0`` turns it off."""
         return self.use_cuda and os.environ.get(envvars.PIN_MEMORY, "1") != "0"
 
-    @property
-    def log_device(self) -> torch.device:
-        return self.device if self.log_setup == "auto" else torch.device("cpu")
+    log_device = property(lambda self: self.device if self.log_setup == "auto" else torch.device("cpu"),
+                          doc="Where reduced metrics live (``log_setup``).")
 
     @property
     def is_distributed(self) -> bool:
@@ -281,16 +274,35 @@ class Accelerator:
         through. Returns one object for one argument, else a tuple of the same length.
         """
         self.setup()
+        _loop.STATE.accumulation = self.gradient_accumulation_steps
         moved: dict[int, nn.Parameter] = {}
         out = [self._prepare_one(obj, moved) for obj in objs]
-        for obj in out:
-            if isinstance(obj, torch.optim.Optimizer):
-                self._retarget_optimizer(obj, moved)
+        for i, obj in enumerate(out):
+            if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, _loop.PreparedOptimizer):
+                retarget_optimizer(obj, moved)
+                out[i] = self._wrap_optimizer(obj)
+            elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau):
+                out[i] = _loop.PreparedScheduler(obj, self.world_size)
+                self._prepared["scheduler"].append(obj)
         return out[0] if len(out) == 1 else tuple(out)
+
+    def _wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Accumulation or fp16 need a step that can be skipped (or scaled); otherwise the optimizer itself."""
+        self._prepared["optimizer"].append(optimizer)
+        if self.mixed_precision == "fp16" and self.scaler is None:
+            self.scaler = torch.amp.GradScaler(self.device.type)
+        if self.gradient_accumulation_steps > 1 or self.scaler is not None:
+            return _loop.PreparedOptimizer(optimizer, self.scaler)
+        return optimizer
 
     def _prepare_one(self, obj: Any, moved: dict[int, nn.Parameter]) -> Any:
         if isinstance(obj, nn.Module):
-            return self.prepare_model(obj, moved)
+            self._prepared["model"].append(obj)
+            model = self.prepare_model(obj, moved)
+            dtype = _loop.autocast_dtype(self.mixed_precision)
+            if dtype is not None:  # as Accelerate does: the forward runs under autocast, outputs come back in fp32
+                _loop.autocast_forward(model, self.device.type, dtype)
+            return model
         if isinstance(obj, DictDataLoader):
             return obj.prepared(lambda dl: self._prepare_one(dl, moved))
         if isinstance(obj, DataLoader):
@@ -298,6 +310,10 @@ class Accelerator:
                                           pin_memory=self.pin_memory)
             if isinstance(prepared, PreparedDataLoader):
                 prepared.heartbeat = heartbeat()  # each batch is a step of progress for the hang watchdog
+                prepared.loop_state = _loop.STATE  # the last batch's padding (gather_for_metrics), save_state
+                if self.device_placement and (self.device.type != "cpu" or self.data_dtype is not None):
+                    prepared.place = self.prepare_batch
+                self._prepared["loader"].append(prepared)
             return prepared
         return obj
 
@@ -330,19 +346,6 @@ class Accelerator:
                     moved[before[name]] = p
         return wrapped
 
-    def _retarget_optimizer(self, optimizer: torch.optim.Optimizer, moved: dict[int, nn.Parameter]) -> None:
-        """Point the optimizer at moved parameters and move its state next to them."""
-        for group in optimizer.param_groups:
-            group["params"] = [moved.get(id(p), p) for p in group["params"]]
-        for param, st in list(optimizer.state.items()):
-            for key, value in st.items():
-                if isinstance(value, torch.Tensor) and value.device != param.device and key != "step":
-                    st[key] = value.to(param.device)
-        if moved:
-            state: Any = collections.defaultdict(dict)
-            state.update({moved.get(id(p), p): s for p, s in optimizer.state.items()})
-            optimizer.state = state
-
     def prepare_batch(self, batch: Any) -> Any:
         """Move a (nested) batch to the device; floating tensors are cast to ``dtype``, labels never."""
         device = self.device
@@ -365,18 +368,12 @@ class Accelerator:
         return collectives.broadcast(obj, src, self.device if self.backend == "nccl" else torch.device("cpu"))
 
     def heartbeat(self, step: int | None = None, phase: str | None = None) -> None:
-        """Tell the hang watchdog this rank made progress (custom loops; prepared loaders do it per batch).
-
-        ``step`` is your step counter (default: one more), ``phase`` a word such as ``"forward"``.
-        """
+        """Progress for the hang watchdog (custom loops): ``step`` (default: one more), ``phase`` (e.g. "forward")."""
         hb = heartbeat()
-        hb.step = hb.step + 1 if step is None else step
-        hb.tick += 1
-        hb.beats += 1
-        if phase is not None:
-            hb.phase = phase
+        hb.step, hb.tick, hb.beats = hb.step + 1 if step is None else step, hb.tick + 1, hb.beats + 1
+        hb.phase = phase or hb.phase
 
-    def barrier(self) -> None:
+    def barrier(self) -> None:  # also Accelerate's wait_for_everyone
         if self.is_distributed:
             dist.barrier()
 
@@ -403,9 +400,200 @@ class Accelerator:
 
     seed_everything = staticmethod(seed_everything)
 
+    # ---------------------------------------------------------- HF Accelerate's loop API (docs/accelerate.md)
+    num_processes = property(lambda self: self.world_size, doc="Accelerate's name of ``world_size``.")
+    process_index = property(lambda self: self.rank, doc="Accelerate's name of ``rank``.")
+    local_process_index = property(lambda self: self.local_rank, doc="Accelerate's name of ``local_rank``.")
+    sync_gradients = property(lambda self: _loop.STATE.sync_gradients, doc="This batch ends an accumulation window.")
+    step = property(lambda self: _loop.STATE.optimizer_steps, doc="Optimizer steps taken (restored by load_state).")
+    wait_for_everyone = barrier
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, divided by ``gradient_accumulation_steps`` and scaled for fp16."""
+        if self.gradient_accumulation_steps > 1:
+            loss = loss / self.gradient_accumulation_steps
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward(**kwargs)
+
+    def accumulate(self, *models: nn.Module) -> contextlib.AbstractContextManager[None]:
+        """``with accelerator.accumulate(model):`` around a batch: gradients sync and the prepared optimizer and
+        schedulers step only on every ``gradient_accumulation_steps``-th batch (and the loader's last)."""
+        return _loop.accumulate(models[0] if models else None)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The block runs in ``mixed_precision`` (a no-op for ``"no"``); prepared models already do."""
+        dtype = _loop.autocast_dtype(self.mixed_precision)
+        return torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the gradients' total norm (unscaled first under fp16); returns the norm before clipping."""
+        _loop.unscale(self)
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        _loop.unscale(self)
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    def gather_for_metrics(self, data: Any) -> Any:
+        """Gather from every rank without the last batch's padding duplicates: every sample counted exactly once."""
+        return _loop.gather_for_metrics(self, data)
+
+    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+        """All-reduce a tensor over the ranks (``sum`` or ``mean``); a copy, the input is untouched."""
+        return _loop.reduce(self, tensor, reduction)
+
+    def save_state(self, output_dir: str | os.PathLike) -> Path | None:
+        """Collective: prepared models, optimizers, schedulers, scaler, registered objects, RNGs, loader positions."""
+        return _save_state(self, Path(output_dir))
+
+    def load_state(self, input_dir: str | os.PathLike) -> None:
+        """Every rank restores :meth:`save_state`'s state; loaders continue at the saved batch (bitwise resume)."""
+        _load_state(self, Path(input_dir))
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Objects with ``state_dict``/``load_state_dict`` that save_state/load_state also carry."""
+        self._prepared["custom"].extend(_loop.checkpointable(obj) for obj in objects)
+
+    def skip_first_batches(self, loader: Any, num_batches: int = 0) -> Any:
+        """The prepared ``loader`` starting its next pass ``num_batches`` batches in."""
+        loader.skip_batches(num_batches)
+        return loader
+
+    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
+                      init_kwargs: dict[str, Any] | None = None) -> None:
+        """Open ``log_with`` (and metrics.jsonl) in ``project_dir/project_name`` on the main process."""
+        self._trackers = _loop.open_trackers(self, project_name, config) if self.is_main_process else None
+
+    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> None:
+        """Write ``values`` at ``step`` (default: optimizer steps so far) to the trackers (main process)."""
+        if self._trackers is not None:
+            self._trackers.write(self.step if step is None else step, values)
+
+    def end_training(self) -> None:
+        """Close the trackers (flushes TensorBoard/MLflow)."""
+        if self._trackers is not None:
+            self._trackers.close()
+            self._trackers = None
+
     def __repr__(self) -> str:
         return (f"Accelerator(nprocs={self.nprocs}, compute_setup={self.compute_setup!r}, backend={self.backend!r}, "
                 f"device={self.device}, rank={self.rank}, world_size={self.world_size})")
+
+
+def _check_arguments(nprocs: int, compute_setup: str, log_setup: str, backend: str | None, dtype: Any,
+                     strategy: str, fsdp_blocks: Any) -> None:
+    """The constructor's arguments, each checked with a message naming it."""
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise ConfigError(f"nprocs={nprocs!r}: must be an integer >= 1 (total number of processes).")
+    if compute_setup not in COMPUTE_SETUPS:
+        raise ConfigError(f"compute_setup={compute_setup!r}: must be one of {COMPUTE_SETUPS}.")
+    if log_setup not in LOG_SETUPS:
+        raise ConfigError(f"log_setup={log_setup!r}: must be one of {LOG_SETUPS}.")
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend={backend!r}: must be one of {BACKENDS} (None chooses for you).")
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise ConfigError(f"dtype={dtype!r}: must be a torch.dtype such as torch.float32, or None.")
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"strategy={strategy!r}: must be one of {STRATEGIES} (ddp: a full copy per process; "
+                          f"fsdp: parameters, gradients and optimizer state sharded across processes).")
+    if fsdp_blocks is not None and (isinstance(fsdp_blocks, str) or not all(isinstance(b, str)
+                                                                            for b in fsdp_blocks)):
+        raise ConfigError(f"fsdp_blocks={fsdp_blocks!r}: must be a tuple of module class names, e.g. "
+                          f"('TransformerEncoderLayer',).")
+
+def _accelerate_options(self: Accelerator, device_placement: bool, mixed_precision: str, accumulation: int,
+                        log_with: str | None, project_dir: str | os.PathLike | None) -> None:
+    """HF Accelerate's constructor options, checked like the rest (see :mod:`._runtime.loop`)."""
+    if mixed_precision not in ("no", "fp16", "bf16"):
+        raise ConfigError(f"mixed_precision={mixed_precision!r}: must be 'no', 'fp16' or 'bf16'.")
+    if mixed_precision == "fp16" and not self.use_cuda:
+        raise ConfigError("mixed_precision='fp16' needs a CUDA GPU (a loss scaler guards fp16 gradients there). "
+                          "HINT: use mixed_precision='bf16' on CPU.")
+    if isinstance(accumulation, bool) or not isinstance(accumulation, int) or accumulation < 1:
+        raise ConfigError(f"gradient_accumulation_steps={accumulation!r}: must be an integer >= 1.")
+    if log_with not in (None, "jsonl", "tensorboard", "mlflow"):
+        raise ConfigError(f"log_with={log_with!r}: must be None, 'jsonl', 'tensorboard' or 'mlflow'.")
+    self.device_placement, self.mixed_precision = bool(device_placement), mixed_precision
+    self.gradient_accumulation_steps, self.log_with = accumulation, log_with
+    self.project_dir = Path(project_dir) if project_dir is not None else None
+    self.scaler = None  # fp16's GradScaler, made when the first optimizer is prepared
+    self._prepared = {"model": [], "optimizer": [], "scheduler": [], "loader": [], "custom": []}
+    self._trackers = None
+
+
+def retarget_optimizer(optimizer: torch.optim.Optimizer, moved: dict[int, nn.Parameter]) -> None:
+    """Point the optimizer at moved parameters and move its state next to them."""
+    for group in optimizer.param_groups:
+        group["params"] = [moved.get(id(p), p) for p in group["params"]]
+    for param, st in list(optimizer.state.items()):
+        for key, value in st.items():
+            if isinstance(value, torch.Tensor) and value.device != param.device and key != "step":
+                st[key] = value.to(param.device)
+    if moved:
+        state: Any = collections.defaultdict(dict)
+        state.update({moved.get(id(p), p): s for p, s in optimizer.state.items()})
+        optimizer.state = state
+
+
+def _check_devices(self: Accelerator, plan: ProcessPlan) -> None:
+    """One GPU per process: NCCL refuses two ranks on one device (with a raw 'Duplicate GPU detected')."""
+    if not self.use_cuda:
+        return
+    count = torch.cuda.device_count()
+    if plan.local_world_size > count:
+        raise LaunchError(
+            f"compute_setup={self.compute_setup!r} runs on the GPU here, with {plan.local_world_size} processes "
+            f"on this node but only {count} visible CUDA device(s); NCCL needs one GPU per process. HINT: lower "
+            f"nprocs (or --nproc-per-node) to {count}, request more GPUs (--gpus-per-node), or use "
+            f"compute_setup='cpu' to train on CPU processes.")
+
+
+def _state_parts(acc: Accelerator) -> dict[str, Any]:
+    parts: dict[str, Any] = {}
+    for kind in ("model", "optimizer", "scheduler", "custom"):
+        for i, obj in enumerate(acc._prepared[kind]):
+            parts[kind if i == 0 else f"{kind}_{i}"] = obj
+    if acc.scaler is not None:
+        parts["scaler"] = acc.scaler
+    return parts
+
+
+def _save_state(acc: Accelerator, folder: Path) -> Path | None:
+    from .checkpoint import Checkpointer
+
+    loaders = [[getattr(dl, "pass_epoch", dl.epoch), getattr(dl, "position", 0)] for dl in acc._prepared["loader"]]
+    counters = {"epoch": 0, "global_step": _loop.STATE.optimizer_steps, "micro_step": _loop.STATE.micro_step,
+                "loaders": loaders}
+    checkpointer = Checkpointer(folder, is_main=acc.is_main_process, sharded=acc.strategy == "fsdp")
+    path = checkpointer.save(counters, _state_parts(acc), name="state")
+    acc.barrier()
+    return path
+
+
+def _load_state(acc: Accelerator, folder: Path) -> None:
+    from .checkpoint import Checkpointer, CheckpointError, restore_rng
+
+    checkpointer = Checkpointer(folder, is_main=acc.is_main_process, sharded=acc.strategy == "fsdp")
+    where = checkpointer.named("state")
+    if where is None:
+        raise CheckpointError(f"load_state({str(folder)!r}): no state saved there (save_state writes "
+                              f"{folder / 'checkpoints' / 'state.pt'}).")
+    restored = checkpointer.restore(_state_parts(acc), where, rank=acc.rank)
+    assert restored is not None
+    c = restored.counters
+    _loop.STATE.optimizer_steps, _loop.STATE.micro_step = int(c["global_step"]), int(c.get("micro_step", 0))
+    mid_pass = False
+    for dl, (epoch, position) in zip(acc._prepared["loader"], c.get("loaders", []), strict=False):
+        done = position >= dl.batches_next_pass() if hasattr(dl, "batches_next_pass") else True
+        dl.set_epoch(epoch + 1 if done and position else epoch)
+        if position and not done:
+            dl.skip_batches(position)
+            mid_pass = True
+    if restored.rng is not None:  # a new iterator draws from the RNG first: restore after it (as the Trainer does)
+        rng = restored.rng
+        if mid_pass:
+            _loop.STATE.pending = lambda: restore_rng(rng)
+        else:
+            restore_rng(rng)
 
 
 def _move(obj: Any, device: torch.device, data_dtype: torch.dtype | None, dtype: torch.dtype | None) -> Any:

@@ -623,7 +623,7 @@ def _monitored(state: Mapping[str, Any]) -> dict[str, str]:
     if monitor.get("name") and monitor.get("value") is not None:
         out["monitor"] = f"{monitor['name']} = {monitor['value']:.6g} (mode {monitor.get('mode', 'min')})"
     if best.get("name") and best.get("value") is not None:
-        out["best"] = f"{best['name']} = {best['value']:.6g} at epoch {best.get('epoch')}, step {best.get('step')}"
+        out["best"] = f"{best['name']} = {best['value']:.6g} at step {best.get('step')}"
     return out
 
 

@@ -72,7 +72,8 @@ class TrainConfig:
     validation_criterion: Callable[[float, float, float], bool] | None = None
     """``(val_loss, best_val_loss, val_epsilon) -> bool``: is this validation the new best? Default: lower by eps."""
     checkpoint_best_only: bool = False
-    """Save only the best checkpoint (by ``validation_criterion``) at each validation."""
+    """Keep only ``best.pt``: the best checkpoint by ``val_loss`` (or ``validation_criterion``), decided at each
+    validation (qadence's spelling of ``ModelCheckpoint(monitor="val_loss", filename="best")``)."""
     trainstop_criterion: Callable[[Any], bool] | None = None
     """``(trainer) -> bool`` checked after every epoch; True stops training on every rank."""
     callbacks: list = field(default_factory=list)
@@ -141,7 +142,8 @@ class TrainConfig:
     stop_file: Path | None = None
     """A file whose existence requests a graceful stop. None: ``TRAINSTACK_STOP_FILE`` (set by generated scripts)."""
     stop_check_every: int = 20
-    """Poll for stop requests every N batches (one small all-reduce when distributed) and at every epoch end."""
+    """Poll for stop requests (signals, the stop file, Ctrl-C) every N optimizer steps -- one small all-reduce when
+    distributed -- and at every epoch end."""
     hang_timeout: float | None = None
     """Seconds without progress on every rank before the hang watchdog dumps every rank's stacks into the run folder
     (``hang-<id>/``), names the rank that is behind, and exits (code 124) so the job can be restarted. Three times
@@ -295,8 +297,11 @@ class TrainConfig:
         ``--max_iter=5``; a boolean also as ``--verbose`` / ``--no-verbose``; ``--config FILE`` reads a
         YAML/TOML/JSON file). ``defaults`` are the script's own; a file wins over them, the command line over both.
         So ``trainstack submit --sweep lr=...`` needs no parsing of yours. An argument that is not a field is an
-        error (:meth:`parse_cli` gives such arguments back instead)."""
+        error (:meth:`parse_cli` gives such arguments back instead); ``--help`` lists every option and exits."""
         config, rest = cls.parse_cli(argv, **defaults)
+        if "--help" in rest or "-h" in rest:
+            print(cli_usage(config))
+            raise SystemExit(0)
         if rest:
             word = rest[0].lstrip("-").partition("=")[0].replace("-", "_")
             raise ConfigError(f"TrainConfig.from_cli: {rest[0]!r} is not a field{_suggestion(word)} (for arguments "
@@ -425,6 +430,22 @@ TrainConfig.__init__ = _checked_init(TrainConfig.__init__)  # type: ignore[metho
 #: Fields a file or the command line can set: plain values (not functions, callbacks or figures).
 _FILE_FIELDS = tuple(f.name for f in fields(TrainConfig) if f.name not in (
     "validation_criterion", "trainstop_criterion", "callbacks", "plotting_functions"))
+
+
+def cli_fields() -> tuple[str, ...]:
+    """The fields a file or the command line can set (plain values: not functions, callbacks or figures)."""
+    return _FILE_FIELDS
+
+
+def cli_usage(config: TrainConfig) -> str:
+    """``--help`` of :meth:`TrainConfig.from_cli`: every option with this run's value and its doc's first line."""
+    lines = ["options (every TrainConfig field; --config FILE reads YAML/TOML/JSON, the command line wins):"]
+    for name, (_default, doc) in _FIELD_DOCS.items():
+        if name in _FILE_FIELDS:
+            first = doc.split(". ")[0].rstrip(".")
+            option = f"--{name} {_plain(getattr(config, name))!r}"
+            lines.append(f"  {option:<40} {first}")
+    return "\n".join(lines)
 
 
 def _read_settings(path: Path) -> dict[str, Any]:

@@ -76,6 +76,19 @@ class ResumableDistributedSampler(_TorchDistributedSampler):
             rest += (order * math.ceil(pad / len(order)))[:pad]
         return rest[self.rank::replicas]
 
+    @property
+    def start_sample(self) -> int:
+        """The global sample the next pass starts at (0, or where a skip put it)."""
+        return self._start
+
+    def padding(self) -> int:
+        """Duplicates at the end of this rank's next pass (padding shards to equal length; at most one per rank
+        when the dataset has at least as many samples as ranks)."""
+        rest = len(self.dataset) - self._start  # type: ignore[arg-type]
+        if self.drop_last or rest <= 0:
+            return 0
+        return self.next_len() - len(range(self.rank, rest, self.num_replicas))
+
     def next_len(self) -> int:
         """How many indices this rank's next pass yields."""
         return len(self._indices_from(self._start)) if self._start else self.num_samples
@@ -111,6 +124,8 @@ class PreparedDataLoader(DataLoader):
 
     epoch: int = 0
     heartbeat: Any = None  # set by Accelerator.prepare: every batch counts as progress for the hang watchdog
+    loop_state: Any = None  # set by Accelerator.prepare: the loop's LoopState (last batch, padding, position)
+    place: Any = None  # set by Accelerator.prepare (device_placement): moves each batch to the device
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass use ``epoch``'s order (used when resuming)."""
@@ -149,8 +164,25 @@ class PreparedDataLoader(DataLoader):
         sampler = self.sampler
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.epoch)
+        skipped, n_batches, padding = self._pass_plan()
         self.epoch += 1
-        it = super().__iter__()
+        return self._wrapped(super().__iter__(), skipped, n_batches, padding)
+
+    def _pass_plan(self) -> tuple[int, int, int]:
+        """(batches skipped, batches, padding duplicates at the end) of the pass about to start (tracked loops)."""
+        if self.loop_state is None:
+            return 0, 0, 0
+        sampler: Any = self.sampler
+        skipped = sampler.start_sample // self.samples_per_step if isinstance(sampler, ResumableDistributedSampler) \
+            else 0
+        padding = sampler.padding() if isinstance(sampler, ResumableDistributedSampler) else 0
+        return skipped, self.batches_next_pass(), padding
+
+    def _wrapped(self, it: Any, skipped: int, n_batches: int, padding: int) -> Any:
+        if self.loop_state is not None:
+            from ._runtime.loop import tracked
+
+            it = tracked(it, self, n_batches, padding, skipped, self.place, self.loop_state)
         return _beating(it, self.heartbeat) if self.heartbeat is not None else it
 
 
@@ -166,13 +198,14 @@ class FastTensorLoader(PreparedDataLoader):
     def __iter__(self) -> Any:
         sampler: Any = self.sampler
         sampler.set_epoch(self.epoch)
+        skipped, n_batches, padding = self._pass_plan()
         self.epoch += 1
         order = torch.as_tensor(list(sampler), dtype=torch.long)
         torch.empty((), dtype=torch.int64).random_(generator=self.generator)  # what _BaseDataLoaderIter draws
         dataset: Any = self.dataset
         it = _tensor_batches(dataset.tensors, order, self.batch_size or 1, self.drop_last,
                              self.pin_memory and torch.cuda.is_available())
-        return _beating(it, self.heartbeat) if self.heartbeat is not None else it
+        return self._wrapped(it, skipped, n_batches, padding)
 
 
 def _beating(batches: Iterator[Any], hb: Any) -> Iterator[Any]:

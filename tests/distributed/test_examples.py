@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -44,7 +45,8 @@ def test_seed_001_train_py_on_two_cpu_processes(run_py, tmp_path):
     out = run_py([python_exe(), str(ROOT / "examples/train.py"), "--nprocs", "2", "--backend", "gloo",
                   "--compute_setup", "cpu"], cwd=tmp_path, timeout=240).stdout
     print(f"seed 001 nprocs=2: {time.monotonic() - start:.1f}s")
-    assert out.count("Iteration ") == 10 and "Iteration     50" in out  # print_every=5, max_iter=50, rank 0 only
+    printed = re.findall(r"^epoch (\d+)/50 \| step \d+ \| train_loss: ", out, re.MULTILINE)
+    assert printed == [str(e) for e in range(5, 51, 5)], out[-3000:]  # print_every=5, max_iter=50, rank 0 only
     assert list((tmp_path / "qml_logs").glob("*/checkpoints/ckpt-e00050-*.pt"))
 
 
@@ -61,3 +63,15 @@ def test_classification_example(run_py, tmp_path):
     out = run_py([python_exe(), str(ROOT / "examples/classification.py"), "--nprocs", "2", "--epochs", "1",
                   "--samples", "256"], cwd=tmp_path, timeout=240).stdout
     assert "val_accuracy" in out and "test: {'test_loss'" in out
+
+
+def test_the_lightning_port_trains_keeps_the_two_best_and_predicts_from_the_best(run_py, tmp_path):
+    out = run_py([python_exe(), str(ROOT / "examples/lightning_port.py"), "--max_steps", "40",
+                  "--val_every_n_steps", "10", "--log_folder", str(tmp_path / "run")], cwd=tmp_path,
+                 timeout=240).stdout
+    assert re.search(r"^epoch \d+ \| step 10/40 \| loss ", out, re.MULTILINE), out[-3000:]  # live lines
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("best-val_acc-*"))
+    assert len(kept) == 2 and (tmp_path / "run" / "checkpoints" / "last.pt").exists(), kept
+    assert (tmp_path / "run" / "config.yaml").exists() or (tmp_path / "run" / "config.json").exists()
+    accuracy = float(re.search(r"test accuracy ([0-9.]+) on 200 samples", out).group(1))
+    assert accuracy > 0.5, out[-3000:]  # 4 classes: chance is 0.25

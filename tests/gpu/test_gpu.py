@@ -92,7 +92,7 @@ def test_no_host_sync_per_step_beyond_the_raw_loop(tmp_path):
     def trainer(steps, precision):
         model = _model(dropout=0.0)
         cfg = _cfg(tmp_path, f"sync-{precision}-{next(runs)}", max_iter=1, checkpoint_every=0,
-                   mixed_precision=precision)
+                   mixed_precision=precision, log_every_n_steps=0, log_every_seconds=0)
         Trainer(model, torch.optim.AdamW(model.parameters(), lr=1e-3), cfg, max_batches=steps).fit(
             DataLoader(TensorDataset(x, y), batch_size=64))
 
@@ -102,6 +102,22 @@ def test_no_host_sync_per_step_beyond_the_raw_loop(tmp_path):
     print("host syncs per step:", counted)
     assert counted["accelerator"] <= counted["raw"] + 0.01
     assert counted["trainer-no"] <= counted["raw"] + 0.01 and counted["trainer-bf16"] <= counted["raw"] + 0.01
+
+
+def test_live_lines_cost_one_host_sync_each_never_one_per_step(tmp_path):
+    x, y = torch.randn(64 * 60, 16), torch.randn(64 * 60, 1)
+    runs = iter(range(10**6))
+
+    def trainer(steps, every):
+        model = _model(dropout=0.0)
+        cfg = _cfg(tmp_path, f"lines-{every}-{next(runs)}", max_iter=1, checkpoint_every=0, verbose=True,
+                   log_every_n_steps=every, log_every_seconds=0)
+        Trainer(model, torch.optim.AdamW(model.parameters(), lr=1e-3), cfg, max_batches=steps).fit(
+            DataLoader(TensorDataset(x, y), batch_size=64))
+
+    silent, lines = _per_step(lambda s: trainer(s, 0)), _per_step(lambda s: trainer(s, 10))
+    print(f"host syncs per step: no lines {silent:.3f}, a line every 10 steps {lines:.3f}")
+    assert lines - silent <= 1 / 10 + 0.01  # one sync per line (the interval's loss), none per step
 
 
 @pytest.mark.parametrize("precision", ["no", "bf16", "fp16"])
@@ -173,7 +189,7 @@ def test_the_examples_on_the_gpu(run_py, tmp_path):
     """Seed 001 as shipped (nccl), and seed 000 with its documented "choose GPU" edit, on this machine's GPUs."""
     out = run_py([sys.executable, str(ROOT / "examples/train.py"), "--nprocs", "1", "--compute_setup", "gpu"],
                  cwd=tmp_path, timeout=240).stdout
-    assert "Iteration     50" in out and "nccl on cuda" in out
+    assert "epoch 50/50" in out and "nccl on cuda" in out
     gpus = torch.cuda.device_count()
     seed000 = (ROOT / "examples/accelerator_loop.py").read_text()
     for old, new in (('nprocs=4', f'nprocs={gpus}'), ('compute_setup="cpu"', 'compute_setup="gpu"'),

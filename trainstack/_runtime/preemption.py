@@ -61,8 +61,10 @@ INTERRUPT = "Ctrl-C"
 class GracefulStop:
     """Collects stop requests (signals, a stop file, a Ctrl-C); the Trainer decides when to act on them.
 
-    ``interrupt``: the first Ctrl-C asks for a stop too, a second one aborts (KeyboardInterrupt). A worker spawned by
-    trainstack leaves Ctrl-C to its launching process, which creates ``TRAINSTACK_INTERRUPT_FILE`` instead.
+    ``interrupt``: the first Ctrl-C (SIGINT) asks for a stop too, a second one aborts (KeyboardInterrupt). In a
+    worker spawned by trainstack the launching process announces a Ctrl-C and relays it by creating
+    ``TRAINSTACK_INTERRUPT_FILE`` (the only way when the SIGINT reached the launcher alone, as in a notebook); a
+    SIGINT sent to the worker itself counts the same.
     """
 
     def __init__(self, signals: Sequence[signal.Signals], stop_file: str | os.PathLike | None,
@@ -81,8 +83,8 @@ class GracefulStop:
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handler)
         if self.interrupt and signal.SIGINT not in self._previous:
-            self._previous[signal.SIGINT] = signal.signal(
-                signal.SIGINT, signal.SIG_IGN if self.interrupt_file is not None else self._on_interrupt)
+            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_interrupt)
+            self.announce = self.announce and self.interrupt_file is None  # a worker's launcher has announced it
 
     def _on_interrupt(self, signum: int, frame: FrameType | None) -> None:
         if self.received == INTERRUPT:

@@ -299,6 +299,10 @@ _REAPPLIED: dict[str, Callable[[str | None], None]] = {"TORCH_COMPILE_DISABLE": 
                                                        "TORCH_DISTRIBUTED_DEBUG": _set_distributed_debug}
 
 
+#: Variables torch itself fills in when unset (its default, not the user's change): never worth a warning.
+_SET_BY_TORCH = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
+
+
 def _warn_on_frozen_variables() -> None:
     """Torch settings read at import by the fork server that changed since, and that cannot be re-applied."""
     before = _preload.server_environ()
@@ -306,7 +310,7 @@ def _warn_on_frozen_variables() -> None:
         return
     changed = sorted(k for k in set(before) | set(os.environ)
                      if k.startswith(("TORCH", "CUDA_", "NCCL_", "PYTORCH_")) and k not in _REAPPLIED
-                     and before.get(k) != os.environ.get(k))
+                     and before.get(k) != os.environ.get(k) and not (k in _SET_BY_TORCH and k not in before))
     if changed:
         log.warning("%s changed after the workers' fork server started (TrainConfig/Accelerator with nprocs > 1 "
                     "starts it); the workers see the new value in os.environ, but torch may have read the old one "
@@ -356,7 +360,7 @@ def _worker(local_index: int, payload: Any, spec: _WorkerSpec, private_dir: str)
     if spec.environ is not None:  # forked from the fork server, which ignores stop signals (_forkserver_init)
         for sig in _preload.SERVER_IGNORES:
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
-    if spec.interruptible:  # Ctrl-C is the launching process's to handle: it asks for a stop through a file
+    if spec.interruptible:  # until the Trainer's handler is in place, Ctrl-C is the launching process's to relay
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         os.environ[envvars.INTERRUPT_FILE] = os.path.join(private_dir, _INTERRUPTED)
     atomic_write(os.path.join(private_dir, f"started-{local_index}"), b"", mode=0o600)
@@ -609,7 +613,8 @@ def _forward_stop_signals(context: tmp.ProcessContext, interrupt_file: str | Non
 
     Without this, ``kill -USR2 <launcher>`` (or Slurm signalling a task that spawned its share) would kill the
     launcher and, through PDEATHSIG, the workers before they could checkpoint. With ``interrupt_file``, the first
-    Ctrl-C creates it (the workers, which ignore SIGINT, stop gracefully) and the second raises KeyboardInterrupt.
+    Ctrl-C creates it (the workers stop gracefully at their next stop check) and the second raises
+    KeyboardInterrupt; a launcher that ignores SIGINT (started with ``&`` from a script) keeps ignoring it.
     """
     from .preemption import resolve_signals
 
@@ -630,7 +635,7 @@ def _forward_stop_signals(context: tmp.ProcessContext, interrupt_file: str | Non
               file=sys.stderr, flush=True)
 
     previous = {sig: signal.signal(sig, relay) for sig in resolve_signals(None)}
-    if interrupt_file is not None:
+    if interrupt_file is not None and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, interrupt)
     return previous
 

@@ -110,8 +110,7 @@ def summary(seconds: float, epochs: int, steps: int, best: dict[str, Any] | None
                                                                                           else ".")]
     if best and best.get("value") is not None:
         where = f": {best['path']}" if best.get("path") else ""
-        lines.append(f"  best {best['name']} = {_number(float(best['value']))} (epoch {best.get('epoch')}, step "
-                     f"{best.get('step')}){where}")
+        lines.append(f"  best {best['name']} = {_number(float(best['value']))} (step {best.get('step')}){where}")
     lines.append(f"  run folder: {folder}")
     return "\n".join(lines)
 

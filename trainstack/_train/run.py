@@ -13,7 +13,7 @@ from torch import nn
 from .. import _envvars as envvars
 from .._runtime import watchdog
 from .._runtime.preemption import INTERRUPT, GracefulStop, resolve_signals
-from ..accelerator import seed_everything
+from ..accelerator import retarget_optimizer, seed_everything
 from ..callbacks import CallbackManager, ModelCheckpoint
 from ..checkpoint import Checkpointer, Restored
 from ..data import batches_per_epoch, is_infinite, prepare_train
@@ -47,7 +47,7 @@ def start(t: Any) -> None:
     moved: dict[int, nn.Parameter] = {}
     t._ddp_model = acc.prepare_model(t.model, moved)
     if t.use_grad:
-        acc._retarget_optimizer(t.optimizer, moved)
+        retarget_optimizer(t.optimizer, moved)
     if t.scheduler is not None:
         track_optimizer_steps(t.optimizer)
     t._train_loader = prepare_train(t.train_dataloader, acc.rank, acc.world_size, cfg.seed or 0, acc.pin_memory)

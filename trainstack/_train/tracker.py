@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._runtime.writers import NullWriter, Writers, format_metrics, make_writers, save_loss_curve
 from ..data import DictDataLoader, is_infinite
 from .live import LiveLog, ProgressBar, banner, format_line, progress_enabled, summary
 from .metrics import MetricLog
 from .schedule import Clock
-from .writers import NullWriter, Writers, format_metrics, make_writers, save_loss_curve
 
 __all__ = ["Tracker", "Span", "banner_info", "run_span"]
 

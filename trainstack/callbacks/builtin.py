@@ -20,7 +20,7 @@ class PrintMetrics(Callback):
     main_process_only = True
 
     def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
-        from .._train.writers import format_metrics
+        from .._runtime.writers import format_metrics
 
         result, step = trainer.opt_result, getattr(trainer, "global_step", None)
         line = format_metrics(result.iteration, result.metrics, step)

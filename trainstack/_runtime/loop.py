@@ -1,0 +1,255 @@
+"""What a hand-written loop needs besides processes, in HF Accelerate's spelling: gradient accumulation with DDP
+sync only on the boundary, optimizers and schedulers that skip their step off the boundary, mixed precision
+(autocast and, for fp16, a loss scaler), and the padding duplicates of a prepared loader's last batch, which
+``gather_for_metrics`` drops.
+
+One :class:`LoopState` per process (Accelerate's ``GradientState``): prepared loaders write into it as they yield
+(plain attribute stores), the Accelerator's helpers read it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..errors import ConfigError
+
+__all__ = ["LoopState", "STATE", "PreparedOptimizer", "PreparedScheduler", "autocast_dtype", "autocast_forward",
+           "tracked", "accumulate"]
+
+
+class LoopState:
+    """The position of the current loop on this rank."""
+
+    def __init__(self) -> None:
+        self.accumulation = 1  # gradient_accumulation_steps of the Accelerator that prepared the loop
+        self.micro_step = 0  # batches seen inside accumulate() blocks
+        self.sync_gradients = True  # this batch ends an accumulation window (or there is no accumulation)
+        self.end_of_loader = False  # the batch just yielded is the last of its pass
+        self.padding = 0  # duplicates at the end of that batch (a sampler pads shards to equal length)
+        self.optimizer_steps = 0  # optimizer steps really taken (not skipped off the boundary)
+        self.pending: Any = None  # run before a resumed pass's first batch (load_state's RNG restore)
+
+    def batch_yielded(self, last: bool, padding: int) -> None:
+        self.end_of_loader, self.padding = last, padding if last else 0
+
+
+STATE = LoopState()
+
+
+def tracked(batches: Iterator[Any], owner: Any, n_batches: int, padding: int, skipped: int,
+            place: Any = None, state: LoopState = STATE) -> Iterator[Any]:
+    """Batches of one pass (moved by ``place`` when given), telling ``state`` which is the last and how many
+    duplicates it ends with, and ``owner`` (the loader) how far its pass is (``save_state``)."""
+    owner.pass_epoch, owner.position = owner.epoch - 1, skipped
+    for i, batch in enumerate(batches, 1):
+        if state.pending is not None:
+            pending, state.pending = state.pending, None
+            pending()
+        state.batch_yielded(i >= n_batches, padding)
+        owner.position = skipped + i
+        yield place(batch) if place is not None else batch
+    state.end_of_loader, state.padding = False, 0
+
+
+def autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype) -> None:
+    """Run ``model``'s forward under autocast, its floating outputs returned in fp32 (HF Accelerate's default), so
+    the loss and the master weights stay in full precision."""
+    forward = model.forward
+
+    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type, dtype=dtype):
+            out = forward(*args, **kwargs)
+        return _to_fp32(out)
+
+    model.forward = autocast_forward
+
+
+def _to_fp32(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return out.float() if out.is_floating_point() and out.dtype != torch.float64 else out
+    if isinstance(out, dict):
+        return type(out)({k: _to_fp32(v) for k, v in out.items()})
+    if isinstance(out, (list, tuple)) and not hasattr(out, "_fields"):
+        return type(out)(_to_fp32(v) for v in out)
+    return out
+
+
+@contextlib.contextmanager
+def accumulate(model: nn.Module | None, state: LoopState = STATE) -> Iterator[None]:
+    """One batch of an accumulation window: gradients are all-reduced only on the window's last batch (or the
+    loader's last), so DDP does no communication on the others."""
+    state.micro_step += 1
+    state.sync_gradients = state.accumulation <= 1 or state.micro_step % state.accumulation == 0 \
+        or state.end_of_loader
+    if state.sync_gradients:
+        state.micro_step = 0  # a short window at the loader's end starts the next one afresh
+    no_sync = getattr(model, "no_sync", None)
+    context = no_sync() if (no_sync is not None and not state.sync_gradients) else contextlib.nullcontext()
+    with context:
+        yield
+
+
+class PreparedOptimizer(torch.optim.Optimizer):
+    """The user's optimizer, stepping only on an accumulation boundary (through the fp16 scaler when there is one).
+    Everything else (``param_groups``, ``state``, ``state_dict`` ...) is the optimizer's own; it is still a
+    ``torch.optim.Optimizer``, so schedulers can be built on it."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, scaler: Any = None, state: LoopState = STATE) -> None:
+        # no super().__init__: the wrapped optimizer owns the parameter groups and the state
+        self.optimizer, self.scaler, self._state = optimizer, scaler, state
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.optimizer.defaults
+
+    def step(self, closure: Any = None) -> Any:
+        if not self._state.sync_gradients:
+            return None
+        self._state.optimizer_steps += 1
+        if self.scaler is not None:
+            out = self.scaler.step(self.optimizer) if closure is None else self.scaler.step(self.optimizer, closure)
+            self.scaler.update()
+            return out
+        return self.optimizer.step() if closure is None else self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._state.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"PreparedOptimizer({self.optimizer!r})"
+
+
+class PreparedScheduler:
+    """The user's scheduler, stepped only after a real optimizer step, ``world_size`` times per step -- HF
+    Accelerate's behaviour, so a schedule sized on the whole (unsharded) loader ends when the data does."""
+
+    def __init__(self, scheduler: Any, world_size: int, state: LoopState = STATE) -> None:
+        self.scheduler, self.world_size, self._state = scheduler, world_size, state
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.sync_gradients:
+            return
+        for _ in range(self.world_size):
+            total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR raises one step past its end
+            if total is not None and self.scheduler.last_epoch >= total:
+                return
+            self.scheduler.step(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.scheduler, name)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state)
+
+
+def autocast_dtype(mixed_precision: str) -> torch.dtype | None:
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision)
+
+
+# ---------------------------------------------------------------------------------------------------- the Accelerator's
+# HF Accelerate's constructor keywords trainstack does not take, with what to do instead
+_NOT_TAKEN = {"split_batches": "batches are split per process by prepare(); pass the per-process batch size",
+              "deepspeed_plugin": "use strategy='fsdp' (FSDP2)", "fsdp_plugin": "use strategy='fsdp' (FSDP2)",
+              "dispatch_batches": "every process reads its own shard", "even_batches": "always even: shards are padded "
+              "and gather_for_metrics drops the duplicates", "rng_types": "every RNG is seeded and checkpointed",
+              "kwargs_handlers": "pass the settings as keywords", "dynamo_backend": "torch.compile the model yourself",
+              "megatron_lm_plugin": "not supported", "project_config": "use project_dir"}
+
+
+def refuse_keywords(unknown: dict[str, Any]) -> None:
+    name = next(iter(unknown))
+    known = ("nprocs, compute_setup, log_setup, dtype, backend, strategy, fsdp_blocks, fsdp_min_params, "
+             "fsdp_param_dtype, hang_timeout; HF Accelerate's device_placement, mixed_precision, "
+             "gradient_accumulation_steps, cpu, log_with, project_dir")
+    why = f" ({_NOT_TAKEN[name]})" if name in _NOT_TAKEN else ""
+    raise ConfigError(f"Accelerator got an unknown keyword {name!r}{why}. It takes: {known}.")
+
+
+
+def unscale(acc: Any) -> None:
+    """fp16: gradients back to their true scale before clipping (once per optimizer step)."""
+    if acc.scaler is not None and STATE.sync_gradients:
+        for optimizer in acc._prepared["optimizer"]:
+            acc.scaler.unscale_(optimizer)
+
+
+
+def reduce(acc: Any, tensor: torch.Tensor, reduction: str) -> torch.Tensor:
+    if reduction not in ("sum", "mean"):
+        raise ConfigError(f"reduce(reduction={reduction!r}): must be 'sum' or 'mean'.")
+    out = tensor.detach().clone()
+    if acc.is_distributed:
+        dist.all_reduce(out)
+    return out / acc.world_size if reduction == "mean" else out
+
+
+
+def open_trackers(acc: Any, project_name: str, config: dict[str, Any] | None) -> Any:
+    from .writers import make_writers
+
+    trackers = make_writers(acc.log_with or "jsonl", (acc.project_dir or Path(".")) / project_name)
+    if config:
+        trackers.log_hyperparams(config)
+    return trackers
+
+
+
+def checkpointable(obj: Any) -> Any:
+    if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+        raise ConfigError(f"register_for_checkpointing: {type(obj).__name__} has no state_dict/load_state_dict.")
+    return obj
+
+
+
+def gather_for_metrics(acc: Any, data: Any) -> Any:
+    pad = STATE.padding
+
+    def one(item: Any) -> Any:
+        if isinstance(item, torch.Tensor):
+            item = item[: len(item) - pad] if pad and item.dim() > 0 else item
+            return acc.gather(item if item.dim() > 0 else item.reshape(1)) if acc.is_distributed else item
+        if isinstance(item, list):
+            mine = list(item[: len(item) - pad] if pad else item)
+            if not acc.is_distributed:
+                return mine
+            everyone: list[Any] = [None] * acc.world_size
+            dist.all_gather_object(everyone, mine)
+            return [x for part in everyone for x in part]
+        if isinstance(item, dict):
+            return type(item)({k: one(v) for k, v in item.items()})
+        if isinstance(item, tuple):
+            return type(item)(one(v) for v in item)
+        return item
+
+    return one(data)
