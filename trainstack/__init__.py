@@ -25,10 +25,11 @@ from ._version import __version__  # a plain constant: importlib.metadata costs 
 from .render import LaunchSpec  # noqa: E402
 
 __all__ = ["Accelerator", "Trainer", "TrainConfig", "Callback", "optimize_step", "seed_everything", "LaunchSpec",
-           "render", "submit", "__version__"]
+           "render", "submit", "notebook_launcher", "set_seed", "slurm_fn", "SlurmConfig", "__version__"]
 
 _LAZY = {
     "Accelerator": "accelerator", "seed_everything": "accelerator", "Trainer": "trainer",
+    "notebook_launcher": "accelerator", "set_seed": "accelerator", "slurm_fn": "slurm", "SlurmConfig": "slurm",
     "TrainConfig": "config", "Callback": "callbacks", "optimize_step": "_train.steps",
     # qadence.ml_tools names (importable, not advertised) and the errors' old home
     "DictDataLoader": "data", "to_dataloader": "data", "InfiniteTensorDataset": "data",
@@ -38,9 +39,10 @@ _LAZY = {
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._train.steps import optimize_step
-    from .accelerator import Accelerator, seed_everything
+    from .accelerator import Accelerator, notebook_launcher, seed_everything, set_seed
     from .callbacks import Callback
     from .config import TrainConfig
+    from .slurm import SlurmConfig, slurm_fn
     from .trainer import Trainer
 
 

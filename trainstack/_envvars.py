@@ -12,7 +12,7 @@ from typing import NamedTuple
 __all__ = ["Variable", "VARIABLES"] + [
     "COMPUTE_SETUP", "ERROR_REPORT", "FAST_TENSOR_PATH", "HANG_DIR", "HANG_TIMEOUT", "JOB_DIR", "NODE_LOG", "NPROCS",
     "INTERRUPT_FILE", "PIN_MEMORY", "PRELOAD", "PROGRESS", "RANK_LOG", "RUN_DIR", "SNAPSHOT", "START_METHOD",
-    "STOP_FILE", "STOP_SIGNALS", "SUBMIT_DIR", "TIMEOUT_S"]
+    "SLURM_FN", "STOP_FILE", "STOP_SIGNALS", "SUBMIT_DIR", "TIMEOUT_S"]
 
 
 class Variable(NamedTuple):
@@ -64,6 +64,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TRAINSTACK_INTERRUPT_FILE", "the runtime",
              "A private file the launching process creates at the first Ctrl-C: spawned Trainer workers stop at the "
              "next step boundary with a checkpoint."),
+    Variable("TRAINSTACK_SLURM_FN", "the generated batch script (slurm_fn with use_distributed_env)",
+             "Set to 1 in the job: the script the distributed launch command starts again calls the slurm_fn "
+             "function instead of submitting it."),
 )
 
 _BY_NAME = {v.name: v for v in VARIABLES}
@@ -74,6 +77,7 @@ STOP_SIGNALS, STOP_FILE, NPROCS = "TRAINSTACK_STOP_SIGNALS", "TRAINSTACK_STOP_FI
 COMPUTE_SETUP, JOB_DIR, RUN_DIR = "TRAINSTACK_COMPUTE_SETUP", "TRAINSTACK_JOB_DIR", "TRAINSTACK_RUN_DIR"
 SNAPSHOT, SUBMIT_DIR, RANK_LOG = "TRAINSTACK_SNAPSHOT", "TRAINSTACK_SUBMIT_DIR", "TRAINSTACK_RANK_LOG"
 NODE_LOG, ERROR_REPORT, INTERRUPT_FILE = "TRAINSTACK_NODE_LOG", "TRAINSTACK_ERROR_REPORT", "TRAINSTACK_INTERRUPT_FILE"
+SLURM_FN = "TRAINSTACK_SLURM_FN"
 assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PRELOAD, START_METHOD, PIN_MEMORY,
                                          FAST_TENSOR_PATH, PROGRESS, STOP_SIGNALS, STOP_FILE, NPROCS, COMPUTE_SETUP,
                                          JOB_DIR, RUN_DIR, SNAPSHOT, SUBMIT_DIR, RANK_LOG, NODE_LOG, ERROR_REPORT,

@@ -52,7 +52,7 @@ from .data import DictDataLoader, PreparedDataLoader, generator_seed, prepare_da
 from .environment import detect_environment, warn_if_outside_step
 from .errors import ConfigError, LaunchError
 
-__all__ = ["Accelerator", "seed_everything", "set_seed"]
+__all__ = ["Accelerator", "notebook_launcher", "seed_everything", "set_seed"]
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -287,12 +287,13 @@ class Accelerator:
         return out[0] if len(out) == 1 else tuple(out)
 
     def _wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """Accumulation or fp16 need a step that can be skipped (or scaled); otherwise the optimizer itself."""
+        """A step that counts, and that accumulation can skip and fp16 can scale (still a torch Optimizer)."""
         self._prepared["optimizer"].append(optimizer)
         if self.mixed_precision == "fp16" and self.scaler is None:
             self.scaler = torch.amp.GradScaler(self.device.type)
         if self.gradient_accumulation_steps > 1 or self.scaler is not None:
             return _loop.PreparedOptimizer(optimizer, self.scaler)
+        optimizer.register_step_post_hook(_loop.count_step)  # the optimizer itself (qadence: `is` holds)
         return optimizer
 
     def _prepare_one(self, obj: Any, moved: dict[int, nn.Parameter]) -> Any:
@@ -479,6 +480,23 @@ class Accelerator:
                 f"device={self.device}, rank={self.rank}, world_size={self.world_size})")
 
 
+def notebook_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int | None = None,
+                      mixed_precision: str = "no", use_port: str | int = "29500", **ignored: Any) -> Any:
+    """HF Accelerate's launcher: run ``function(*args)`` on ``num_processes`` processes (default: one per visible
+    GPU, else 1) with trainstack's launcher -- from a notebook or a script -- and return rank 0's result.
+    ``mixed_precision`` belongs to the Accelerator inside ``function``; the port is chosen free (``use_port`` is
+    accepted and ignored: a fixed port collides with another run)."""
+    if mixed_precision != "no":
+        raise ConfigError(f"notebook_launcher(mixed_precision={mixed_precision!r}): give it to the Accelerator "
+                          f"inside your function: Accelerator(mixed_precision={mixed_precision!r}).")
+    unknown = set(ignored) - {"master_addr", "node_rank", "num_nodes", "rdzv_backend", "rdzv_endpoint",
+                              "rdzv_conf", "rdzv_id", "max_restarts", "monitor_interval", "log_line_prefix_template"}
+    if unknown:
+        raise ConfigError(f"notebook_launcher got an unknown keyword {sorted(unknown)[0]!r}.")
+    nprocs = num_processes or max(torch.cuda.device_count(), 1)
+    return Accelerator(nprocs=nprocs).distribute(function)(*args)
+
+
 def _check_arguments(nprocs: int, compute_setup: str, log_setup: str, backend: str | None, dtype: Any,
                      strategy: str, fsdp_blocks: Any) -> None:
     """The constructor's arguments, each checked with a message naming it."""
@@ -559,6 +577,10 @@ def _state_parts(acc: Accelerator) -> dict[str, Any]:
 
 def _save_state(acc: Accelerator, folder: Path) -> Path | None:
     from .checkpoint import Checkpointer
+
+    if not _loop.STATE.sync_gradients and acc.is_main_process:
+        log.warning("save_state(%s) inside an accumulation window: its gradients so far are not saved, so a resume "
+                    "differs from the uninterrupted run. HINT: save when accelerator.sync_gradients is True.", folder)
 
     loaders = [[getattr(dl, "pass_epoch", dl.epoch), getattr(dl, "position", 0)] for dl in acc._prepared["loader"]]
     counters = {"epoch": 0, "global_step": _loop.STATE.optimizer_steps, "micro_step": _loop.STATE.micro_step,

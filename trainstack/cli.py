@@ -75,6 +75,7 @@ HELP = {
     "time": "Time limit (MM, HH:MM:SS, D-HH:MM...).",
     "partition": "Slurm partition (queue).", "account": "Slurm account to charge.",
     "qos": "Slurm quality of service.", "constraint": "Slurm node features, e.g. a100.",
+    "nodelist": "Run on these nodes, e.g. node[1-2] (sbatch --nodelist).",
     "job_name": "Job name (the job folder is <log dir>/<name>-<job id>).",
     "log_dir": "Folder of the logs and job folders (created for you).",
     "exclusive": "Whole nodes for this job.",

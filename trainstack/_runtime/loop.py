@@ -43,6 +43,11 @@ class LoopState:
 STATE = LoopState()
 
 
+def count_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """A step post-hook for optimizers prepare() leaves unwrapped: ``accelerator.step`` counts their steps too."""
+    STATE.optimizer_steps += 1
+
+
 def tracked(batches: Iterator[Any], owner: Any, n_batches: int, padding: int, skipped: int,
             place: Any = None, state: LoopState = STATE) -> Iterator[Any]:
     """Batches of one pass (moved by ``place`` when given), telling ``state`` which is the last and how many

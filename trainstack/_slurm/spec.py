@@ -35,8 +35,8 @@ _TIME = re.compile(r"\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+
 _MEM = re.compile(r"\d+[KMGT]?B?", re.IGNORECASE)
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SIGNAL = re.compile(r"(B:)?(SIG)?[A-Z0-9]+(@\d+)?")
-_SINGLE_LINE = ("job_name", "partition", "account", "qos", "constraint", "mem", "log_dir", "chdir", "image", "venv",
-                "python", "nccl_ifname", "nccl_debug", "time", "signal")
+_SINGLE_LINE = ("job_name", "partition", "account", "qos", "constraint", "nodelist", "mem", "log_dir", "chdir",
+                "image", "venv", "python", "nccl_ifname", "nccl_debug", "time", "signal")
 _NO_LEADING_DASH = ("log_dir", "chdir", "image", "venv", "python")  # would become options of source/srun/apptainer
 
 
@@ -71,6 +71,7 @@ class LaunchSpec:
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
+    nodelist: str | None = None
     job_name: str = "trainstack"
     log_dir: str = "logs"
     exclusive: bool = False
@@ -335,7 +336,7 @@ class LaunchSpec:
         (the code's contents are not part of it: the snapshot is taken per submission)."""
         return [self.program, self.command, self.env, self.python, self.venv, self.setup_cmd, self.container,
                 self.image, self.bind, self.setup, self.launcher, self.nodes, self.procs, self.cpu, self.time,
-                self.mem, self.cpus_per_task, self.partition, self.constraint, self.chdir]
+                self.mem, self.cpus_per_task, self.partition, self.constraint, self.nodelist, self.chdir]
 
     @property
     def sweep_dir(self) -> str:
