@@ -123,8 +123,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", default="tiny,mlp,classify")
     p.add_argument("--nprocs", default="1,2")
-    p.add_argument("--systems", default="raw,accelerator-std,trainer-std,trainer-std-nowd,accelerator,trainer,"
-                                         "trainer-lines,accelerate,fabric")
+    p.add_argument("--systems", default="raw,accelerator-std,trainer-std,trainer-std-nowd,accelerator,"
+                                         "accelerator-hf,trainer,trainer-lines,accelerate,fabric")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--smoke", action="store_true", help="a few steps of everything, 1 repetition (CI)")

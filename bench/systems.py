@@ -175,6 +175,33 @@ def run_accelerator(name: str, nprocs: int, steps: int, out: Path, count: bool) 
         report(out, -1, None)
 
 
+# ---------------------------------------------------------------- HF Accelerate's spelling of the loop, on trainstack
+def _hf_style_loop(name: str, steps: int, out: str, count: bool) -> None:
+    from trainstack import Accelerator
+
+    accelerator = Accelerator(cpu=True)  # Accelerate's keywords; joins the processes notebook_launcher started
+    model = make_model(name)
+    clock = attach_clock(model, count and accelerator.process_index == 0)
+    loader = make_loader(name, steps, accelerator.num_processes)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, opt, loader = accelerator.prepare(model, opt, loader)
+    lf = loss_fn(name)
+    for x, y in loader:
+        with accelerator.accumulate(model):
+            opt.zero_grad()
+            accelerator.backward(lf(model(x), y))
+            opt.step()
+    report(Path(out), accelerator.process_index, clock if accelerator.process_index == 0 else None)
+
+
+def run_accelerator_hf(name: str, nprocs: int, steps: int, out: Path, count: bool) -> None:
+    from trainstack import notebook_launcher
+
+    notebook_launcher(_hf_style_loop, args=(name, steps, str(out), count), num_processes=nprocs)
+    if nprocs > 1:
+        report(out, -1, None)
+
+
 # ---------------------------------------------------------------- trainstack Trainer.fit, default experience
 class _Loss:
     def __init__(self, name: str) -> None:
@@ -295,7 +322,7 @@ def _log_lines(run):  # noqa: ANN001, ANN202
     return wrapped
 
 
-SYSTEMS = {"raw": run_raw, "accelerator": run_accelerator, "trainer": run_trainer,
+SYSTEMS = {"raw": run_raw, "accelerator": run_accelerator, "trainer": run_trainer, "accelerator-hf": run_accelerator_hf,
            "accelerator-std": _standard_loader(run_accelerator), "trainer-std": _standard_loader(run_trainer),
            "trainer-std-nowd": _no_watchdog(_standard_loader(run_trainer)),
            "trainer-lines": _log_lines(run_trainer),
