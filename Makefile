@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 SLURM_CONF_PATH := /tmp/trainstack-slurm/slurm.conf
 
 .PHONY: help venv install run test test-fast test-dist test-slurm test-gpu lint lint-hpc typecheck bench bench-smoke \
-        bench-peers bench-gpu bench-slurm image-test slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
+        bench-peers bench-gpu bench-slurm image-test docs docs-serve slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
         apptainer-build nccl-check clean
 
 help:  ## list targets
@@ -52,7 +52,14 @@ lint: $(VENV)/.installed lint-hpc  ## ruff, the import contracts and graph, the 
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) scripts/importgraph.py --fail-on-cycle --torch-free
 	$(PY) scripts/sizes.py --max-class 400 --max-function 60
-	$(PY) scripts/config_table.py --check
+	$(PY) scripts/reference_pages.py --check
+
+docs: $(VENV)/.installed  ## build the documentation site strictly into build/site (a broken link fails)
+	$(PY) scripts/reference_pages.py --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+docs-serve: $(VENV)/.installed  ## serve the documentation at http://127.0.0.1:8000 while you edit it
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 typecheck: $(VENV)/.installed  ## mypy over the package (settings in pyproject.toml)
 	$(PY) -m mypy

@@ -148,7 +148,7 @@ def test_the_docs_field_table_is_generated_from_the_dataclass():
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    result = subprocess.run([sys.executable, "scripts/config_table.py", "--check"], cwd=root, capture_output=True,
+    result = subprocess.run([sys.executable, "scripts/reference_pages.py", "--check"], cwd=root, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     page = (root / "docs" / "reference" / "trainconfig.md").read_text()

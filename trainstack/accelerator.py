@@ -81,15 +81,15 @@ def set_seed(seed: int, device_specific: bool = False) -> None:
 class Accelerator:
     """Distributes a function over processes and prepares models, optimizers and data for them.
 
+    HF Accelerate's constructor keywords and loop API work too (docs/migration/accelerate.md).
+
     Args:
         nprocs: total number of processes (all nodes). Under torchrun the launcher's count wins.
         compute_setup: ``"auto"`` (CUDA if available), ``"gpu"`` (CUDA required) or ``"cpu"``.
         log_setup: where reduced metrics live: ``"cpu"`` or ``"auto"`` (the compute device).
         dtype: model dtype; floating batch tensors are cast to it (complex dtypes use the real counterpart).
         backend: ``None`` picks nccl on GPU and gloo on CPU; ``"nccl"``, ``"gloo"`` or ``"mpi"`` explicitly.
-        strategy: ``"ddp"`` (a model copy per process) or ``"fsdp"`` (FSDP2, see docs/fsdp: ``fsdp_blocks``...).
-        HF Accelerate's ``device_placement``, ``mixed_precision``, ``gradient_accumulation_steps``, ``cpu``,
-        ``log_with``, ``project_dir`` and its loop API work too (docs/accelerate.md).
+        strategy: ``"ddp"`` (a model copy per process) or ``"fsdp"`` (FSDP2, see docs/how-to/fsdp.md).
     """
 
     device_placement: bool
