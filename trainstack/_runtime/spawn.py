@@ -299,8 +299,14 @@ _REAPPLIED: dict[str, Callable[[str | None], None]] = {"TORCH_COMPILE_DISABLE": 
                                                        "TORCH_DISTRIBUTED_DEBUG": _set_distributed_debug}
 
 
-#: Variables torch itself fills in when unset (its default, not the user's change): never worth a warning.
-_SET_BY_TORCH = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
+def _torch_default(name: str, before: dict[str, str]) -> bool:
+    """True when torch itself filled ``name`` in with its default (inductor does so for its cache folder when it
+    first needs it): not the user's change, never worth a warning."""
+    if name != "TORCHINDUCTOR_CACHE_DIR" or name in before:
+        return False
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return os.environ.get(name) == os.path.abspath(default_cache_dir())
 
 
 def _warn_on_frozen_variables() -> None:
@@ -310,7 +316,7 @@ def _warn_on_frozen_variables() -> None:
         return
     changed = sorted(k for k in set(before) | set(os.environ)
                      if k.startswith(("TORCH", "CUDA_", "NCCL_", "PYTORCH_")) and k not in _REAPPLIED
-                     and before.get(k) != os.environ.get(k) and not (k in _SET_BY_TORCH and k not in before))
+                     and before.get(k) != os.environ.get(k) and not _torch_default(k, before))
     if changed:
         log.warning("%s changed after the workers' fork server started (TrainConfig/Accelerator with nprocs > 1 "
                     "starts it); the workers see the new value in os.environ, but torch may have read the old one "
