@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in found:
         print(line)
     if found:
-        print(f"sizes: {len(found)} over budget (split by responsibility; see docs/contributing/layout.md)", file=sys.stderr)
+        print(f"sizes: {len(found)} over budget (split by responsibility; see docs/contributing/layout.md)",
+              file=sys.stderr)
     return 1 if found else 0
 
 
