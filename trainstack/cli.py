@@ -264,6 +264,12 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int) -> None:
                                 "folder": str(r.folder) if r.folder else None} for r in rows], indent=2))
     elif rows:
         click.echo(format_table(rows))
+        if job_ids:  # named jobs: why each ended one ended
+            from ._slurm.verdict import verdict
+
+            for row in rows:
+                if row.ended:
+                    click.echo(f"{row.job}: {verdict(row.state, row.folder, row.log).line()}")
     problem = None if job_ids else slurm_problem()
     if problem:
         click.echo(f"trainstack: Slurm is not available here ({problem}): no cluster was asked"
@@ -272,6 +278,28 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int) -> None:
         sys.exit(1)
     if not rows and not as_json:
         click.echo("no jobs: nothing queued or running, and trainstack submitted none yet.")
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def why(job_id: str, as_json: bool) -> None:
+    """Why a job ended: the verdict (completed, cancelled, preempted, time limit, hang, CUDA out-of-memory, killed by
+    signal 9, collective failure, node failure, a Python error on its first failing rank, unknown), the evidence
+    lines from its logs and job folder, and what to do about it."""
+    from ._slurm.status import job_status
+    from ._slurm.verdict import verdict
+
+    for row in job_status(job_id):
+        found = verdict(row.state, row.folder, row.log)
+        if as_json:
+            click.echo(found.to_json())
+            continue
+        click.echo(f"job {row.job} ({row.name}): {found.line()}")
+        for line in found.evidence:
+            click.echo(f"  | {line}")
+        for hint in found.hints:
+            click.echo(f"  HINT: {hint}")
 
 
 @main.command()

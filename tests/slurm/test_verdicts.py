@@ -1,0 +1,44 @@
+"""Verdicts on the real 2-node Slurm: each fault program's job ends with the right verdict in `trainstack status`
+and `trainstack why` (a Python error names the first failing rank, not the ranks killed after it)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from test_workflow import JOB, env, job_id_of, ts, wait_ended  # noqa: F401  (env is a fixture)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(400)]
+FAULT = Path(__file__).with_name("_fault.py")
+
+
+def test_each_fault_gets_its_verdict(env, shared_tmp):  # noqa: F811
+    work = shared_tmp / "faults"
+    work.mkdir()
+    shutil.copy(FAULT, work / "_fault.py")
+    jobs = {}
+    for kind in ("error", "oom", "kill9", "fine", "sleep"):
+        out = ts(env, "submit", "--cpu", "--setup", "multi-node", "--nodes", "2", "--procs-per-node", "2",
+                 "--time", "5", "--job-name", JOB, "--log-dir", str(work / "logs"), "--no-snapshot", "--",
+                 "_fault.py", kind, cwd=work)
+        jobs[kind] = job_id_of(out.stdout)
+    deadline = time.monotonic() + 120
+    while "RUNNING" not in ts(env, "status", jobs["sleep"]).stdout and time.monotonic() < deadline:
+        time.sleep(1)
+    ts(env, "cancel", jobs["sleep"])
+    wait_ended(env, list(jobs.values()))
+    found = {kind: json.loads(ts(env, "why", "--json", job).stdout) for kind, job in jobs.items()}
+    report = json.dumps(found, indent=1)
+    assert found["error"]["kind"] == "python error" and found["error"]["rank"] == 1, report
+    assert "ZeroDivisionError" in found["error"]["summary"] and "_fault.py:" in found["error"]["summary"], report
+    assert found["oom"]["kind"] == "cuda out-of-memory" and found["oom"]["rank"] == 1, report
+    assert found["kill9"]["kind"] == "killed (signal 9)", report
+    assert found["fine"]["kind"] == "completed", report
+    assert found["sleep"]["kind"] == "cancelled", report
+    status = ts(env, "status", jobs["error"]).stdout
+    assert f"{jobs['error']}: python error: ZeroDivisionError" in status, status
+    why = ts(env, "why", jobs["oom"]).stdout
+    assert "HINT:" in why and "accumulation" in why, why

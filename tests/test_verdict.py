@@ -1,0 +1,63 @@
+"""Verdicts from a job's own traces, without a cluster (on Slurm: tests/slurm/test_verdicts.py): the first failing
+rank wins over the cascade, each class is recognised, a running job has none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainstack._slurm.verdict import verdict
+
+TRACE = """Traceback (most recent call last):
+  File "/home/u/train.py", line 42, in <module>
+    main()
+  File "/home/u/train.py", line 30, in step
+    loss = 1 / 0
+{error}
+"""
+CASCADE = TRACE.replace("line 30, in step", "line 12, in sync").format(
+    error="RuntimeError: [../third_party/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:4242")
+
+
+def _job(tmp_path: Path, ranks: dict[int, str], exit_code: str = "1", extra: dict[str, str] | None = None) -> Path:
+    folder = tmp_path / "job-7"
+    folder.mkdir(parents=True)
+    for rank, text in ranks.items():
+        (folder / f"rank-{rank}.out").write_text(text)
+    (folder / "exit_code").write_text(exit_code + "\n")
+    for name, text in (extra or {}).items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder
+
+
+def test_the_first_failing_rank_not_the_cascade(tmp_path):
+    folder = _job(tmp_path, {0: CASCADE, 1: TRACE.format(error="ZeroDivisionError: division by zero"), 2: CASCADE,
+                             3: "ok\n"})
+    v = verdict("FAILED", folder, None)
+    assert v.kind == "python error" and v.rank == 1
+    assert "ZeroDivisionError: division by zero on rank 1 at train.py:30 (step)" in v.summary
+    assert "ranks 0, 2 failed after it" in v.summary and v.hints
+
+
+def test_each_class(tmp_path):
+    oom = _job(tmp_path / "a", {2: TRACE.format(error="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate")})
+    assert (verdict("FAILED", oom, None).kind, verdict("FAILED", oom, None).rank) == ("cuda out-of-memory", 2)
+    only_cascade = _job(tmp_path / "b", {0: CASCADE, 1: CASCADE})
+    assert verdict("FAILED", only_cascade, None).kind == "collective failure"
+    hang = _job(tmp_path / "c", {}, "124", {"run/hang-1/SUMMARY.txt": "trainstack hang report\nrank 3 (node2, pid 9) "
+                                            "is at step 5 (forward) in train.py:9 (f)   <- behind the others\n"})
+    v = verdict("FAILED", hang, None)
+    assert v.kind == "hang" and "rank 3 (node2" in v.summary
+    log = tmp_path / "d.out"
+    log.write_text("worker rank 1 failed: the process was killed by SIGKILL (killed by the kernel's OOM killer?)\n")
+    assert verdict("FAILED", None, log).kind == "killed (signal 9)"
+    cancelled = _job(tmp_path / "e", {}, "143", {"cancelled": "1\n"})
+    assert verdict("CANCELLED by 0", cancelled, None).kind == "cancelled"
+    graceful = tmp_path / "f.out"
+    graceful.write_text("Graceful stop at epoch 3, step 120: signal SIGUSR2. Checkpoint ckpt.pt written.\n")
+    assert "after a graceful stop" in verdict("TIMEOUT", None, graceful).summary
+    assert "without a graceful stop" in verdict("TIMEOUT", None, None).summary
+    assert verdict("NODE_FAIL", None, None).kind == "node failure"
+    assert verdict("COMPLETED", _job(tmp_path / "g", {0: "DONE\n"}, "0"), None).kind == "completed"
+    assert verdict("RUNNING", None, None).kind == "running"
+    assert verdict("FAILED", _job(tmp_path / "h", {0: "no traceback\n"}, "3"), None).kind == "unknown"

@@ -1,0 +1,199 @@
+"""Why did a job end? A verdict from what the job already left behind -- Slurm's state, the job folder's
+``exit_code``/``cancelled``, the per-rank logs, the hang watchdog's ``SUMMARY.txt`` -- at no cost to the run.
+
+The first failing rank is the one with a *primary* error: after one rank fails, the others die of collective
+errors (connection closed, timeouts) or of the launcher's kill; those are evidence of the cascade, not the cause.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+__all__ = ["Verdict", "verdict", "KINDS"]
+
+KINDS = ("completed", "cancelled", "preempted", "time limit", "hang", "cuda out-of-memory", "killed (signal 9)",
+         "collective failure", "node failure", "python error", "running", "unknown")
+
+_TRACE_END = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Error\w*))(?::\s*(?P<msg>.*))?$")
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
+_COLLECTIVE = re.compile(r"Connection closed by peer|Connection reset by peer|ProcessGroupGloo|ProcessGroupNCCL|"
+                         r"Watchdog caught collective operation timeout|NCCL error|gloo.*(timeout|Timed out)|"
+                         r"DistBackendError|DistNetworkError|Broken pipe", re.IGNORECASE)
+_CUDA_OOM = re.compile(r"OutOfMemoryError|CUDA out of memory", re.IGNORECASE)
+_SIGKILL = re.compile(r"killed by SIGKILL|Killed$|oom-kill|signal 9|exit code 137|OUT_OF_MEMORY", re.IGNORECASE)
+_GRACEFUL = re.compile(r"Graceful stop at epoch \d+, step \d+|Interrupted at epoch \d+, step \d+")
+_RANK_LOG = re.compile(r"rank-(\d+)\.out$")
+_HINTS = {
+    "cuda out-of-memory": ["a smaller per-process batch with more gradient_accumulation_steps",
+                           "mixed_precision='bf16'", "strategy='fsdp' to shard parameters and optimizer state"],
+    "killed (signal 9)": ["host memory: fewer DataLoader workers, a smaller in-memory dataset, or --mem",
+                          "`sacct -j JOB -o MaxRSS` (where accounting works) shows the peak"],
+    "collective failure": ["the first rank that stopped is the cause; the others timed out waiting for it",
+                           "`trainstack debug JOB` while it runs, NCCL_DEBUG=INFO, and the host named here"],
+    "hang": ["the stuck rank and its frame are in hang-*/SUMMARY.txt of the run or job folder",
+             "`trainstack debug JOB` shows every rank's stack of a live job"],
+    "time limit": ["--time longer, or --signal B:USR2@<seconds> (with --requeue) so the job checkpoints and "
+                   "requeues before the limit"],
+    "python error": ["a deterministic error fails the same way on every retry: fix it, then resume='auto'"],
+    "node failure": ["--requeue runs the job again; Slurm drains the failed node (sinfo -R shows why)"],
+    "preempted": ["with --requeue the job continues from its checkpoint"],
+}
+
+
+@dataclass
+class Verdict:
+    """One ended (or running) job's verdict: what, where, and the lines that say so."""
+
+    kind: str
+    summary: str
+    rank: int | None = None
+    host: str | None = None
+    evidence: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return f"{self.kind}: {self.summary}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def verdict(state: str, folder: Path | None, log: Path | None) -> Verdict:
+    """The verdict for a job in Slurm ``state`` with its job folder and combined log (either may be missing)."""
+    base = state.split(" (")[0].split()[0] if state else "UNKNOWN"
+    if base in ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED"):
+        return Verdict("running", f"the job is {base.lower()}")
+    texts = _rank_texts(folder)
+    combined = _read(log)
+    exit_code = _read(folder / "exit_code").strip().splitlines()[-1:] if folder else []
+    hang = _hang_summary(folder)
+    if hang is not None:
+        return _done(Verdict("hang", hang[0], evidence=hang))
+    if (folder is not None and (folder / "cancelled").exists()) or base == "CANCELLED":
+        return _done(Verdict("cancelled", "cancelled by the user (trainstack cancel / scancel)"))
+    if base == "NODE_FAIL":
+        return _done(Verdict("node failure", "Slurm marked a node of the job as failed", evidence=_tail(combined)))
+    graceful = [m.group(0) for m in _GRACEFUL.finditer(combined)]
+    if base == "TIMEOUT":
+        done = f"after a graceful stop ({graceful[-1]})" if graceful else "without a graceful stop (no checkpoint " \
+            "was written at the limit)"
+        return _done(Verdict("time limit", f"the time limit was reached {done}", evidence=_tail(combined)))
+    if base == "PREEMPTED" or (graceful and "Interrupted" not in graceful[-1] and base != "COMPLETED"):
+        return _done(Verdict("preempted", graceful[-1] if graceful else "preempted by Slurm"))
+    failed = _first_failure(texts, combined)
+    if failed is not None:
+        return _done(failed)
+    if base == "OUT_OF_MEMORY" or _SIGKILL.search(combined):
+        return _done(Verdict("killed (signal 9)", "a process was killed with signal 9 (the kernel's OOM killer, "
+                             "or Slurm's memory limit)", evidence=_matching(combined, _SIGKILL)))
+    if base == "COMPLETED" or exit_code == ["0"]:
+        return Verdict("completed", "the job ended with exit code 0")
+    return _done(Verdict("unknown", f"Slurm state {base}, exit code {''.join(exit_code) or '?'}",
+                         evidence=_tail(combined)))
+
+
+def _first_failure(texts: dict[int, str], combined: str) -> Verdict | None:
+    """The rank whose traceback is a primary error (not a collective or kill cascade), lowest rank first."""
+    errors: dict[int | None, tuple[str, str, str]] = {}
+    for r, text in texts.items():
+        found = _last_error(text)
+        if found is not None:
+            errors[r] = found
+    if not errors and combined:
+        found = _last_error(combined)
+        if found is not None:
+            errors[_rank_named(combined)] = found
+    primary = {r: e for r, e in errors.items() if not _COLLECTIVE.search(e[0] + " " + e[1])}
+    chosen = primary or errors
+    if not chosen:
+        return None
+    ranks = [r for r in chosen if r is not None]
+    rank = min(ranks) if ranks else None
+    kind_line, message, frame = chosen[rank]
+    host = _host_of(texts.get(rank, "") if rank is not None else combined)
+    where = f" on rank {rank}" + (f" ({host})" if host else "") if rank is not None else ""
+    text = f"{kind_line}{': ' + message if message else ''}"
+    if _CUDA_OOM.search(text):
+        return Verdict("cuda out-of-memory", f"CUDA out of memory{where}", rank, host, [text, frame])
+    if not primary:
+        return Verdict("collective failure", f"{kind_line}{where} (no rank failed first in its own code)", rank, host,
+                       [text, frame])
+    others = sorted(r for r in errors if r != rank and r is not None)
+    cascade = f"; ranks {', '.join(map(str, others))} failed after it" if others else ""
+    return Verdict("python error", f"{text[:200]}{where} at {frame}{cascade}", rank, host, [text, frame])
+
+
+def _last_error(text: str) -> tuple[str, str, str] | None:
+    """(exception type, message, innermost user frame) of the last traceback in ``text``."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if not starts:
+        return None
+    block = lines[starts[-1]:]
+    frames = [m for m in (_FRAME.match(line) for line in block) if m]
+    user = [m for m in frames if "/site-packages/" not in m.group("file") and "/trainstack/" not in m.group("file")
+            and not m.group("file").startswith("<")]
+    picks = user or frames
+    frame = f"{Path(picks[-1].group('file')).name}:{picks[-1].group('line')} ({picks[-1].group('fn')})" \
+        if picks else "?"
+    for line in block[1:]:
+        m = _TRACE_END.match(line.strip())
+        if m and not line.startswith(" "):
+            return m.group("type"), (m.group("msg") or "").strip(), frame
+    return None
+
+
+def _rank_texts(folder: Path | None) -> dict[int, str]:
+    if folder is None or not folder.is_dir():
+        return {}
+    out = {}
+    for path in folder.glob("rank-*.out"):
+        m = _RANK_LOG.search(path.name)
+        if m:
+            out[int(m.group(1))] = _read(path)
+    return out
+
+
+def _rank_named(text: str) -> int | None:
+    m = re.search(r"worker rank (\d+) failed|rank (\d+)", text)
+    return int(next(g for g in m.groups() if g is not None)) if m else None
+
+
+def _host_of(text: str) -> str | None:
+    m = re.search(r"\bon (node[\w-]*|[\w-]+\.[\w.-]+)\b|host[= ](\S+)", text)
+    return next((g for g in m.groups() if g), None) if m else None
+
+
+def _hang_summary(folder: Path | None) -> list[str] | None:
+    if folder is None:
+        return None
+    summaries = sorted(folder.rglob("hang-*/SUMMARY.txt"))
+    if not summaries:
+        return None
+    lines = [line for line in _read(summaries[-1]).splitlines() if line.strip()]
+    behind = [line for line in lines if "behind" in line or "sent no report" in line]
+    return (behind or lines[:1]) + [f"report: {summaries[-1].parent}"]
+
+
+def _matching(text: str, pattern: re.Pattern[str]) -> list[str]:
+    return [line for line in text.splitlines() if pattern.search(line)][-3:]
+
+
+def _tail(text: str, n: int = 5) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()][-n:]
+
+
+def _read(path: Path | None) -> str:
+    try:
+        return path.read_text(errors="replace")[-200_000:] if path is not None else ""
+    except OSError:
+        return ""
+
+
+def _done(v: Verdict) -> Verdict:
+    v.hints = list(_HINTS.get(v.kind, []))
+    return v
