@@ -42,3 +42,25 @@ def test_each_fault_gets_its_verdict(env, shared_tmp):  # noqa: F811
     assert f"{jobs['error']}: python error: ZeroDivisionError" in status, status
     why = ts(env, "why", jobs["oom"]).stdout
     assert "HINT:" in why and "accumulation" in why, why
+
+
+@pytest.mark.slow
+def test_a_deterministic_failure_is_retried_once_then_stopped_a_transient_one_completes(env, shared_tmp):  # noqa: F811
+    work = shared_tmp / "retries"
+    work.mkdir()
+    shutil.copy(FAULT.with_name("_flaky.py"), work / "_flaky.py")
+    jobs = {}
+    for kind in ("deterministic", "transient"):
+        out = ts(env, "submit", "--cpu", "--time", "5", "--requeue", "--signal", "B:USR2@30", "--max-requeues", "3",
+                 "--job-name", JOB, "--log-dir", str(work / "logs"), "--no-snapshot", "--", "_flaky.py", kind,
+                 cwd=work)
+        jobs[kind] = job_id_of(out.stdout)
+    rows = wait_ended(env, list(jobs.values()), timeout=360)
+    assert rows[jobs["transient"]][0]["state"].startswith("COMPLETED"), rows
+    assert rows[jobs["deterministic"]][0]["state"].startswith("FAILED"), rows
+    log = ts(env, "logs", jobs["deterministic"]).stdout
+    assert "not retried: python error: ZeroDivisionError: a bug that fails the same way every time" in log, log
+    assert "same as attempt 0, no progress" in log, log
+    folder = next((work / "logs").glob(f"*-{jobs['deterministic']}"))
+    attempts = [json.loads(line) for line in (folder / "verdicts.jsonl").read_text().splitlines()]
+    assert [a["attempt"] for a in attempts] == [0, 1], attempts
