@@ -251,7 +251,8 @@ def _warn_uncommitted(cwd: Path) -> None:
 @click.argument("job_ids", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--limit", type=int, default=20, show_default=True, help="Without JOBID: how many past jobs.")
-def status(job_ids: tuple[str, ...], as_json: bool, limit: int) -> None:
+@click.option("--attempts", is_flag=True, help="One row per attempt of a requeued job (its verdicts.jsonl).")
+def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool) -> None:
     """State, nodes, elapsed time, restarts and the last metric line of jobs (one row per array task); without
     JOBID, your queued and running jobs and the last jobs trainstack submitted. Works without Slurm accounting."""
     import json
@@ -270,6 +271,8 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int) -> None:
             for row in rows:
                 if row.ended:
                     click.echo(f"{row.job}: {verdict(row.state, row.folder, row.log).line()}")
+                if attempts:
+                    click.echo(_attempt_rows(row.folder))
     problem = None if job_ids else slurm_problem()
     if problem:
         click.echo(f"trainstack: Slurm is not available here ({problem}): no cluster was asked"
@@ -278,6 +281,18 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int) -> None:
         sys.exit(1)
     if not rows and not as_json:
         click.echo("no jobs: nothing queued or running, and trainstack submitted none yet.")
+
+
+def _attempt_rows(folder: Path | None) -> str:
+    """``status --attempts``: the attempts a requeued job's batch script recorded (a crash each, with its cause)."""
+    import json
+
+    path = folder / "verdicts.jsonl" if folder is not None else None
+    if path is None or not path.exists():
+        return "  no attempt ended in a crash (verdicts.jsonl is written by --requeue jobs when an attempt crashes)"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return "\n".join(f"  attempt {r['attempt']}: {r['cause']} (last step {r.get('step')}, exit {r.get('status')})"
+                     for r in rows)
 
 
 @main.command()

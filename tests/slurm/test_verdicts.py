@@ -64,3 +64,5 @@ def test_a_deterministic_failure_is_retried_once_then_stopped_a_transient_one_co
     folder = next((work / "logs").glob(f"*-{jobs['deterministic']}"))
     attempts = [json.loads(line) for line in (folder / "verdicts.jsonl").read_text().splitlines()]
     assert [a["attempt"] for a in attempts] == [0, 1], attempts
+    listed = ts(env, "status", "--attempts", jobs["deterministic"]).stdout
+    assert "attempt 0: python error" in listed and "attempt 1: python error" in listed, listed
