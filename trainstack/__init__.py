@@ -25,10 +25,11 @@ from ._version import __version__  # a plain constant: importlib.metadata costs 
 from .render import LaunchSpec  # noqa: E402
 
 __all__ = ["Accelerator", "Trainer", "TrainConfig", "Callback", "optimize_step", "seed_everything", "LaunchSpec",
-           "render", "submit", "notebook_launcher", "set_seed", "slurm_fn", "SlurmConfig", "__version__"]
+           "render", "submit", "__version__"]
 
 _LAZY = {
     "Accelerator": "accelerator", "seed_everything": "accelerator", "Trainer": "trainer",
+    # HF Accelerate's and nntool's names (importable for drop-in code, not advertised)
     "notebook_launcher": "accelerator", "set_seed": "accelerator", "slurm_fn": "slurm", "SlurmConfig": "slurm",
     "TrainConfig": "config", "Callback": "callbacks", "optimize_step": "_train.steps",
     # qadence.ml_tools names (importable, not advertised) and the errors' old home
