@@ -31,8 +31,9 @@ def _job(tmp_path: Path, ranks: dict[int, str], exit_code: str = "1", extra: dic
 
 
 def test_the_first_failing_rank_not_the_cascade(tmp_path):
-    folder = _job(tmp_path, {0: CASCADE, 1: TRACE.format(error="ZeroDivisionError: division by zero"), 2: CASCADE,
-                             3: "ok\n"})
+    prefixed = "".join(f"[rank1]: {line}\n" for line in TRACE.format(error="ZeroDivisionError: division by zero")
+                       .splitlines())  # as torch prints a rank's uncaught error
+    folder = _job(tmp_path, {0: CASCADE, 1: prefixed, 2: CASCADE, 3: "ok\n"})
     v = verdict("FAILED", folder, None)
     assert v.kind == "python error" and v.rank == 1
     assert "ZeroDivisionError: division by zero on rank 1 at train.py:30 (step)" in v.summary

@@ -27,6 +27,8 @@ _CUDA_OOM = re.compile(r"OutOfMemoryError|CUDA out of memory", re.IGNORECASE)
 _SIGKILL = re.compile(r"killed by SIGKILL|Killed$|oom-kill|signal 9|exit code 137|OUT_OF_MEMORY", re.IGNORECASE)
 _GRACEFUL = re.compile(r"Graceful stop at epoch \d+, step \d+|Interrupted at epoch \d+, step \d+")
 _RANK_LOG = re.compile(r"rank-(\d+)\.out$")
+_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
+_KILLED_TASK = re.compile(r"srun: error: (?P<host>\S+): task (?P<task>\d+): (?:Exited with exit code 137|Killed)")
 _HINTS = {
     "cuda out-of-memory": ["a smaller per-process batch with more gradient_accumulation_steps",
                            "mixed_precision='bf16'", "strategy='fsdp' to shard parameters and optimizer state"],
@@ -85,11 +87,16 @@ def verdict(state: str, folder: Path | None, log: Path | None) -> Verdict:
     if base == "PREEMPTED" or (graceful and "Interrupted" not in graceful[-1] and base != "COMPLETED"):
         return _done(Verdict("preempted", graceful[-1] if graceful else "preempted by Slurm"))
     failed = _first_failure(texts, combined)
+    if failed is not None and failed.kind != "collective failure":
+        return _done(failed)
+    if base == "OUT_OF_MEMORY" or _SIGKILL.search(combined):  # a killed rank leaves no traceback, only a cascade
+        killed = _KILLED_TASK.search(combined)
+        rank, host = (int(killed.group("task")), killed.group("host")) if killed else (None, None)
+        where = f" (rank {rank} on {host})" if killed else ""
+        return _done(Verdict("killed (signal 9)", f"a process was killed with signal 9{where}: the kernel's OOM "
+                             f"killer, Slurm's memory limit or a kill -9", rank, host, _matching(combined, _SIGKILL)))
     if failed is not None:
         return _done(failed)
-    if base == "OUT_OF_MEMORY" or _SIGKILL.search(combined):
-        return _done(Verdict("killed (signal 9)", "a process was killed with signal 9 (the kernel's OOM killer, "
-                             "or Slurm's memory limit)", evidence=_matching(combined, _SIGKILL)))
     if base == "COMPLETED" or exit_code == ["0"]:
         return Verdict("completed", "the job ended with exit code 0")
     return _done(Verdict("unknown", f"Slurm state {base}, exit code {''.join(exit_code) or '?'}",
@@ -129,7 +136,7 @@ def _first_failure(texts: dict[int, str], combined: str) -> Verdict | None:
 
 def _last_error(text: str) -> tuple[str, str, str] | None:
     """(exception type, message, innermost user frame) of the last traceback in ``text``."""
-    lines = text.splitlines()
+    lines = [_PREFIX.sub("", line) for line in text.splitlines()]  # torch prefixes a rank's errors: "[rank1]: "
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
     if not starts:
         return None
