@@ -40,10 +40,13 @@ _LAZY = {
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._train.steps import optimize_step
-    from .accelerator import Accelerator, notebook_launcher, seed_everything, set_seed
+    from .accelerator import Accelerator, seed_everything
+    from .accelerator import notebook_launcher as notebook_launcher
+    from .accelerator import set_seed as set_seed
     from .callbacks import Callback
     from .config import TrainConfig
-    from .slurm import SlurmConfig, slurm_fn
+    from .slurm import SlurmConfig as SlurmConfig
+    from .slurm import slurm_fn as slurm_fn
     from .trainer import Trainer
 
 
