@@ -13,7 +13,7 @@ NPROCS ?= 2
 PYTEST_ARGS ?=
 SLURM_CONF_PATH := /tmp/trainstack-slurm/slurm.conf
 
-.PHONY: help venv install run test test-fast test-dist test-slurm test-gpu lint lint-hpc typecheck bench bench-smoke \
+.PHONY: help venv install run test test-slow test-fast test-dist test-slurm test-gpu lint lint-hpc typecheck bench bench-smoke \
         bench-peers bench-gpu bench-slurm image-test docs docs-serve slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
         apptainer-build nccl-check clean
 
@@ -32,8 +32,11 @@ venv install: $(VENV)/.installed  ## create .venv and install torch + trainstack
 run: $(VENV)/.installed  ## demo: train on $(NPROCS) CPU processes (gloo)
 	$(PY) examples/demo.py --nprocs $(NPROCS)
 
-test: $(VENV)/.installed  ## full suite (unit, distributed, real Slurm when available)
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: $(VENV)/.installed  ## the suite (unit, distributed, real Slurm when available) but the slow cluster tests
+	$(PY) -m pytest -m "not bench and not slow" $(PYTEST_ARGS)
+
+test-slow: $(VENV)/.installed  ## the slow tests (whole Slurm workflows, requeues, examples): CI runs them too
+	$(PY) -m pytest -m "slow and not bench" $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed  ## unit tests only (no process spawning, no Slurm)
 	$(PY) -m pytest -m "not distributed and not slurm and not slow" $(PYTEST_ARGS)
