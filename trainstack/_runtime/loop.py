@@ -154,13 +154,17 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
 class PreparedScheduler:
     """The user's scheduler, stepped only after a real optimizer step, ``world_size`` times per step -- HF
-    Accelerate's behaviour, so a schedule sized on the whole (unsharded) loader ends when the data does."""
+    Accelerate's behaviour, so a schedule sized on the whole (unsharded) loader ends when the data does.
+    ``ReduceLROnPlateau`` follows its metric, not a step count: once per call."""
 
     def __init__(self, scheduler: Any, world_size: int, state: LoopState = STATE) -> None:
         self.scheduler, self.world_size, self._state = scheduler, world_size, state
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         if not self._state.sync_gradients:
+            return
+        if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):  # metric-driven: once per call
+            self.scheduler.step(*args, **kwargs)
             return
         for _ in range(self.world_size):
             total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR raises one step past its end
