@@ -30,3 +30,13 @@ def test_the_same_cause_without_progress_stops_a_new_one_or_progress_retries(tmp
            "same as attempt 1, no progress (last step 60)" in capsys.readouterr().out
     rows = [json.loads(line) for line in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
     assert [r["attempt"] for r in rows] == [0, 1, 2] and [r["step"] for r in rows] == [40, 60, 60]
+
+
+def test_a_host_fault_blames_the_host_the_failing_rank_ran_on(tmp_path, monkeypatch):
+    (tmp_path / "rank-0.out").write_text(ERROR.replace("ZeroDivisionError: division by zero",
+                                                       "RuntimeError: CUDA error: an illegal memory access"))
+    monkeypatch.setenv("SLURMD_NODENAME", "node7")
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    assert decide(tmp_path, 1)[0]
+    row = json.loads((tmp_path / "verdicts.jsonl").read_text().splitlines()[-1])
+    assert row["kind"] == "cuda error" and row["blamed"] == "node7"

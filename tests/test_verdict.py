@@ -43,6 +43,8 @@ def test_the_first_failing_rank_not_the_cascade(tmp_path):
 def test_each_class(tmp_path):
     oom = _job(tmp_path / "a", {2: TRACE.format(error="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate")})
     assert (verdict("FAILED", oom, None).kind, verdict("FAILED", oom, None).rank) == ("cuda out-of-memory", 2)
+    fault = _job(tmp_path / "a2", {0: TRACE.format(error="RuntimeError: CUDA error: an illegal memory access")})
+    assert verdict("FAILED", fault, None).kind == "cuda error"
     only_cascade = _job(tmp_path / "b", {0: CASCADE, 1: CASCADE})
     assert verdict("FAILED", only_cascade, None).kind == "collective failure"
     hang = _job(tmp_path / "c", {}, "124", {"run/hang-1/SUMMARY.txt": "trainstack hang report\nrank 3 (node2, pid 9) "

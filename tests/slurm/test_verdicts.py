@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -66,3 +67,22 @@ def test_a_deterministic_failure_is_retried_once_then_stopped_a_transient_one_co
     assert [a["attempt"] for a in attempts] == [0, 1], attempts
     listed = ts(env, "status", "--attempts", jobs["deterministic"]).stdout
     assert "attempt 0: python error" in listed and "attempt 1: python error" in listed, listed
+
+
+@pytest.mark.slow
+def test_a_host_fault_leaves_the_host_out_of_the_requeued_attempt(env, shared_tmp):  # noqa: F811
+    work = shared_tmp / "hostfault"
+    work.mkdir()
+    shutil.copy(FAULT.with_name("_gpu_fault.py"), work / "_gpu_fault.py")
+    out = ts(env, "submit", "--cpu", "--time", "5", "--requeue", "--signal", "B:USR2@30", "--job-name", JOB,
+             "--log-dir", str(work / "logs"), "--no-snapshot", "--", "_gpu_fault.py", str(work), cwd=work)
+    job = job_id_of(out.stdout)
+    rows = wait_ended(env, [job], timeout=360)
+    log = ts(env, "logs", job).stdout
+    assert rows[job][0]["state"].startswith("COMPLETED"), (rows, log)
+    hosts = dict(line.split() for line in (work / "hosts").read_text().splitlines())
+    assert set(hosts) == {"0", "1"} and hosts["0"] != hosts["1"], (hosts, log)
+    assert f"the requeued attempt leaves out {hosts['0']}" in log, log
+    shown = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True,
+                           timeout=30).stdout
+    assert f"ExcNodeList={hosts['0']}" in shown, shown

@@ -13,10 +13,12 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["Verdict", "verdict", "KINDS"]
+__all__ = ["Verdict", "verdict", "KINDS", "HOST_FAULTS"]
 
-KINDS = ("completed", "cancelled", "preempted", "time limit", "hang", "cuda out-of-memory", "killed (signal 9)",
-         "collective failure", "node failure", "python error", "running", "unknown")
+KINDS = ("completed", "cancelled", "preempted", "time limit", "hang", "cuda out-of-memory", "cuda error",
+         "killed (signal 9)", "collective failure", "node failure", "python error", "running", "unknown")
+#: Verdicts that blame the machine, not the program: a requeue leaves the host out.
+HOST_FAULTS = ("cuda error", "node failure")
 
 _TRACE_END = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Error\w*))(?::\s*(?P<msg>.*))?$")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
@@ -24,6 +26,7 @@ _COLLECTIVE = re.compile(r"Connection closed by peer|Connection reset by peer|Pr
                          r"Watchdog caught collective operation timeout|NCCL error|gloo.*(timeout|Timed out)|"
                          r"DistBackendError|DistNetworkError|Broken pipe", re.IGNORECASE)
 _CUDA_OOM = re.compile(r"OutOfMemoryError|CUDA out of memory", re.IGNORECASE)
+_CUDA_FAULT = re.compile(r"CUDA error|illegal memory access|uncorrectable ECC|unhandled cuda error|Xid", re.IGNORECASE)
 _SIGKILL = re.compile(r"killed by SIGKILL|Killed$|oom-kill|signal 9|exit code 137|OUT_OF_MEMORY", re.IGNORECASE)
 _GRACEFUL = re.compile(r"Graceful stop at epoch \d+, step \d+|Interrupted at epoch \d+, step \d+")
 _RANK_LOG = re.compile(r"rank-(\d+)\.out$")
@@ -41,6 +44,8 @@ _HINTS = {
     "time limit": ["--time longer, or --signal B:USR2@<seconds> (with --requeue) so the job checkpoints and "
                    "requeues before the limit"],
     "python error": ["a deterministic error fails the same way on every retry: fix it, then resume='auto'"],
+    "cuda error": ["a requeued attempt leaves the host out (--requeue); `trainstack doctor` on that node",
+                   "if it follows the job to every host, it is the program: CUDA_LAUNCH_BLOCKING=1 finds the kernel"],
     "node failure": ["--requeue runs the job again; Slurm drains the failed node (sinfo -R shows why)"],
     "preempted": ["with --requeue the job continues from its checkpoint"],
 }
@@ -126,6 +131,9 @@ def _first_failure(texts: dict[int, str], combined: str) -> Verdict | None:
     text = f"{kind_line}{': ' + message if message else ''}"
     if _CUDA_OOM.search(text):
         return Verdict("cuda out-of-memory", f"CUDA out of memory{where}", rank, host, [text, frame])
+    if _CUDA_FAULT.search(text):
+        return Verdict("cuda error", f"{text[:200]}{where} (a GPU or driver fault: the host is suspect)", rank, host,
+                       [text, frame])
     if not primary:
         return Verdict("collective failure", f"{kind_line}{where} (no rank failed first in its own code)", rank, host,
                        [text, frame])
