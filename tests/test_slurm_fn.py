@@ -50,6 +50,7 @@ def test_the_config_becomes_one_launch_spec_and_script():
     ({"num_of_node": 0}, "num_of_node=0"),
     ({"use_distributed_env": True}, "distributed_launch_command"),
     ({"node_list_exclude": "n3"}, "node_list_exclude"),
+    ({"pack_code": True}, "snapshots the code"),
 ])
 def test_bad_configs_name_the_field(kwargs, needle):
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):

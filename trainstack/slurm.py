@@ -58,6 +58,12 @@ class SlurmConfig:
     processes_per_task: int = 1
     distributed_launch_command: str = ""
     extra_params_kwargs: dict[str, str] = field(default_factory=dict)
+    # nntool's fields trainstack does not take: accepted at their defaults, refused (with why) otherwise
+    pack_code: bool = False
+    use_packed_code: bool = False
+    code_root: str = "."
+    extra_submit_kwargs: dict[str, str] = field(default_factory=dict)
+    extra_task_kwargs: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -73,11 +79,15 @@ class SlurmConfig:
             raise ConfigError(f"SlurmConfig.tasks_per_node={self.tasks_per_node}: the distributed launch command runs "
                               f"once per node (tasks_per_node=1) and starts processes_per_task processes itself.")
         unsupported = {"node_list_exclude": self.node_list_exclude, "extra_params_kwargs": self.extra_params_kwargs,
-                       "stderr_to_stdout": False, "distributed_env_task": self.distributed_env_task != "torch"}
+                       "extra_submit_kwargs": self.extra_submit_kwargs, "extra_task_kwargs": self.extra_task_kwargs,
+                       "distributed_env_task": self.distributed_env_task != "torch",
+                       "pack_code": self.pack_code or self.use_packed_code or self.code_root != "."}
         for name, value in unsupported.items():
             if value:
-                raise ConfigError(f"SlurmConfig.{name} is not supported by trainstack (use LaunchSpec/trainstack "
-                                  f"submit options for other sbatch settings).")
+                why = ("trainstack snapshots the code of every submission by itself (the job folder's code/)"
+                       if name == "pack_code" else "use LaunchSpec / trainstack submit options for other sbatch "
+                       "settings")
+                raise ConfigError(f"SlurmConfig.{name} is not supported by trainstack: {why}.")
 
     @property
     def output_path(self) -> Path:

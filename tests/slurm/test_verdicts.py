@@ -45,17 +45,19 @@ def test_each_fault_gets_its_verdict(env, shared_tmp):  # noqa: F811
     assert "HINT:" in why and "accumulation" in why, why
 
 
+def _requeued(job_env, work, program, *args):
+    """Submit ``program`` from ``work`` as a requeueing CPU job, as a user would; its job id."""
+    out = ts(job_env, "submit", "--cpu", "--time", "5", "--requeue", "--signal", "B:USR2@30", "--max-requeues", "3",
+             "--job-name", JOB, "--log-dir", str(work / "logs"), "--no-snapshot", "--", program, *args, cwd=work)
+    return job_id_of(out.stdout)
+
+
 @pytest.mark.slow
 def test_a_deterministic_failure_is_retried_once_then_stopped_a_transient_one_completes(env, shared_tmp):  # noqa: F811
     work = shared_tmp / "retries"
     work.mkdir()
     shutil.copy(FAULT.with_name("_flaky.py"), work / "_flaky.py")
-    jobs = {}
-    for kind in ("deterministic", "transient"):
-        out = ts(env, "submit", "--cpu", "--time", "5", "--requeue", "--signal", "B:USR2@30", "--max-requeues", "3",
-                 "--job-name", JOB, "--log-dir", str(work / "logs"), "--no-snapshot", "--", "_flaky.py", kind,
-                 cwd=work)
-        jobs[kind] = job_id_of(out.stdout)
+    jobs = {kind: _requeued(env, work, "_flaky.py", kind) for kind in ("deterministic", "transient")}
     rows = wait_ended(env, list(jobs.values()), timeout=360)
     assert rows[jobs["transient"]][0]["state"].startswith("COMPLETED"), rows
     assert rows[jobs["deterministic"]][0]["state"].startswith("FAILED"), rows
@@ -74,9 +76,7 @@ def test_a_host_fault_leaves_the_host_out_of_the_requeued_attempt(env, shared_tm
     work = shared_tmp / "hostfault"
     work.mkdir()
     shutil.copy(FAULT.with_name("_gpu_fault.py"), work / "_gpu_fault.py")
-    out = ts(env, "submit", "--cpu", "--time", "5", "--requeue", "--signal", "B:USR2@30", "--job-name", JOB,
-             "--log-dir", str(work / "logs"), "--no-snapshot", "--", "_gpu_fault.py", str(work), cwd=work)
-    job = job_id_of(out.stdout)
+    job = _requeued(env, work, "_gpu_fault.py", str(work))
     rows = wait_ended(env, [job], timeout=360)
     log = ts(env, "logs", job).stdout
     assert rows[job][0]["state"].startswith("COMPLETED"), (rows, log)
