@@ -38,10 +38,15 @@ def test_learning_rates_per_param_group_and_the_line_format():
 
 
 def test_the_summary_names_time_steps_best_and_folder():
-    text = summary(75.0, 3, 120, {"name": "val_acc", "value": 0.91, "epoch": 2, "step": 80,
+    text = summary(75.0, (3, 120), (0, 0), {"name": "val_acc", "value": 0.91, "epoch": 2, "step": 80,
                                    "path": "/r/checkpoints/best.pt"}, "/r", "max_steps=120 reached")
     assert "3 epoch(s), 120 step(s) in 00:01:15 (1.60 steps/s); max_steps=120 reached" in text
     assert "best val_acc = 0.91 (step 80): /r/checkpoints/best.pt" in text and "run folder: /r" in text
+
+
+def test_a_resumed_run_says_where_it_ended_and_what_it_trained_itself():
+    text = summary(2.0, (4, 16), (2, 8), None, "/r", "")
+    assert "Training finished: at epoch 4, step 16 (2 epoch(s), 8 step(s) this run) in 2.0 s (4.00 steps/s)." in text
 
 
 def test_other_ranks_hold_their_warnings_until_the_bar_is_gone(capsys):

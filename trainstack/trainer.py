@@ -109,6 +109,7 @@ class Trainer:
     _last_epoch: int
     _last_step: int
     _first_step: int  # the step this run started at (a failure before its first step gets a note on the loss)
+    _first_epoch: int  # the epoch this run started at (the end summary says how far this run went)
     _folder: RunFolder | None
     _started: float  # time.monotonic() at the first step of this run
 
@@ -428,8 +429,8 @@ class Trainer:
         self.callbacks.fire("train_end", self)
         with watchdog.phase("callback"):
             self.tracker.train_end(self.current_epoch, self.model)
-        self.tracker.summary(time.monotonic() - self._started, self.current_epoch - self._run_start,
-                             self.global_step - self._first_step, run.best(self), self.stop_reason)
+        self.tracker.summary(time.monotonic() - self._started, (self.current_epoch, self.global_step),
+                             (self._first_epoch, self._first_step), run.best(self), self.stop_reason)
 
     # ------------------------------------------------------------------ stopping
     def _stop_here(self, due: set[str], epoch_end: bool, sums: EpochSums, n: int) -> bool:

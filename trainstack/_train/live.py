@@ -101,13 +101,18 @@ def learning_rates(optimizer: Any) -> dict[str, float]:
     return {f"lr/group{i}": lr for i, lr in enumerate(rates)}
 
 
-def summary(seconds: float, epochs: int, steps: int, best: dict[str, Any] | None, folder: Any,
-            reason: str) -> str:
-    """The end-of-run lines: how long, how far, why it ended, the best monitored value and where the files are."""
+def summary(seconds: float, end: tuple[int, int], start: tuple[int, int], best: dict[str, Any] | None,
+            folder: Any, reason: str) -> str:
+    """The end-of-run lines: how long, how far (``end``/``start`` are (epoch, step) at the end and at this run's
+    start: a resumed run says where it ended and what it trained itself), why it ended, the best monitored value
+    and where the files are."""
     took = time.strftime("%H:%M:%S", time.gmtime(seconds)) if seconds >= 60 else f"{seconds:.1f} s"
+    epochs, steps = end[0] - start[0], end[1] - start[1]
     rate = f" ({steps / seconds:.2f} steps/s)" if seconds > 0 and steps else ""
-    lines = [f"Training finished: {epochs} epoch(s), {steps} step(s) in {took}{rate}" + (f"; {reason}" if reason
-                                                                                          else ".")]
+    done = f"{epochs} epoch(s), {steps} step(s)"
+    if start[1]:
+        done = f"at epoch {end[0]}, step {end[1]} ({done} this run)"
+    lines = [f"Training finished: {done} in {took}{rate}" + (f"; {reason}" if reason else ".")]
     if best and best.get("value") is not None:
         where = f": {best['path']}" if best.get("path") else ""
         lines.append(f"  best {best['name']} = {_number(float(best['value']))} (step {best.get('step')}){where}")

@@ -84,7 +84,7 @@ def resume(t: Any) -> Restored | None:
             apply(t, restored)
     t._last_epoch = t._run_start + cfg.max_iter
     t._last_step = t._run_start_step + cfg.max_steps if cfg.max_steps else NEVER
-    t._first_step = t.global_step
+    t._first_step, t._first_epoch = t.global_step, t.current_epoch
     for note in notes.resume_notes(cfg, t.run_folder, restored is not None, t._continues, t.current_epoch,
                                    t._last_epoch, t.global_step, t._last_step) \
             + ([notes.UNBOUNDED_LOADER] if t._per_epoch is None else []):

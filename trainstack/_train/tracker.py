@@ -155,12 +155,13 @@ class Tracker:
         if cfg.log_model:
             self.writer.log_model(model)
 
-    def summary(self, seconds: float, epochs: int, steps: int, best: dict[str, Any] | None, reason: str) -> None:
+    def summary(self, seconds: float, end: tuple[int, int], start: tuple[int, int], best: dict[str, Any] | None,
+                reason: str) -> None:
         """The end-of-run summary (after the bar is gone)."""
         if not (self.is_main and self.config.verbose):
             return
         self._stop_bar()
-        print(summary(seconds, epochs, steps, best, self.folder, reason), flush=True)
+        print(summary(seconds, end, start, best, self.folder, reason), flush=True)
 
     def _stop_bar(self) -> None:
         if self.bar:
