@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 
-from trainstack._slurm.attempt import decide, main
+import pytest
+
+from trainstack._slurm.attempt import DEFAULT_RETRY_ON, FAILURES, decide, main, parse_retry_on, stopped
 
 ERROR = """epoch 1 | step {step} | loss 0.5
 Traceback (most recent call last):
@@ -19,13 +21,13 @@ def test_the_same_cause_without_progress_stops_a_new_one_or_progress_retries(tmp
     rank0 = tmp_path / "rank-0.out"
     rank0.write_text(ERROR.format(step=40))
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
-    assert decide(tmp_path, 1) == (True, "attempt 0 ended with python error: ZeroDivisionError: division by zero "
-                                         "on rank 0 at train.py:9 (<module>); retrying")
+    assert decide(tmp_path, 1, FAILURES) == (True, "attempt 0 ended with python error: ZeroDivisionError: division "
+                                                   "by zero on rank 0 at train.py:9 (<module>); retrying")
     rank0.write_text(ERROR.format(step=40) + ERROR.format(step=60))  # the next attempt got further: progress
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    assert decide(tmp_path, 1)[0]
+    assert decide(tmp_path, 1, FAILURES)[0]
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")  # failed again at the same step: deterministic
-    assert main(["attempt", str(tmp_path), "1"]) == 3
+    assert main(["attempt", str(tmp_path), "1", "--retry-on", "all"]) == 3
     assert "not retried: python error: ZeroDivisionError: division by zero on rank 0 at train.py:9 (<module>), " \
            "same as attempt 1, no progress (last step 60)" in capsys.readouterr().out
     rows = [json.loads(line) for line in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
@@ -40,3 +42,39 @@ def test_a_host_fault_blames_the_host_the_failing_rank_ran_on(tmp_path, monkeypa
     assert decide(tmp_path, 1)[0]
     row = json.loads((tmp_path / "verdicts.jsonl").read_text().splitlines()[-1])
     assert row["kind"] == "cuda error" and row["blamed"] == "node7"
+
+
+def test_a_python_error_is_not_retried_by_default_the_policy_names_why(tmp_path, monkeypatch, capsys):
+    (tmp_path / "rank-0.out").write_text(ERROR.format(step=40))
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    assert main(["attempt", str(tmp_path), "1"]) == 3
+    assert "not retried: python error: ZeroDivisionError" in capsys.readouterr().out
+    row = json.loads((tmp_path / "verdicts.jsonl").read_text())
+    assert row["retried"] is False and "--retry-on 'python error' retries it" in row["decision"]
+    (tmp_path / "verdicts.jsonl").unlink()
+    assert main(["attempt", str(tmp_path), "1", "--retry-on", "python error,hang"]) == 0  # a profile's choice
+
+
+def test_retry_on_names_kinds_or_all_or_none_and_refuses_others():
+    assert parse_retry_on("all") == FAILURES and parse_retry_on("none") == ()
+    assert parse_retry_on(",".join(DEFAULT_RETRY_ON)) == DEFAULT_RETRY_ON
+    assert "python error" not in DEFAULT_RETRY_ON and "cuda out-of-memory" not in DEFAULT_RETRY_ON
+    with pytest.raises(ValueError, match="'segfault' is not a failure verdict; valid: all, none, time limit"):
+        parse_retry_on("hang,segfault")
+
+
+def test_graceful_stops_are_recorded_and_a_time_limit_without_progress_stops(tmp_path, monkeypatch):
+    rank0 = tmp_path / "rank-0.out"
+    rank0.write_text("epoch 1 | step 10 | loss 0.5\n")
+    assert stopped(tmp_path, 0, "timeout") == (True, "attempt 0 stopped gracefully (time limit) at step 10; "
+                                                     "continuing")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert stopped(tmp_path, 0, "preempt")[0]  # a preemption is never the run's fault
+    rank0.write_text("epoch 1 | step 10 | loss 0.5\nepoch 1 | step 20 | loss 0.4\n")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    assert stopped(tmp_path, 0, "timeout")[0]
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")  # no new step before the next time limit
+    go, line = stopped(tmp_path, 0, "timeout")
+    assert not go and line.startswith("not requeued: time limit again at step 20, no progress since attempt 2")
+    rows = [json.loads(r) for r in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in rows] == ["time limit", "preempted", "time limit", "time limit"]

@@ -64,3 +64,32 @@ def test_each_class(tmp_path):
     assert verdict("COMPLETED", _job(tmp_path / "g", {0: "DONE\n"}, "0"), None).kind == "completed"
     assert verdict("RUNNING", None, None).kind == "running"
     assert verdict("FAILED", _job(tmp_path / "h", {0: "no traceback\n"}, "3"), None).kind == "unknown"
+
+
+def test_a_collective_failure_names_the_rank_that_stopped_answering(tmp_path):
+    timeout = CASCADE.replace("Connection closed by peer [10.0.0.2]:4242", "Timed out waiting 15000ms for recv "
+                              "operation to complete").replace("RuntimeError", "torch.distributed.DistBackendError")
+    folder = _job(tmp_path, {0: timeout, 1: "epoch 1 | step 3 | loss 0.5\n", 2: timeout, 3: timeout})
+    v = verdict("FAILED", folder, None)
+    assert v.kind == "collective failure" and v.rank == 1
+    assert v.summary.startswith("rank 1 stopped answering a collective; ranks 0, 2, 3 failed waiting for it")
+
+
+def test_a_hang_report_printed_in_the_logs_is_found_without_its_run_folder(tmp_path):
+    report = ("\ntrainstack hang report: no rank made progress for 5 s (hang_timeout=5 s); 4 rank(s), stacks in "
+              "/runs/x/hang-1/rank-<r>.txt\nrank 1 (node1, pid 77) is at step 4 (forward) in stuck (train.py:20)"
+              "   <- behind the others\nranks 0, 2-3 are at step 5 (backward) waiting in all_reduce\n")
+    folder = _job(tmp_path, {0: "[rank0]: " + report.replace("\n", "\n[rank0]: "), 1: "", 2: "", 3: ""}, "124")
+    v = verdict("FAILED", folder, None)
+    assert v.kind == "hang" and v.summary.startswith("rank 1 (node1, pid 77) is at step 4"), v
+    assert any("stacks in /runs/x/hang-1" in line for line in v.evidence)
+
+
+def test_a_clean_end_after_a_graceful_stop_without_requeue_is_a_time_limit_not_completed(tmp_path):
+    log = tmp_path / "job.out"
+    log.write_text("Graceful stop at epoch 2, step 80: signal SIGUSR2\ntrainstack: stopped gracefully with a "
+                   "complete checkpoint (timeout); not requeued (no --requeue): resubmit with resume='auto'\n")
+    v = verdict("COMPLETED", None, log)
+    assert v.kind == "time limit" and "not requeued" in v.summary
+    log.write_text(log.read_text() + "trainstack: finished (restart count 0)\n")
+    assert verdict("COMPLETED", None, log).kind == "completed"

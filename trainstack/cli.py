@@ -80,10 +80,15 @@ HELP = {
     "log_dir": "Folder of the logs and job folders (created for you).",
     "exclusive": "Whole nodes for this job.",
     "requeue": "Checkpoint and requeue on preemption and before the time limit (with --signal, or B:USR2 120 s "
-               "before it); crashes are requeued at most --max-requeues times.",
+               "before it); a crash is retried when its verdict is in --retry-on, at most --max-retries times.",
     "signal": "e.g. B:USR2@300: the batch shell is told 300 s before the time limit and asks the trainer for a "
               "graceful checkpoint-and-stop (requeued only with --requeue).",
-    "max_requeues": "With --requeue: time-limit and crash requeues allowed (preemptions: unlimited).",
+    "max_requeues": "With --requeue: a cap on time-limit requeues (default: none while each attempt gets further; "
+                    "preemptions: unlimited).",
+    "max_retries": "With --requeue: crashes retried at most N times (a crash not in --retry-on, or the same cause "
+                   "again without progress, is not retried).",
+    "retry_on": "With --requeue: the crash verdicts worth a retry, comma-separated, or all / none (see `trainstack "
+                "why`).",
     "env": "KEY=VALUE exported in the job (repeatable).",
     "nccl_ifname": "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME, e.g. ib0 or ^docker,lo.",
     "nccl_debug": "NCCL_DEBUG level (INFO): per-process logs in the log folder.",
@@ -120,7 +125,8 @@ def _spec_option(name: str) -> Any:
     return click.option(flag, type=kind, default=default, show_default=default is not None, help=HELP[name])
 
 
-_INTS = ("nodes", "gpus_per_node", "procs_per_node", "cpus_per_task", "max_requeues", "max_restarts", "max_parallel")
+_INTS = ("nodes", "gpus_per_node", "procs_per_node", "cpus_per_task", "max_requeues", "max_retries", "max_restarts",
+         "max_parallel")
 
 
 def _spec_options(fn: Any) -> Any:
@@ -271,8 +277,9 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool) 
             for row in rows:
                 if row.ended:
                     click.echo(f"{row.job}: {verdict(row.state, row.folder, row.log).line()}")
-                if attempts:
-                    click.echo(_attempt_rows(row.folder))
+                extra = _attempt_rows(row.folder) if attempts else _retry_line(row.folder)
+                if extra:
+                    click.echo(extra)
     problem = None if job_ids else slurm_problem()
     if problem:
         click.echo(f"trainstack: Slurm is not available here ({problem}): no cluster was asked"
@@ -284,15 +291,30 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool) 
 
 
 def _attempt_rows(folder: Path | None) -> str:
-    """``status --attempts``: the attempts a requeued job's batch script recorded (a crash each, with its cause)."""
-    import json
+    """``status --attempts``: one row per ended attempt of a requeued job (its verdicts.jsonl), then the hosts left
+    out."""
+    from ._slurm.attempt import history
 
-    path = folder / "verdicts.jsonl" if folder is not None else None
-    if path is None or not path.exists():
-        return "  no attempt ended in a crash (verdicts.jsonl is written by --requeue jobs when an attempt crashes)"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return "\n".join(f"  attempt {r['attempt']}: {r['cause']} (last step {r.get('step')}, exit {r.get('status')})"
-                     for r in rows)
+    rows = history(folder) if folder is not None else []
+    if not rows:
+        return "  no attempt recorded (verdicts.jsonl is written by --requeue jobs when an attempt ends early)"
+    lines = [f"  attempt {r['attempt']}: {r['cause']} (last step {r.get('step')}, exit {r.get('status')}"
+             + (f", on {r['host']}" if r.get("host") else "") + ")"
+             + (f" -> {'retried' if r['retried'] else 'stopped'}" if "retried" in r else "") for r in rows]
+    return "\n".join(lines + [_retry_line(folder)]).rstrip()
+
+
+def _retry_line(folder: Path | None) -> str:
+    """The retry policy's last word on a job (why it was not retried) and the hosts its attempts left out."""
+    from ._slurm.attempt import history
+
+    rows = history(folder) if folder is not None else []
+    lines = [f"  {rows[-1]['decision']}"] if rows and rows[-1].get("retried") is False else []
+    hosts = sorted({r["blamed"] for r in rows if r.get("blamed")})
+    if hosts:
+        lines.append(f"  excluded hosts: {', '.join(hosts)} (blamed by a verdict; the requeued attempts left them "
+                     f"out)")
+    return "\n".join(lines)
 
 
 @main.command()

@@ -1,11 +1,13 @@
-"""Fails as sys.argv[1] says, for tests/slurm/test_verdicts.py: 'deterministic' on every attempt at the same step,
-'transient' only on the first attempt."""
+"""Fails as sys.argv[1] says, for tests/slurm/test_verdicts.py: 'deterministic' raises the same error at the same
+step on every attempt; 'transient' is killed by signal 9 on the first attempt only (as by a host's OOM killer)."""
 
 import os
 import sys
 
 print("epoch 1 | step 5 | loss 0.5", flush=True)
-if sys.argv[1] == "deterministic" or os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
-    raise ZeroDivisionError("a bug that fails the same way every time" if sys.argv[1] == "deterministic"
-                            else "a transient failure")
+first = os.environ.get("SLURM_RESTART_COUNT", "0") == "0"
+if sys.argv[1] == "deterministic":
+    raise ZeroDivisionError("a bug that fails the same way every time")
+if first:
+    os.kill(os.getpid(), 9)
 print("DONE", flush=True)

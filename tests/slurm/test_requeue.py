@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -22,6 +23,12 @@ def _spec(out: Path, launcher: str) -> LaunchSpec:
     return LaunchSpec(setup="multi-node", nodes=2, cpu=True, procs_per_node=1, launcher=launcher, time="10",
                       job_name="trainstack-test", log_dir=str(out / "logs"), requeue=True, max_requeues=1,
                       env={"PROBE_OUT": str(out)}, venv=str(Path(sys.executable).parents[1]), program=[PROBE])
+
+
+def _why(env, job_id):
+    out = subprocess.run([sys.executable, "-m", "trainstack", "why", "--json", job_id], env=env, capture_output=True,
+                         text=True, timeout=60)
+    return json.loads(out.stdout)
 
 
 def _job_field(env, job_id, name):
@@ -92,6 +99,9 @@ def test_a_graceful_stop_signalled_to_the_steps_requeues_as_a_time_limit(slurm_e
     log = job.log_path.read_text()
     assert "timeout (exit status 0): requeueing" in log and "crash" not in log and "giving up" not in log
     assert "finished (restart count 1)" in log
+    rows = [json.loads(line) for line in (job.job_dir / "verdicts.jsonl").read_text().splitlines()]
+    assert [(r["attempt"], r["kind"], r["retried"]) for r in rows] == [(0, "time limit", True)], rows
+    assert _why(slurm_env, job.job_id)["kind"] == "completed"
 
 
 def test_a_signal_without_requeue_stops_gracefully_instead_of_killing_the_job(slurm_env, shared_tmp, monkeypatch):
@@ -111,6 +121,8 @@ def test_a_signal_without_requeue_stops_gracefully_instead_of_killing_the_job(sl
     assert wait_for(job, timeout=200) == 0, job.log_path.read_text()
     log = job.log_path.read_text()
     assert "Graceful stop at epoch" in log and "not requeued (no --requeue)" in log, log
+    found = _why(slurm_env, job.job_id)
+    assert found["kind"] == "time limit" and "not requeued" in found["summary"], found
     assert list((run_dir).glob("slurm-*/checkpoints/ckpt-*.pt"))
 
 

@@ -45,30 +45,62 @@ def test_each_fault_gets_its_verdict(env, shared_tmp):  # noqa: F811
     assert "HINT:" in why and "accumulation" in why, why
 
 
-def _requeued(job_env, work, program, *args):
+@pytest.mark.slow
+def test_a_silent_rank_and_a_time_limit_get_their_verdicts(env, shared_tmp):  # noqa: F811
+    """A rank that stops answering a gloo collective is named as the one the others waited for; a job that sleeps
+    into its time limit is a time limit without a graceful stop."""
+    work = shared_tmp / "faults-slow"
+    work.mkdir()
+    shutil.copy(FAULT, work / "_fault.py")
+    common = ["--cpu", "--job-name", JOB, "--log-dir", str(work / "logs"), "--no-snapshot"]
+    silent = job_id_of(ts(env, "submit", *common, "--setup", "multi-node", "--nodes", "2", "--procs-per-node", "2",
+                          "--time", "5", "--env", "TRAINSTACK_TIMEOUT_S=15", "--", "_fault.py", "silent",
+                          cwd=work).stdout)
+    late = job_id_of(ts(env, "submit", *common, "--time", "1", "--", "_fault.py", "forever", cwd=work).stdout)
+    wait_ended(env, [silent, late], timeout=360)
+    found = {job: json.loads(ts(env, "why", "--json", job).stdout) for job in (silent, late)}
+    assert found[silent]["kind"] == "collective failure" and found[silent]["rank"] == 1, found
+    assert "rank 1 stopped answering a collective" in found[silent]["summary"], found
+    assert found[late]["kind"] == "time limit" and "without a graceful stop" in found[late]["summary"], found
+    why = ts(env, "why", late).stdout
+    assert "--signal B:USR2@" in why, why
+
+
+def _requeued(job_env, work, program, *args, policy=()):
     """Submit ``program`` from ``work`` as a requeueing CPU job, as a user would; its job id."""
-    out = ts(job_env, "submit", "--cpu", "--time", "5", "--requeue", "--signal", "B:USR2@30", "--max-requeues", "3",
-             "--job-name", JOB, "--log-dir", str(work / "logs"), "--no-snapshot", "--", program, *args, cwd=work)
+    out = ts(job_env, "submit", "--cpu", "--time", "5", "--requeue", "--signal", "B:USR2@30", "--max-retries", "3",
+             *policy, "--job-name", JOB, "--log-dir", str(work / "logs"), "--no-snapshot", "--", program, *args,
+             cwd=work)
     return job_id_of(out.stdout)
 
 
 @pytest.mark.slow
-def test_a_deterministic_failure_is_retried_once_then_stopped_a_transient_one_completes(env, shared_tmp):  # noqa: F811
+def test_retry_policy_a_bug_is_not_retried_retried_once_when_asked_a_transient_kill_completes(env, shared_tmp):  # noqa: F811
     work = shared_tmp / "retries"
     work.mkdir()
     shutil.copy(FAULT.with_name("_flaky.py"), work / "_flaky.py")
-    jobs = {kind: _requeued(env, work, "_flaky.py", kind) for kind in ("deterministic", "transient")}
+    jobs = {"default": _requeued(env, work, "_flaky.py", "deterministic"),
+            "asked": _requeued(env, work, "_flaky.py", "deterministic", policy=("--retry-on", "all")),
+            "transient": _requeued(env, work, "_flaky.py", "transient")}
     rows = wait_ended(env, list(jobs.values()), timeout=360)
     assert rows[jobs["transient"]][0]["state"].startswith("COMPLETED"), rows
-    assert rows[jobs["deterministic"]][0]["state"].startswith("FAILED"), rows
-    log = ts(env, "logs", jobs["deterministic"]).stdout
+    assert rows[jobs["asked"]][0]["state"].startswith("FAILED"), rows
+    assert rows[jobs["default"]][0]["state"].startswith("FAILED") and rows[jobs["default"]][0]["restarts"] == 0, rows
+    log = ts(env, "logs", jobs["default"]).stdout
+    assert "not retried: python error: ZeroDivisionError" in log and "is not a transient failure" in log, log
+    status = ts(env, "status", jobs["default"]).stdout
+    assert "not retried: python error" in status and "--retry-on 'python error' retries it" in status, status
+    log = ts(env, "logs", jobs["asked"]).stdout
     assert "not retried: python error: ZeroDivisionError: a bug that fails the same way every time" in log, log
     assert "same as attempt 0, no progress" in log, log
-    folder = next((work / "logs").glob(f"*-{jobs['deterministic']}"))
+    folder = next((work / "logs").glob(f"*-{jobs['asked']}"))
     attempts = [json.loads(line) for line in (folder / "verdicts.jsonl").read_text().splitlines()]
-    assert [a["attempt"] for a in attempts] == [0, 1], attempts
-    listed = ts(env, "status", "--attempts", jobs["deterministic"]).stdout
-    assert "attempt 0: python error" in listed and "attempt 1: python error" in listed, listed
+    assert [a["attempt"] for a in attempts] == [0, 1] and [a["retried"] for a in attempts] == [True, False], attempts
+    listed = ts(env, "status", "--attempts", jobs["asked"]).stdout
+    assert "attempt 0: python error" in listed and "-> retried" in listed and "attempt 1: python error" in listed \
+        and "-> stopped" in listed, listed
+    transient = ts(env, "status", "--attempts", jobs["transient"]).stdout
+    assert "attempt 0: killed (signal 9)" in transient and "-> retried" in transient, transient
 
 
 @pytest.mark.slow

@@ -1,11 +1,14 @@
-"""``python -m trainstack._slurm.attempt TASK_DIR STATUS``: the batch script's retry decision after a crash.
+"""``python -m trainstack._slurm.attempt TASK_DIR STATUS [--retry-on KINDS] [--stopped KIND]``: the batch
+script's record of an ended attempt, and its retry decision after a crash.
 
 Records the attempt's verdict in ``TASK_DIR/verdicts.jsonl`` (one row per attempt: restart count, verdict, root
-cause, the blamed host, the last step the log shows) and decides: the same root cause as the previous attempt
-**without progress** (no later step) is not retried (exit 3, with the reason); anything else may be (exit 0;
-``--max-requeues`` still bounds the count). When the verdict blames the machine (a CUDA fault, a node failure), a
-second line ``exclude: HOSTS`` names the hosts the requeued attempt should leave out -- every host blamed so far, as
-long as enough nodes remain. Torch-free, cheap: it reads the job folder (and ``sinfo`` for the node count).
+cause, the blamed host, the last step the log shows, the decision). A graceful stop (``--stopped timeout|preempt``)
+is recorded and continues (a time limit only while each attempt gets further). A crash is retried only when its
+verdict is one of ``--retry-on`` (the transient classes by default: :data:`DEFAULT_RETRY_ON`) and it is not the
+same root cause as the previous attempt **without progress** (no later step); otherwise exit 3 with the reason
+(``--max-retries`` still bounds the count). When the verdict blames the machine (a CUDA fault, a node failure), a
+second line ``exclude: HOSTS`` names the hosts the requeued attempt should leave out -- every host blamed so far,
+as long as enough nodes remain. Torch-free, cheap: it reads the job folder (and ``sinfo`` for the node count).
 """
 
 from __future__ import annotations
@@ -18,7 +21,15 @@ import sys
 import time
 from pathlib import Path
 
-from .verdict import HOST_FAULTS, verdict
+from .verdict import HOST_FAULTS, KINDS, verdict
+
+#: Failures worth another attempt by default: the machine's or the network's, not the program's. A Python error or
+#: a CUDA out-of-memory fails the same way again; a hang or an unknown end may not (and the same-cause rule stops
+#: a repeat without progress).
+DEFAULT_RETRY_ON = ("node failure", "collective failure", "killed (signal 9)", "cuda error", "hang", "unknown")
+#: The verdicts a crash can get (what --retry-on may name, besides ``all`` and ``none``).
+FAILURES = tuple(k for k in KINDS if k not in ("completed", "cancelled", "preempted", "running"))
+_STOPPED = {"timeout": "time limit", "preempt": "preempted"}
 
 _STEP = re.compile(r"\| step (\d+)")
 
@@ -33,37 +44,89 @@ def last_step(folder: Path) -> int | None:
     return max(steps) if steps else None
 
 
-def decide(folder: Path, status: int) -> tuple[bool, str]:
-    """(retry?, the line that says why) for the attempt that just ended with ``status``."""
-    found = verdict("FAILED", folder, None)
+def parse_retry_on(text: str) -> tuple[str, ...]:
+    """``--retry-on``: comma-separated verdict kinds, or ``all`` / ``none``; an unknown kind is a ValueError naming
+    the valid ones."""
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if words == ["all"]:
+        return FAILURES
+    if words in ([], ["none"]):
+        return ()
+    bad = [w for w in words if w not in FAILURES]
+    if bad:
+        raise ValueError(f"{', '.join(map(repr, bad))} is not a failure verdict; valid: all, none, "
+                         f"{', '.join(FAILURES)}")
+    return tuple(words)
+
+
+def decide(folder: Path, status: int, retry_on: tuple[str, ...] = DEFAULT_RETRY_ON) -> tuple[bool, str]:
+    """(retry?, the line that says why) for the attempt that just crashed with ``status``; recorded in
+    ``verdicts.jsonl`` with the decision."""
+    found = verdict("FAILED", folder, None, status)
     cause = f"{found.kind}: {found.summary.split(';')[0]}"
     host = found.host or _host_of_rank(found.rank, folder)
     record = {"attempt": int(os.environ.get("SLURM_RESTART_COUNT", "0")), "kind": found.kind,
               "summary": found.summary, "cause": cause, "rank": found.rank, "host": host,
               "blamed": host if found.kind in HOST_FAULTS else None, "step": last_step(folder), "status": status,
               "time": time.time()}
-    history = folder / "verdicts.jsonl"
-    previous = None
-    if history.exists():
-        rows = [json.loads(line) for line in history.read_text().splitlines() if line.strip()]
-        previous = rows[-1] if rows else None
-    with open(history, "a") as fh:
-        fh.write(json.dumps(record) + "\n")
-    if previous is not None and previous.get("cause") == cause:
+    rows = history(folder)
+    previous = rows[-1] if rows else None
+    retry, line = True, f"attempt {record['attempt']} ended with {cause}; retrying"
+    if found.kind not in retry_on:
+        retry, line = False, (f"not retried: {cause} ({found.kind} is not a transient failure; --retry-on "
+                              f"'{found.kind}' retries it)")
+    elif previous is not None and previous.get("cause") == cause:
         before, now = previous.get("step"), record["step"]
         if now is None or (before is not None and now <= before):
-            return False, (f"not retried: {cause}, same as attempt {previous['attempt']}, no progress (last step "
-                           f"{now if now is not None else 'unknown'})")
-    return True, f"attempt {record['attempt']} ended with {cause}; retrying"
+            retry, line = False, (f"not retried: {cause}, same as attempt {previous['attempt']}, no progress "
+                                  f"(last step {now if now is not None else 'unknown'})")
+    _append(folder, {**record, "retried": retry, "decision": line})
+    return retry, line
+
+
+def stopped(folder: Path, status: int, kind: str) -> tuple[bool, str]:
+    """(continue?, why) for an attempt that stopped gracefully with a checkpoint (``timeout`` before the time
+    limit, ``preempt``), recorded like a crash. A preemption always continues; a time-limit stop continues while
+    each attempt gets further than the one before (a run that cannot reach a new step within the time limit would
+    otherwise requeue forever)."""
+    found = _STOPPED.get(kind, kind)
+    attempt, step = int(os.environ.get("SLURM_RESTART_COUNT", "0")), last_step(folder)
+    rows = history(folder)
+    previous = rows[-1] if rows else None
+    go, line = True, f"attempt {attempt} stopped gracefully ({found}) at step {step}; continuing"
+    if kind == "timeout" and previous is not None and previous.get("kind") == found and \
+            (step is None or (previous.get("step") is not None and step <= previous["step"])):
+        go, line = False, (f"not requeued: {found} again at step {step}, no progress since attempt "
+                           f"{previous['attempt']} (a longer --time, or a smaller first step)")
+    _append(folder, {"attempt": attempt, "kind": found, "summary": "graceful stop with a checkpoint",
+                     "cause": f"{found}: graceful stop", "rank": None, "host": None, "blamed": None, "step": step,
+                     "status": status, "time": time.time(), "retried": go, "decision": line})
+    return go, line
+
+
+def history(folder: Path) -> list[dict]:
+    """The recorded attempts of this job folder, oldest first (a torn last line is skipped)."""
+    try:
+        lines = (folder / "verdicts.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def _append(folder: Path, record: dict) -> None:
+    with open(folder / "verdicts.jsonl", "a") as fh:
+        fh.write(json.dumps(record) + "\n")
 
 
 def excluded(folder: Path) -> list[str]:
     """Every host a verdict of this job blamed, when leaving them all out still leaves the job enough nodes."""
-    try:
-        rows = [json.loads(line) for line in (folder / "verdicts.jsonl").read_text().splitlines() if line.strip()]
-    except OSError:
-        return []
-    hosts = sorted({r["blamed"] for r in rows if r.get("blamed")})
+    hosts = sorted({r["blamed"] for r in history(folder) if r.get("blamed")})
     need = int(os.environ.get("SLURM_NNODES", "1"))
     return hosts if hosts and _node_count() - len(hosts) >= need else []
 
@@ -99,11 +162,25 @@ def _node_count() -> int:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        print("usage: python -m trainstack._slurm.attempt TASK_DIR STATUS", file=sys.stderr)
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m trainstack._slurm.attempt")
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("status", type=int)
+    parser.add_argument("--retry-on", default=",".join(DEFAULT_RETRY_ON))
+    parser.add_argument("--stopped", choices=sorted(_STOPPED))
+    args = parser.parse_args(argv[1:])
+    if args.stopped:
+        go, line = stopped(args.folder, args.status, args.stopped)
+        print(line)
+        return 0 if go else 3
+    try:
+        retry_on = parse_retry_on(args.retry_on)
+    except ValueError as exc:
+        print(f"--retry-on: {exc}", file=sys.stderr)
         return 2
-    folder = Path(argv[1])
-    retry, line = decide(folder, int(argv[2]))
+    folder = args.folder
+    retry, line = decide(folder, args.status, retry_on)
     print(line)
     hosts = excluded(folder) if retry else []
     if hosts:

@@ -19,6 +19,7 @@ from typing import Any
 
 from .._choices import PORT_BASE, PORT_SPAN
 from ..errors import ConfigError
+from .attempt import DEFAULT_RETRY_ON, parse_retry_on
 from .jobfolder import JobPaths, safe_name
 from .program import KINDS, Program, ambiguous_for_torchrun, parse_program
 
@@ -77,7 +78,9 @@ class LaunchSpec:
     exclusive: bool = False
     requeue: bool = False
     signal: str | None = None
-    max_requeues: int = 3
+    max_requeues: int | None = None
+    max_retries: int = 3
+    retry_on: str = ",".join(DEFAULT_RETRY_ON)
     env: dict[str, str] = field(default_factory=dict)
     nccl_ifname: str | None = None
     nccl_debug: str | None = None
@@ -103,14 +106,16 @@ class LaunchSpec:
 
     # ------------------------------------------------------------------ validation
     def _check_types(self) -> None:
-        for name, kind in (("nodes", int), ("max_requeues", int), ("max_restarts", int)):
+        for name, kind in (("nodes", int), ("max_retries", int), ("max_restarts", int)):
             _expect(name, getattr(self, name), kind)
-        for name in ("gpus_per_node", "procs_per_node", "cpus_per_task"):
+        if isinstance(self.retry_on, (list, tuple)):  # a list of kinds, as a profile writes it
+            object.__setattr__(self, "retry_on", ",".join(map(str, self.retry_on)))
+        for name in ("gpus_per_node", "procs_per_node", "cpus_per_task", "max_requeues"):
             if getattr(self, name) is not None:
                 _expect(name, getattr(self, name), int)
         for name in ("cpu", "exclusive", "requeue", "explain"):
             _expect(name, getattr(self, name), bool)
-        for name in ("setup", "launcher", "time", "job_name", "log_dir", "container", "python"):
+        for name in ("setup", "launcher", "time", "job_name", "log_dir", "container", "python", "retry_on"):
             _expect(name, getattr(self, name), str)
         for name in ("program", "bind", "setup_cmd"):
             value = getattr(self, name)
@@ -201,8 +206,14 @@ class LaunchSpec:
                 if "," in (getattr(self, name) or "") or ":" in (getattr(self, name) or ""):
                     raise SpecError(_opt(name), f"{getattr(self, name)!r}: pyxis mounts it into the container, and "
                                                 f"its mount list cannot hold a path with ',' or ':'")
-        if self.max_requeues < 0:
+        if self.max_requeues is not None and self.max_requeues < 0:
             raise SpecError("--max-requeues", f"{self.max_requeues} is less than 0")
+        if self.max_retries < 0:
+            raise SpecError("--max-retries", f"{self.max_retries} is less than 0")
+        try:
+            parse_retry_on(self.retry_on)
+        except ValueError as exc:
+            raise SpecError("--retry-on", str(exc)) from None
         if self.max_restarts < 0:
             raise SpecError("--max-restarts", f"{self.max_restarts} is less than 0")
         if self.max_restarts and self.launcher != "torchrun":

@@ -29,6 +29,7 @@ _CUDA_OOM = re.compile(r"OutOfMemoryError|CUDA out of memory", re.IGNORECASE)
 _CUDA_FAULT = re.compile(r"CUDA error|illegal memory access|uncorrectable ECC|unhandled cuda error|Xid", re.IGNORECASE)
 _SIGKILL = re.compile(r"killed by SIGKILL|Killed$|oom-kill|signal 9|exit code 137|OUT_OF_MEMORY", re.IGNORECASE)
 _GRACEFUL = re.compile(r"Graceful stop at epoch \d+, step \d+|Interrupted at epoch \d+, step \d+")
+_NOT_REQUEUED = re.compile(r"stopped gracefully with a complete checkpoint \((\w+)\); not requeued")
 _RANK_LOG = re.compile(r"rank-(\d+)\.out$")
 _PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 _KILLED_TASK = re.compile(r"srun: error: (?P<host>\S+): task (?P<task>\d+): (?:Exited with exit code 137|Killed)")
@@ -69,15 +70,19 @@ class Verdict:
         return json.dumps(asdict(self))
 
 
-def verdict(state: str, folder: Path | None, log: Path | None) -> Verdict:
-    """The verdict for a job in Slurm ``state`` with its job folder and combined log (either may be missing)."""
+def verdict(state: str, folder: Path | None, log: Path | None, status: int | None = None) -> Verdict:
+    """The verdict for a job in Slurm ``state`` with its job folder and combined log (either may be missing);
+    ``status``: the launch's exit status when the caller knows it (the batch script, right after an attempt)."""
     base = state.split(" (")[0].split()[0] if state else "UNKNOWN"
     if base in ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED"):
         return Verdict("running", f"the job is {base.lower()}")
     texts = _rank_texts(folder)
     combined = _read(log)
-    exit_code = _read(folder / "exit_code").strip().splitlines()[-1:] if folder else []
-    hang = _hang_summary(folder)
+    exit_code = [str(status)] if status is not None else \
+        (_read(folder / "exit_code").strip().splitlines()[-1:] if folder else [])
+    if base == "COMPLETED":  # a requeued job's log also holds the failures of its earlier attempts
+        return _stopped_early(combined) or Verdict("completed", "the job ended with exit code 0")
+    hang = _hang_summary(folder) or _hang_in_logs([combined, *texts.values()])
     if hang is not None:
         return _done(Verdict("hang", hang[0], evidence=hang))
     if (folder is not None and (folder / "cancelled").exists()) or base == "CANCELLED":
@@ -94,7 +99,8 @@ def verdict(state: str, folder: Path | None, log: Path | None) -> Verdict:
     failed = _first_failure(texts, combined)
     if failed is not None and failed.kind != "collective failure":
         return _done(failed)
-    if base == "OUT_OF_MEMORY" or _SIGKILL.search(combined):  # a killed rank leaves no traceback, only a cascade
+    # a killed rank leaves no traceback, only a cascade
+    if base == "OUT_OF_MEMORY" or _SIGKILL.search(combined) or exit_code == ["137"]:
         killed = _KILLED_TASK.search(combined)
         rank, host = (int(killed.group("task")), killed.group("host")) if killed else (None, None)
         where = f" (rank {rank} on {host})" if killed else ""
@@ -102,7 +108,7 @@ def verdict(state: str, folder: Path | None, log: Path | None) -> Verdict:
                              f"killer, Slurm's memory limit or a kill -9", rank, host, _matching(combined, _SIGKILL)))
     if failed is not None:
         return _done(failed)
-    if base == "COMPLETED" or exit_code == ["0"]:
+    if exit_code == ["0"]:
         return Verdict("completed", "the job ended with exit code 0")
     return _done(Verdict("unknown", f"Slurm state {base}, exit code {''.join(exit_code) or '?'}",
                          evidence=_tail(combined)))
@@ -135,11 +141,37 @@ def _first_failure(texts: dict[int, str], combined: str) -> Verdict | None:
         return Verdict("cuda error", f"{text[:200]}{where} (a GPU or driver fault: the host is suspect)", rank, host,
                        [text, frame])
     if not primary:
-        return Verdict("collective failure", f"{kind_line}{where} (no rank failed first in its own code)", rank, host,
-                       [text, frame])
+        return _stopped_first(texts, kind_line, where, rank, host, [text, frame])
     others = sorted(r for r in errors if r != rank and r is not None)
     cascade = f"; ranks {', '.join(map(str, others))} failed after it" if others else ""
     return Verdict("python error", f"{text[:200]}{where} at {frame}{cascade}", rank, host, [text, frame])
+
+
+def _stopped_early(combined: str) -> Verdict | None:
+    """A job that ended cleanly after a graceful stop it was not requeued from (no --requeue): the training is not
+    done, only the attempt."""
+    m = _NOT_REQUEUED.search(combined[max(combined.rfind("trainstack: finished (restart count"), 0):])
+    if m is None:
+        return None
+    kind = "preempted" if m.group(1) == "preempt" else "time limit"
+    return _done(Verdict(kind, f"stopped gracefully with a checkpoint ({m.group(1)}) and not requeued (no "
+                               f"--requeue): resume='auto' continues it", evidence=[m.group(0)]))
+
+
+def _stopped_first(texts: dict[int, str], kind_line: str, where: str, rank: int | None, host: str | None,
+                   evidence: list[str]) -> Verdict:
+    """A collective failure: every rank that failed, failed waiting on the others. A rank with a log but no error
+    of its own is the one that stopped answering (stuck, or killed without a trace): it is the suspect."""
+    silent = sorted(r for r, text in texts.items() if _last_error(text) is None)
+    if silent and len(silent) < len(texts):
+        suspect = silent[0]
+        shost = _host_of(texts[suspect]) or None
+        at = f" ({shost})" if shost else ""
+        others = ", ".join(str(r) for r in sorted(texts) if r not in silent)
+        return Verdict("collective failure", f"rank {suspect}{at} stopped answering a collective; ranks {others} "
+                       f"failed waiting for it ({kind_line})", suspect, shost, evidence)
+    return Verdict("collective failure", f"{kind_line}{where} (no rank failed first in its own code)", rank, host,
+                   evidence)
 
 
 def _last_error(text: str) -> tuple[str, str, str] | None:
@@ -192,6 +224,17 @@ def _hang_summary(folder: Path | None) -> list[str] | None:
     lines = [line for line in _read(summaries[-1]).splitlines() if line.strip()]
     behind = [line for line in lines if "behind" in line or "sent no report" in line]
     return (behind or lines[:1]) + [f"report: {summaries[-1].parent}"]
+
+
+def _hang_in_logs(texts: list[str]) -> list[str] | None:
+    """The watchdog's printed report (its SUMMARY.txt lives in the run folder, which may be anywhere)."""
+    for text in texts:
+        at = text.rfind("trainstack hang report")
+        if at >= 0:
+            block = [_PREFIX.sub("", line) for line in text[at:].splitlines()[:60]]
+            behind = [line for line in block if "behind" in line or "sent no report" in line]
+            return behind[:3] + [block[0][:300]]
+    return None
 
 
 def _matching(text: str, pattern: re.Pattern[str]) -> list[str]:
