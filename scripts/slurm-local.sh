@@ -39,6 +39,9 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 KillWait=10
+# a node whose slurmd stops answering is DOWN (its jobs NODE_FAIL) within ~30 s, not Slurm's default 300 s:
+# tests/slurm/test_verdicts.py kills one slurmd to make a node failure
+SlurmdTimeout=30
 # ended jobs leave slurmctld quickly, as on a busy cluster: trainstack status must fall back to the job folder
 MinJobAge=10
 GresTypes=gpu

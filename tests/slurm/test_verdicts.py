@@ -118,3 +118,47 @@ def test_a_host_fault_leaves_the_host_out_of_the_requeued_attempt(env, shared_tm
     shown = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True,
                            timeout=30).stdout
     assert f"ExcNodeList={hosts['0']}" in shown, shown
+
+
+def _node_state(job_env, node):
+    return subprocess.run(["sinfo", "-h", "-n", node, "-o", "%t"], env=job_env, capture_output=True, text=True,
+                          timeout=30).stdout.strip()
+
+
+@pytest.mark.slow
+def test_a_node_whose_slurmd_dies_is_a_node_failure_naming_the_host(env, shared_tmp):  # noqa: F811
+    """A real node failure: node2's slurmd is killed by pid mid-job; Slurm marks node2 down (SlurmdTimeout=30 in
+    scripts/slurm-local.sh) and the job NODE_FAIL; the verdict names node2. node2 is brought back afterwards."""
+    work = shared_tmp / "nodefail"
+    work.mkdir()
+    shutil.copy(FAULT, work / "_fault.py")
+    conf = Path(env["SLURM_CONF"])
+    pidfile = conf.parent / "slurmd-node2.pid"
+    if not pidfile.exists():
+        pytest.skip(f"no {pidfile}: the node-failure test needs scripts/slurm-local.sh's cluster")
+    job = job_id_of(ts(env, "submit", "--cpu", "--nodelist", "node2", "--time", "5", "--job-name", JOB, "--log-dir",
+                       str(work / "logs"), "--no-snapshot", "--", "_fault.py", "forever", cwd=work).stdout)
+    # Slurm itself requeues a batch job whose node failed (JobRequeue=1): this one must end NODE_FAIL instead
+    subprocess.run(["scontrol", "update", f"JobId={job}", "Requeue=0"], env=env, check=True, timeout=30)
+    try:
+        deadline = time.monotonic() + 120
+        while "step 3" not in "".join(p.read_text() for p in (work / "logs").rglob("rank-0.out")):
+            assert time.monotonic() < deadline, ts(env, "logs", job, check=False).stdout
+            time.sleep(1)
+        killed = time.monotonic()
+        subprocess.run(["kill", "-9", pidfile.read_text().strip()], check=True, timeout=10)
+        rows = wait_ended(env, [job], timeout=200)
+        print(f"slurmd killed -> job NODE_FAIL after {time.monotonic() - killed:.0f} s")
+        assert rows[job][0]["state"].startswith("NODE_FAIL"), rows
+        found = json.loads(ts(env, "why", "--json", job).stdout)
+        assert found["kind"] == "node failure" and found["host"] == "node2", found
+        assert "down now: node2" in ts(env, "status", job).stdout
+    finally:
+        if subprocess.run(["pgrep", "-f", f"slurmd -f {conf} -N node2"], capture_output=True).returncode != 0:
+            subprocess.run(["slurmd", "-f", str(conf), "-N", "node2"], check=False, timeout=30)
+        deadline = time.monotonic() + 120
+        while _node_state(env, "node2") != "idle" and time.monotonic() < deadline:
+            time.sleep(1)
+        subprocess.run(["pkill", "-f", f"{work}/_fault.py"], check=False)  # the failed node's orphaned rank
+        subprocess.run(["pkill", "-9", "-f", "_fault.py forever"], check=False)
+    assert _node_state(env, "node2") == "idle", "node2 did not come back after the node-failure test"

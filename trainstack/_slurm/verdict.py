@@ -88,7 +88,10 @@ def verdict(state: str, folder: Path | None, log: Path | None, status: int | Non
     if (folder is not None and (folder / "cancelled").exists()) or base == "CANCELLED":
         return _done(Verdict("cancelled", "cancelled by the user (trainstack cancel / scancel)"))
     if base == "NODE_FAIL":
-        return _done(Verdict("node failure", "Slurm marked a node of the job as failed", evidence=_tail(combined)))
+        down = _down_nodes()
+        now = f" (down now: {', '.join(down)})" if down else ""
+        return _done(Verdict("node failure", f"Slurm marked a node of the job as failed{now}",
+                             host=down[0] if len(down) == 1 else None, evidence=_tail(combined)))
     graceful = [m.group(0) for m in _GRACEFUL.finditer(combined)]
     if base == "TIMEOUT":
         done = f"after a graceful stop ({graceful[-1]})" if graceful else "without a graceful stop (no checkpoint " \
@@ -145,6 +148,18 @@ def _first_failure(texts: dict[int, str], combined: str) -> Verdict | None:
     others = sorted(r for r in errors if r != rank and r is not None)
     cascade = f"; ranks {', '.join(map(str, others))} failed after it" if others else ""
     return Verdict("python error", f"{text[:200]}{where} at {frame}{cascade}", rank, host, [text, frame])
+
+
+def _down_nodes() -> list[str]:
+    """Nodes Slurm has down, drained or not responding now (with their reason), best effort."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-t", "down,drain,fail,no_respond", "-o", "%N"],
+                             capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return sorted(set(out.split()))
 
 
 def _stopped_early(combined: str) -> Verdict | None:
