@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader
 from . import _envvars as envvars
 from ._choices import BACKENDS, COMPUTE_SETUPS, DEFAULT_COMPUTE_SETUP, LOG_SETUPS, STRATEGIES
 from ._runtime import collectives as collectives
+from ._runtime import compiling
 from ._runtime import layout as _layout
 from ._runtime import loop as _loop
 from ._runtime import preload as _preload
@@ -107,12 +108,13 @@ class Accelerator:
                  fsdp_param_dtype: torch.dtype | None = None, hang_timeout: float | None = None, *,
                  device_placement: bool = True, mixed_precision: str = "no", gradient_accumulation_steps: int = 1,
                  cpu: bool = False, log_with: str | None = None, project_dir: str | os.PathLike | None = None,
-                 **unknown: Any) -> None:
+                 compile: bool | dict[str, Any] = False, **unknown: Any) -> None:
         if unknown:
             _loop.refuse_keywords(unknown)
         compute_setup = "cpu" if cpu else compute_setup
         _check_arguments(nprocs, compute_setup, log_setup, backend, dtype, strategy, fsdp_blocks)
         self.hang_timeout = resolve_timeout(hang_timeout)
+        self.compile_options = compiling.compile_options(compile, "Accelerator(compile=)")
         self.strategy, self.fsdp_blocks = strategy, tuple(fsdp_blocks) if fsdp_blocks else None
         self.fsdp_min_params, self.fsdp_param_dtype = fsdp_min_params, fsdp_param_dtype
         self.nprocs = nprocs
@@ -267,12 +269,15 @@ class Accelerator:
             ProcessGroupSession(self._ctx(), self.backend, host_store=plan.rank_offset == 0).start()
 
     # ------------------------------------------------------------------ preparing objects
-    def prepare(self, *objs: Any) -> Any:
-        """Move models to the device (DDP-wrapped when world > 1) and shard DataLoaders.
+    def prepare(self, *objs: Any, compile: bool | dict[str, Any] | None = None) -> Any:
+        """Move models to the device (compiled when asked, DDP-wrapped when world > 1) and shard DataLoaders.
 
         Optimizers keep optimizing the prepared model's parameters. ``None`` and unknown objects pass
-        through. Returns one object for one argument, else a tuple of the same length.
+        through. Returns one object for one argument, else a tuple of the same length. ``compile`` overrides
+        the Accelerator's for these models.
         """
+        if compile is not None:
+            self.compile_options = compiling.compile_options(compile, "prepare(compile=)")
         self.setup()
         _loop.STATE.accumulation = self.gradient_accumulation_steps
         moved: dict[int, nn.Parameter] = {}
@@ -325,8 +330,12 @@ class Accelerator:
         """
         from ._runtime.fsdp import is_sharded, shard
 
+        model, user_compiled = compiling.unwrap_compiled(model)
+        options = self.compile_options if self.compile_options is not None else ({} if user_compiled else None)
         if isinstance(model, DistributedDataParallel) or is_sharded(model):
             return model
+        if options is not None:
+            compiling.use_cache(compiling.cache_folder(None))  # the Trainer re-points it at its run folder
         before = {name: id(p) for name, p in model.named_parameters()}
         model = model.to(device=self.device, dtype=self.dtype) if self.dtype else model.to(self.device)
         wrapped = model
@@ -335,12 +344,15 @@ class Accelerator:
                 log.warning("Model has no trainable parameters; not wrapping it for data parallelism.")
             elif self.strategy == "fsdp":
                 wrapped = shard(model, self.world_size, self.device.type, self.fsdp_blocks, self.fsdp_min_params,
-                                self.fsdp_param_dtype)
+                                self.fsdp_param_dtype, compile_options=options)
+                options = None  # compiled block by block before sharding
             else:
                 wrapped = DistributedDataParallel(model, device_ids=[self.device.index] if self.use_cuda else None)
         elif self.strategy == "fsdp" and self.is_main_process:
             print("trainstack: strategy='fsdp' on one process: nothing to shard, the model is trained whole "
                   "(checkpoints are still sharded DCP folders, which resume on any number of processes).", flush=True)
+        if options is not None:  # in place: DDP's module is this one, state_dict keys stay plain
+            compiling.compile_in_place(model, options)
         if moved is not None:
             for name, p in model.named_parameters():
                 if id(p) != before.get(name):
@@ -394,10 +406,10 @@ class Accelerator:
 
     @staticmethod
     def unwrap_model(model: nn.Module) -> nn.Module:
-        """The user's module inside DDP (or the module itself)."""
+        """The user's module inside DDP and ``torch.compile`` (or the module itself)."""
         while isinstance(model, DistributedDataParallel):
             model = model.module
-        return model
+        return compiling.unwrap_compiled(model)[0]
 
     seed_everything = staticmethod(seed_everything)
 

@@ -28,6 +28,7 @@ from ._choices import (
     STRATEGIES,
     TRACKING_TOOLS,
 )
+from ._runtime.compiling import compile_options
 from .errors import ConfigError, UnknownField
 
 __all__ = ["TrainConfig"]
@@ -117,6 +118,10 @@ class TrainConfig:
     mixed_precision: str = "no"
     """``no``, ``bf16`` (autocast; with fsdp, FSDP's bf16 compute with fp32 reductions) or ``fp16`` (autocast +
     GradScaler, CUDA only)."""
+    compile: bool | dict[str, Any] = False
+    """``torch.compile`` the model: True, or a dict of its options (``mode``, ``fullgraph``, ``dynamic``,
+    ``backend``, ``options``). In place, so checkpoints keep the plain keys; the first step compiles under a long
+    window; the compile cache lives in the run folder, so a requeued run starts warm."""
     strategy: str = "ddp"
     """``ddp``: every process holds the whole model. ``fsdp``: FSDP2 shards parameters, gradients and optimizer
     state across the processes (for models that outgrow one device)."""
@@ -153,6 +158,7 @@ class TrainConfig:
     finite checkpoint is kept. False: train on."""
 
     def __post_init__(self) -> None:
+        compile_options(self.compile, "TrainConfig.compile")
         self.root_folder = _as_path("root_folder", self.root_folder)
         self.log_folder = _as_path("log_folder", self.log_folder)
         for name in ("max_iter", "print_every", "write_every", "checkpoint_every", "plot_every", "val_every",
@@ -499,6 +505,8 @@ def _parse_value(name: str, text: str) -> Any:
     if lowered in ("none", "null") and "None" in kind:
         return None
     try:
+        if name == "compile" and lowered.startswith("{"):
+            return json.loads(text)
         if kind.startswith("bool"):
             if lowered not in ("true", "false", "1", "0", "yes", "no"):
                 raise ValueError(text)

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ._runtime import watchdog
+from ._runtime import compiling, watchdog
 from ._runtime.preemption import GracefulStop
 from ._runtime.watchdog import heartbeat
 from ._train import handoff, notes, qadence, run
@@ -53,9 +53,10 @@ __all__ = ["Trainer"]
 log = logging.getLogger(__name__)
 
 
-def _accelerator_for(config: TrainConfig, model: nn.Module) -> Accelerator:
+def _accelerator_for(config: TrainConfig, model: nn.Module, compiled_by_user: bool = False) -> Accelerator:
     """The runtime a TrainConfig asks for (the Trainer runs its own hang watchdog, with heartbeats from its loop);
-    FSDP blocks the model does not have are an error here, before any process starts."""
+    FSDP blocks the model does not have are an error here, before any process starts. A model the user compiled
+    is compiled again in place (default options) unless ``compile`` says how."""
     if config.strategy == "fsdp" and config.fsdp_blocks:
         from ._runtime.fsdp import check_blocks
 
@@ -63,7 +64,7 @@ def _accelerator_for(config: TrainConfig, model: nn.Module) -> Accelerator:
     return Accelerator(
         nprocs=config.nprocs, compute_setup=config.compute_setup, log_setup=config.log_setup, dtype=config.dtype,
         backend=config.backend, strategy=config.strategy, fsdp_blocks=config.fsdp_blocks,
-        fsdp_min_params=config.fsdp_min_params, hang_timeout=0,
+        fsdp_min_params=config.fsdp_min_params, hang_timeout=0, compile=config.compile or compiled_by_user,
         fsdp_param_dtype=torch.bfloat16 if config.strategy == "fsdp" and config.mixed_precision == "bf16" else None)
 
 
@@ -124,6 +125,7 @@ class Trainer:
         if scheduler_interval not in ("epoch", "step"):
             raise ConfigError(f"scheduler_interval={scheduler_interval!r}: must be 'epoch' (step the scheduler after "
                               f"every epoch) or 'step' (after every optimizer step).")
+        model, compiled_by_user = compiling.unwrap_compiled(model)  # checkpoints hold the plain module's keys
         self.model, self.optimizer, self.config = model, optimizer, config
         refuse_qadence_hooks(type(self), Trainer)
         check_optimizer(optimizer, self.use_grad)
@@ -135,7 +137,7 @@ class Trainer:
         self.max_batches = max_batches if max_batches is not None else config.max_batches
         self.scheduler = LRScheduler(scheduler, on="optimizer_step" if scheduler_interval == "step" else
                                      "train_epoch_end") if scheduler is not None else None
-        self.accelerator = _accelerator_for(config, model)
+        self.accelerator = _accelerator_for(config, model, compiled_by_user)
         check_step_options(config, optimizer, self._custom_step, self.use_grad, self.accelerator.use_cuda)
         self.current_epoch = self.global_step = self.global_batch = 0
         self.run_folder: Path | None = None
@@ -341,7 +343,7 @@ class Trainer:
                     return True
                 hb.phase = "data"
         except Exception as exc:
-            if self.global_step == self._first_step and hasattr(exc, "add_note"):
+            if self.global_step == self._first_step and not isinstance(exc, ConfigError):
                 exc.add_note(notes.first_step_note(batch))
             raise
         self.metrics = self._epoch_means(sums, n)

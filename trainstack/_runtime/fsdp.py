@@ -60,15 +60,23 @@ def _blocks_by_size(model: nn.Module, min_params: int) -> list[nn.Module]:
 
 
 def shard(model: nn.Module, world_size: int, device_type: str, blocks: Sequence[str] | None = None,
-          min_params: int = 1_000_000, param_dtype: torch.dtype | None = None) -> nn.Module:
-    """``fully_shard`` each block, then the root (in place; the same object is returned)."""
+          min_params: int = 1_000_000, param_dtype: torch.dtype | None = None,
+          compile_options: dict | None = None) -> nn.Module:
+    """``fully_shard`` each block, then the root (in place; the same object is returned); with
+    ``compile_options``, each block is compiled (in place) before it is sharded, as torchtitan does -- the root
+    itself when there is no block."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device_type, (world_size,))
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype \
         else MixedPrecisionPolicy()
-    for block in (_blocks_by_name(model, blocks) if blocks else _blocks_by_size(model, min_params)):
+    picked = _blocks_by_name(model, blocks) if blocks else _blocks_by_size(model, min_params)
+    if compile_options is not None:
+        from .compiling import compile_in_place
+
+        compile_in_place(model, compile_options, picked)
+    for block in picked:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model

@@ -198,6 +198,7 @@ class Watchdog(threading.Thread):
         self.dump_dir, self.store, self.job_dir, self.report_file = Path(dump_dir), store, job_dir, report_file
         self.interval = max(min(5.0, timeout / 6 if timeout else 5.0), 0.2)
         self.armed = bool(armed and timeout)  # the Trainer's banner says so
+        self.first_window = 0.0  # the least the first step may take (it compiles): first_step_window()
         self._halt = threading.Event()
         self._seen: dict[int, tuple[Any, ...]] = {}
         self._last_change = time.monotonic()
@@ -241,11 +242,12 @@ class Watchdog(threading.Thread):
                   f"(hang_timeout / TRAINSTACK_HANG_TIMEOUT; 0 turns it off).", file=sys.stderr, flush=True)
 
     def _allowance(self, everyone: dict[int, dict[str, Any]]) -> float:
-        """Three times the timeout until every rank finished its first step, and while any rank is in a slow
-        phase (checkpointing, callbacks)."""
+        """Three times the timeout until every rank finished its first step (at least the compile window when the
+        first step compiles), and while any rank is in a slow phase (checkpointing, callbacks)."""
         first = any(int(b.get("beats") or 0) < 1 for b in everyone.values()) or len(everyone) < self.world
         slow = any(b.get("phase") in _SLOW_PHASES for b in everyone.values())
-        return self.timeout * (3 if first or slow else 1)
+        allowance = self.timeout * (3 if first or slow else 1)
+        return max(allowance, self.first_window) if first else allowance
 
     def _exchange(self, mine: dict[str, Any]) -> dict[int, dict[str, Any]]:
         if self.store is None or self.world == 1:
@@ -346,6 +348,12 @@ def start(rank: int, world: int, timeout: float, dump_dir: Path, store: Any = No
                         armed)
     _current.start()
     return _current
+
+
+def first_step_window(seconds: float) -> None:
+    """Allow the first step at least ``seconds`` on every rank (it compiles: ``torch.compile``)."""
+    if _current is not None:
+        _current.first_window = seconds
 
 
 def stop() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from torch import nn
 
 from .. import _envvars as envvars
-from .._runtime import watchdog
+from .._runtime import compiling, watchdog
 from .._runtime.preemption import INTERRUPT, GracefulStop, resolve_signals
 from ..accelerator import retarget_optimizer, seed_everything
 from ..callbacks import CallbackManager, ModelCheckpoint
@@ -67,6 +67,10 @@ def start(t: Any) -> None:
                                   cfg.async_checkpoint)
     watchdog.start(acc.rank, acc.world_size, watchdog.resolve_timeout(cfg.hang_timeout), t.run_folder,
                    watchdog.default_store(), armed=True)
+    if acc.compile_options is not None:  # the first step compiles: a long window, the run's own cache
+        t.compile_cache = compiling.use_cache(compiling.cache_folder(t.run_folder))
+        watchdog.first_step_window(compiling.window())
+        t.step = compiling.FirstStep(t.step, acc, t.console_print)
     t.callbacks = CallbackManager(t._user_callbacks(), acc.is_main_process)
     start_reports(t, resume(t))
 

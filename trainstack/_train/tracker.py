@@ -204,6 +204,12 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def compile_window() -> float:
+    from .._runtime.compiling import window
+
+    return window()
+
+
 def banner_info(trainer: Any, span: Span, hang_timeout: float) -> dict[str, Any]:
     """What the start banner shows: the data, the processes, the batch sizes, the steps ahead, the folder."""
     acc, cfg, loader = trainer.accelerator, trainer.config, trainer.train_dataloader
@@ -222,6 +228,11 @@ def banner_info(trainer: Any, span: Span, hang_timeout: float) -> dict[str, Any]
                          f"callbacks)" if hang_timeout else "off"}
     if cfg.max_steps is not None:
         info["Max steps"] = cfg.max_steps
+    if acc.compile_options is not None:
+        cache = getattr(trainer, "compile_cache", None)
+        info["Compile"] = (f"torch.compile({', '.join(f'{k}={v!r}' for k, v in acc.compile_options.items())}): "
+                           f"compiling... (the first step may take {compile_window():g} s on every rank); cache: "
+                           f"{cache or 'torch default'}")
     if is_infinite(trainer._train_loader) and not trainer.max_batches:
         info["Batches per epoch"] = "1 (an endless loader; set max_batches for more)"
     if trainer.current_epoch or trainer.global_step:

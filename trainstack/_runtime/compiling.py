@@ -1,0 +1,198 @@
+"""``torch.compile`` for prepared models: safe on many ranks, warm across requeues.
+
+* **In place** (``nn.Module.compile``): the module object and its ``state_dict`` keys stay the plain module's (no
+  ``_orig_mod.``), so checkpoints load anywhere; a model the user compiled (an ``OptimizedModule``) is unwrapped to
+  its module first. Order: DDP wraps the compiled module; FSDP2 compiles each block before ``fully_shard`` (as
+  torchtitan does).
+* **The first step compiles**: :class:`FirstStep` gives it a long window -- the hang watchdog allows
+  ``TRAINSTACK_COMPILE_TIMEOUT`` seconds until every rank finished it, the process group's timeout is raised as long
+  -- then a barrier, the short timeout back, and one line with each rank's compile time. A model that fails to
+  compile is a :class:`~trainstack.errors.ConfigError` naming the op and the ``compile=False`` fix.
+* **One cache per run**: inductor's (and triton's) cache folder under the run (or job) folder on shared storage, so
+  a requeued attempt -- or any rank -- finds the artifacts the first one compiled.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import _envvars as envvars
+from ..errors import ConfigError
+
+__all__ = ["compile_options", "unwrap_compiled", "compile_in_place", "use_cache", "cache_folder", "window",
+           "FirstStep", "CACHE_FOLDER"]
+
+#: The cache's folder name under a run or job folder.
+CACHE_FOLDER = "compile-cache"
+_DEFAULT_WINDOW_S = 1800.0
+_OPTIONS = ("fullgraph", "dynamic", "backend", "mode", "options", "disable")
+
+
+def compile_options(value: bool | dict[str, Any] | None, owner: str = "compile") -> dict[str, Any] | None:
+    """``compile=True`` / a dict of ``torch.compile`` keywords -> the keywords; ``False``/``None`` -> None. A bad
+    value or keyword is a ConfigError naming it."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{owner}={value!r} must be True, False or a dict of torch.compile options, e.g. "
+                          f"{{'mode': 'max-autotune', 'fullgraph': True}}")
+    bad = sorted(set(value) - set(_OPTIONS))
+    if bad:
+        raise ConfigError(f"{owner} has unknown torch.compile option(s) {bad}; valid: {', '.join(_OPTIONS)}")
+    return dict(value)
+
+
+def unwrap_compiled(model: nn.Module) -> tuple[nn.Module, bool]:
+    """(the plain module, whether the user had compiled it with ``torch.compile(model)``)."""
+    inner = getattr(model, "_orig_mod", None)
+    if isinstance(inner, nn.Module) and type(model).__name__ == "OptimizedModule":
+        return inner, True
+    return model, False
+
+
+def compile_in_place(model: nn.Module, options: dict[str, Any], blocks: Sequence[nn.Module] = ()) -> None:
+    """Compile ``model`` (or each of ``blocks``, for FSDP) in place: the same objects, the same parameter names.
+
+    What ``nn.Module.compile`` does, with the traced entry a function of ours: dynamo skips a frame that starts in
+    torch's own files (``Module._call_impl``) -- seen on torch 2.13, where ``module.compile()`` ran eagerly."""
+    for module in blocks or (model,):
+        module._compiled_call_impl = torch.compile(_entry(module._call_impl), **options)
+
+
+def _entry(call: Callable[..., Any]) -> Callable[..., Any]:
+    def compiled_module_call(*args: Any, **kwargs: Any) -> Any:
+        return call(*args, **kwargs)
+
+    return compiled_module_call
+
+
+def cache_folder(run_folder: Path | None) -> Path | None:
+    """Where this run's compile cache lives: TRAINSTACK_COMPILE_CACHE, else ``<run folder>/compile-cache``, else
+    ``<job folder>/compile-cache`` in a job; None leaves torch's default (a per-user /tmp folder)."""
+    if os.environ.get(envvars.COMPILE_CACHE):
+        return Path(os.environ[envvars.COMPILE_CACHE])
+    if run_folder is not None:
+        return Path(run_folder) / CACHE_FOLDER
+    job = os.environ.get(envvars.JOB_DIR)
+    return Path(job) / CACHE_FOLDER if job else None
+
+
+def use_cache(folder: Path | None) -> Path | None:
+    """Point inductor (and triton) at ``folder`` before anything compiles, unless the user set
+    TORCHINDUCTOR_CACHE_DIR themselves; returns the folder in use (None: torch's default)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    mine = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if mine and os.path.abspath(mine) != os.path.abspath(default_cache_dir()) and not mine.endswith(CACHE_FOLDER
+                                                                                                   + "/inductor"):
+        return Path(mine)  # the user's own choice wins
+    if folder is None:
+        return None
+    (folder / "inductor").mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder / "inductor")
+    os.environ.setdefault("TRITON_CACHE_DIR", str(folder / "triton"))
+    return folder
+
+
+def window() -> float:
+    """Seconds the compiling first step may take (TRAINSTACK_COMPILE_TIMEOUT, default 30 minutes)."""
+    raw = os.environ.get(envvars.COMPILE_TIMEOUT, str(_DEFAULT_WINDOW_S))
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ConfigError(f"{envvars.COMPILE_TIMEOUT}={raw!r} is not a positive number of seconds. HINT: unset it "
+                          f"for the {_DEFAULT_WINDOW_S:.0f} s default.")
+    return seconds
+
+
+def explain(exc: BaseException) -> ConfigError | None:
+    """A compile failure (dynamo/inductor) as a clear error naming the failing op, or None for any other error."""
+    try:
+        from torch._dynamo.exc import TorchDynamoException
+    except ImportError:  # pragma: no cover - torch without dynamo
+        return None
+    if not isinstance(exc, TorchDynamoException):
+        return None
+    text = str(exc).strip().splitlines()
+    first = next((line for line in text if line.strip()), type(exc).__name__)
+    after = text[next((i for i, line in enumerate(text) if "from user code" in line), len(text)):]
+    frames = [line.strip() for line in after if line.strip().startswith("File ")]
+    op = next((line.strip() for line in text if "target:" in line or line.strip().startswith("op:")), None)
+    where = "".join(f" at {x}" for x in (op, frames[-1] if frames else None) if x)
+    return ConfigError(f"torch.compile could not compile the model: {type(exc).__name__}: {first[:300]}{where}. "
+                       f"HINT: compile=False trains eagerly; compile={{'fullgraph': False}} lets dynamo fall back "
+                       f"around unsupported code; TORCH_LOGS=graph_breaks shows where.")
+
+
+class FirstStep:
+    """The training step, with its first call run as the compile warm-up (see the module docstring); every later
+    call goes straight through. Attributes are the wrapped step's."""
+
+    def __init__(self, step: Callable[..., Any], accelerator: Any, say: Callable[[str], None]) -> None:
+        self._step, self._acc, self._say, self._done = step, accelerator, say, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._step, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._done:
+            return self._step(*args, **kwargs)
+        return self._warm_up(*args, **kwargs)
+
+    def _warm_up(self, *args: Any, **kwargs: Any) -> Any:
+        import torch.distributed as dist
+
+        grouped = dist.is_available() and dist.is_initialized()
+        short = _pg_timeout() if grouped else None
+        if grouped and short is not None and short.total_seconds() < window():
+            _set_pg_timeout(datetime.timedelta(seconds=window()))
+        started = time.monotonic()
+        try:
+            out = self._step(*args, **kwargs)
+        except Exception as exc:
+            clear = explain(exc)
+            if clear is not None:
+                raise clear from exc
+            raise
+        took = time.monotonic() - started
+        times = self._acc.gather(torch.tensor([took], dtype=torch.float64)) if grouped else torch.tensor([took])
+        self._acc.barrier()  # every rank finished compiling: the short timeouts hold from here
+        if grouped and short is not None:
+            _set_pg_timeout(short)
+        self._done = True
+        per_rank = ", ".join(f"{t:.1f}" for t in times.tolist())
+        self._say(f"compiled the first step in {float(times.max()):.1f} s (per rank: {per_rank} s)")
+        return out
+
+
+def _pg_timeout() -> datetime.timedelta | None:
+    import torch.distributed.distributed_c10d as c10d
+
+    try:
+        device = torch.device("cuda" if c10d.get_backend() == "nccl" else "cpu")
+        return c10d._get_default_group()._get_backend(device).options._timeout
+    except Exception:  # the backend's options do not say: leave the timeout alone
+        return None
+
+
+def _set_pg_timeout(timeout: datetime.timedelta) -> None:
+    import torch.distributed.distributed_c10d as c10d
+
+    setter = getattr(c10d, "_set_pg_timeout", None)
+    if setter is not None:
+        try:
+            setter(timeout)
+        except Exception:  # a backend that cannot change it keeps the one it was created with
+            pass
