@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 SLURM_CONF_PATH := /tmp/trainstack-slurm/slurm.conf
 
 .PHONY: help venv install run test test-slow test-fast test-dist test-slurm test-gpu lint lint-hpc typecheck bench bench-smoke \
-        bench-peers bench-gpu bench-slurm image-test docs docs-serve slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
+        bench-peers bench-gpu bench-slurm bench-compile image-test docs docs-serve slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
         apptainer-build nccl-check clean
 
 help:  ## list targets
@@ -154,6 +154,9 @@ bench-slurm: $(VENV)/.installed slurm-up  ## local Slurm: snapshot size/time, su
 
 bench-gpu: $(VENV)/.installed  ## one GPU: raw vs Accelerator vs Trainer.fit vs peers (steps/s, syncs/step, memory)
 	$(PY) bench/gpu.py $(BENCH_ARGS)
+
+bench-compile: $(VENV)/.installed  ## torch.compile: raw compiled loop vs Trainer(compile=True), first step cold vs warm cache
+	$(PY) bench/compile.py $(BENCH_ARGS)
 
 bench-smoke: $(VENV)/.installed  ## a few steps of every benchmark, end to end (CI runs it; make test does not)
 	$(PY) -m pytest -m bench tests/test_bench.py $(PYTEST_ARGS)

@@ -48,3 +48,9 @@ def test_startup_and_restart_benches_run(run_py):
     assert {"imports ", "checkpoint load ", "total "} <= {k.strip() + " " for k in rows}
     # the requeued run resumed mid-epoch after the stop at step 600; the restarted one from the checkpoint at 400
     assert "| resumed at step | 601.00 | 401.00 |" in out, out
+
+
+def test_compile_bench_runs(run_py):
+    """bench/compile.py (make bench-compile): raw compiled loop vs Trainer(compile=True), cold vs warm first step."""
+    out = run_py([sys.executable, str(ROOT / "bench/compile.py"), "--smoke"], timeout=500).stdout
+    assert "| trainer | warm |" in out and "| raw | cold |" in out and "first step cold" in out, out

@@ -7,7 +7,7 @@ COMPUTE_SETUPS = ("auto", "gpu", "cpu")
 BACKENDS = (None, "nccl", "gloo", "mpi")
 LOG_SETUPS = ("cpu", "auto")
 MIXED_PRECISION = ("no", "bf16", "fp16")
-TRACKING_TOOLS = ("jsonl", "tensorboard", "mlflow")
+TRACKING_TOOLS = ("jsonl", "tensorboard", "mlflow", "wandb")
 STRATEGIES = ("ddp", "fsdp")
 CHECKPOINT_FORMATS = ("auto", "file", "sharded")
 

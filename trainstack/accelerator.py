@@ -270,12 +270,9 @@ class Accelerator:
 
     # ------------------------------------------------------------------ preparing objects
     def prepare(self, *objs: Any, compile: bool | dict[str, Any] | None = None) -> Any:
-        """Move models to the device (compiled when asked, DDP-wrapped when world > 1) and shard DataLoaders.
-
-        Optimizers keep optimizing the prepared model's parameters. ``None`` and unknown objects pass
-        through. Returns one object for one argument, else a tuple of the same length. ``compile`` overrides
-        the Accelerator's for these models.
-        """
+        """Move models to the device (compiled when asked, DDP-wrapped when world > 1), shard DataLoaders; optimizers
+        keep optimizing the prepared model's parameters; others pass through. One object for one argument, else a
+        tuple. ``compile`` overrides the Accelerator's."""
         if compile is not None:
             self.compile_options = compiling.compile_options(compile, "prepare(compile=)")
         self.setup()
@@ -324,18 +321,13 @@ class Accelerator:
         return obj
 
     def prepare_model(self, model: nn.Module, moved: dict[int, nn.Parameter] | None = None) -> nn.Module:
-        """To the device and dtype, then DDP (a wrapper) or FSDP (``fully_shard`` in place) when world > 1.
+        """To the device and dtype, compiled in place when asked, then DDP (a wrapper) or FSDP (``fully_shard`` in
+        place) when world > 1; ``moved`` collects old parameter id -> new parameter (optimizers follow)."""
+        from ._runtime.fsdp import ONE_PROCESS_NOTE, is_sharded, shard
 
-        ``moved`` collects old parameter id -> new parameter, so optimizers built earlier can follow.
-        """
-        from ._runtime.fsdp import is_sharded, shard
-
-        model, user_compiled = compiling.unwrap_compiled(model)
-        options = self.compile_options if self.compile_options is not None else ({} if user_compiled else None)
+        model, options = compiling.plan(model, self.compile_options)
         if isinstance(model, DistributedDataParallel) or is_sharded(model):
             return model
-        if options is not None:
-            compiling.use_cache(compiling.cache_folder(None))  # the Trainer re-points it at its run folder
         before = {name: id(p) for name, p in model.named_parameters()}
         model = model.to(device=self.device, dtype=self.dtype) if self.dtype else model.to(self.device)
         wrapped = model
@@ -349,10 +341,8 @@ class Accelerator:
             else:
                 wrapped = DistributedDataParallel(model, device_ids=[self.device.index] if self.use_cuda else None)
         elif self.strategy == "fsdp" and self.is_main_process:
-            print("trainstack: strategy='fsdp' on one process: nothing to shard, the model is trained whole "
-                  "(checkpoints are still sharded DCP folders, which resume on any number of processes).", flush=True)
-        if options is not None:  # in place: DDP's module is this one, state_dict keys stay plain
-            compiling.compile_in_place(model, options)
+            print(ONE_PROCESS_NOTE, flush=True)
+        compiling.compile_in_place(model, options)  # in place: DDP's module is this one, keys stay plain
         if moved is not None:
             for name, p in model.named_parameters():
                 if id(p) != before.get(name):
@@ -407,9 +397,7 @@ class Accelerator:
     @staticmethod
     def unwrap_model(model: nn.Module) -> nn.Module:
         """The user's module inside DDP and ``torch.compile`` (or the module itself)."""
-        while isinstance(model, DistributedDataParallel):
-            model = model.module
-        return compiling.unwrap_compiled(model)[0]
+        return compiling.unwrap_compiled(model.module if isinstance(model, DistributedDataParallel) else model)[0]
 
     seed_everything = staticmethod(seed_everything)
 

@@ -90,7 +90,8 @@ class TrainConfig:
     verbose: bool = True
     """Print the banner, metrics lines and the progress bar (rank 0 only)."""
     tracking_tool: str = "jsonl"
-    """``jsonl`` (dependency-free, always written), ``tensorboard`` or ``mlflow`` (optional extras)."""
+    """``jsonl`` (dependency-free, always written), ``tensorboard``, ``mlflow`` or ``wandb`` (optional extras); a
+    requeued or resumed run continues the same tracker run."""
     batch_size: int = 1
     """Not used (nor was it by qadence): the DataLoader's ``batch_size`` decides. A value other than 1 warns."""
     hyperparams: dict = field(default_factory=dict)

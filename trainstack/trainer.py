@@ -141,6 +141,7 @@ class Trainer:
         check_step_options(config, optimizer, self._custom_step, self.use_grad, self.accelerator.use_cuda)
         self.current_epoch = self.global_step = self.global_batch = 0
         self.run_folder: Path | None = None
+        self.run_id: str | None = None  # the run's id across restarts (run.json, every checkpoint, the trackers)
         self.stop_training, self.stop_reason = False, ""
         self.metrics: dict[str, Any] = {}
         self.opt_result = OptimizeResult(0, model, optimizer)
@@ -343,7 +344,7 @@ class Trainer:
                     return True
                 hb.phase = "data"
         except Exception as exc:
-            if self.global_step == self._first_step and not isinstance(exc, ConfigError):
+            if self.global_step == self._first_step and hasattr(exc, "add_note") and not isinstance(exc, ConfigError):
                 exc.add_note(notes.first_step_note(batch))
             raise
         self.metrics = self._epoch_means(sums, n)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -41,6 +43,10 @@ def test_a_stuck_rank_is_named_and_the_job_ends(slurm_env, shared_tmp, monkeypat
     summary = (folder / "SUMMARY.txt").read_text()
     assert "rank 1 (node1" in summary and "stuck_in_user_code" in summary, summary
     assert "trainstack hang report" in log
+    why = subprocess.run([sys.executable, "-m", "trainstack", "why", "--json", job.job_id], capture_output=True,
+                         text=True, timeout=60, env=dict(os.environ))
+    found = json.loads(why.stdout)  # the report sits in the run folder, outside the job folder: read from the logs
+    assert found["kind"] == "hang" and found["summary"].startswith("rank 1 (node1"), found
 
 
 def _ranks_named(report: str) -> set[int]:

@@ -27,7 +27,7 @@ from torch import nn
 from .. import _envvars as envvars
 from ..errors import ConfigError
 
-__all__ = ["compile_options", "unwrap_compiled", "compile_in_place", "use_cache", "cache_folder", "window",
+__all__ = ["compile_options", "unwrap_compiled", "plan", "compile_in_place", "use_cache", "cache_folder", "window",
            "FirstStep", "CACHE_FOLDER"]
 
 #: The cache's folder name under a run or job folder.
@@ -60,11 +60,24 @@ def unwrap_compiled(model: nn.Module) -> tuple[nn.Module, bool]:
     return model, False
 
 
-def compile_in_place(model: nn.Module, options: dict[str, Any], blocks: Sequence[nn.Module] = ()) -> None:
-    """Compile ``model`` (or each of ``blocks``, for FSDP) in place: the same objects, the same parameter names.
+def plan(model: nn.Module, options: dict[str, Any] | None) -> tuple[nn.Module, dict[str, Any] | None]:
+    """(the module to prepare, the compile options for it): a user-compiled model is unwrapped and compiled again
+    in place (default options unless given); the cache goes to the job folder (the Trainer re-points it)."""
+    model, user_compiled = unwrap_compiled(model)
+    options = options if options is not None else ({} if user_compiled else None)
+    if options is not None:
+        use_cache(cache_folder(None))
+    return model, options
+
+
+def compile_in_place(model: nn.Module, options: dict[str, Any] | None, blocks: Sequence[nn.Module] = ()) -> None:
+    """Compile ``model`` (or each of ``blocks``, for FSDP) in place: the same objects, the same parameter names;
+    nothing when ``options`` is None.
 
     What ``nn.Module.compile`` does, with the traced entry a function of ours: dynamo skips a frame that starts in
     torch's own files (``Module._call_impl``) -- seen on torch 2.13, where ``module.compile()`` ran eagerly."""
+    if options is None:
+        return
     for module in blocks or (model,):
         module._compiled_call_impl = torch.compile(_entry(module._call_impl), **options)
 

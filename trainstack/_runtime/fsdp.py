@@ -15,7 +15,8 @@ from torch import nn
 
 from ..errors import ConfigError
 
-__all__ = ["shard", "is_sharded", "module_classes", "check_blocks", "full_state", "fqn_optimizer_to_indexed"]
+__all__ = ["ONE_PROCESS_NOTE", "shard", "is_sharded", "module_classes", "check_blocks", "full_state",
+           "fqn_optimizer_to_indexed"]
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -57,6 +58,10 @@ def _blocks_by_size(model: nn.Module, min_params: int) -> list[nn.Module]:
 
     visit(model)
     return picked
+
+
+ONE_PROCESS_NOTE = ("trainstack: strategy='fsdp' on one process: nothing to shard, the model is trained whole "
+                    "(checkpoints are still sharded DCP folders, which resume on any number of processes).")
 
 
 def shard(model: nn.Module, world_size: int, device_type: str, blocks: Sequence[str] | None = None,

@@ -102,6 +102,7 @@ class LaunchSpec:
         self._check_types()
         self._check_shape()
         self._check_resources()
+        self._check_retries()
         self._check_program()
 
     # ------------------------------------------------------------------ validation
@@ -206,6 +207,13 @@ class LaunchSpec:
                 if "," in (getattr(self, name) or "") or ":" in (getattr(self, name) or ""):
                     raise SpecError(_opt(name), f"{getattr(self, name)!r}: pyxis mounts it into the container, and "
                                                 f"its mount list cannot hold a path with ',' or ':'")
+        if self.max_restarts < 0:
+            raise SpecError("--max-restarts", f"{self.max_restarts} is less than 0")
+        if self.max_restarts and self.launcher != "torchrun":
+            raise SpecError("--max-restarts", "only applies to --launcher torchrun")
+        self._check_sweep()
+
+    def _check_retries(self) -> None:
         if self.max_requeues is not None and self.max_requeues < 0:
             raise SpecError("--max-requeues", f"{self.max_requeues} is less than 0")
         if self.max_retries < 0:
@@ -214,11 +222,6 @@ class LaunchSpec:
             parse_retry_on(self.retry_on)
         except ValueError as exc:
             raise SpecError("--retry-on", str(exc)) from None
-        if self.max_restarts < 0:
-            raise SpecError("--max-restarts", f"{self.max_restarts} is less than 0")
-        if self.max_restarts and self.launcher != "torchrun":
-            raise SpecError("--max-restarts", "only applies to --launcher torchrun")
-        self._check_sweep()
 
     def _check_sweep(self) -> None:
         for key, values in self.sweep.items():

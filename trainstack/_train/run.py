@@ -100,8 +100,9 @@ def start_reports(t: Any, restored: Restored | None) -> None:
     """Rank 0's reports (banner, bar or live lines, metrics files) and the schedule of step duties."""
     acc, cfg = t.accelerator, t.config
     span = run_span(t, cfg.gradient_accumulation_steps)
+    t.run_id = (restored.counters.get("run_id") if restored else None) or t._folder.run_id
     t.tracker = Tracker(cfg, t.run_folder, acc.is_main_process, span, clock=lambda: t.global_step,
-                        keep_through=int(restored.counters["global_step"]) if restored else None,
+                        keep_through=int(restored.counters["global_step"]) if restored else None, run_id=t.run_id,
                         samples_per_batch=getattr(t.train_dataloader, "batch_size", None), world_size=acc.world_size)
     t._held_warnings = hold_warnings(acc.rank) if not acc.is_main_process and t.tracker.bar_on() else None
     if acc.is_main_process:
@@ -166,7 +167,7 @@ def counters(t: Any) -> dict[str, Any]:
             "run_start_epoch": t._run_start, "run_start_step": t._run_start_step,
             "val_step": t._val_step, "partial_epoch": t.cursor.checkpoint(),
             "best": found or None, "best_val_loss": found["value"] if found.get("name") == "val_loss" else None,
-            "saved_at": time.time(), "identity": t._run_identity}
+            "saved_at": time.time(), "identity": t._run_identity, "run_id": t.run_id}
 
 
 def best(t: Any) -> dict[str, Any] | None:

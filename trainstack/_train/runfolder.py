@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import time
+import uuid
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -180,6 +181,24 @@ def run_identity(config: Any, optimizer: Any) -> dict[str, Any]:
     return out
 
 
+def ensure_run_id(folder: Path) -> str:
+    """The run's id: created at its first start (``run.json`` in the run folder), the same on every restart; the
+    trackers resume the run it names."""
+    from .._files import atomic_write
+
+    path = folder / "run.json"
+    try:
+        found = json.loads(path.read_text(encoding="utf-8")).get("run_id")
+        if isinstance(found, str) and found:
+            return found
+    except (OSError, ValueError, AttributeError):
+        pass
+    run_id = uuid.uuid4().hex[:16]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps({"run_id": run_id, "created": time.time()}) + "\n", mode=0o644)
+    return run_id
+
+
 class RunFolder:
     """Choose, claim, share and release the run folder of one ``fit()``.
 
@@ -191,6 +210,7 @@ class RunFolder:
     def __init__(self, config: Any, identity: dict[str, Any], echo: Callable[[str], None]) -> None:
         self.config, self.identity, self.echo = config, identity, echo
         self.lock: RunLock | None = None
+        self.run_id: str | None = None  # set by agree()
 
     def claim(self, continuing: Path | None = None) -> Path:
         """Pick the folder (``continuing``: a second fit's), refuse to overwrite another run's checkpoints, lock it,
@@ -217,15 +237,17 @@ class RunFolder:
             return folder
 
     def agree(self, accelerator: Any, claimed: Path | None, continuing: Path | None = None) -> Path:
-        """Collective: rank 0 claims the folder (unless its launching process did: ``claimed``); every rank gets it
-        or the same error."""
-        choice: tuple[str | None, str | None] = (str(claimed), None) if claimed is not None else (None, None)
-        if accelerator.is_main_process and claimed is None:
+        """Collective: rank 0 claims the folder (unless its launching process did: ``claimed``) and reads (or, on
+        the first start, creates) the run's id; every rank gets both, or the same error."""
+        choice: tuple[str | None, str | None, str | None] = (str(claimed), None, None) if claimed is not None \
+            else (None, None, None)
+        if accelerator.is_main_process:
             try:
-                choice = (str(self.claim(continuing)), None)
+                folder = str(self.claim(continuing)) if claimed is None else str(claimed)
+                choice = (folder, None, ensure_run_id(Path(folder)))
             except ConfigError as exc:
-                choice = (None, str(exc))
-        folder, error = accelerator.broadcast(choice)
+                choice = (None, str(exc), None)
+        folder, error, self.run_id = accelerator.broadcast(choice)
         if error is not None:
             raise ConfigError(error)
         return Path(folder)

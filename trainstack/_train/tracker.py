@@ -45,10 +45,10 @@ class Tracker:
 
     def __init__(self, config: Any, folder: Path | None, is_main: bool, span: Span | None = None,
                  keep_through: int | None = None, clock: Any = None, samples_per_batch: int | None = None,
-                 world_size: int = 1) -> None:
+                 world_size: int = 1, run_id: str | None = None) -> None:
         self.config, self.is_main, self.folder = config, is_main, folder
         self.span = span or Span()
-        self.writer: Writers = make_writers(config.tracking_tool, folder, keep_through, clock) \
+        self.writer: Writers = make_writers(config.tracking_tool, folder, keep_through, clock, run_id) \
             if is_main and folder is not None else NullWriter()
         self.bar = ProgressBar(self.span.total_steps, self.span.start_step, self.span.steps_per_epoch) \
             if is_main and progress_enabled(config.verbose) else None
