@@ -12,7 +12,8 @@ from typing import NamedTuple
 __all__ = ["Variable", "VARIABLES"] + [
     "COMPUTE_SETUP", "ERROR_REPORT", "FAST_TENSOR_PATH", "HANG_DIR", "HANG_TIMEOUT", "JOB_DIR", "NODE_LOG", "NPROCS",
     "INTERRUPT_FILE", "PIN_MEMORY", "PRELOAD", "PROGRESS", "RANK_LOG", "RUN_DIR", "SNAPSHOT", "START_METHOD",
-    "SLURM_FN", "STOP_FILE", "STOP_SIGNALS", "SUBMIT_DIR", "TIMEOUT_S", "COMPILE_CACHE", "COMPILE_TIMEOUT"]
+    "SLURM_FN", "STOP_FILE", "STOP_SIGNALS", "SUBMIT_DIR", "TIMEOUT_S", "COMPILE_CACHE", "COMPILE_TIMEOUT",
+    "PEAK_TFLOPS"]
 
 
 class Variable(NamedTuple):
@@ -36,6 +37,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TRAINSTACK_COMPILE_TIMEOUT", "you",
              "With compile: seconds the first (compiling) step may take on every rank before the hang watchdog or "
              "a collective gives up (default 1800)."),
+    Variable("TRAINSTACK_PEAK_TFLOPS", "you",
+             "The dense peak TFLOP/s of one device for MFU in the live lines (default: the peak table for known "
+             "GPUs; none on a CPU, so MFU is not shown)."),
     Variable("TRAINSTACK_PRELOAD", "you",
              "0 turns the workers' preloaded fork server off (workers are spawned); a comma-separated list of modules "
              "preloads those as well (e.g. transformers)."),
@@ -85,7 +89,9 @@ SNAPSHOT, SUBMIT_DIR, RANK_LOG = "TRAINSTACK_SNAPSHOT", "TRAINSTACK_SUBMIT_DIR",
 NODE_LOG, ERROR_REPORT, INTERRUPT_FILE = "TRAINSTACK_NODE_LOG", "TRAINSTACK_ERROR_REPORT", "TRAINSTACK_INTERRUPT_FILE"
 SLURM_FN = "TRAINSTACK_SLURM_FN"
 COMPILE_CACHE, COMPILE_TIMEOUT = "TRAINSTACK_COMPILE_CACHE", "TRAINSTACK_COMPILE_TIMEOUT"
+PEAK_TFLOPS = "TRAINSTACK_PEAK_TFLOPS"
 assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PRELOAD, START_METHOD, PIN_MEMORY,
                                          FAST_TENSOR_PATH, PROGRESS, STOP_SIGNALS, STOP_FILE, NPROCS, COMPUTE_SETUP,
                                          JOB_DIR, RUN_DIR, SNAPSHOT, SUBMIT_DIR, RANK_LOG, NODE_LOG, ERROR_REPORT,
-                                         INTERRUPT_FILE, COMPILE_CACHE, COMPILE_TIMEOUT))
+                                         INTERRUPT_FILE, COMPILE_CACHE, COMPILE_TIMEOUT,
+                                         PEAK_TFLOPS))

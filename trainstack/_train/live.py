@@ -34,6 +34,10 @@ def banner(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _duration(seconds: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(seconds)) if seconds < 86400 else f"{seconds / 86400:.1f} d"
+
+
 def _number(value: float) -> str:
     if not math.isfinite(value) or value == 0:
         return f"{value:g}"
@@ -44,8 +48,14 @@ def format_line(head: str, values: dict[str, float]) -> str:
     """``head | name value | ...`` with short numbers (learning rates in scientific notation)."""
     parts = [head]
     for name, value in values.items():
-        if name == "samples_per_s" or name == "batches_per_s":
+        if name in ("samples_per_s", "batches_per_s", "tokens_per_s"):
             parts.append(f"{value:,.0f} {name.replace('_per_s', '/s')}")
+        elif name == "mfu":
+            parts.append(f"mfu {100 * value:.3g}%")
+        elif name == "eta_s":
+            parts.append(f"eta {_duration(value)}")
+        elif name == "max_mem_gb":
+            parts.append(f"mem {value:.1f}G")
         elif name.startswith("lr"):
             parts.append(f"{name} {value:.2e}")
         else:
@@ -60,6 +70,10 @@ class LiveLog:
     def __init__(self, samples_per_batch: int | None, world_size: int, accumulation: int) -> None:
         self.per_step = samples_per_batch * world_size * accumulation if samples_per_batch else None
         self.batches_per_step = world_size * accumulation
+        self.flops_per_step: float | None = None  # one rank's, counted once (throughput.FlopProbe)
+        self.tokens_per_step: int | None = None
+        self.peak: float | None = None  # one device's peak FLOP/s: MFU only with it
+        self.total_steps: int | None = None  # for the ETA
         self._sums: Any = None
         self._loss: Any = None
         self._metrics: dict[str, Any] = {}
@@ -84,12 +98,31 @@ class LiveLog:
         out.update(learning_rates(optimizer))
         seconds = max(now - self._time, 1e-9)
         if step > self._step:
-            if self.per_step:
-                out["samples_per_s"] = (step - self._step) * self.per_step / seconds
-            else:
-                out["batches_per_s"] = (step - self._step) * self.batches_per_step / seconds
+            out.update(self._rates((step - self._step) / seconds, step))
         self._loss, self._metrics, self._n, self._step, self._time = sums.loss_sum, dict(sums.sums), n, step, now
         return out
+
+
+    def _rates(self, steps_per_s: float, step: int) -> dict[str, float]:
+        """Samples (or batches) and tokens per second, MFU, the ETA to the last step, peak GPU memory."""
+        out = {"samples_per_s": steps_per_s * self.per_step} if self.per_step else \
+            {"batches_per_s": steps_per_s * self.batches_per_step}
+        if self.tokens_per_step:
+            out["tokens_per_s"] = steps_per_s * self.tokens_per_step
+        if self.flops_per_step and self.peak:
+            out["mfu"] = self.flops_per_step * steps_per_s / self.peak
+        if self.total_steps:
+            out["eta_s"] = max(self.total_steps - step, 0) / steps_per_s
+        if _cuda_in_use():
+            import torch
+
+            out["max_mem_gb"] = torch.cuda.max_memory_allocated() / 1e9
+        return out
+
+
+def _cuda_in_use() -> bool:
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
 
 
 def learning_rates(optimizer: Any) -> dict[str, float]:

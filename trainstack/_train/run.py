@@ -18,7 +18,7 @@ from ..callbacks import CallbackManager, ModelCheckpoint
 from ..checkpoint import Checkpointer, Restored
 from ..data import batches_per_epoch, is_infinite, prepare_train
 from ..errors import ConfigError
-from . import notes
+from . import notes, throughput
 from .evaluate import Evaluator, prepare_eval
 from .handoff import DIVERGED, INTERRUPTED, PREEMPTED
 from .live import hold_warnings
@@ -104,6 +104,11 @@ def start_reports(t: Any, restored: Restored | None) -> None:
     t.tracker = Tracker(cfg, t.run_folder, acc.is_main_process, span, clock=lambda: t.global_step,
                         keep_through=int(restored.counters["global_step"]) if restored else None, run_id=t.run_id,
                         samples_per_batch=getattr(t.train_dataloader, "batch_size", None), world_size=acc.world_size)
+    live = t.tracker.live
+    live.peak, t._peak_source = throughput.peak_flops(acc.device, cfg.mixed_precision)
+    live.total_steps = span.total_steps
+    if acc.is_main_process and acc.compile_options is None:  # compiled kernels hide their FLOPs from the counter
+        t.step = throughput.FlopProbe(t.step, t, cfg.gradient_accumulation_steps)
     t._held_warnings = hold_warnings(acc.rank) if not acc.is_main_process and t.tracker.bar_on() else None
     if acc.is_main_process:
         record_config(cfg, t.run_folder)

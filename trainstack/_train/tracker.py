@@ -228,7 +228,10 @@ def banner_info(trainer: Any, span: Span, hang_timeout: float) -> dict[str, Any]
                          f"callbacks)" if hang_timeout else "off"}
     if cfg.max_steps is not None:
         info["Max steps"] = cfg.max_steps
+    source = getattr(trainer, "_peak_source", "")
+    info["MFU"] = f"over the {source}" if trainer.tracker.live.peak else f"n/a: {source}" if source else "n/a"
     if acc.compile_options is not None:
+        info["MFU"] = "n/a: compiled kernels hide their FLOPs from the counter"
         cache = getattr(trainer, "compile_cache", None)
         info["Compile"] = (f"torch.compile({', '.join(f'{k}={v!r}' for k, v in acc.compile_options.items())}): "
                            f"compiling... (the first step may take {compile_window():g} s on every rank); cache: "

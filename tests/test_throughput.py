@@ -1,0 +1,87 @@
+"""Throughput that is never silently wrong: FLOPs counted once against a hand count, MFU only over a known peak
+(else "n/a" with the reason), samples/s against a stopwatch, tokens/s for token batches, the ETA."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainstack import Callback, TrainConfig, Trainer
+from trainstack._train.live import LiveLog, format_line
+from trainstack._train.throughput import peak_flops, tokens_in
+
+B = 32
+
+
+def _fit(tmp_path, stamps=None, data=None, model=None, loss_fn="mse", **cfg):
+    data = data or DataLoader(TensorDataset(torch.randn(20 * B, 64), torch.randn(20 * B, 1)), batch_size=B)
+    model = model or nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 1))
+    callbacks = [Callback(on="train_batch_end", callback=lambda *a: stamps.append(time.perf_counter()))] \
+        if stamps is not None else []
+    config = TrainConfig(compute_setup="cpu", log_folder=tmp_path / "run", log_every_n_steps=5, plot_every=0,
+                         callbacks=callbacks, **cfg)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), config, loss_fn=loss_fn)
+    trainer.fit(data)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    return trainer, [r for r in rows if "samples_per_s" in r or "batches_per_s" in r]
+
+
+def test_flops_match_a_hand_count_and_mfu_uses_the_given_peak(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TRAINSTACK_PEAK_TFLOPS", "0.001")  # 1 GFLOP/s per device
+    trainer, rows = _fit(tmp_path, max_iter=2)
+    # forward 2*B*64*128 + 2*B*128; backward: weight grads 2*B*64*128 + 2*B*128, the input grad of layer 2 2*B*128
+    # (the data needs no gradient, so layer 1's input grad is never computed)
+    assert trainer.tracker.live.flops_per_step == 2 * B * 64 * 128 * 2 + 2 * B * 128 * 3
+    for row in rows:
+        steps_per_s = row["samples_per_s"] / B
+        assert row["mfu"] == pytest.approx(trainer.tracker.live.flops_per_step * steps_per_s / 1e9, rel=1e-9)
+    out = capsys.readouterr().out
+    assert "MFU" in out and "TRAINSTACK_PEAK_TFLOPS=0.001" in out and "| mfu " in out
+
+
+def test_without_a_peak_mfu_is_not_made_up(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("TRAINSTACK_PEAK_TFLOPS", raising=False)
+    _, rows = _fit(tmp_path, max_iter=1)
+    assert rows and not any("mfu" in r for r in rows)
+    assert "n/a: no peak for cpu (set TRAINSTACK_PEAK_TFLOPS)" in capsys.readouterr().out
+    assert peak_flops(torch.device("cpu"), "bf16")[0] is None
+
+
+def test_samples_per_s_agrees_with_a_stopwatch_within_10_percent(tmp_path):
+    def slow_mse(model, batch):
+        time.sleep(0.02)
+        x, y = batch
+        return nn.functional.mse_loss(model(x), y)
+
+    stamps: list[float] = []
+    _, rows = _fit(tmp_path, stamps=stamps, max_iter=3, loss_fn=slow_mse)
+    logged = statistics.median(r["samples_per_s"] for r in rows[1:])  # the first interval holds the FLOP count
+    watch = statistics.median(B * 5 / (stamps[i + 5] - stamps[i]) for i in range(5, len(stamps) - 5, 5))
+    assert logged == pytest.approx(watch, rel=0.10), (logged, watch)
+
+
+def test_token_batches_get_tokens_per_s_and_every_line_an_eta(tmp_path):
+    ids = torch.randint(0, 50, (10 * B, 16))
+    data = DataLoader(TensorDataset(ids, torch.randn(10 * B, 1)), batch_size=B)
+    model = nn.Sequential(nn.Embedding(50, 8), nn.Flatten(), nn.Linear(16 * 8, 1))
+    _, rows = _fit(tmp_path, data=data, model=model, max_iter=2)
+    for row in rows:
+        assert row["tokens_per_s"] == pytest.approx(row["samples_per_s"] * 16)
+    etas = [r["eta_s"] for r in rows]  # remaining steps / the interval's steps/s: 0 at the last step
+    assert etas[-1] == 0 and all(e > 0 for e in etas[:-1]), etas
+    assert tokens_in([torch.randn(2, 3)]) is None and tokens_in({"input_ids": torch.ones(2, 5, dtype=torch.long)}) == 10
+
+
+def test_the_line_shows_mfu_eta_and_tokens_readably():
+    live = LiveLog(8, 2, 1)
+    live.flops_per_step, live.peak, live.total_steps, live.tokens_per_step = 1e9, 1e10, 100, 4096
+    rates = live._rates(2.0, 40)
+    assert rates["mfu"] == pytest.approx(0.2) and rates["eta_s"] == pytest.approx(30.0)
+    line = format_line("epoch 1 | step 40/100", rates)
+    assert line == "epoch 1 | step 40/100 | 32 samples/s | 8,192 tokens/s | mfu 20% | eta 00:00:30"

@@ -1,0 +1,96 @@
+"""Throughput that is never silently wrong: FLOPs per step counted once, MFU over a known peak (or "n/a"), tokens.
+
+* **FLOPs**: the run's first step runs under ``torch.utils.flop_counter.FlopCounterMode`` (forward and backward as
+  they really run; one step, rank 0) -- times the accumulation steps, that is one optimizer step of one rank.
+* **MFU** = FLOPs per step per rank x steps/s / the device's dense peak for the training dtype, from
+  :data:`PEAK_TFLOPS` or ``TRAINSTACK_PEAK_TFLOPS``; a device not in the table (a CPU) gets no MFU and the summary
+  says why -- never a made-up number (torchtitan once reported 152 % on a GPU missing from its table).
+* **Tokens**: when a batch's first tensor holds integers in 2 dimensions (token ids), tokens/s = its elements x
+  processes x accumulation x steps/s.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from .. import _envvars as envvars
+from ..errors import ConfigError
+
+__all__ = ["PEAK_TFLOPS", "peak_flops", "FlopProbe", "tokens_in"]
+
+#: Dense peak TFLOP/s per device (vendor datasheets, no sparsity): bf16/fp16 tensor cores, TF32, plain fp32.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H100 PCIe": {"bf16": 756.0, "tf32": 378.0, "fp32": 51.0},
+    "H100": {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9},
+    "H200": {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9},
+    "B200": {"bf16": 2250.0, "tf32": 1100.0, "fp32": 80.0},
+    "A100": {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5},
+    "L40S": {"bf16": 362.1, "tf32": 183.0, "fp32": 91.6},
+    "V100": {"bf16": 125.0, "tf32": 15.7, "fp32": 15.7},
+}
+
+
+def peak_flops(device: torch.device, precision: str) -> tuple[float | None, str]:
+    """(the device's peak FLOP/s for ``precision`` -- ``bf16``, ``fp16``, ``fp32`` --, where it came from)."""
+    forced = os.environ.get(envvars.PEAK_TFLOPS)
+    if forced:
+        try:
+            value = float(forced)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise ConfigError(f"{envvars.PEAK_TFLOPS}={forced!r} is not a positive number of TFLOP/s per device.")
+        return value * 1e12, f"{envvars.PEAK_TFLOPS}={forced}"
+    if device.type != "cuda":
+        return None, f"no peak for {device.type} (set {envvars.PEAK_TFLOPS})"
+    name = torch.cuda.get_device_name(device)
+    kind = "bf16" if precision in ("bf16", "fp16") else \
+        "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+    for key, row in PEAK_TFLOPS.items():
+        if key in name:
+            return row[kind] * 1e12, f"{key} {kind} peak {row[kind]:g} TFLOP/s"
+    return None, f"{name!r} is not in the peak table (set {envvars.PEAK_TFLOPS})"
+
+
+def tokens_in(batch: Any) -> int | None:
+    """The token ids a batch holds: its first tensor when it has integers in 2 dimensions, else None."""
+    first = batch
+    while isinstance(first, (list, tuple)) and first:
+        first = first[0]
+    if isinstance(first, dict) and first:
+        first = first.get("input_ids", next(iter(first.values())))
+    if isinstance(first, torch.Tensor) and first.dim() == 2 and not first.is_floating_point() \
+            and first.dtype != torch.bool:
+        return first.numel()
+    return None
+
+
+class FlopProbe:
+    """The training step with its first call counted (FLOPs, tokens) into ``live``; then it takes itself out of
+    the trainer (the loop picks the plain step up at the next epoch), costing nothing afterwards."""
+
+    def __init__(self, step: Any, trainer: Any, accumulation: int) -> None:
+        self._step, self._trainer, self._accumulation, self._done = step, trainer, accumulation, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._step, name)
+
+    def __call__(self, model: Any, batch: Any) -> Any:
+        if self._done:
+            return self._step(model, batch)
+        from torch.utils.flop_counter import FlopCounterMode
+
+        self._done = True
+        self._trainer.step = self._step
+        counter = FlopCounterMode(display=False)
+        with counter:
+            out = self._step(model, batch)
+        live = self._trainer.tracker.live
+        live.flops_per_step = counter.get_total_flops() * self._accumulation or None
+        tokens = tokens_in(batch)
+        if tokens:
+            live.tokens_per_step = tokens * self._accumulation * self._trainer.accelerator.world_size
+        return out
