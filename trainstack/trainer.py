@@ -92,8 +92,7 @@ class Trainer:
     ``loss_fn`` is ``"mse"``, ``"cross_entropy"`` or ``(model, batch) -> loss | (loss, metrics)``; metrics are
     reported with ``train_``/``val_``/``test_`` prefixes. ``optimize_step`` defaults to a closure-based step
     (LBFGS works). ``scheduler`` is any ``torch.optim.lr_scheduler``, stepped after every epoch
-    (``scheduler_interval="epoch"``) or after every optimizer step (``"step"``; gradient accumulation counts once).
-    """
+    (``scheduler_interval="epoch"``) or after every optimizer step (``"step"``; gradient accumulation counts once)."""
 
     _use_grad: ClassVar[bool] = True
     # What one run holds on each rank (set by _train.run.start, dropped when the Trainer is pickled to workers):
@@ -109,8 +108,9 @@ class Trainer:
     _capped: bool
     _last_epoch: int
     _last_step: int
-    _first_step: int  # the step this run started at (a failure before its first step gets a note on the loss)
-    _first_epoch: int  # the epoch this run started at (the end summary says how far this run went)
+    _first_step: int  # the step (and _first_epoch) this run started at: the end summary, the first-step note
+    _first_epoch: int
+    run_id: str | None = None  # the run's id across restarts (run.json, every checkpoint, the trackers)
     _folder: RunFolder | None
     _started: float  # time.monotonic() at the first step of this run
 
@@ -141,7 +141,6 @@ class Trainer:
         check_step_options(config, optimizer, self._custom_step, self.use_grad, self.accelerator.use_cuda)
         self.current_epoch = self.global_step = self.global_batch = 0
         self.run_folder: Path | None = None
-        self.run_id: str | None = None  # the run's id across restarts (run.json, every checkpoint, the trackers)
         self.stop_training, self.stop_reason = False, ""
         self.metrics: dict[str, Any] = {}
         self.opt_result = OptimizeResult(0, model, optimizer)
