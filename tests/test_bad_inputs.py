@@ -197,7 +197,7 @@ CONFIG_CASES = [
                                                                 "gradient_accumulation_steps=0"),
     ({"max_batches": 0}, "max_batches=0"), ({"stop_check_every": 0}, "stop_check_every=0"),
     ({"compute_setup": "tpu"}, "compute_setup='tpu'"), ({"backend": "ucc"}, "backend='ucc'"),
-    ({"log_setup": "gpu"}, "log_setup='gpu'"), ({"tracking_tool": "wandb"}, "tracking_tool='wandb'"),
+    ({"log_setup": "gpu"}, "log_setup='gpu'"), ({"tracking_tool": "comet"}, "tracking_tool='comet'"),
     ({"mixed_precision": "fp8"}, "mixed_precision='fp8'"), ({"dtype": "float32"}, "dtype='float32'"),
     ({"dtype": torch.int64}, "torch.int64"), ({"root_folder": 123}, "root_folder=123"),
     ({"log_folder": None}, "log_folder=None"), ({"stop_file": 3}, "stop_file=3"),

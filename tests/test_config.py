@@ -22,7 +22,7 @@ from trainstack.errors import ConfigError
     ({"seed": -3}, "seed=-3"),
     ({"compute_setup": "tpu"}, "compute_setup='tpu'"),
     ({"backend": "ucc"}, "backend='ucc'"),
-    ({"tracking_tool": "wandb"}, "tracking_tool='wandb'"),
+    ({"tracking_tool": "comet"}, "tracking_tool='comet'"),
     ({"mixed_precision": "fp8"}, "mixed_precision='fp8'"),
     ({"dtype": "float64"}, "dtype='float64'"),
     ({"val_epsilon": -1}, "val_epsilon=-1"),
