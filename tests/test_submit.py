@@ -41,7 +41,10 @@ def test_a_result_planted_by_another_user_is_refused(tmp_path):
 
 def test_array_ranges_and_exit_codes():
     from trainstack._slurm.status import _exit_of
-    from trainstack.submit import _ranges
+    from trainstack._text import number_ranges as _ranges_text
+
+    def _ranges(numbers):
+        return _ranges_text(numbers, ",")
 
     assert _ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and _ranges([3]) == "3"
     assert _exit_of("COMPLETED") == 0 and _exit_of("FAILED (exit 3:0)") == 3

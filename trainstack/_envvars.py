@@ -7,9 +7,9 @@ from :data:`VARIABLES`). Torch-free leaf.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
-__all__ = ["Variable", "VARIABLES"] + [
+__all__ = ["Variable", "VARIABLES", "positive_number"] + [
     "COMPUTE_SETUP", "ERROR_REPORT", "FAST_TENSOR_PATH", "HANG_DIR", "HANG_TIMEOUT", "JOB_DIR", "NODE_LOG", "NPROCS",
     "INTERRUPT_FILE", "PIN_MEMORY", "PRELOAD", "PROGRESS", "RANK_LOG", "RUN_DIR", "SNAPSHOT", "START_METHOD",
     "SLURM_FN", "STOP_FILE", "STOP_SIGNALS", "SUBMIT_DIR", "TIMEOUT_S", "COMPILE_CACHE", "COMPILE_TIMEOUT",
@@ -95,3 +95,24 @@ assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PREL
                                          JOB_DIR, RUN_DIR, SNAPSHOT, SUBMIT_DIR, RANK_LOG, NODE_LOG, ERROR_REPORT,
                                          INTERRUPT_FILE, COMPILE_CACHE, COMPILE_TIMEOUT,
                                          PEAK_TFLOPS))
+
+
+@overload
+def positive_number(name: str, default: float) -> float: ...
+@overload
+def positive_number(name: str, default: None = None) -> float | None: ...
+def positive_number(name: str, default: float | None = None) -> float | None:
+    """The positive number variable ``name`` holds (``default`` when unset); a ValueError saying what is wrong
+    otherwise, for the caller to raise as its own error with its hint."""
+    import os
+
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{name}={raw!r} is not a positive number")
+    return value

@@ -24,6 +24,7 @@ from ._slurm.jobfolder import JobPaths, safe_name
 from ._slurm.jobs import JobError
 from ._slurm.snapshot import Snapshot, SnapshotError, git_root, git_state, take
 from ._slurm.spec import LaunchSpec
+from ._text import number_ranges
 from .errors import TrainstackError
 from .render import render
 
@@ -69,18 +70,6 @@ def finished_tasks(spec: LaunchSpec) -> list[int]:
     """Sweep tasks whose run folder says an earlier submission already ran them to the end."""
     return [i for i, task in enumerate(spec.tasks)
             if (Path(spec.sweep_dir) / task["signature"] / ".trainstack-done").exists()]
-
-
-def _ranges(indices: list[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2,5" (Slurm's --array syntax)."""
-    out, i = [], 0
-    while i < len(indices):
-        j = i
-        while j + 1 < len(indices) and indices[j + 1] == indices[j] + 1:
-            j += 1
-        out.append(str(indices[i]) if i == j else f"{indices[i]}-{indices[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 def submit_spec(spec: LaunchSpec, wait: bool = False, templates_dir: str | None = None,
@@ -142,7 +131,7 @@ def _sbatch_held(exe: str, spec: LaunchSpec, script: Path, staging: Path, log_di
         env[envvars.SNAPSHOT] = os.path.relpath(Path(spec.chdir or ".").resolve(), root)
     args = [exe, "--parsable", "--hold"]
     if spec.tasks:
-        args.append(f"--array={_ranges(tasks)}" + (f"%{spec.max_parallel}" if spec.max_parallel else ""))
+        args.append(f"--array={number_ranges(tasks, ',')}" + (f"%{spec.max_parallel}" if spec.max_parallel else ""))
     proc = subprocess.run([*args, str(script)], capture_output=True, text=True, timeout=120, env=env)
     if proc.returncode != 0:
         raise SubmitError(f"sbatch rejected the script: {proc.stderr.strip() or proc.stdout.strip()}")

@@ -119,15 +119,10 @@ def use_cache(folder: Path | None) -> Path | None:
 
 def window() -> float:
     """Seconds the compiling first step may take (TRAINSTACK_COMPILE_TIMEOUT, default 30 minutes)."""
-    raw = os.environ.get(envvars.COMPILE_TIMEOUT, str(_DEFAULT_WINDOW_S))
     try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ConfigError(f"{envvars.COMPILE_TIMEOUT}={raw!r} is not a positive number of seconds. HINT: unset it "
-                          f"for the {_DEFAULT_WINDOW_S:.0f} s default.")
-    return seconds
+        return envvars.positive_number(envvars.COMPILE_TIMEOUT, _DEFAULT_WINDOW_S)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} of seconds. HINT: unset it for the {_DEFAULT_WINDOW_S:.0f} s default.") from None
 
 
 def explain(exc: BaseException) -> ConfigError | None:

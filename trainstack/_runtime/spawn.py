@@ -131,14 +131,10 @@ def _is_main_test(test: ast.expr) -> bool:
 
 def _timeout() -> datetime.timedelta:
     """Collective/rendezvous timeout; ``TRAINSTACK_TIMEOUT_S`` overrides the 30-minute default."""
-    raw = os.environ.get(envvars.TIMEOUT_S, "1800")
     try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise LaunchError(f"TRAINSTACK_TIMEOUT_S={raw!r} is not a positive number of seconds. HINT: unset it for "
-                          f"the 30-minute default.")
+        seconds = envvars.positive_number(envvars.TIMEOUT_S, 1800.0)
+    except ValueError as exc:
+        raise LaunchError(f"{exc} of seconds. HINT: unset it for the 30-minute default.") from None
     return datetime.timedelta(seconds=seconds)
 
 

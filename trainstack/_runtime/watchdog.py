@@ -33,6 +33,7 @@ from types import FrameType
 from typing import Any
 
 from .. import _envvars as envvars
+from .._text import number_ranges
 
 __all__ = ["Heartbeat", "Watchdog", "heartbeat", "HANG_EXIT_CODE", "start", "stop", "resolve_timeout",
            "DEFAULT_TIMEOUT_S", "watched", "summarise", "where", "dump_stacks", "phase", "HANG_REPORT"]
@@ -147,18 +148,6 @@ def dump_stacks(path: Path) -> dict[str, str | None]:
     return where(frames.get(main) if main is not None else None, _library_roots())
 
 
-def _ranges(ranks: list[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2, 5"."""
-    ranks, out, i = sorted(ranks), [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ", ".join(out)
-
-
 def summarise(infos: dict[int, dict[str, Any]], world: int, reason: str) -> str:
     """The plain-words report: ranks grouped by step and phase, the ones behind first (the laggards)."""
     def key(info: dict[str, Any]) -> tuple[int, int]:
@@ -178,11 +167,11 @@ def summarise(infos: dict[int, dict[str, Any]], world: int, reason: str) -> str:
             who = f"rank {ranks[0]} ({info.get('host')}, pid {info.get('pid')})"
             verb = "is"
         else:
-            who, verb = f"ranks {_ranges(ranks)}", "are"
+            who, verb = f"ranks {number_ranges(ranks)}", "are"
         lines.append(f"{who} {verb} at step {k[0]} ({phase}) {desc}{'   <- behind the others' if behind else ''}")
     missing = sorted(set(range(world)) - set(infos))
     if missing:
-        lines.append(f"ranks {_ranges(missing)} sent no report (their process may be gone, or stuck with the GIL "
+        lines.append(f"ranks {number_ranges(missing)} sent no report (their process may be gone, or stuck with the GIL "
                      f"held: see their stack files if any, or run py-spy dump on them)")
     return "\n".join(lines) + "\n"
 

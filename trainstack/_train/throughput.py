@@ -35,15 +35,12 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 
 def peak_flops(device: torch.device, precision: str) -> tuple[float | None, str]:
     """(the device's peak FLOP/s for ``precision`` -- ``bf16``, ``fp16``, ``fp32`` --, where it came from)."""
-    forced = os.environ.get(envvars.PEAK_TFLOPS)
-    if forced:
-        try:
-            value = float(forced)
-        except ValueError:
-            value = -1.0
-        if not value > 0:
-            raise ConfigError(f"{envvars.PEAK_TFLOPS}={forced!r} is not a positive number of TFLOP/s per device.")
-        return value * 1e12, f"{envvars.PEAK_TFLOPS}={forced}"
+    try:
+        forced = envvars.positive_number(envvars.PEAK_TFLOPS)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} of TFLOP/s per device. HINT: unset it for the peak table.") from None
+    if forced is not None:
+        return forced * 1e12, f"{envvars.PEAK_TFLOPS}={os.environ[envvars.PEAK_TFLOPS]}"
     if device.type != "cuda":
         return None, f"no peak for {device.type} (set {envvars.PEAK_TFLOPS})"
     name = torch.cuda.get_device_name(device)
