@@ -85,3 +85,23 @@ def test_the_line_shows_mfu_eta_and_tokens_readably():
     assert rates["mfu"] == pytest.approx(0.2) and rates["eta_s"] == pytest.approx(30.0)
     line = format_line("epoch 1 | step 40/100", rates)
     assert line == "epoch 1 | step 40/100 | 32 samples/s | 8,192 tokens/s | mfu 20% | eta 00:00:30"
+
+
+def test_a_loader_bound_run_shows_its_data_wait_and_is_warned_once(tmp_path, capsys):
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self):
+            return 40 * B
+
+        def __getitem__(self, i):
+            time.sleep(0.0005)  # 16 ms of loading per batch of 32: most of each step
+            return torch.randn(64), torch.randn(1)
+
+    _, rows = _fit(tmp_path, data=DataLoader(Slow(), batch_size=B), max_iter=1)
+    assert all(0.3 < r["data_wait"] <= 1.0 for r in rows[1:]), [r["data_wait"] for r in rows]
+    out = capsys.readouterr().out
+    assert out.count("training waits for the DataLoader") == 1 and "num_workers" in out and "| data " in out
+
+
+def test_an_in_memory_run_is_not_loader_bound(tmp_path, capsys):
+    _, rows = _fit(tmp_path, max_iter=2)
+    assert all(r["data_wait"] < 0.3 for r in rows[1:]) and "waits for the DataLoader" not in capsys.readouterr().out

@@ -34,6 +34,7 @@ from ._runtime.watchdog import heartbeat
 from ._train import handoff, notes, qadence, run
 from ._train.evaluate import Evaluator, default_predict
 from ._train.handoff import DIVERGED, INTERRUPTED, PREEMPTED
+from ._train.live import timed
 from ._train.metrics import EpochSums, MetricLog, nonfinite_loss
 from ._train.qadence import UseGrad, check_optimizer, refuse_qadence_hooks
 from ._train.resume import EpochCursor
@@ -222,8 +223,7 @@ class Trainer:
             sync_dist: bool = False) -> None:
         """Log a value, or a dict of them: reduced over the steps until the next log line (``reduce``: mean, sum,
         max, min) and, with ``sync_dist=True``, over the ranks (then every rank must log it at the same steps).
-        Logged values reach the live line, metrics.jsonl, TensorBoard/MLflow, the loss plot and ``ModelCheckpoint``.
-        """
+        Logged values reach the live line, metrics.jsonl, the tracker, the loss plot and ``ModelCheckpoint``."""
         for key, val in (name.items() if isinstance(name, dict) else [(name, value)]):
             self.log_values.add(key, val, reduce, sync_dist)
 
@@ -312,6 +312,7 @@ class Trainer:
         model, step, schedule, hb = self._ddp_model, self.step, self.schedule, heartbeat()
         pending_rng = self.cursor.pending_rng
         n, totals, batches, left = self.cursor.begin(self._train_loader, self._per_epoch, self._capped)
+        batches = timed(batches, self.tracker.live)  # the data-wait share in the live lines
         sums = EpochSums(totals)
         if pending_rng is not None:  # restored only now: creating the iterator drew from the global RNG
             restore_rng(pending_rng)

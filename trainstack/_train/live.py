@@ -17,7 +17,8 @@ from typing import Any
 
 from .. import _envvars as envvars
 
-__all__ = ["ProgressBar", "LiveLog", "banner", "progress_enabled", "format_line", "summary", "hold_warnings"]
+__all__ = ["ProgressBar", "LiveLog", "banner", "progress_enabled", "format_line", "summary", "hold_warnings", "timed",
+           "DATA_BOUND"]
 
 
 def progress_enabled(verbose: bool) -> bool:
@@ -50,6 +51,8 @@ def format_line(head: str, values: dict[str, float]) -> str:
     for name, value in values.items():
         if name in ("samples_per_s", "batches_per_s", "tokens_per_s"):
             parts.append(f"{value:,.0f} {name.replace('_per_s', '/s')}")
+        elif name == "data_wait":
+            parts.append(f"data {100 * value:.0f}%")
         elif name == "mfu":
             parts.append(f"mfu {100 * value:.3g}%")
         elif name == "eta_s":
@@ -74,6 +77,9 @@ class LiveLog:
         self.tokens_per_step: int | None = None
         self.peak: float | None = None  # one device's peak FLOP/s: MFU only with it
         self.total_steps: int | None = None  # for the ETA
+        self.data_wait = 0.0  # seconds this rank waited for the loader's next batch (timed())
+        self._waited = 0.0
+        self._warned = False
         self._sums: Any = None
         self._loss: Any = None
         self._metrics: dict[str, Any] = {}
@@ -99,6 +105,9 @@ class LiveLog:
         seconds = max(now - self._time, 1e-9)
         if step > self._step:
             out.update(self._rates((step - self._step) / seconds, step))
+            out["data_wait"] = min((self.data_wait - self._waited) / seconds, 1.0)
+            self._loader_bound(out["data_wait"], first=self._step == 0)
+        self._waited = self.data_wait
         self._loss, self._metrics, self._n, self._step, self._time = sums.loss_sum, dict(sums.sums), n, step, now
         return out
 
@@ -118,6 +127,34 @@ class LiveLog:
 
             out["max_mem_gb"] = torch.cuda.max_memory_allocated() / 1e9
         return out
+
+
+    def _loader_bound(self, share: float, first: bool) -> None:
+        """Once per run: the training waits for data a large share of the time (not in the first interval, which
+        holds the workers' start)."""
+        if share > DATA_BOUND and not first and not self._warned:
+            self._warned = True
+            print(f"trainstack: training waits for the DataLoader {100 * share:.0f}% of the time: data loading is "
+                  f"the bottleneck. HINT: more workers (DataLoader(num_workers=...), persistent_workers=True), "
+                  f"pin_memory=True on GPUs, a larger prefetch_factor, or data prepared ahead of time.", flush=True)
+
+
+#: The share of step time spent waiting for data above which the run is called loader-bound (warned once).
+DATA_BOUND = 0.3
+
+
+def timed(batches: Any, live: LiveLog) -> Any:
+    """The batches, with the time spent waiting for each added to ``live.data_wait`` (two clock reads a batch, no
+    device sync)."""
+    clock, it = time.perf_counter, iter(batches)
+    while True:
+        start = clock()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        live.data_wait += clock() - start
+        yield batch
 
 
 def _cuda_in_use() -> bool:
