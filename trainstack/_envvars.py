@@ -13,7 +13,7 @@ __all__ = ["Variable", "VARIABLES", "positive_number"] + [
     "COMPUTE_SETUP", "ERROR_REPORT", "FAST_TENSOR_PATH", "HANG_DIR", "HANG_TIMEOUT", "JOB_DIR", "NODE_LOG", "NPROCS",
     "INTERRUPT_FILE", "PIN_MEMORY", "PRELOAD", "PROGRESS", "RANK_LOG", "RUN_DIR", "SNAPSHOT", "START_METHOD",
     "SLURM_FN", "STOP_FILE", "STOP_SIGNALS", "SUBMIT_DIR", "TIMEOUT_S", "COMPILE_CACHE", "COMPILE_TIMEOUT",
-    "PEAK_TFLOPS"]
+    "PEAK_TFLOPS", "HOST", "REMOTE_DIR", "REMOTE_TRAINSTACK", "SSH_CONFIG", "SSH_REUSE_ONLY", "REMOTE_INDEX_DIR"]
 
 
 class Variable(NamedTuple):
@@ -40,6 +40,20 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TRAINSTACK_PEAK_TFLOPS", "you",
              "The dense peak TFLOP/s of one device for MFU in the live lines (default: the peak table for known "
              "GPUs; none on a CPU, so MFU is not shown)."),
+    Variable("TRAINSTACK_HOST", "you",
+             "The login node (what you type after ssh) that --host commands run on: submit, status, logs, why, "
+             "cancel, debug, fetch, checkpoint inspect."),
+    Variable("TRAINSTACK_REMOTE_DIR", "you",
+             "With --host: the folder on the login node holding the shipped code (default trainstack-remote, in the "
+             "remote home)."),
+    Variable("TRAINSTACK_REMOTE_TRAINSTACK", "you",
+             "With --host: the login node's trainstack executable (default: trainstack on a non-interactive ssh's "
+             "PATH)."),
+    Variable("TRAINSTACK_SSH_CONFIG", "you", "With --host: an ssh config file of its own instead of ~/.ssh/config."),
+    Variable("TRAINSTACK_SSH_REUSE_ONLY", "you",
+             "1: --host never opens an ssh connection, only reuses the one you opened (MFA clusters)."),
+    Variable("TRAINSTACK_REMOTE_INDEX_DIR", "you",
+             "Where the local index of --host submissions lives (default ~/.cache/trainstack)."),
     Variable("TRAINSTACK_PRELOAD", "you",
              "0 turns the workers' preloaded fork server off (workers are spawned); a comma-separated list of modules "
              "preloads those as well (e.g. transformers)."),
@@ -90,11 +104,15 @@ NODE_LOG, ERROR_REPORT, INTERRUPT_FILE = "TRAINSTACK_NODE_LOG", "TRAINSTACK_ERRO
 SLURM_FN = "TRAINSTACK_SLURM_FN"
 COMPILE_CACHE, COMPILE_TIMEOUT = "TRAINSTACK_COMPILE_CACHE", "TRAINSTACK_COMPILE_TIMEOUT"
 PEAK_TFLOPS = "TRAINSTACK_PEAK_TFLOPS"
+HOST, REMOTE_DIR, REMOTE_TRAINSTACK = "TRAINSTACK_HOST", "TRAINSTACK_REMOTE_DIR", "TRAINSTACK_REMOTE_TRAINSTACK"
+SSH_CONFIG, SSH_REUSE_ONLY, REMOTE_INDEX_DIR = ("TRAINSTACK_SSH_CONFIG", "TRAINSTACK_SSH_REUSE_ONLY",
+                                                "TRAINSTACK_REMOTE_INDEX_DIR")
 assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PRELOAD, START_METHOD, PIN_MEMORY,
                                          FAST_TENSOR_PATH, PROGRESS, STOP_SIGNALS, STOP_FILE, NPROCS, COMPUTE_SETUP,
                                          JOB_DIR, RUN_DIR, SNAPSHOT, SUBMIT_DIR, RANK_LOG, NODE_LOG, ERROR_REPORT,
                                          INTERRUPT_FILE, COMPILE_CACHE, COMPILE_TIMEOUT,
-                                         PEAK_TFLOPS))
+                                         PEAK_TFLOPS, HOST, REMOTE_DIR, REMOTE_TRAINSTACK, SSH_CONFIG,
+                                         SSH_REUSE_ONLY, REMOTE_INDEX_DIR))
 
 
 @overload

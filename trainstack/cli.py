@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from . import _envvars as envvars
 from ._slurm.options import build_spec
 from ._slurm.program import FORMS
 from ._slurm.spec import spec_defaults
@@ -157,6 +158,34 @@ class TrainstackGroup(click.Group):
             raise click.ClickException(str(exc)) from None
 
 
+def _hosted(fn: Any) -> Any:
+    """``--host DEST`` (or TRAINSTACK_HOST): run this same command on DEST's login node over the user's OpenSSH."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, host: str | None, **kwargs: Any) -> Any:
+        if not host:
+            return fn(*args, **kwargs)
+        from ._slurm.hosted import forwarded_args, run_hosted
+
+        ctx = click.get_current_context()
+        sys.exit(_remote_call(lambda: run_hosted(host, forwarded_args(ctx), follow=bool(kwargs.get("follow")))))
+
+    return click.option("--host", envvar=envvars.HOST, default=None, metavar="DEST",
+                        help="Run it on this login node over ssh (what you type after ssh; TRAINSTACK_HOST).")(wrapper)
+
+
+def _remote_call(call: Any) -> int:
+    """A remote call's exit status; its RemoteError as a clear message (exit 2)."""
+    from ._slurm.ssh import RemoteError
+
+    try:
+        return int(call() or 0)
+    except RemoteError as exc:
+        click.echo(f"trainstack: {exc}", err=True)
+        return 2
+
+
 @click.group(cls=TrainstackGroup, epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="trainstack")
 def main() -> None:
@@ -196,10 +225,22 @@ def generate(ctx: click.Context, output: str | None, force: bool, dry_run: bool,
                    "run that copy, so edits made while the job waits do not change it.")
 @click.option("--hold", is_flag=True, help="Submit held; start it with `scontrol release JOBID`.")
 @click.option("--dry-run", is_flag=True, help="Print the script (and a sweep's task table); submit nothing.")
+@click.option("--host", envvar=envvars.HOST, default=None, metavar="DEST",
+              help="Submit on this login node over ssh: the working tree is shipped with rsync (incrementally) and "
+                   "the job runs from that copy (TRAINSTACK_HOST).")
+@click.option("--remote-dir", envvar=envvars.REMOTE_DIR, default="trainstack-remote", show_default=True,
+              help="With --host: the folder on the login node (relative to its home) that holds the shipped code.")
 @click.pass_context
-def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: bool, **params: Any) -> None:
+def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: bool, host: str | None,
+           remote_dir: str, **params: Any) -> None:
     """Render, create the job folder, sbatch; print the job id, its folder and its log."""
     from .submit import finished_tasks, submit_spec
+
+    if host:
+        from ._slurm.hosted import forwarded_args, submit_hosted
+
+        args = forwarded_args(ctx)
+        sys.exit(_remote_call(lambda: submit_hosted(host, remote_dir, args, Path.cwd())))
 
     spec, templates_dir = build_spec(ctx, params)
     if dry_run:
@@ -258,6 +299,7 @@ def _warn_uncommitted(cwd: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--limit", type=int, default=20, show_default=True, help="Without JOBID: how many past jobs.")
 @click.option("--attempts", is_flag=True, help="One row per attempt of a requeued job (its verdicts.jsonl).")
+@_hosted
 def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool) -> None:
     """State, nodes, elapsed time, restarts and the last metric line of jobs (one row per array task); without
     JOBID, your queued and running jobs and the last jobs trainstack submitted. Works without Slurm accounting."""
@@ -320,6 +362,7 @@ def _retry_line(folder: Path | None) -> str:
 @main.command()
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_hosted
 def why(job_id: str, as_json: bool) -> None:
     """Why a job ended: the verdict (completed, cancelled, preempted, time limit, hang, CUDA out-of-memory, killed by
     signal 9, collective failure, node failure, a Python error on its first failing rank, unknown), the evidence
@@ -343,12 +386,15 @@ def why(job_id: str, as_json: bool) -> None:
 @click.argument("job_id")
 @click.option("--rank", type=int, default=None, help="This rank's own log (rank-<r>.out in the job folder).")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows, until the job ends.")
-def logs(job_id: str, rank: int | None, follow: bool) -> None:
+@click.option("--from-byte", type=int, default=0, hidden=True, help="With --follow: start at this byte (a remote "
+                                                                    "follower reconnecting).")
+@_hosted
+def logs(job_id: str, rank: int | None, follow: bool, from_byte: int) -> None:
     """Print a job's combined log, or one rank's log; an array task is <job>_<task>."""
     from ._slurm.status import find_log, follow_log
 
     if follow:
-        row = follow_log(job_id, rank, echo=lambda text: click.echo(text, nl=False))
+        row = follow_log(job_id, rank, echo=lambda text: click.echo(text, nl=False), offset=from_byte)
         click.echo(f"--- job {row.job} {row.state}", err=True)
         return
     path, _ = find_log(job_id, rank)
@@ -359,6 +405,7 @@ def logs(job_id: str, rank: int | None, follow: bool) -> None:
 
 @main.command()
 @click.argument("job_id")
+@_hosted
 def cancel(job_id: str) -> None:
     """Cancel a queued or running job (or one array task, <job>_<task>); a --requeue job is not requeued."""
     from ._slurm.status import cancel_job
@@ -409,6 +456,7 @@ def _command_line() -> str:
 @click.argument("job_id")
 @click.option("--wait", "wait_s", type=float, default=30.0, show_default=True,
               help="Seconds to wait for the ranks' answers before falling back to py-spy.")
+@_hosted
 def debug(job_id: str, wait_s: float) -> None:
     """Every rank's Python stacks from a running job, and a summary naming the rank that is behind (the job keeps
     running). Dumps land in the job folder, debug-<time>/rank-<r>.txt."""
@@ -417,6 +465,19 @@ def debug(job_id: str, wait_s: float) -> None:
     folder = debug_job(job_id, wait_s=wait_s, echo=click.echo)
     if folder is not None:
         click.echo(f"stacks: {folder}/rank-<r>.txt")
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--host", envvar=envvars.HOST, required=True, metavar="DEST",
+              help="The login node the job was submitted on (TRAINSTACK_HOST).")
+@click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
+              help="Where to put it (default: fetched/<host>-<job>).")
+def fetch(job_id: str, host: str, output: str | None) -> None:
+    """Copy a job's folder (logs, rank logs, metadata, verdicts) from the login node over rsync."""
+    from ._slurm.hosted import fetch_job
+
+    sys.exit(_remote_call(lambda: click.echo(f"fetched {fetch_job(host, job_id, Path(output) if output else None)}")))
 
 
 @main.group()
@@ -437,9 +498,10 @@ def _which(fn: Any) -> Any:
 
 
 @checkpoint.command("inspect")
-@click.argument("path", type=click.Path(exists=True))
+@click.argument("path", type=click.Path())
 @_which
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_hosted
 def checkpoint_inspect(path: str, which: str | None, as_json: bool) -> None:
     """Format, world size, epoch, step, the monitored value, parameters and size of a checkpoint (or a run folder's
     newest, best or last)."""
@@ -447,6 +509,9 @@ def checkpoint_inspect(path: str, which: str | None, as_json: bool) -> None:
 
     from .checkpoint import describe
 
+    if not Path(path).exists():
+        raise click.BadParameter(f"{path!r} does not exist here (with --host it is read on the login node)",
+                                 param_hint="'PATH'")
     info = describe(path, which)
     if as_json:
         click.echo(json.dumps(info, indent=2))

@@ -101,20 +101,25 @@ def cache_folder(run_folder: Path | None) -> Path | None:
 
 
 def use_cache(folder: Path | None) -> Path | None:
-    """Point inductor (and triton) at ``folder`` before anything compiles, unless the user set
-    TORCHINDUCTOR_CACHE_DIR themselves; returns the folder in use (None: torch's default)."""
+    """Point inductor (and triton) at ``folder`` before anything compiles -- unless the user set
+    TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR themselves (a value this function set is re-pointed: the Trainer
+    moves a job folder's cache to its run folder); returns the inductor cache in use (None: torch's default)."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    mine = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if mine and os.path.abspath(mine) != os.path.abspath(default_cache_dir()) and not mine.endswith(CACHE_FOLDER
-                                                                                                   + "/inductor"):
-        return Path(mine)  # the user's own choice wins
-    if folder is None:
-        return None
-    (folder / "inductor").mkdir(parents=True, exist_ok=True)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder / "inductor")
-    os.environ.setdefault("TRITON_CACHE_DIR", str(folder / "triton"))
-    return folder
+    for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
+        current = os.environ.get(var)
+        torch_default = var == "TORCHINDUCTOR_CACHE_DIR" and current is not None and \
+            os.path.abspath(current) == os.path.abspath(default_cache_dir())  # inductor writes its default back
+        if folder is None or (current and current != _SET_BY_US.get(var) and not torch_default):
+            continue
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+        os.environ[var] = _SET_BY_US[var] = str(folder / sub)
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return Path(current) if current else None
+
+
+#: The cache variables this process set (and may move), as opposed to the user's.
+_SET_BY_US: dict[str, str] = {}
 
 
 def window() -> float:

@@ -276,11 +276,11 @@ def find_log(job_id: str, rank: int | None = None) -> tuple[Path, TaskStatus]:
 
 
 def follow_log(job_id: str, rank: int | None, echo: Callable[[str], None], poll: float = 1.0,
-               timeout: float | None = None) -> TaskStatus:
-    """Print the log as it grows until the job ends (waiting for a pending job to start); return its last row."""
+               timeout: float | None = None, offset: int = 0) -> TaskStatus:
+    """Print the log as it grows (from byte ``offset``: a reconnecting remote follower) until the job ends (waiting
+    for a pending job to start); return its last row."""
     deadline = None if timeout is None else time.monotonic() + timeout
     path: Path | None = None
-    offset = 0
     while True:
         rows = job_status(job_id)
         row = rows[0]

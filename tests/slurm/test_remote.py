@@ -1,0 +1,223 @@
+"""`--host` from a laptop, for real: an OpenSSH server on 127.0.0.1 (its own sshd -f config on a free port, a
+throw-away key, started and stopped by pid) in front of the local 2-node Slurm, logged into as a second Unix user
+(`tsremote`) with its own trainstack install and remote dir. The "laptop" is a git repository in a temp folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(500)]
+USER = "tsremote"
+VENV = Path("/opt/tsremote-venv")  # the remote account's own install: a torch-free trainstack CLI
+PROGRAM = """import os, sys, time
+from helper import VERSION
+for step in range(1, int(os.environ.get("STEPS", "6")) + 1):
+    print(f"epoch 1 | step {step} | loss {1 / step:.4f} | version {VERSION} | args {sys.argv[1:]}", flush=True)
+    time.sleep(float(os.environ.get("PAUSE", "0.5")))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _remote_install() -> Path:
+    """tsremote's trainstack: a venv of the system python with the CLI's dependencies, this checkout on its path."""
+    if not (VENV / "bin" / "python").exists():
+        subprocess.run(["/usr/bin/python3", "-m", "venv", str(VENV)], check=True, timeout=120)
+        subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", "click>=8.1", "jinja2>=3.1", "rich>=13",
+                        "python-hostlist>=1.23"], check=True, timeout=300)
+    src = VENV / "src"  # this checkout's package, where the account can read it (a CI checkout may not be)
+    shutil.rmtree(src, ignore_errors=True)
+    shutil.copytree(ROOT / "trainstack", src / "trainstack", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "templates", src / "templates")
+    wrapper = VENV / "bin" / "trainstack-remote"
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={src} exec {VENV}/bin/python -m trainstack \"$@\"\n")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+@pytest.fixture(scope="module")
+def cluster(slurm_env):
+    """(the environment a laptop user has: an ssh config naming the host `tscluster`, ...) with sshd running."""
+    if os.geteuid() != 0 or not shutil.which("sshd") or not shutil.which("rsync"):
+        pytest.skip("needs root, openssh-server and rsync (CI installs them)")
+    if subprocess.run(["id", USER], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "-m", "-s", "/bin/bash", USER], check=True)
+    subprocess.run(["usermod", "-p", "*", USER], check=True)  # no password, but not locked: sshd refuses a locked one
+    home = Path(pwd.getpwnam(USER).pw_dir)
+    trainstack = _remote_install()
+    tmp = Path(tempfile.mkdtemp(prefix="trainstack-sshd-", dir="/tmp"))  # sshd reads the keys as the user:
+    tmp.chmod(0o755)  # pytest's own folders (0700) are out of its reach
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "host_key")], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "id")], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "other")], check=True)
+    (tmp / "authorized_keys").write_text((tmp / "id.pub").read_text())
+    (tmp / "authorized_keys").chmod(0o644)
+    port = _free_port()
+    conf = tmp / "sshd_config"
+    conf.write_text(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp}/host_key\nPidFile {tmp}/sshd.pid\n"
+                    f"AuthorizedKeysFile {tmp}/authorized_keys\nStrictModes no\nPasswordAuthentication no\n"
+                    f"KbdInteractiveAuthentication no\nUsePAM no\nPermitRootLogin no\nAllowUsers {USER}\n"
+                    f"SetEnv SLURM_CONF={slurm_env['SLURM_CONF']}\nMaxSessions 50\n"
+                    f"Subsystem sftp internal-sftp\n")
+    Path("/run/sshd").mkdir(exist_ok=True)
+    subprocess.run(["/usr/sbin/sshd", "-f", str(conf), "-E", str(tmp / "sshd.log")], check=True)
+    config = tmp / "ssh_config"
+    common = (f"  HostName 127.0.0.1\n  Port {port}\n  User {USER}\n  UserKnownHostsFile {tmp}/known_hosts\n"
+              f"  StrictHostKeyChecking accept-new\n  IdentitiesOnly yes\n")
+    config.write_text(f"Host tscluster\n{common}  IdentityFile {tmp}/id\n"
+                      f"Host wrongkey\n{common}  IdentityFile {tmp}/other\n"
+                      f"Host nowhere\n  HostName 127.0.0.1\n  Port {_free_port()}\n  User {USER}\n")
+    runtime = tmp / "run"
+    runtime.mkdir(mode=0o700)
+    env = {**slurm_env, "TRAINSTACK_SSH_CONFIG": str(config), "XDG_RUNTIME_DIR": str(runtime),
+           "TRAINSTACK_REMOTE_TRAINSTACK": str(trainstack), "TRAINSTACK_REMOTE_INDEX_DIR": str(tmp / "index"),
+           "PYTHONPATH": str(ROOT)}
+    env.pop("TRAINSTACK_HOST", None)
+    try:
+        yield env, home, tmp
+    finally:
+        subprocess.run(["ssh", "-F", str(config), "-o", f"ControlPath={runtime}/trainstack-ssh/%C", "-O", "exit",
+                        "tscluster"], capture_output=True, timeout=30)
+        pid = int((tmp / "sshd.pid").read_text())
+        os.kill(pid, signal.SIGTERM)
+        subprocess.run(["pkill", "-u", USER], check=False)  # the account's leftovers (none expected)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ts(env, *args, cwd=None, check=True, timeout=240):
+    out = subprocess.run([sys.executable, "-m", "trainstack", *args], env=env, cwd=cwd, capture_output=True,
+                         text=True, timeout=timeout)
+    if check:
+        assert out.returncode == 0, f"trainstack {' '.join(args)}:\n{out.stdout}\n{out.stderr}"
+    return out
+
+
+def _laptop(tmp: Path) -> Path:
+    repo = tmp / "laptop" / "project"
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "train.py").write_text(PROGRAM)
+    (repo / "src" / "helper.py").write_text('VERSION = "one"\n')
+    (repo / ".gitignore").write_text("data/\n")
+    (repo / "data").mkdir()
+    (repo / "data" / "big.bin").write_bytes(os.urandom(1 << 20))  # ignored by git: never shipped
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
+                   check=True)
+    return repo
+
+
+def _job_of(out: str) -> str:
+    return next(line.split()[1] for line in out.splitlines() if line.startswith("job "))
+
+
+def test_the_laptop_workflow_submit_follow_status_cancel_fetch(cluster, tmp_path):
+    env, home, _ = cluster
+    repo = _laptop(tmp_path)
+    submit = ["submit", "--host", "tscluster", "--cpu", "--time", "5", "--job-name", "trainstack-test",
+              "--python", "/usr/bin/python3", "--", "train.py", "--lr", "0.1"]
+    started = time.monotonic()
+    first = ts(env, *submit[:-4], "--hold", *submit[-4:], cwd=repo / "src")
+    to_job_id = time.monotonic() - started
+    held = _job_of(first.stdout)
+    assert "shipped 4 file(s)" in first.stderr and "big.bin" not in first.stderr, first.stderr
+    sent_first = int(first.stderr.split("(")[1].split(" bytes")[0].replace(",", ""))
+    code = home / "trainstack-remote" / "code"
+    assert not list(code.glob("*/data/big.bin"))  # git-ignored data stays on the laptop
+
+    (repo / "src" / "helper.py").write_text('VERSION = "two"\n')  # edited after the first submission
+    second = ts(env, *submit, cwd=repo / "src", check=True)
+    job = _job_of(second.stdout)
+    sent_second = int(second.stderr.split("(")[1].split(" bytes")[0].replace(",", ""))
+    assert sent_second < sent_first, (sent_first, sent_second)
+    print(f"submit --host: job id after {to_job_id:.1f} s; bytes sent: first {sent_first}, second {sent_second}")
+
+    followed = ts(env, "logs", "--host", "tscluster", "--follow", job, timeout=200)
+    assert "step 6 | loss 0.1667 | version two | args ['--lr', '0.1']" in followed.stdout, followed.stdout
+    status = ts(env, "status", "--host", "tscluster", job).stdout
+    assert "COMPLETED" in status and "step 6" in status, status
+
+    subprocess.run(["scontrol", "release", held], env=env, check=True)  # the first job runs its own snapshot
+    old = ts(env, "logs", "--host", "tscluster", "--follow", held, timeout=200).stdout
+    assert "version one" in old and "version two" not in old, old
+
+    fetched = ts(env, "fetch", "--host", "tscluster", job, "-o", str(tmp_path / "got")).stdout
+    assert "fetched" in fetched and (tmp_path / "got" / "metadata.json").exists()
+    assert list((tmp_path / "got").glob("rank-0.out")) or list((tmp_path / "got").glob("*.out"))
+
+    slow = ts(env, *submit[:-4], "--env", "STEPS=200", *submit[-4:], cwd=repo / "src")
+    victim = _job_of(slow.stdout)
+    assert "cancelled" in ts(env, "cancel", "--host", "tscluster", victim).stdout
+    index = json.loads((Path(env["TRAINSTACK_REMOTE_INDEX_DIR"]) / "remote-jobs.json").read_text())
+    assert {r["job"] for r in index} >= {held, job, victim}
+    assert oct((Path(env["TRAINSTACK_REMOTE_INDEX_DIR"]) / "remote-jobs.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_follow_survives_a_dropped_connection_without_duplicate_lines(cluster, tmp_path):
+    env, _, tmp = cluster
+    repo = _laptop(tmp_path)
+    out = ts(env, "submit", "--host", "tscluster", "--cpu", "--time", "5", "--job-name", "trainstack-test",
+             "--python", "/usr/bin/python3", "--env", "STEPS=16", "--", "train.py", cwd=repo / "src")
+    job = _job_of(out.stdout)
+    follower = subprocess.Popen([sys.executable, "-m", "trainstack", "logs", "--host", "tscluster", "--follow", job],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(5)
+    control = Path(env["XDG_RUNTIME_DIR"]) / "trainstack-ssh"
+    master = subprocess.run(["ssh", "-F", env["TRAINSTACK_SSH_CONFIG"], "-o", f"ControlPath={control}/%C", "-O",
+                             "check", "tscluster"], capture_output=True, text=True).stderr
+    pid = int(master.split("pid=")[1].split(")")[0])
+    os.kill(pid, signal.SIGKILL)  # the connection drops mid-follow
+    stdout, stderr = follower.communicate(timeout=200)
+    steps = [line for line in stdout.splitlines() if line.startswith("epoch 1 | step")]
+    assert [int(s.split()[4]) for s in steps] == list(range(1, 17)), stdout
+    assert "reconnecting" in stderr, stderr
+
+
+def test_bad_hosts_give_clear_errors_fast(cluster, tmp_path):
+    env, _, _ = cluster
+    for host, expected in (("nowhere", "unreachable"), ("wrongkey", "refused the key")):
+        started = time.monotonic()
+        out = ts(env, "status", "--host", host, "123", check=False, timeout=60)
+        assert out.returncode == 2 and expected in out.stderr, out.stderr
+        assert time.monotonic() - started < 40
+    missing = ts({**env, "TRAINSTACK_REMOTE_TRAINSTACK": "/nonexistent/trainstack"}, "submit", "--host",
+                 "tscluster", "--cpu", "--", "train.py", cwd=_laptop(tmp_path) / "src", check=False)
+    assert missing.returncode == 2 and "trainstack is not installed on tscluster" in missing.stderr, missing.stderr
+    reuse = ts({**env, "TRAINSTACK_SSH_REUSE_ONLY": "1", "XDG_RUNTIME_DIR": str(tmp_path)}, "status", "--host",
+               "tscluster", check=False)
+    assert reuse.returncode == 2 and "ssh -fN" in reuse.stderr, reuse.stderr
+
+
+def test_hostile_names_and_arguments_stay_inert_on_the_remote_shell(cluster, tmp_path):
+    env, home, _ = cluster
+    repo = _laptop(tmp_path)
+    canary = Path("/tmp/trainstack-remote-canary")
+    canary.unlink(missing_ok=True)
+    out = ts(env, "submit", "--host", "tscluster", "--cpu", "--time", "5", "--job-name",
+             f"trainstack-test;touch {canary}", "--python", "/usr/bin/python3", "--env", "STEPS=1", "--",
+             "train.py", f"$(touch {canary})", f"`touch {canary}`", "'; touch " + str(canary) + "; '", cwd=repo / "src",
+             check=False)
+    if out.returncode == 0:
+        job = _job_of(out.stdout)
+        log = ts(env, "logs", "--host", "tscluster", "--follow", job, timeout=200).stdout
+        assert f"$(touch {canary})" in log, log  # the argument arrived as text
+    else:
+        assert "--job-name" in out.stderr, out.stderr  # refused with the option named
+    assert not canary.exists()

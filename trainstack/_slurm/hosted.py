@@ -1,0 +1,156 @@
+"""``--host``: a trainstack command run on a cluster's login node from a laptop (see :mod:`.ssh`).
+
+``status``/``logs``/``cancel``/``debug``/``why``/``checkpoint inspect`` run there as they would here (one remote
+command per call, the same squeue -> sacct -> job-folder logic); ``submit`` first ships the code (the git working
+tree, uncommitted changes included, without what git ignores) into ``<remote dir>/code/<repo>`` with rsync --
+incremental between submissions -- and submits from there, where the remote submit snapshots it into the job folder
+as usual (an edit made after submission reaches neither); ``fetch`` copies a job folder back. Jobs submitted from
+here are kept in a private local index (0600). Torch-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import _envvars as envvars
+from .._files import atomic_write
+from .._version import __version__
+from .ssh import Remote, RemoteError
+
+__all__ = ["forwarded_args", "run_hosted", "submit_hosted", "fetch_job", "remote_for", "index_path"]
+
+
+def remote_for(host: str) -> Remote:
+    """The host's Remote, with TRAINSTACK_REMOTE_TRAINSTACK (its trainstack executable) and
+    TRAINSTACK_SSH_REUSE_ONLY=1 (never open a connection: MFA hosts) applied."""
+    return Remote(host, os.environ.get(envvars.REMOTE_TRAINSTACK, "trainstack"),
+                  reuse_only=os.environ.get(envvars.SSH_REUSE_ONLY, "") in ("1", "true", "yes"))
+
+
+def forwarded_args(ctx: Any, drop: tuple[str, ...] = ("host", "remote_dir")) -> list[str]:
+    """The command line of this click invocation, as the remote trainstack should get it (minus ``drop``)."""
+    import click
+
+    words = ctx.command_path.split()[1:]
+    tail: list[str] = []
+    for param in ctx.command.params:
+        name = param.name
+        if name in drop or name not in ctx.params:
+            continue
+        value = ctx.params[name]
+        if isinstance(param, click.Argument):
+            values = list(value) if isinstance(value, (list, tuple)) else [value]
+            tail += (["--"] if param.nargs == -1 and values else []) + [str(v) for v in values if v is not None]
+        elif param.is_flag and param.flag_value is not None and not isinstance(param.flag_value, bool):
+            words += [param.opts[0]] if value == param.flag_value else []
+        elif param.is_flag:
+            if value != param.default:
+                words += [param.opts[0]] if value else list(param.secondary_opts[:1])
+        elif param.multiple:
+            for item in value or ():
+                words += [param.opts[0], str(item)]
+        elif value is not None and value != param.default:
+            words += [param.opts[0], str(value)]
+    return words + tail
+
+
+def run_hosted(host: str, args: list[str], follow: bool = False) -> int:
+    """Run ``trainstack ARGS`` on ``host`` with its output here; its exit status."""
+    remote = remote_for(host)
+    if follow:
+        return remote.follow(args)
+    code = remote.stream(remote.trainstack_command(args))
+    if code == 255:
+        remote.run(["true"])  # says why the connection failed (a RemoteError)
+    return code
+
+
+def _repo_root(cwd: Path) -> Path:
+    out = subprocess.run(["git", "-C", str(cwd), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RemoteError(f"submit --host ships a git working tree, and {cwd} is not in one. HINT: git init (the "
+                          f"files git ignores are not shipped), or submit on the login node.")
+    return Path(out.stdout.strip())
+
+
+def ship(remote: Remote, cwd: Path, remote_dir: str) -> tuple[str, int, int]:
+    """The working tree (tracked and untracked files, not the ignored ones) into ``<remote_dir>/code/<repo>``;
+    (the remote folder to submit from, files, bytes sent)."""
+    root = _repo_root(cwd)
+    listed = subprocess.run(["git", "-C", str(root), "ls-files", "-co", "--exclude-standard", "-z"],
+                            capture_output=True, check=True).stdout.split(b"\0")
+    files = [f.decode() for f in listed if f and (root / f.decode()).is_file()]
+    tag = hashlib.sha256(str(root).encode()).hexdigest()[:8]
+    target = f"{remote_dir.rstrip('/')}/code/{root.name}-{tag}"
+    remote.run(["mkdir", "-p", target])
+    with tempfile.NamedTemporaryFile("w", suffix=".files", delete=False) as fh:
+        fh.write("\n".join(files) + "\n")
+    try:
+        sent = remote.rsync([f"{root}/"], f"{target}/", files_from=Path(fh.name))
+    finally:
+        os.unlink(fh.name)
+    sub = cwd.resolve().relative_to(root.resolve())
+    return (f"{target}/{sub}" if str(sub) != "." else target), len(files), sent
+
+
+def submit_hosted(host: str, remote_dir: str, args: list[str], cwd: Path) -> int:
+    """Ship the code, then ``trainstack submit ARGS`` from it on ``host``; the job goes into the local index."""
+    remote = remote_for(host)
+    theirs = remote.trainstack_version()
+    if theirs != __version__:
+        print(f"warning: trainstack {theirs} on {host}, {__version__} here: the job is rendered by {host}'s "
+              f"version", file=sys.stderr)
+    started = time.monotonic()
+    folder, files, sent = ship(remote, cwd, remote_dir)
+    print(f"shipped {files} file(s) to {host}:{folder} ({sent:,} bytes sent, {time.monotonic() - started:.1f} s)",
+          file=sys.stderr)
+    cd_and_run = ["sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", folder, remote.trainstack, "submit", *args]
+    out = remote.run(cd_and_run, timeout=300, check=False)
+    sys.stdout.write(out.stdout)
+    sys.stderr.write(out.stderr)
+    job = next((w for line in out.stdout.splitlines() if line.startswith("job ") for w in line.split()[1:2]), None)
+    if out.returncode == 0 and job:
+        _index_add({"host": host, "job": job, "remote_dir": remote_dir, "code": folder, "time": time.time()})
+    return out.returncode
+
+
+def fetch_job(host: str, job: str, output: Path | None) -> Path:
+    """Copy job ``job``'s folder (its logs, metadata, rank logs, verdicts) from ``host`` to ``output``."""
+    remote = remote_for(host)
+    rows = json.loads(remote.run([remote.trainstack, "status", "--json", job]).stdout or "[]")
+    folder = next((r.get("folder") for r in rows if r.get("folder")), None)
+    if not folder:
+        raise RemoteError(f"job {job} on {host} has no job folder to fetch (was it submitted by trainstack?)")
+    target = output or Path("fetched") / f"{host.replace('@', '_')}-{job}"
+    target.mkdir(parents=True, exist_ok=True)
+    remote.rsync([f"{folder.rstrip('/')}/"], f"{target}/", pull=True)
+    return target
+
+
+def index_path() -> Path:
+    """The local index of jobs submitted with --host (0600 in a 0700 folder)."""
+    folder = Path(os.environ.get(envvars.REMOTE_INDEX_DIR) or Path.home() / ".cache" / "trainstack")
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    return folder / "remote-jobs.json"
+
+
+def index_rows() -> list[dict[str, Any]]:
+    try:
+        rows = json.loads(index_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return rows if isinstance(rows, list) else []
+
+
+def _index_add(row: dict[str, Any]) -> None:
+    rows = index_rows()[-499:] + [row]
+    atomic_write(index_path(), json.dumps(rows), mode=0o600)
