@@ -39,25 +39,28 @@ def forwarded_args(ctx: Any, drop: tuple[str, ...] = ("host", "remote_dir")) -> 
     """The command line of this click invocation, as the remote trainstack should get it (minus ``drop``)."""
     import click
 
+    from click.core import ParameterSource
+
     words = ctx.command_path.split()[1:]
     tail: list[str] = []
     for param in ctx.command.params:
         name = param.name
-        if name in drop or name not in ctx.params:
-            continue
+        if name in drop or ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE:
+            continue  # only what the user typed: defaults and environment values are the remote side's own
         value = ctx.params[name]
         if isinstance(param, click.Argument):
             values = list(value) if isinstance(value, (list, tuple)) else [value]
             tail += (["--"] if param.nargs == -1 and values else []) + [str(v) for v in values if v is not None]
-        elif param.is_flag and param.flag_value is not None and not isinstance(param.flag_value, bool):
-            words += [param.opts[0]] if value == param.flag_value else []
-        elif param.is_flag:
-            if value != param.default:
-                words += [param.opts[0]] if value else list(param.secondary_opts[:1])
-        elif param.multiple:
+        elif getattr(param, "is_flag", False):
+            flag_value = getattr(param, "flag_value", None)
+            if isinstance(flag_value, str):  # one of several options sharing a name (--best / --last)
+                words += [param.opts[0]] if value == flag_value else []
+            else:
+                words += [param.opts[0]] if value else list(getattr(param, "secondary_opts", [])[:1])
+        elif getattr(param, "multiple", False):
             for item in value or ():
                 words += [param.opts[0], str(item)]
-        elif value is not None and value != param.default:
+        elif value is not None:
             words += [param.opts[0], str(value)]
     return words + tail
 
