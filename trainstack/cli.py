@@ -322,7 +322,14 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool) 
                 extra = _attempt_rows(row.folder) if attempts else _retry_line(row.folder)
                 if extra:
                     click.echo(extra)
-    problem = None if job_ids else slurm_problem()
+    remote = None
+    if not job_ids and not as_json:
+        from ._slurm.hosted import remote_table
+
+        remote = remote_table(limit)  # jobs submitted from here with --host, on any host
+        if remote:
+            click.echo(("\n" if rows else "") + remote)
+    problem = None if job_ids or remote else slurm_problem()
     if problem:
         click.echo(f"trainstack: Slurm is not available here ({problem}): no cluster was asked"
                    + ("; the states above come from the job folders." if rows else ".")

@@ -165,6 +165,8 @@ def test_the_laptop_workflow_submit_follow_status_cancel_fetch(cluster, tmp_path
     slow = ts(env, *submit[:-4], "--env", "STEPS=200", *submit[-4:], cwd=repo / "src")
     victim = _job_of(slow.stdout)
     assert "cancelled" in ts(env, "cancel", "--host", "tscluster", victim).stdout
+    listed = ts(env, "status", check=False).stdout  # the laptop's own list: every --host job, asked per host
+    assert f"tscluster  {job}  COMPLETED" in listed and "step 6" in listed, listed
     index = json.loads((Path(env["TRAINSTACK_REMOTE_INDEX_DIR"]) / "remote-jobs.json").read_text())
     assert {r["job"] for r in index} >= {held, job, victim}
     assert oct((Path(env["TRAINSTACK_REMOTE_INDEX_DIR"]) / "remote-jobs.json").stat().st_mode & 0o777) == "0o600"

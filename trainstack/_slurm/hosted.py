@@ -25,7 +25,7 @@ from .._files import atomic_write
 from .._version import __version__
 from .ssh import Remote, RemoteError
 
-__all__ = ["forwarded_args", "run_hosted", "submit_hosted", "fetch_job", "remote_for", "index_path"]
+__all__ = ["forwarded_args", "run_hosted", "submit_hosted", "fetch_job", "remote_for", "index_path", "remote_table"]
 
 
 def remote_for(host: str) -> Remote:
@@ -38,7 +38,6 @@ def remote_for(host: str) -> Remote:
 def forwarded_args(ctx: Any, drop: tuple[str, ...] = ("host", "remote_dir")) -> list[str]:
     """The command line of this click invocation, as the remote trainstack should get it (minus ``drop``)."""
     import click
-
     from click.core import ParameterSource
 
     words = ctx.command_path.split()[1:]
@@ -157,3 +156,25 @@ def index_rows() -> list[dict[str, Any]]:
 def _index_add(row: dict[str, Any]) -> None:
     rows = index_rows()[-499:] + [row]
     atomic_write(index_path(), json.dumps(rows), mode=0o600)
+
+
+def remote_table(limit: int = 20) -> str | None:
+    """The jobs submitted from here with --host, newest last, their state asked from each host in one command
+    (HOST, JOB, STATE, LAST METRIC); None when there are none. A host that cannot be reached says so."""
+    rows = index_rows()[-limit:]
+    if not rows:
+        return None
+    lines = ["HOST  JOB  STATE  LAST METRIC"]
+    by_host: dict[str, list[str]] = {}
+    for row in rows:
+        by_host.setdefault(row["host"], []).append(str(row["job"]))
+    for host, jobs in by_host.items():
+        try:
+            remote = remote_for(host)
+            found = json.loads(remote.run([remote.trainstack, "status", "--json", *jobs], timeout=60).stdout or "[]")
+        except (RemoteError, ValueError) as exc:
+            lines.append(f"{host}  {', '.join(jobs)}  ?  ({str(exc)[:160]})")
+            continue
+        for item in found:
+            lines.append(f"{host}  {item.get('job')}  {item.get('state')}  {item.get('metric') or ''}".rstrip())
+    return "\n".join(lines)
