@@ -266,7 +266,7 @@ class Accelerator:
                 f"distribute() can do. HINT: call accelerator.distribute(train_fn)(...) or launch the script "
                 f"with torchrun --nproc_per_node {self.nprocs}.")
         if plan.world_size > 1:
-            ProcessGroupSession(self._ctx(), self.backend, host_store=plan.rank_offset == 0).start()
+            ProcessGroupSession(self._ctx(), self.backend, host_store=plan.rank_offset == 0).start_for_process()
 
     # ------------------------------------------------------------------ preparing objects
     def prepare(self, *objs: Any, compile: bool | dict[str, Any] | None = None) -> Any:

@@ -22,6 +22,7 @@ Design choices:
 from __future__ import annotations
 
 import ast
+import atexit
 import datetime
 import logging
 import multiprocessing
@@ -189,11 +190,18 @@ class ProcessGroupSession:
         dist.init_process_group(self.pg_backend, store=store, rank=ctx.rank, world_size=ctx.world_size,
                                 timeout=timeout, device_id=device_id)
 
-    def stop(self, ok: bool) -> None:
-        """Leave the group. After success, a barrier first so no rank tears down mid-collective."""
+    def start_for_process(self) -> None:
+        """Join for the rest of the process and leave cleanly at its exit: a group left to the interpreter's
+        teardown can abort a finished rank ("terminate called without an active exception", exit 134)."""
+        atexit.register(self.stop, True, False)
+        self.start()
+
+    def stop(self, ok: bool, barrier: bool = True) -> None:
+        """Leave the group. After success, a barrier first so no rank tears down mid-collective (``barrier=False``
+        at interpreter exit: a rank that died must not hold the others there for the collective timeout)."""
         try:
             if dist.is_initialized():
-                if ok:
+                if ok and barrier:
                     dist.barrier()
                 dist.destroy_process_group()
             if self.store is not None and ok:
