@@ -73,6 +73,7 @@ CLI_CASES = [
     (G + ["--max-restarts", "2", "--", "t.py"], 2, "only applies to --launcher torchrun"),
     (G + ["--max-requeues", "-1", "--", "t.py"], 2, "--max-requeues"),
     (G + ["--max-retries", "-2", "--", "t.py"], 2, "--max-retries"),
+    (G + ["--job-name", "exp/1", "--", "t.py"], 2, "contains '/'"),
     (G + ["--retry-on", "hang,segfault", "--", "t.py"], 2, "'segfault' is not a failure verdict"),
     (G + ["--container", "apptainer", "--", "t.py"], 2, "--image"),
     (G + ["--container", "pyxis", "--", "t.py"], 2, "--image"),

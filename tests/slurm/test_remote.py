@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -81,8 +82,9 @@ def cluster(slurm_env):
     config = tmp / "ssh_config"
     common = (f"  HostName 127.0.0.1\n  Port {port}\n  User {USER}\n  UserKnownHostsFile {tmp}/known_hosts\n"
               f"  StrictHostKeyChecking accept-new\n  IdentitiesOnly yes\n")
+    # wrongkey: another HostName for the same server, so it cannot ride on tscluster's multiplexed connection
     config.write_text(f"Host tscluster\n{common}  IdentityFile {tmp}/id\n"
-                      f"Host wrongkey\n{common}  IdentityFile {tmp}/other\n"
+                      f"Host wrongkey\n{common.replace('127.0.0.1', 'localhost')}  IdentityFile {tmp}/other\n"
                       f"Host nowhere\n  HostName 127.0.0.1\n  Port {_free_port()}\n  User {USER}\n")
     runtime = tmp / "run"
     runtime.mkdir(mode=0o700)
@@ -124,6 +126,10 @@ def _laptop(tmp: Path) -> Path:
     return repo
 
 
+def _sent(stderr: str) -> int:
+    return int(re.search(r"\(([\d,]+) bytes sent", stderr).group(1).replace(",", ""))
+
+
 def _job_of(out: str) -> str:
     return next(line.split()[1] for line in out.splitlines() if line.startswith("job "))
 
@@ -137,15 +143,15 @@ def test_the_laptop_workflow_submit_follow_status_cancel_fetch(cluster, tmp_path
     first = ts(env, *submit[:-4], "--hold", *submit[-4:], cwd=repo / "src")
     to_job_id = time.monotonic() - started
     held = _job_of(first.stdout)
-    assert "shipped 4 file(s)" in first.stderr and "big.bin" not in first.stderr, first.stderr
-    sent_first = int(first.stderr.split("(")[1].split(" bytes")[0].replace(",", ""))
+    assert "shipped 3 file(s)" in first.stderr and "big.bin" not in first.stderr, first.stderr
+    sent_first = _sent(first.stderr)
     code = home / "trainstack-remote" / "code"
     assert not list(code.glob("*/data/big.bin"))  # git-ignored data stays on the laptop
 
     (repo / "src" / "helper.py").write_text('VERSION = "two"\n')  # edited after the first submission
     second = ts(env, *submit, cwd=repo / "src", check=True)
     job = _job_of(second.stdout)
-    sent_second = int(second.stderr.split("(")[1].split(" bytes")[0].replace(",", ""))
+    sent_second = _sent(second.stderr)
     assert sent_second < sent_first, (sent_first, sent_second)
     print(f"submit --host: job id after {to_job_id:.1f} s; bytes sent: first {sent_first}, second {sent_second}")
 
@@ -212,14 +218,13 @@ def test_hostile_names_and_arguments_stay_inert_on_the_remote_shell(cluster, tmp
     repo = _laptop(tmp_path)
     canary = Path("/tmp/trainstack-remote-canary")
     canary.unlink(missing_ok=True)
-    out = ts(env, "submit", "--host", "tscluster", "--cpu", "--time", "5", "--job-name",
-             f"trainstack-test;touch {canary}", "--python", "/usr/bin/python3", "--env", "STEPS=1", "--",
-             "train.py", f"$(touch {canary})", f"`touch {canary}`", "'; touch " + str(canary) + "; '", cwd=repo / "src",
-             check=False)
-    if out.returncode == 0:
-        job = _job_of(out.stdout)
-        log = ts(env, "logs", "--host", "tscluster", "--follow", job, timeout=200).stdout
-        assert f"$(touch {canary})" in log, log  # the argument arrived as text
-    else:
-        assert "--job-name" in out.stderr, out.stderr  # refused with the option named
+    common = ["submit", "--host", "tscluster", "--cpu", "--time", "5", "--python", "/usr/bin/python3", "--env",
+              "STEPS=1"]
+    named = ts(env, *common, "--job-name", f"trainstack-test;touch {canary}", "--", "train.py", cwd=repo / "src",
+               check=False)
+    assert named.returncode == 2 and "--job-name" in named.stderr and "contains '/'" in named.stderr, named.stderr
+    hostile = [f"$(touch {canary})", f"`touch {canary}`", f"'; touch {canary}; '", "a b\nc"]
+    out = ts(env, *common, "--job-name", "trainstack-test;$(id)", "--", "train.py", *hostile, cwd=repo / "src")
+    log = ts(env, "logs", "--host", "tscluster", "--follow", _job_of(out.stdout), timeout=200).stdout
+    assert f"args {hostile!r}" in log, log  # every argument arrived as the text it was
     assert not canary.exists()

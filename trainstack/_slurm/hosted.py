@@ -40,7 +40,10 @@ def forwarded_args(ctx: Any, drop: tuple[str, ...] = ("host", "remote_dir")) -> 
     import click
     from click.core import ParameterSource
 
-    words = ctx.command_path.split()[1:]
+    words, node = [], ctx
+    while node.parent is not None:  # the subcommands' names, not the program's ("python -m trainstack" is 3 words)
+        words.insert(0, node.info_name)
+        node = node.parent
     tail: list[str] = []
     for param in ctx.command.params:
         name = param.name
@@ -83,38 +86,46 @@ def _repo_root(cwd: Path) -> Path:
     return Path(out.stdout.strip())
 
 
-def ship(remote: Remote, cwd: Path, remote_dir: str) -> tuple[str, int, int]:
-    """The working tree (tracked and untracked files, not the ignored ones) into ``<remote_dir>/code/<repo>``;
-    (the remote folder to submit from, files, bytes sent)."""
+def ship(remote: Remote, cwd: Path, remote_dir: str) -> tuple[str, str, int, int]:
+    """The working tree (tracked and untracked files, not the ignored ones) into a new folder of its own under
+    ``<remote_dir>/code/<repo>/``, unchanged files hard-linked from the previous submission's (rsync
+    ``--link-dest``: only what changed is sent); (the folder to submit from, the submission's folder, files,
+    bytes sent). Each submission's copy is never written again: its job and every requeue run exactly it."""
     root = _repo_root(cwd)
     listed = subprocess.run(["git", "-C", str(root), "ls-files", "-co", "--exclude-standard", "-z"],
                             capture_output=True, check=True).stdout.split(b"\0")
     files = [f.decode() for f in listed if f and (root / f.decode()).is_file()]
     tag = hashlib.sha256(str(root).encode()).hexdigest()[:8]
-    target = f"{remote_dir.rstrip('/')}/code/{root.name}-{tag}"
-    remote.run(["mkdir", "-p", target])
+    base = f"{remote_dir.rstrip('/')}/code/{root.name}-{tag}"
+    submission = f"{base}/{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"
+    remote.run(["mkdir", "-p", submission])
     with tempfile.NamedTemporaryFile("w", suffix=".files", delete=False) as fh:
         fh.write("\n".join(files) + "\n")
     try:
-        sent = remote.rsync([f"{root}/"], f"{target}/", files_from=Path(fh.name))
+        # --checksum: an edit within the same second keeps a file's size and mtime, which rsync would trust
+        sent = remote.rsync([f"{root}/"], f"{submission}/", files_from=Path(fh.name),
+                            extra=["--link-dest=../latest", "--checksum"])
     finally:
         os.unlink(fh.name)
     sub = cwd.resolve().relative_to(root.resolve())
-    return (f"{target}/{sub}" if str(sub) != "." else target), len(files), sent
+    return (f"{submission}/{sub}" if str(sub) != "." else submission), submission, len(files), sent
 
 
 def submit_hosted(host: str, remote_dir: str, args: list[str], cwd: Path) -> int:
-    """Ship the code, then ``trainstack submit ARGS`` from it on ``host``; the job goes into the local index."""
+    """Ship the code, then ``trainstack ARGS`` (a submit command line) from it on ``host``; the job goes into the
+    local index."""
     remote = remote_for(host)
     theirs = remote.trainstack_version()
     if theirs != __version__:
         print(f"warning: trainstack {theirs} on {host}, {__version__} here: the job is rendered by {host}'s "
               f"version", file=sys.stderr)
     started = time.monotonic()
-    folder, files, sent = ship(remote, cwd, remote_dir)
-    print(f"shipped {files} file(s) to {host}:{folder} ({sent:,} bytes sent, {time.monotonic() - started:.1f} s)",
-          file=sys.stderr)
-    cd_and_run = ["sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", folder, remote.trainstack, "submit", *args]
+    folder, submission, files, sent = ship(remote, cwd, remote_dir)
+    print(f"shipped {files} file(s) to {host}:{submission} ({sent:,} bytes sent, {time.monotonic() - started:.1f} "
+          f"s)", file=sys.stderr)
+    latest = submission.rsplit("/", 1)[0] + "/latest"  # the next submission links its unchanged files from here
+    cd_and_run = ["sh", "-c", 'ln -sfn "$1" "$2" && cd "$3" && shift 3 && exec "$@"', "sh",
+                  submission.rsplit("/", 1)[1], latest, folder, remote.trainstack, *args]
     out = remote.run(cd_and_run, timeout=300, check=False)
     sys.stdout.write(out.stdout)
     sys.stderr.write(out.stderr)

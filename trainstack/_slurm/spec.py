@@ -171,6 +171,9 @@ class LaunchSpec:
             raise SpecError("--cpus-per-task", f"{self.cpus_per_task} is less than 1")
         if not self.job_name.strip():
             raise SpecError("--job-name", "must not be empty")
+        if "/" in self.job_name:
+            raise SpecError("--job-name", f"{self.job_name!r} contains '/': the log is <log dir>/<name>-<job id>.out, "
+                                          f"so it would point into a folder that does not exist; use - or _")
         if not self.python.strip():
             raise SpecError("--python", "must not be empty (e.g. python3 or /path/to/venv/bin/python)")
         for name in _NO_LEADING_DASH:

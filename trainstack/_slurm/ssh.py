@@ -122,11 +122,12 @@ class Remote:
         return [self.trainstack, *args]
 
     # ------------------------------------------------------------------ files
-    def rsync(self, sources: list[str], target: str, files_from: Path | None = None, pull: bool = False) -> int:
+    def rsync(self, sources: list[str], target: str, files_from: Path | None = None, pull: bool = False,
+              extra: Sequence[str] = ()) -> int:
         """Copy with rsync over the same connection; the bytes sent (incremental: unchanged files cost nothing)."""
         self.check_connection()
         ssh = shlex.join(["ssh", *self.options])
-        argv = ["rsync", "-a", "--stats", "-e", ssh, "--protect-args"]
+        argv = ["rsync", "-a", "--stats", "-e", ssh, "--protect-args", *extra]
         if files_from is not None:
             argv += ["--files-from", str(files_from)]
         if pull:
