@@ -13,7 +13,8 @@ __all__ = ["Variable", "VARIABLES", "positive_number"] + [
     "COMPUTE_SETUP", "ERROR_REPORT", "FAST_TENSOR_PATH", "HANG_DIR", "HANG_TIMEOUT", "JOB_DIR", "NODE_LOG", "NPROCS",
     "INTERRUPT_FILE", "PIN_MEMORY", "PRELOAD", "PROGRESS", "RANK_LOG", "RUN_DIR", "SNAPSHOT", "START_METHOD",
     "SLURM_FN", "STOP_FILE", "STOP_SIGNALS", "SUBMIT_DIR", "TIMEOUT_S", "COMPILE_CACHE", "COMPILE_TIMEOUT",
-    "PEAK_TFLOPS", "HOST", "REMOTE_DIR", "REMOTE_TRAINSTACK", "SSH_CONFIG", "SSH_REUSE_ONLY", "REMOTE_INDEX_DIR"]
+    "PEAK_TFLOPS", "HOST", "REMOTE_DIR", "REMOTE_TRAINSTACK", "SSH_CONFIG", "SSH_REUSE_ONLY", "REMOTE_INDEX_DIR",
+    "REMOTE_SIDE"]
 
 
 class Variable(NamedTuple):
@@ -54,6 +55,8 @@ VARIABLES: tuple[Variable, ...] = (
              "1: --host never opens an ssh connection, only reuses the one you opened (MFA clusters)."),
     Variable("TRAINSTACK_REMOTE_INDEX_DIR", "you",
              "Where the local index of --host submissions lives (default ~/.cache/trainstack)."),
+    Variable("TRAINSTACK_REMOTE_SIDE", "trainstack submit --host",
+             "Set on the login node for the submission it runs there: a profile's host is not followed again."),
     Variable("TRAINSTACK_PRELOAD", "you",
              "0 turns the workers' preloaded fork server off (workers are spawned); a comma-separated list of modules "
              "preloads those as well (e.g. transformers)."),
@@ -107,12 +110,13 @@ PEAK_TFLOPS = "TRAINSTACK_PEAK_TFLOPS"
 HOST, REMOTE_DIR, REMOTE_TRAINSTACK = "TRAINSTACK_HOST", "TRAINSTACK_REMOTE_DIR", "TRAINSTACK_REMOTE_TRAINSTACK"
 SSH_CONFIG, SSH_REUSE_ONLY, REMOTE_INDEX_DIR = ("TRAINSTACK_SSH_CONFIG", "TRAINSTACK_SSH_REUSE_ONLY",
                                                 "TRAINSTACK_REMOTE_INDEX_DIR")
+REMOTE_SIDE = "TRAINSTACK_REMOTE_SIDE"
 assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PRELOAD, START_METHOD, PIN_MEMORY,
                                          FAST_TENSOR_PATH, PROGRESS, STOP_SIGNALS, STOP_FILE, NPROCS, COMPUTE_SETUP,
                                          JOB_DIR, RUN_DIR, SNAPSHOT, SUBMIT_DIR, RANK_LOG, NODE_LOG, ERROR_REPORT,
                                          INTERRUPT_FILE, COMPILE_CACHE, COMPILE_TIMEOUT,
                                          PEAK_TFLOPS, HOST, REMOTE_DIR, REMOTE_TRAINSTACK, SSH_CONFIG,
-                                         SSH_REUSE_ONLY, REMOTE_INDEX_DIR))
+                                         SSH_REUSE_ONLY, REMOTE_INDEX_DIR, REMOTE_SIDE))
 
 
 @overload

@@ -5,12 +5,14 @@ Never imports torch (``trainstack generate`` must answer in well under a second)
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from . import _envvars as envvars
 from ._slurm.options import build_spec
@@ -236,6 +238,13 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
     """Render, create the job folder, sbatch; print the job id, its folder and its log."""
     from .submit import finished_tasks, submit_spec
 
+    if not host and params.get("profile") and not os.environ.get(envvars.REMOTE_SIDE):
+        from ._slurm.options import load_profile  # a site profile may name the login node: host = "..."
+
+        site = load_profile(params["profile"])
+        host = site.get("host")
+        if ctx.get_parameter_source("remote_dir") is ParameterSource.DEFAULT:
+            remote_dir = site.get("remote_dir", remote_dir)
     if host:
         from ._slurm.hosted import forwarded_args, submit_hosted
 

@@ -228,3 +228,14 @@ def test_hostile_names_and_arguments_stay_inert_on_the_remote_shell(cluster, tmp
     log = ts(env, "logs", "--host", "tscluster", "--follow", _job_of(out.stdout), timeout=200).stdout
     assert f"args {hostile!r}" in log, log  # every argument arrived as the text it was
     assert not canary.exists()
+
+
+def test_a_profile_names_the_login_node(cluster, tmp_path):
+    env, _, _ = cluster
+    repo = _laptop(tmp_path)
+    (repo / "cluster.toml").write_text('host = "tscluster"\nremote_dir = "elsewhere"\ncpu = true\n')
+    out = ts(env, "submit", "--profile", "../cluster.toml", "--time", "5", "--job-name", "trainstack-test",
+             "--python", "/usr/bin/python3", "--env", "STEPS=1", "--", "train.py", cwd=repo / "src")
+    assert "tscluster:elsewhere/code/project-" in out.stderr, out.stderr
+    log = ts(env, "logs", "--host", "tscluster", "--follow", _job_of(out.stdout), timeout=200).stdout
+    assert "step 1 | loss 1.0000" in log, log

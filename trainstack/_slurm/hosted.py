@@ -40,7 +40,8 @@ def forwarded_args(ctx: Any, drop: tuple[str, ...] = ("host", "remote_dir")) -> 
     import click
     from click.core import ParameterSource
 
-    words, node = [], ctx
+    words: list[str] = []
+    node = ctx
     while node.parent is not None:  # the subcommands' names, not the program's ("python -m trainstack" is 3 words)
         words.insert(0, node.info_name)
         node = node.parent
@@ -124,7 +125,7 @@ def submit_hosted(host: str, remote_dir: str, args: list[str], cwd: Path) -> int
     print(f"shipped {files} file(s) to {host}:{submission} ({sent:,} bytes sent, {time.monotonic() - started:.1f} "
           f"s)", file=sys.stderr)
     latest = submission.rsplit("/", 1)[0] + "/latest"  # the next submission links its unchanged files from here
-    cd_and_run = ["sh", "-c", 'ln -sfn "$1" "$2" && cd "$3" && shift 3 && exec "$@"', "sh",
+    cd_and_run = ["sh", "-c", f'ln -sfn "$1" "$2" && cd "$3" && shift 3 && exec env {envvars.REMOTE_SIDE}=1 "$@"', "sh",
                   submission.rsplit("/", 1)[1], latest, folder, remote.trainstack, *args]
     out = remote.run(cd_and_run, timeout=300, check=False)
     sys.stdout.write(out.stdout)

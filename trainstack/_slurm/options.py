@@ -27,7 +27,7 @@ __all__ = ["build_spec", "load_profile", "PROFILE_ONLY"]
 _LISTS = ("bind", "setup_cmd", "program")
 _PATHS = ("log_dir", "chdir", "venv")
 #: Options a profile may set that are not LaunchSpec fields.
-PROFILE_ONLY = ("templates_dir",)
+PROFILE_ONLY = ("templates_dir", "host", "remote_dir")
 
 
 def load_profile(path: str) -> dict[str, Any]:
