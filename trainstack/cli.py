@@ -487,13 +487,17 @@ def debug(job_id: str, wait_s: float) -> None:
 @click.argument("job_id")
 @click.option("--host", envvar=envvars.HOST, required=True, metavar="DEST",
               help="The login node the job was submitted on (TRAINSTACK_HOST).")
+@click.option("--what", type=click.Choice(["job", "run", "checkpoints"]), default="job", show_default=True,
+              help="job: its folder (logs, rank logs, metadata, verdicts); run: its Trainer's run folder (metrics, "
+                   "config, checkpoints); checkpoints: only those.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
-              help="Where to put it (default: fetched/<host>-<job>).")
-def fetch(job_id: str, host: str, output: str | None) -> None:
-    """Copy a job's folder (logs, rank logs, metadata, verdicts) from the login node over rsync."""
+              help="Where to put it (default: fetched/<host>-<job>/<what>).")
+def fetch(job_id: str, host: str, what: str, output: str | None) -> None:
+    """Copy a job's results from the login node over rsync (incremental: run it again to update)."""
     from ._slurm.hosted import fetch_job
 
-    sys.exit(_remote_call(lambda: click.echo(f"fetched {fetch_job(host, job_id, Path(output) if output else None)}")))
+    target = Path(output) if output else None
+    sys.exit(_remote_call(lambda: click.echo(f"fetched {fetch_job(host, job_id, target, what)}")))
 
 
 @main.group()

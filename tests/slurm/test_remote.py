@@ -22,7 +22,7 @@ from helpers import ROOT
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(500)]
 USER = "tsremote"
-VENV = Path("/opt/tsremote-venv")  # the remote account's own install: a torch-free trainstack CLI
+VENV = Path("/opt/tsremote-venv")  # the remote account's own install: trainstack and a CPU torch
 PROGRAM = """import os, sys, time
 from helper import VERSION
 for step in range(1, int(os.environ.get("STEPS", "6")) + 1):
@@ -39,8 +39,14 @@ def _free_port() -> int:
 
 def _remote_install() -> Path:
     """tsremote's trainstack: a venv of the system python with the CLI's dependencies, this checkout on its path."""
+    import torch
+
     if not (VENV / "bin" / "python").exists():
         subprocess.run(["/usr/bin/python3", "-m", "venv", str(VENV)], check=True, timeout=120)
+    if subprocess.run([str(VENV / "bin" / "python"), "-c", "import torch, click, jinja2, rich, hostlist"],
+                      capture_output=True).returncode != 0:  # torch pinned as here (the CPU wheel), first
+        subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", f"torch=={torch.__version__.split('+')[0]}",
+                        "numpy"], check=True, timeout=600)
         subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", "click>=8.1", "jinja2>=3.1", "rich>=13",
                         "python-hostlist>=1.23"], check=True, timeout=300)
     src = VENV / "src"  # this checkout's package, where the account can read it (a CI checkout may not be)
@@ -111,10 +117,26 @@ def ts(env, *args, cwd=None, check=True, timeout=240):
     return out
 
 
+TRAINER = """import sys, time, torch
+from torch.utils.data import DataLoader, TensorDataset
+from trainstack import Callback, TrainConfig, Trainer
+
+def slow(trainer, config, writer):
+    time.sleep(0.25)
+
+data = DataLoader(TensorDataset(torch.randn(320, 4), torch.randn(320, 1)), batch_size=8)
+model = torch.nn.Linear(4, 1)
+config = TrainConfig(compute_setup="cpu", max_iter=2, log_folder="runs/remote", log_every_n_steps=10,
+                     callbacks=[Callback(on="train_batch_end", callback=slow)])
+Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05), config, loss_fn="mse").fit(data)
+"""
+
+
 def _laptop(tmp: Path) -> Path:
     repo = tmp / "laptop" / "project"
     (repo / "src").mkdir(parents=True)
     (repo / "src" / "train.py").write_text(PROGRAM)
+    (repo / "src" / "fit.py").write_text(TRAINER)
     (repo / "src" / "helper.py").write_text('VERSION = "one"\n')
     (repo / ".gitignore").write_text("data/\n")
     (repo / "data").mkdir()
@@ -143,7 +165,7 @@ def test_the_laptop_workflow_submit_follow_status_cancel_fetch(cluster, tmp_path
     first = ts(env, *submit[:-4], "--hold", *submit[-4:], cwd=repo / "src")
     to_job_id = time.monotonic() - started
     held = _job_of(first.stdout)
-    assert "shipped 3 file(s)" in first.stderr and "big.bin" not in first.stderr, first.stderr
+    assert "shipped 4 file(s)" in first.stderr and "big.bin" not in first.stderr, first.stderr
     sent_first = _sent(first.stderr)
     code = home / "trainstack-remote" / "code"
     assert not list(code.glob("*/data/big.bin"))  # git-ignored data stays on the laptop
@@ -239,3 +261,26 @@ def test_a_profile_names_the_login_node(cluster, tmp_path):
     assert "tscluster:elsewhere/code/project-" in out.stderr, out.stderr
     log = ts(env, "logs", "--host", "tscluster", "--follow", _job_of(out.stdout), timeout=200).stdout
     assert "step 1 | loss 1.0000" in log, log
+
+
+def test_a_trainer_job_from_afar_debug_fetch_and_inspect(cluster, tmp_path):
+    env, _, _ = cluster
+    repo = _laptop(tmp_path)
+    out = ts(env, "submit", "--host", "tscluster", "--cpu", "--time", "5", "--job-name", "trainstack-test",
+             "--python", f"{VENV}/bin/python", "--env", f"PYTHONPATH={VENV}/src", "--", "fit.py", cwd=repo / "src")
+    job = _job_of(out.stdout)
+    deadline = time.monotonic() + 150
+    while "RUNNING" not in (state := ts(env, "status", "--host", "tscluster", job).stdout) or "step" not in state:
+        assert time.monotonic() < deadline and "COMPLETED" not in state, state
+        time.sleep(1)
+    debug = ts(env, "debug", "--host", "tscluster", job, timeout=120).stdout
+    assert "stacks:" in debug and "rank 0" in debug, debug
+    ts(env, "logs", "--host", "tscluster", "--follow", job, timeout=200)
+    run = ts(env, "fetch", "--host", "tscluster", job, "--what", "run", "-o", str(tmp_path / "run")).stdout
+    assert "fetched" in run and (tmp_path / "run" / "metrics.jsonl").exists(), run
+    assert list((tmp_path / "run" / "checkpoints").glob("ckpt-*.pt"))
+    [record] = Path("/home").glob(f"{USER}/trainstack-remote/code/*/*/src/logs/*-{job}/run-folder")
+    named = record.read_text().strip()  # the job folder names its run folder
+    assert named.endswith("runs/remote"), named
+    inspected = ts(env, "checkpoint", "inspect", "--host", "tscluster", named).stdout
+    assert "step" in inspected and "epoch" in inspected, inspected

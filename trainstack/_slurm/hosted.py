@@ -136,16 +136,24 @@ def submit_hosted(host: str, remote_dir: str, args: list[str], cwd: Path) -> int
     return out.returncode
 
 
-def fetch_job(host: str, job: str, output: Path | None) -> Path:
-    """Copy job ``job``'s folder (its logs, metadata, rank logs, verdicts) from ``host`` to ``output``."""
+def fetch_job(host: str, job: str, output: Path | None, what: str = "job") -> Path:
+    """Copy from ``host`` job ``job``'s folder (``what="job"``: logs, rank logs, metadata, verdicts), its Trainer's
+    run folder (``"run"``: metrics, config, checkpoints) or only the run's checkpoints (``"checkpoints"``)."""
     remote = remote_for(host)
     rows = json.loads(remote.run([remote.trainstack, "status", "--json", job]).stdout or "[]")
     folder = next((r.get("folder") for r in rows if r.get("folder")), None)
     if not folder:
         raise RemoteError(f"job {job} on {host} has no job folder to fetch (was it submitted by trainstack?)")
-    target = output or Path("fetched") / f"{host.replace('@', '_')}-{job}"
+    source = folder.rstrip("/")
+    if what in ("run", "checkpoints"):
+        named = remote.run(["cat", f"{source}/run-folder"], check=False)
+        if named.returncode != 0 or not named.stdout.strip():
+            raise RemoteError(f"job {job} on {host} names no run folder (a Trainer writes <job folder>/run-folder "
+                              f"once it starts). HINT: fetch --what job for its logs.")
+        source = named.stdout.strip() + ("/checkpoints" if what == "checkpoints" else "")
+    target = output or Path("fetched") / f"{host.replace('@', '_')}-{job}" / what
     target.mkdir(parents=True, exist_ok=True)
-    remote.rsync([f"{folder.rstrip('/')}/"], f"{target}/", pull=True)
+    remote.rsync([f"{source}/"], f"{target}/", pull=True)
     return target
 
 

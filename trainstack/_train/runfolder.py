@@ -181,6 +181,16 @@ def run_identity(config: Any, optimizer: Any) -> dict[str, Any]:
     return out
 
 
+def _record_in_job(folder: Path) -> None:
+    """In a trainstack job, ``<job folder>/run-folder`` names the run folder (``trainstack fetch --what run``)."""
+    job = os.environ.get(envvars.JOB_DIR)
+    if job and Path(job).is_dir():
+        try:
+            (Path(job) / "run-folder").write_text(f"{folder.resolve()}\n")
+        except OSError:
+            pass  # a read-only job folder must not stop the run
+
+
 def ensure_run_id(folder: Path) -> str:
     """The run's id: created at its first start (``run.json`` in the run folder), the same on every restart; the
     trackers resume the run it names."""
@@ -245,6 +255,7 @@ class RunFolder:
             try:
                 folder = str(self.claim(continuing)) if claimed is None else str(claimed)
                 choice = (folder, None, ensure_run_id(Path(folder)))
+                _record_in_job(Path(folder))
             except ConfigError as exc:
                 choice = (None, str(exc), None)
         folder, error, self.run_id = accelerator.broadcast(choice)
