@@ -284,3 +284,32 @@ def test_a_trainer_job_from_afar_debug_fetch_and_inspect(cluster, tmp_path):
     assert named.endswith("runs/remote"), named
     inspected = ts(env, "checkpoint", "inspect", "--host", "tscluster", named).stdout
     assert "step" in inspected and "epoch" in inspected, inspected
+
+
+def _first_line_s(env, argv, cwd, follow):
+    """Seconds from starting ``trainstack submit ...`` to the job's first training line on our screen."""
+    started = time.monotonic()
+    job = _job_of(ts(env, *argv, cwd=cwd).stdout)
+    submitted = time.monotonic() - started
+    proc = subprocess.Popen([sys.executable, "-m", "trainstack", "logs", *follow, "--follow", job], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("epoch 1 | step 1"):
+                return submitted, time.monotonic() - started
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    raise AssertionError("no first line")
+
+
+def test_time_to_job_id_and_first_line_from_the_laptop_vs_the_login_node(cluster, tmp_path):
+    env, _, _ = cluster
+    repo = _laptop(tmp_path)
+    common = ["--cpu", "--time", "5", "--job-name", "trainstack-test", "--python", "/usr/bin/python3", "--env",
+              "STEPS=2", "--", "train.py"]
+    here = _first_line_s(env, ["submit", *common], repo / "src", [])
+    afar = _first_line_s(env, ["submit", "--host", "tscluster", *common], repo / "src", ["--host", "tscluster"])
+    print(f"job id / first log line: on the login node {here[0]:.1f} s / {here[1]:.1f} s; "
+          f"from the laptop (--host) {afar[0]:.1f} s / {afar[1]:.1f} s")
+    assert afar[1] < here[1] + 15  # ssh, rsync and one remote submit cost seconds, not minutes
