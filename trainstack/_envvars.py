@@ -120,12 +120,12 @@ assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PREL
 
 
 @overload
-def positive_number(name: str, default: float) -> float: ...
+def positive_number(name: str, default: float, allow_zero: bool = False) -> float: ...
 @overload
-def positive_number(name: str, default: None = None) -> float | None: ...
-def positive_number(name: str, default: float | None = None) -> float | None:
-    """The positive number variable ``name`` holds (``default`` when unset); a ValueError saying what is wrong
-    otherwise, for the caller to raise as its own error with its hint."""
+def positive_number(name: str, default: None = None, allow_zero: bool = False) -> float | None: ...
+def positive_number(name: str, default: float | None = None, allow_zero: bool = False) -> float | None:
+    """The positive (``allow_zero``: or zero) number variable ``name`` holds (``default`` when unset); a ValueError
+    saying what is wrong otherwise, for the caller to raise as its own error with its hint."""
     import os
 
     raw = os.environ.get(name)
@@ -135,6 +135,6 @@ def positive_number(name: str, default: float | None = None) -> float | None:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value > 0:
-        raise ValueError(f"{name}={raw!r} is not a positive number")
+    if not (value >= 0 if allow_zero else value > 0):
+        raise ValueError(f"{name}={raw!r} must be a {'number >= 0' if allow_zero else 'positive number'}")
     return value

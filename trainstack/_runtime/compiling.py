@@ -127,7 +127,7 @@ def window() -> float:
     try:
         return envvars.positive_number(envvars.COMPILE_TIMEOUT, _DEFAULT_WINDOW_S)
     except ValueError as exc:
-        raise ConfigError(f"{exc} of seconds. HINT: unset it for the {_DEFAULT_WINDOW_S:.0f} s default.") from None
+        raise ConfigError(f"{exc} (seconds). HINT: unset it for the {_DEFAULT_WINDOW_S:.0f} s default.") from None
 
 
 def explain(exc: BaseException) -> ConfigError | None:

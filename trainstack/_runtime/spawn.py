@@ -135,7 +135,7 @@ def _timeout() -> datetime.timedelta:
     try:
         seconds = envvars.positive_number(envvars.TIMEOUT_S, 1800.0)
     except ValueError as exc:
-        raise LaunchError(f"{exc} of seconds. HINT: unset it for the 30-minute default.") from None
+        raise LaunchError(f"{exc} (seconds). HINT: unset it for the 30-minute default.") from None
     return datetime.timedelta(seconds=seconds)
 
 

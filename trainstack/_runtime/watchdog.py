@@ -85,19 +85,12 @@ def resolve_timeout(value: float | None) -> float:
     """``hang_timeout`` from the config, else ``TRAINSTACK_HANG_TIMEOUT``, else 600 s; 0 turns the watchdog off."""
     if value is not None:
         return float(value)
-    raw = os.environ.get(envvars.HANG_TIMEOUT)
-    if raw is None or raw == "":
-        return DEFAULT_TIMEOUT_S
     try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if seconds < 0:
+        return envvars.positive_number(envvars.HANG_TIMEOUT, DEFAULT_TIMEOUT_S, allow_zero=True)
+    except ValueError as exc:
         from ..errors import ConfigError
 
-        raise ConfigError(f"TRAINSTACK_HANG_TIMEOUT={raw!r} is not a number of seconds >= 0 (0 turns the hang "
-                          f"watchdog off).")
-    return seconds
+        raise ConfigError(f"{exc} (seconds; 0 turns the hang watchdog off).") from None
 
 
 # ---------------------------------------------------------------------------------------------------- stacks

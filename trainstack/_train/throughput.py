@@ -38,7 +38,7 @@ def peak_flops(device: torch.device, precision: str) -> tuple[float | None, str]
     try:
         forced = envvars.positive_number(envvars.PEAK_TFLOPS)
     except ValueError as exc:
-        raise ConfigError(f"{exc} of TFLOP/s per device. HINT: unset it for the peak table.") from None
+        raise ConfigError(f"{exc} (TFLOP/s of one device). HINT: unset it for the peak table.") from None
     if forced is not None:
         return forced * 1e12, f"{envvars.PEAK_TFLOPS}={os.environ[envvars.PEAK_TFLOPS]}"
     if device.type != "cuda":
