@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from trainstack import _envvars
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,3 +37,16 @@ def test_every_listed_variable_is_used_and_read_through_its_constant():
                 {getattr(_envvars, k) for k in _envvars.__all__ if k.isupper()}]
     for path in ROOT.glob("trainstack/**/*.py"):  # code never spells a name as a bare string: it uses the constant
         assert not re.search(r"[\"']TRAINSTACK_[A-Z_]+[\"']", path.read_text()) or path.name == "_envvars.py", path
+
+
+def test_number_variables_are_read_in_one_place_with_the_bad_value_named(monkeypatch):
+    from trainstack._envvars import positive_number
+
+    monkeypatch.delenv("TRAINSTACK_TIMEOUT_S", raising=False)
+    assert positive_number("TRAINSTACK_TIMEOUT_S", 1800.0) == 1800.0 and positive_number("TRAINSTACK_TIMEOUT_S") is None
+    monkeypatch.setenv("TRAINSTACK_TIMEOUT_S", "0")
+    assert positive_number("TRAINSTACK_TIMEOUT_S", allow_zero=True) == 0.0
+    for bad in ("0", "-1", "ten", "nan"):
+        monkeypatch.setenv("TRAINSTACK_TIMEOUT_S", bad)
+        with pytest.raises(ValueError, match=f"TRAINSTACK_TIMEOUT_S='{bad}' must be a positive number"):
+            positive_number("TRAINSTACK_TIMEOUT_S", 1800.0)
