@@ -19,8 +19,8 @@ from helpers import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 JOB = str(Path(__file__).with_name("_tracked_train.py"))
-VOLATILE = {"time", "samples_per_s", "batches_per_s", "tokens_per_s", "eta_s", "data_wait", "mfu", "max_mem_gb", "_runtime",
-            "_timestamp", "_step"}
+VOLATILE = {"time", "samples_per_s", "batches_per_s", "tokens_per_s", "eta_s", "data_wait", "mfu", "max_mem_gb",
+            "_runtime", "_timestamp", "_step"}
 
 
 def _env(tmp: Path, name: str) -> dict[str, str]:
