@@ -264,7 +264,7 @@ def test_a_profile_names_the_login_node(cluster, tmp_path):
 
 
 def test_a_trainer_job_from_afar_debug_fetch_and_inspect(cluster, tmp_path):
-    env, home, _ = cluster
+    env, _, _ = cluster
     repo = _laptop(tmp_path)
     out = ts(env, "submit", "--host", "tscluster", "--cpu", "--time", "5", "--job-name", "trainstack-test",
              "--python", f"{VENV}/bin/python", "--env", f"PYTHONPATH={VENV}/src", "--", "fit.py", cwd=repo / "src")
@@ -279,8 +279,8 @@ def test_a_trainer_job_from_afar_debug_fetch_and_inspect(cluster, tmp_path):
     run = ts(env, "fetch", "--host", "tscluster", job, "--what", "run", "-o", str(tmp_path / "run")).stdout
     assert "fetched" in run and (tmp_path / "run" / "metrics.jsonl").exists(), run
     assert list((tmp_path / "run" / "checkpoints").glob("ckpt-*.pt"))
-    [record] = home.glob(f"trainstack-remote/code/*/*/src/logs/*-{job}/run-folder")
-    named = record.read_text().strip()  # the job folder names its run folder
+    ts(env, "fetch", "--host", "tscluster", job, "-o", str(tmp_path / "job"))
+    named = (tmp_path / "job" / "run-folder").read_text().strip()  # the job folder names its run folder
     assert named.endswith("runs/remote"), named
     inspected = ts(env, "checkpoint", "inspect", "--host", "tscluster", named).stdout
     assert "step" in inspected and "epoch" in inspected, inspected
