@@ -1,8 +1,8 @@
 """``torch.compile`` for prepared models: safe on many ranks, warm across requeues.
 
-* **In place** (``nn.Module.compile``): the module object and its ``state_dict`` keys stay the plain module's (no
-  ``_orig_mod.``), so checkpoints load anywhere; a model the user compiled (an ``OptimizedModule``) is unwrapped to
-  its module first. Order: DDP wraps the compiled module; FSDP2 compiles each block before ``fully_shard`` (as
+* **In place** (as ``nn.Module.compile`` would; see :func:`compile_in_place`): the module object and its
+  ``state_dict`` keys stay the plain module's (no ``_orig_mod.``), so checkpoints load anywhere; a model the user
+  compiled (an ``OptimizedModule``) is unwrapped to its module first. Order: DDP wraps the compiled module; FSDP2 compiles each block before ``fully_shard`` (as
   torchtitan does).
 * **The first step compiles**: :class:`FirstStep` gives it a long window -- the hang watchdog allows
   ``TRAINSTACK_COMPILE_TIMEOUT`` seconds until every rank finished it, the process group's timeout is raised as long

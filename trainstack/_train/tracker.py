@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._runtime.compiling import window
 from .._runtime.writers import NullWriter, Writers, format_metrics, make_writers, save_loss_curve
 from ..data import DictDataLoader, is_infinite
 from .live import LiveLog, ProgressBar, banner, format_line, progress_enabled, summary
@@ -204,12 +205,6 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def compile_window() -> float:
-    from .._runtime.compiling import window
-
-    return window()
-
-
 def banner_info(trainer: Any, span: Span, hang_timeout: float) -> dict[str, Any]:
     """What the start banner shows: the data, the processes, the batch sizes, the steps ahead, the folder."""
     acc, cfg, loader = trainer.accelerator, trainer.config, trainer.train_dataloader
@@ -234,7 +229,7 @@ def banner_info(trainer: Any, span: Span, hang_timeout: float) -> dict[str, Any]
         info["MFU"] = "n/a: compiled kernels hide their FLOPs from the counter"
         cache = getattr(trainer, "compile_cache", None)
         info["Compile"] = (f"torch.compile({', '.join(f'{k}={v!r}' for k, v in acc.compile_options.items())}): "
-                           f"compiling... (the first step may take {compile_window():g} s on every rank); cache: "
+                           f"compiling... (the first step may take {window():g} s on every rank); cache: "
                            f"{cache or 'torch default'}")
     if is_infinite(trainer._train_loader) and not trainer.max_batches:
         info["Batches per epoch"] = "1 (an endless loader; set max_batches for more)"
