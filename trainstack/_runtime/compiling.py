@@ -2,8 +2,8 @@
 
 * **In place** (as ``nn.Module.compile`` would; see :func:`compile_in_place`): the module object and its
   ``state_dict`` keys stay the plain module's (no ``_orig_mod.``), so checkpoints load anywhere; a model the user
-  compiled (an ``OptimizedModule``) is unwrapped to its module first. Order: DDP wraps the compiled module; FSDP2 compiles each block before ``fully_shard`` (as
-  torchtitan does).
+  compiled (an ``OptimizedModule``) is unwrapped to its module first. Order: DDP wraps the compiled module; FSDP2
+  compiles each block before ``fully_shard`` (as torchtitan does).
 * **The first step compiles**: :class:`FirstStep` gives it a long window -- the hang watchdog allows
   ``TRAINSTACK_COMPILE_TIMEOUT`` seconds until every rank finished it, the process group's timeout is raised as long
   -- then a barrier, the short timeout back, and one line with each rank's compile time. A model that fails to
