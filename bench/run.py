@@ -53,6 +53,8 @@ def run_one(system: str, workload: str, nprocs: int, steps: int, count: bool, ti
            "p50_ms": 1e3 * diffs[len(diffs) // 2] if diffs else None,
            "p90_ms": 1e3 * diffs[int(len(diffs) * 0.9)] if diffs else None,
            "startup_s": first_step_wall - t_launch, "wall_s": wall,
+           "first_opt_s": timed["t0_wall"] + timed["opt_done"][0] - t_launch if timed.get("opt_done") else None,
+           "checkpoint_s": timed.get("checkpoint_s"),
            "peak_rss_mb": sum(r["maxrss_kb"] for r in records) / 1024, "processes": len(records)}
     if count:
         out["calls_per_step"] = timed["calls"] / (COUNT_TO - COUNT_FROM)

@@ -74,8 +74,14 @@ class StepClock:
 
     def __init__(self, count_calls: bool) -> None:
         self.times: list[float] = []
+        self.opt_done: list[float] = []  # the end of the first and of the latest optimizer step
         self.count_calls = count_calls
         self.calls = 0
+
+    def optimizer_step_done(self, optimizer, args, kwargs) -> None:  # noqa: ANN001
+        """An optimizer step post-hook: when the first optimizer step (and the latest) ended."""
+        now = time.perf_counter()
+        self.opt_done = [self.opt_done[0] if self.opt_done else now, now]
 
     def _profile(self, frame, event, arg):  # noqa: ANN001
         if event == "call":
@@ -90,17 +96,19 @@ class StepClock:
                 sys.setprofile(None)
 
 
-def attach_clock(model: nn.Module, count_calls: bool) -> StepClock:
+def attach_clock(model: nn.Module, count_calls: bool, optimizer: torch.optim.Optimizer | None = None) -> StepClock:
     clock = StepClock(count_calls)
     model.register_forward_pre_hook(clock)
+    if optimizer is not None:
+        optimizer.register_step_post_hook(clock.optimizer_step_done)
     return clock
 
 
-def report(out: Path, rank: int, clock: StepClock | None) -> None:
+def report(out: Path, rank: int, clock: StepClock | None, checkpoint_s: float | None = None) -> None:
     record = {"rank": rank, "pid": os.getpid(), "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
               "t0_wall": time.time() - time.perf_counter()}
     if clock is not None:
-        record.update(times=clock.times, calls=clock.calls)
+        record.update(times=clock.times, calls=clock.calls, opt_done=clock.opt_done, checkpoint_s=checkpoint_s)
     (out / f"proc-{os.getpid()}.json").write_text(json.dumps(record))
 
 
@@ -113,12 +121,12 @@ def _raw_worker(rank: int, world: int, name: str, steps: int, out: Path, count: 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     model = make_model(name)
-    clock = attach_clock(model, count and rank == 0)
     ddp = DDP(model)
     loader = make_loader(name, steps, world)
     loader = DataLoader(loader.dataset, batch_size=loader.batch_size,
                         sampler=DistributedSampler(loader.dataset, num_replicas=world, rank=rank, shuffle=True))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    clock = attach_clock(model, count and rank == 0, opt)
     lf = loss_fn(name)
     for x, y in loader:
         opt.zero_grad()
@@ -132,8 +140,8 @@ def _raw_worker(rank: int, world: int, name: str, steps: int, out: Path, count: 
 def run_raw(name: str, nprocs: int, steps: int, out: Path, count: bool) -> None:
     if nprocs == 1:
         model = make_model(name)
-        clock = attach_clock(model, count)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        clock = attach_clock(model, count, opt)
         lf = loss_fn(name)
         for x, y in make_loader(name, steps, 1):
             opt.zero_grad()
@@ -153,9 +161,9 @@ def run_raw(name: str, nprocs: int, steps: int, out: Path, count: bool) -> None:
 # ---------------------------------------------------------------- trainstack Accelerator loop
 def _acc_loop(name: str, steps: int, out: str, count: bool, accelerator) -> None:  # noqa: ANN001
     model = make_model(name)
-    clock = attach_clock(model, count and accelerator.rank == 0)
     loader = make_loader(name, steps, accelerator.world_size)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    clock = attach_clock(model, count and accelerator.rank == 0, opt)
     model, opt, loader = accelerator.prepare(model, opt, loader)
     lf = loss_fn(name)
     for batch in loader:
@@ -181,9 +189,9 @@ def _hf_style_loop(name: str, steps: int, out: str, count: bool) -> None:
 
     accelerator = Accelerator(cpu=True)  # Accelerate's keywords; joins the processes notebook_launcher started
     model = make_model(name)
-    clock = attach_clock(model, count and accelerator.process_index == 0)
     loader = make_loader(name, steps, accelerator.num_processes)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    clock = attach_clock(model, count and accelerator.process_index == 0, opt)
     model, opt, loader = accelerator.prepare(model, opt, loader)
     lf = loss_fn(name)
     for x, y in loader:
@@ -213,12 +221,14 @@ class _Loss:
 
 
 def _clock_start(trainer, config, writer) -> None:  # noqa: ANN001
-    trainer.model._bench_clock = attach_clock(trainer.model, trainer._bench_count and trainer.accelerator.rank == 0)
+    trainer.model._bench_clock = attach_clock(trainer.model, trainer._bench_count and trainer.accelerator.rank == 0,
+                                              trainer.optimizer)
 
 
 def _clock_end(trainer, config, writer) -> None:  # noqa: ANN001
     acc = trainer.accelerator
-    report(Path(trainer._bench_out), acc.rank, trainer.model._bench_clock if acc.rank == 0 else None)
+    report(Path(trainer._bench_out), acc.rank, trainer.model._bench_clock if acc.rank == 0 else None,
+           trainer.checkpointer.last_save_seconds)  # the final checkpoint's write time
 
 
 def run_trainer(name: str, nprocs: int, steps: int, out: Path, count: bool) -> None:
@@ -243,8 +253,8 @@ def _hf_worker(name: str, steps: int, out: str, count: bool) -> None:
 
     acc = HFAccelerator(cpu=True)
     model = make_model(name)
-    clock = attach_clock(model, count and acc.process_index == 0)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    clock = attach_clock(model, count and acc.process_index == 0, opt)
     model, opt, loader = acc.prepare(model, opt, make_loader(name, steps, acc.num_processes))
     lf = loss_fn(name)
     for x, y in loader:
@@ -267,8 +277,8 @@ def run_accelerate(name: str, nprocs: int, steps: int, out: Path, count: bool) -
 
 def _fabric_worker(fabric, name: str, steps: int, out: str, count: bool) -> None:  # noqa: ANN001
     model = make_model(name)
-    clock = attach_clock(model, count and fabric.global_rank == 0)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    clock = attach_clock(model, count and fabric.global_rank == 0, opt)
     model, opt = fabric.setup(model, opt)
     loader = fabric.setup_dataloaders(make_loader(name, steps, fabric.world_size))
     lf = loss_fn(name)

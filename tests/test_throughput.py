@@ -19,12 +19,12 @@ from trainstack._train.throughput import peak_flops, tokens_in
 B = 32
 
 
-def _fit(tmp_path, stamps=None, data=None, model=None, loss_fn="mse", **cfg):
+def _fit(tmp_path, stamps=None, data=None, model=None, loss_fn="mse", log_every=5, **cfg):
     data = data or DataLoader(TensorDataset(torch.randn(20 * B, 64), torch.randn(20 * B, 1)), batch_size=B)
     model = model or nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 1))
     callbacks = [Callback(on="train_batch_end", callback=lambda *a: stamps.append(time.perf_counter()))] \
         if stamps is not None else []
-    config = TrainConfig(compute_setup="cpu", log_folder=tmp_path / "run", log_every_n_steps=5, plot_every=0,
+    config = TrainConfig(compute_setup="cpu", log_folder=tmp_path / "run", log_every_n_steps=log_every, plot_every=0,
                          callbacks=callbacks, **cfg)
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), config, loss_fn=loss_fn)
     trainer.fit(data)
@@ -105,3 +105,62 @@ def test_a_loader_bound_run_shows_its_data_wait_and_is_warned_once(tmp_path, cap
 def test_an_in_memory_run_is_not_loader_bound(tmp_path, capsys):
     _, rows = _fit(tmp_path, max_iter=2)
     assert all(r["data_wait"] < 0.3 for r in rows[1:]) and "waits for the DataLoader" not in capsys.readouterr().out
+
+
+class SlowSGD(torch.optim.SGD):
+    """An optimizer whose step takes 30 ms: the optimizer's share of the step time is known."""
+
+    def step(self, closure=None):  # noqa: ANN001, ANN201
+        time.sleep(0.03)
+        return super().step(closure)
+
+
+def test_the_step_time_is_split_into_data_optimizer_and_the_rest(tmp_path, capsys):
+    def slow_mse(model, batch):  # 15 ms of "forward": the optimizer takes two thirds of a step
+        time.sleep(0.015)
+        x, y = batch
+        return nn.functional.mse_loss(model(x), y)
+
+    model = nn.Sequential(nn.Linear(64, 1))
+    config = TrainConfig(compute_setup="cpu", log_folder=tmp_path / "run", log_every_n_steps=5, max_iter=2)
+    optimizer = SlowSGD(model.parameters(), lr=0.01)
+    Trainer(model, optimizer, config, loss_fn=slow_mse).fit(
+        DataLoader(TensorDataset(torch.randn(20 * B, 64), torch.randn(20 * B, 1)), batch_size=B))
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    shares = [r["optimizer_share"] for r in rows if "optimizer_share" in r][1:]  # the first holds the FLOP count
+    assert len(shares) >= 5 and statistics.median(shares) == pytest.approx(2 / 3, abs=0.1), shares
+    assert all(r["data_wait"] < 0.1 for r in rows if "data_wait" in r)
+    out = capsys.readouterr().out
+    assert "| optim 6" in out or "| optim 7" in out, out
+    summary = next(line for line in out.splitlines() if line.startswith("  throughput:"))
+    assert "samples/s" in summary and "optimizer 6" in summary and "data wait 0%" in summary, summary
+    assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks  # handed back clean
+
+
+class HostSyncs(torch.overrides.TorchFunctionMode):
+    """Counts the tensor -> Python conversions (each one a host sync on a GPU)."""
+
+    SYNCS = {torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__int__, torch.Tensor.__bool__,
+             torch.Tensor.tolist}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if func in self.SYNCS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_no_host_sync_per_step(tmp_path):
+    """Twice the steps with the same number of lines adds no sync: the throughput, the split and the ETA are read
+    per line, never per step."""
+    counts = []
+    for batches in (40, 80):
+        data = DataLoader(TensorDataset(torch.randn(batches * B, 64), torch.randn(batches * B, 1)), batch_size=B)
+        with HostSyncs() as syncs:
+            _fit(tmp_path / str(batches), data=data, max_iter=1, log_every=batches // 4)
+        counts.append(syncs.count)
+    assert counts[0] > 0  # the counter sees the lines' syncs: the test can fail
+    assert counts[1] == counts[0], counts

@@ -1,10 +1,9 @@
-"""Metric writers (rank 0 only): JSON lines always, TensorBoard or MLflow when asked, a loss-curve PNG."""
+"""Metric writers (rank 0 only): JSON lines always, TensorBoard, MLflow or W&B when asked."""
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import time
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["Writers", "NullWriter", "make_writers", "save_loss_curve", "format_metrics"]
+__all__ = ["Writers", "NullWriter", "make_writers", "format_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -292,41 +291,3 @@ def make_writers(tool: str, folder: Path, keep_through: int | None = None, clock
     elif tool == "wandb":
         writers.append(WandbWriter(folder, TrackerIds(folder), run_id, writers[0].rows() if keep_through else []))
     return Writers(folder, writers, clock)
-
-
-def save_loss_curve(history: list[dict[str, float]], path: Path) -> Path | None:
-    """Plot every loss series of the history against the optimizer step to a PNG (skipped when matplotlib is
-    missing): ``loss`` from the live lines, ``train_loss``/``val_loss`` per epoch or validation."""
-    keys = sorted({k for row in history for k in row if k == "loss" or k.endswith("_loss")})
-    if not keys:
-        return None
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log.info("matplotlib not installed: no loss curve (pip install 'trainstack[plot]').")
-        return None
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key in keys:
-        points = [(row["step"], row[key]) for row in history if key in row and math.isfinite(row[key])]
-        if points:
-            ax.plot(*zip(*points, strict=True), marker="." if len(points) < 50 else None, label=key)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_yscale("log" if all(row[k] > 0 for row in history for k in keys if k in row) else "linear")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    from .._files import temp_path
-
-    path = Path(path)
-    tmp = temp_path(path, suffix=".png")
-    try:
-        fig.savefig(tmp)
-        os.replace(tmp, path)  # never a truncated PNG (e.g. on a full disk)
-    finally:
-        plt.close(fig)
-        tmp.unlink(missing_ok=True)
-    return path

@@ -107,6 +107,8 @@ def start_reports(t: Any, restored: Restored | None) -> None:
     live = t.tracker.live
     live.peak, t._peak_source = throughput.peak_flops(acc.device, cfg.mixed_precision)
     live.total_steps = span.total_steps
+    if acc.is_main_process:
+        live.optimizer_timer = throughput.OptimizerTimer(t.optimizer, acc.device)
     if acc.is_main_process and acc.compile_options is None:  # compiled kernels hide their FLOPs from the counter
         t.step = throughput.FlopProbe(t.step, t, cfg.gradient_accumulation_steps)
     t._held_warnings = hold_warnings(acc.rank) if not acc.is_main_process and t.tracker.bar_on() else None
@@ -126,6 +128,9 @@ def close(t: Any) -> None:
     """Release what the run holds; never raises over the error that ended the run."""
     t._running = False
     watchdog.stop()
+    tracker = getattr(t, "tracker", None)
+    if tracker is not None and tracker.live.optimizer_timer is not None:
+        tracker.live.optimizer_timer.close()  # the optimizer goes back without our hooks
     if getattr(t, "stopper", None) is not None:
         t.stopper.restore()
     t.tracker.close()

@@ -5,6 +5,8 @@
 * **MFU** = FLOPs per step per rank x steps/s / the device's dense peak for the training dtype, from
   :data:`PEAK_TFLOPS` or ``TRAINSTACK_PEAK_TFLOPS``; a device not in the table (a CPU) gets no MFU and the summary
   says why -- never a made-up number (torchtitan once reported 152 % on a GPU missing from its table).
+* **Step time split**: the share of wall time waiting for the loader (``data_wait``), inside ``optimizer.step``
+  (``optimizer_share``, :class:`OptimizerTimer`) and the rest (forward, backward, the framework).
 * **Tokens**: when a batch's first tensor holds integers in 2 dimensions (token ids), tokens/s = its elements x
   processes x accumulation x steps/s.
 """
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import torch
@@ -19,7 +22,7 @@ import torch
 from .. import _envvars as envvars
 from ..errors import ConfigError
 
-__all__ = ["PEAK_TFLOPS", "peak_flops", "FlopProbe", "tokens_in"]
+__all__ = ["PEAK_TFLOPS", "peak_flops", "FlopProbe", "OptimizerTimer", "tokens_in"]
 
 #: Dense peak TFLOP/s per device (vendor datasheets, no sparsity): bf16/fp16 tensor cores, TF32, plain fp32.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
@@ -91,3 +94,79 @@ class FlopProbe:
         if tokens:
             live.tokens_per_step = tokens * self._accumulation * self._trainer.accelerator.world_size
         return out
+
+
+class OptimizerTimer:
+    """Seconds spent in ``optimizer.step`` (rank 0), for the optimizer's share of step time: the host clock on a
+    CPU; on a GPU a pair of CUDA events per step, read when the next live line has synced anyway -- never a sync
+    per step. Two hooks on the optimizer, removed by :meth:`close`."""
+
+    def __init__(self, optimizer: Any, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._seconds = 0.0
+        self._start: Any = None
+        self._depth = 0  # a subclass's step calling super().step() runs the hooks twice, nested
+        self.measurable = True
+        self._events: list[tuple[Any, Any]] = []
+        self._handles = [optimizer.register_step_pre_hook(self._before),
+                         optimizer.register_step_post_hook(self._after)] \
+            if hasattr(optimizer, "register_step_pre_hook") else []
+
+    def _before(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
+        self._depth += 1
+        if self._depth > 1:
+            return None
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")  # args[0] is the optimizer itself
+        if callable(closure):  # a closure step (LBFGS, a custom optimizer): forward and backward run inside step()
+            if self._cuda:  # device time of the closure cannot be told apart without a sync: no share then
+                self.measurable = False
+                return None
+            args, kwargs = ((args[0], self._timed(closure), *args[2:]), kwargs) if len(args) > 1 else \
+                (args, {**kwargs, "closure": self._timed(closure)})
+        if self._cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = time.perf_counter()
+        return args, kwargs
+
+    def _timed(self, closure: Any) -> Any:
+        """The closure, its time taken off the optimizer's (it is forward and backward)."""
+        def timed() -> Any:
+            start = time.perf_counter()
+            try:
+                return closure()
+            finally:
+                self._seconds -= time.perf_counter() - start
+        return timed
+
+    def _after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._depth = max(self._depth - 1, 0)
+        if self._depth or self._start is None:
+            return
+        if self._cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._events.append((self._start, end))
+        else:
+            self._seconds += time.perf_counter() - self._start
+        self._start = None
+
+    def seconds(self) -> float | None:
+        """The total so far (CUDA events that have completed; a line's ``.item()`` has synced the ones before it);
+        None when it cannot be measured without a sync."""
+        if not self.measurable:
+            return None
+        done = 0
+        for start, end in self._events:
+            if not end.query():
+                break
+            self._seconds += start.elapsed_time(end) / 1e3
+            done += 1
+        del self._events[:done]
+        return self._seconds
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []

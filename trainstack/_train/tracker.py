@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .._runtime.compiling import window
-from .._runtime.writers import NullWriter, Writers, format_metrics, make_writers, save_loss_curve
+from .._runtime.losscurve import save_loss_curve
+from .._runtime.writers import NullWriter, Writers, format_metrics, make_writers
 from ..data import DictDataLoader, is_infinite
 from .live import LiveLog, ProgressBar, banner, format_line, progress_enabled, summary
 from .metrics import MetricLog
@@ -162,7 +163,8 @@ class Tracker:
         if not (self.is_main and self.config.verbose):
             return
         self._stop_bar()
-        print(summary(seconds, end, start, best, self.folder, reason), flush=True)
+        line = self.live.run_line(seconds, end[1] - start[1])
+        print(summary(seconds, end, start, best, self.folder, reason, line), flush=True)
 
     def _stop_bar(self) -> None:
         if self.bar:
@@ -179,9 +181,9 @@ class Tracker:
         try:
             rows = read_rows(self.folder / "metrics.jsonl") or writer.history
             if rows:
-                save_loss_curve(rows, self.folder / "loss_curve.png")
+                save_loss_curve(rows, self.folder / "loss_curve.svg")
         except Exception as exc:  # e.g. a full disk: the checkpoint error the user needs came first
-            log.warning("could not draw %s: %s", self.folder / "loss_curve.png", exc)
+            log.warning("could not draw %s: %s", self.folder / "loss_curve.svg", exc)
         try:
             writer.close()
         except Exception as exc:
