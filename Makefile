@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 SLURM_CONF_PATH := /tmp/trainstack-slurm/slurm.conf
 
 .PHONY: help venv install run test test-slow test-fast test-dist test-slurm test-gpu lint lint-hpc typecheck bench bench-smoke \
-        bench-peers bench-gpu bench-slurm bench-compile image-test docs docs-serve slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
+        bench-peers bench-gpu bench-slurm bench-compile bench-startup image-test docs docs-serve slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
         apptainer-build nccl-check clean
 
 help:  ## list targets
@@ -146,8 +146,13 @@ lint-hpc: $(VENV)/.installed  ## hadolint, the def-file validator, shellcheck ov
 bench: $(VENV)/.installed  ## vs a raw DDP loop (and HF Accelerate / Lightning Fabric if installed), start-up per N, restart, FSDP
 	$(PY) bench/run.py $(BENCH_ARGS)
 	$(PY) bench/startup.py
+	$(PY) bench/time_to_result.py
 	$(PY) bench/restart.py
 	$(PY) bench/fsdp.py
+
+bench-startup: $(VENV)/.installed  ## time to result: first optimizer step and whole short run vs raw (two harnesses)
+	$(PY) bench/startup.py
+	$(PY) bench/time_to_result.py
 
 bench-slurm: $(VENV)/.installed slurm-up  ## local Slurm: snapshot size/time, submit -> first log line vs plain sbatch
 	$(PY) bench/slurm_workflow.py $(BENCH_ARGS)

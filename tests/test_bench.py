@@ -39,10 +39,14 @@ def test_fsdp_bench_runs(run_py):
 
 
 def test_startup_and_restart_benches_run(run_py):
-    """bench/startup.py and bench/restart.py (make bench) stay runnable; their numbers come from make bench."""
+    """bench/startup.py, bench/time_to_result.py and bench/restart.py (make bench) stay runnable; their numbers come
+    from make bench."""
     out = run_py([sys.executable, str(ROOT / "bench/startup.py"), "--nprocs", "2", "--reps", "1", "--steps", "12",
                   "--systems", "raw,trainer,trainer-spawn"], timeout=300).stdout
-    assert "| trainer | " in out and "| raw | " in out and "(1.00x)" in out
+    assert "| 2 | trainer | " in out and "| 2 | raw | " in out and "(1.00x)" in out and "N=2 trainer: start-up" in out
+    out = run_py([sys.executable, str(ROOT / "bench/time_to_result.py"), "--nprocs", "2", "--reps", "1", "--steps",
+                  "5"], timeout=300).stdout
+    assert "| 2 | trainer | " in out and "N=2 trainer: start-up" in out, out
     out = run_py([sys.executable, str(ROOT / "bench/restart.py"), "--reps", "1"], timeout=400).stdout
     rows = dict(line.strip("|").split("|")[:2] for line in out.splitlines()[2:] if line.startswith("| "))
     assert {"imports ", "checkpoint load ", "total "} <= {k.strip() + " " for k in rows}

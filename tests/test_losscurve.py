@@ -10,7 +10,8 @@ NS = "{http://www.w3.org/2000/svg}"
 
 def _rows():
     rows = [{"epoch": 0, "step": s, "loss": 2.0 / s, "lr": 0.1} for s in range(1, 41)]
-    rows += [{"epoch": e, "step": 10 * e, "train_loss": 1.5 / e, "val_loss": 1.7 / e, "val_acc": 0.5} for e in (1, 2, 3, 4)]
+    rows += [{"epoch": e, "step": 10 * e, "train_loss": 1.5 / e, "val_loss": 1.7 / e, "val_acc": 0.5}
+             for e in (1, 2, 3, 4)]
     return rows
 
 

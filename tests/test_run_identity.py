@@ -19,8 +19,8 @@ from helpers import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 JOB = str(Path(__file__).with_name("_tracked_train.py"))
-VOLATILE = {"time", "samples_per_s", "batches_per_s", "tokens_per_s", "eta_s", "data_wait", "mfu", "max_mem_gb",
-            "_runtime", "_timestamp", "_step"}
+VOLATILE = {"time", "samples_per_s", "batches_per_s", "tokens_per_s", "eta_s", "data_wait", "optimizer_share", "mfu",
+            "max_mem_gb", "_runtime", "_timestamp", "_step"}
 
 
 def _env(tmp: Path, name: str) -> dict[str, str]:
@@ -135,8 +135,8 @@ def test_killed_and_resumed_runs_are_one_run_with_the_uninterrupted_history(tmp_
     pytest.importorskip({"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}[tool])
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     _finish(_start(reference, tool, _env(tmp_path, "reference")))
-    landed = _killed_until_done(killed, tool, _env(tmp_path, "killed"), kills=8, seed=len(tool))
-    assert landed >= 5, f"only {landed} kills landed before the run ended"
+    landed = _killed_until_done(killed, tool, _env(tmp_path, "killed"), kills=10, seed=len(tool))
+    assert landed >= 6, f"only {landed} kills landed before the run ended"
     assert _jsonl(killed) == _jsonl(reference)
     run_id = json.loads((killed / "run.json").read_text())["run_id"]
     if tool == "mlflow":

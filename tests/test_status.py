@@ -76,3 +76,27 @@ def test_last_metric_reads_only_the_tail(tmp_path):
     assert last_metric(log) == "Iteration      7 | loss: 0.1 | acc: 0.9"
     assert last_metric(tmp_path / "missing.out") == "" and last_metric(None) == ""
     assert os.path.getsize(log) > 65536
+
+
+def test_progress_and_eta_come_from_the_last_live_line_less_its_age(tmp_path):
+    from trainstack._slurm.progress import progress_of
+    from trainstack._slurm.status import TaskStatus
+
+    log = tmp_path / "job.out"
+    line = ("epoch 2/10 | step 150/400 | loss 0.4123 | lr 1.00e-03 | 812 samples/s | eta 00:05:10 | data 3% | "
+            "optim 12%")
+    log.write_text(f"noise\n{line}\n")
+    os.utime(log, (1000.0, 1000.0))  # the line was written at t=1000
+    p = progress_of(line, log, now=1010.0)
+    assert (p.step, p.total_steps, p.epoch, p.total_epochs, p.rate) == (150, 400, 2, 10, "812 samples/s")
+    assert p.eta_s == 300.0 and p.age_s == 10.0  # 5 min 10 s at the line, 10 s ago
+    assert p.text() == "38% step 150/400, 812 samples/s, eta 00:05:00"
+    assert progress_of(line, log, now=2000.0).eta_s == 0.0  # never negative
+    days = progress_of("epoch 1 | step 5 | 3 tokens/s | eta 2.5 d", None)
+    assert days.eta_s == 2.5 * 86400 and days.total_steps is None and days.rate == "3 tokens/s"
+    assert days.text() == "step 5, 3 tokens/s, eta 2.5 d"
+    assert progress_of("Iteration      2 | train_loss: 0.25", log) is None  # qadence lines carry no step total
+    row = TaskStatus("7", "job", "RUNNING", "1", "0:10", 0, line, "squeue", log)
+    assert row.progress.step == 150 and "38% eta" in format_table([row])
+    ended = TaskStatus("7", "job", "COMPLETED", "1", "0:10", 0, line, "sacct", log)
+    assert ended.progress is None and "PROGRESS" in format_table([ended]).splitlines()[0]

@@ -310,8 +310,9 @@ def _warn_uncommitted(cwd: Path) -> None:
 @click.option("--attempts", is_flag=True, help="One row per attempt of a requeued job (its verdicts.jsonl).")
 @_hosted
 def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool) -> None:
-    """State, nodes, elapsed time, restarts and the last metric line of jobs (one row per array task); without
-    JOBID, your queued and running jobs and the last jobs trainstack submitted. Works without Slurm accounting."""
+    """State, nodes, elapsed time, restarts, progress/ETA and the last metric line of jobs (one row per array
+    task); without JOBID, your queued and running jobs and the last jobs trainstack submitted. Works without Slurm
+    accounting."""
     import json
 
     from ._slurm.status import format_table, job_status, my_jobs, slurm_problem
@@ -319,7 +320,8 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool) 
     rows = [row for job_id in job_ids for row in job_status(job_id)] if job_ids else my_jobs(limit)
     if as_json:
         click.echo(json.dumps([{**vars(r), "log": str(r.log) if r.log else None,
-                                "folder": str(r.folder) if r.folder else None} for r in rows], indent=2))
+                                "folder": str(r.folder) if r.folder else None,
+                                "progress": r.progress.as_dict() if r.progress else None} for r in rows], indent=2))
     elif rows:
         click.echo(format_table(rows))
         if job_ids:  # named jobs: why each ended one ended
@@ -328,6 +330,9 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool) 
             for row in rows:
                 if row.ended:
                     click.echo(f"{row.job}: {verdict(row.state, row.folder, row.log).line()}")
+                elif row.progress is not None:
+                    click.echo(f"{row.job}: {row.progress.text()} (from the log line of "
+                               f"{row.progress.age_s:.0f} s ago)")
                 extra = _attempt_rows(row.folder) if attempts else _retry_line(row.folder)
                 if extra:
                     click.echo(extra)

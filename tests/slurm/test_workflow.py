@@ -14,7 +14,8 @@ import pytest
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 HERE = Path(__file__).parent
-HELLO, ARGS, SLEEPER = (str(HERE / n) for n in ("_hello.py", "_args.py", "_sleeper.py"))
+HELLO, ARGS, SLEEPER, SLOW_TRAIN = (str(HERE / n) for n in ("_hello.py", "_args.py", "_sleeper.py",
+                                                            "_slow_train.py"))
 VENV = str(Path(sys.executable).parents[1])
 REPO = HERE.parents[1]
 JOB = "trainstack-test"  # every job of these tests has this name: the conftest cancels leftovers by it
@@ -274,6 +275,35 @@ def test_status_logs_cancel_on_running_pending_finished_and_unknown_jobs(env, sh
     assert row["state"] == "COMPLETED" and row["source"] == "folder" and row["metric"].startswith("Iteration"), row
     assert "slept" in ts(env, "logs", finished).stdout
     assert "not queued or running (COMPLETED)" in ts(env, "cancel", finished, check=False).stderr
+
+
+@pytest.mark.timeout(300)
+def test_status_shows_progress_and_eta_of_a_running_trainer_job(env, shared_tmp):
+    """From the job folder's log only: step/total, throughput and an ETA that counts down while the job runs."""
+    work = shared_tmp / "progress"
+    work.mkdir()
+    job = job_id_of(ts(env, "submit", "--cpu", "--time", "5", "--job-name", JOB, "--log-dir", str(work / "logs"),
+                       "--", SLOW_TRAIN, cwd=work).stdout)
+    deadline = time.monotonic() + 180
+    while not (row := status_rows(env, job)[0]).get("progress") or row["progress"]["step"] < 8:
+        assert time.monotonic() < deadline and row["state"] in ("PENDING", "RUNNING") or \
+            row["state"].startswith("PENDING"), row
+        time.sleep(1)
+    first = row["progress"]
+    assert first["total_steps"] == 400 and first["rate"].endswith("samples/s") and first["epoch"] == 1, first
+    left = (400 - first["step"]) * 0.25
+    assert 0.6 * left < first["eta_s"] + first["age_s"] < 1.6 * left, first  # about the steps left at 0.25 s each
+    time.sleep(4)
+    later = status_rows(env, job)[0]["progress"]
+    assert later["eta_s"] < first["eta_s"], (first, later)  # it counts down
+    named = ts(env, "status", job).stdout
+    assert f"{job}: " in named and "step " in named and "/400, " in named and " eta 00:0" in named, named
+    table = ts(env, "status").stdout
+    header = table.splitlines()[0]
+    assert "PROGRESS" in header and any(job in line and "% eta 00:0" in line for line in table.splitlines()), table
+    ts(env, "cancel", job)
+    wait_ended(env, [job])
+    assert status_rows(env, job)[0]["progress"] is None  # an ended job has no ETA
 
 
 # --------------------------------------------------------------------------------------------- snapshots

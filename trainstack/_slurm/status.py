@@ -21,6 +21,7 @@ from pathlib import Path
 from . import index
 from .jobfolder import JobPaths
 from .jobs import JobError, JobInfo, check_job_id, job_folder, job_infos
+from .progress import Progress, progress_of
 
 __all__ = ["TaskStatus", "job_status", "my_jobs", "format_table", "find_log", "follow_log", "cancel_job",
            "wait_for", "ENDED", "slurm_problem"]
@@ -50,6 +51,11 @@ class TaskStatus:
     @property
     def ended(self) -> bool:
         return self.state.split(" (")[0] in ENDED
+
+    @property
+    def progress(self) -> Progress | None:
+        """A running job's progress and ETA from its last live line (None otherwise)."""
+        return progress_of(self.metric, self.log) if self.state == "RUNNING" and self.metric else None
 
 
 def _record(base: str) -> dict | None:
@@ -237,9 +243,10 @@ def my_jobs(limit: int = 20) -> list[TaskStatus]:
 
 
 def format_table(rows: list[TaskStatus]) -> str:
-    """A plain table (fixed columns; the metric line last, cut to the terminal)."""
-    header = ("JOB", "NAME", "STATE", "NODES", "ELAPSED", "RESTARTS", "LAST METRIC")
-    data = [(r.job, r.name, r.state, r.nodes, r.elapsed, str(r.restarts), r.metric) for r in rows]
+    """A plain table (fixed columns; a running job's progress and ETA; the metric line last, cut to the
+    terminal)."""
+    header = ("JOB", "NAME", "STATE", "NODES", "ELAPSED", "RESTARTS", "PROGRESS", "LAST METRIC")
+    data = [(r.job, r.name, r.state, r.nodes, r.elapsed, str(r.restarts), _progress_cell(r), r.metric) for r in rows]
     widths = [max(len(row[i]) for row in [header, *data]) for i in range(len(header) - 1)]
     width = shutil.get_terminal_size((160, 20)).columns
     lines = []
@@ -247,6 +254,14 @@ def format_table(rows: list[TaskStatus]) -> str:
         line = "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
         lines.append(line.rstrip()[:max(width, 80)])
     return "\n".join(lines)
+
+
+def _progress_cell(row: TaskStatus) -> str:
+    progress = row.progress
+    if progress is None:
+        return ""
+    pct = f"{100 * progress.step / progress.total_steps:.0f}%" if progress.total_steps else f"step {progress.step}"
+    return pct + (f" eta {progress.text().rsplit('eta ', 1)[1]}" if progress.eta_s is not None else "")
 
 
 def find_log(job_id: str, rank: int | None = None) -> tuple[Path, TaskStatus]:

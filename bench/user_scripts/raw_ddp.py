@@ -1,0 +1,62 @@
+"""A short run as people write it without a framework: mp.spawn + DDP (in-process for one), a final torch.save
+(the reference)."""
+
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _clock import first_step_ended, write  # noqa: E402
+
+STEPS, BATCH = int(os.environ.get("STEPS", "30")), 256
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def data(world: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    n = STEPS * BATCH * world
+    return TensorDataset(torch.randn(n, 512, generator=g), torch.randint(0, 10, (n,), generator=g))
+
+
+def worker(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(MLP())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt.register_step_post_hook(first_step_ended)
+    ds = data(world)
+    for x, y in DataLoader(ds, batch_size=BATCH, sampler=DistributedSampler(ds, world, rank)):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    if rank == 0:
+        torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict()}, os.path.join(out, "final.pt"))
+        write(out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    world, out = int(sys.argv[1]), sys.argv[2]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    if world == 1:  # one process: no workers to start
+        worker(0, 1, port, out)
+    else:
+        mp.spawn(worker, args=(world, port, out), nprocs=world)

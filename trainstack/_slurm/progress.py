@@ -1,0 +1,68 @@
+"""A running job's progress and ETA, read from its log's last live line (never from the job itself).
+
+The Trainer's live line says ``epoch 2/10 | step 150/400 | loss ... | 812 samples/s | eta 00:05:10``, where
+``eta = (total steps - step) / steps per second over the line's interval``. ``trainstack status`` takes the time
+since the line was written (the log's last write) off it: ``remaining = max(eta - age, 0)``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+__all__ = ["Progress", "progress_of"]
+
+_STEP = re.compile(r"\bstep (\d+)(?:/(\d+))?")
+_EPOCH = re.compile(r"^epoch (\d+)(?:/(\d+))?")
+_RATE = re.compile(r"\| ([\d,.]+) (samples|tokens|batches)/s\b")
+_ETA = re.compile(r"\| eta (?:(\d+):(\d\d):(\d\d)|([\d.]+) d)\b")
+
+
+@dataclass
+class Progress:
+    """Where a run stands: step (of total), epoch (of total), throughput, and the ETA as of now."""
+
+    step: int
+    total_steps: int | None
+    epoch: int | None
+    total_epochs: int | None
+    rate: str  # "812 samples/s"
+    eta_s: float | None  # seconds left, as of now (the line's ETA less its age)
+    age_s: float  # how old the line is
+
+    def text(self) -> str:
+        """``38% step 150/400, 812 samples/s, eta 00:05:10``."""
+        parts = [f"{100 * self.step / self.total_steps:.0f}% " if self.total_steps else ""]
+        parts[0] += f"step {self.step}" + (f"/{self.total_steps}" if self.total_steps else "")
+        if self.rate:
+            parts.append(self.rate)
+        if self.eta_s is not None:
+            parts.append(f"eta {_clock(self.eta_s)}")
+        return ", ".join(parts)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def progress_of(metric_line: str, log: Path | None, now: float | None = None) -> Progress | None:
+    """The progress in a live line (None without a step); ``log``'s last write dates the line."""
+    step = _STEP.search(metric_line)
+    if step is None:
+        return None
+    epoch, rate, eta = _EPOCH.search(metric_line), _RATE.search(metric_line), _ETA.search(metric_line)
+    try:
+        age = max((now or time.time()) - log.stat().st_mtime, 0.0) if log is not None else 0.0
+    except OSError:
+        age = 0.0
+    left = None
+    if eta is not None:
+        left = float(eta[4]) * 86400 if eta[4] else int(eta[1]) * 3600 + int(eta[2]) * 60 + int(eta[3])
+        left = max(left - age, 0.0)
+    return Progress(int(step[1]), int(step[2]) if step[2] else None, int(epoch[1]) if epoch else None,
+                    int(epoch[2]) if epoch and epoch[2] else None, f"{rate[1]} {rate[2]}/s" if rate else "", left, age)
+
+
+def _clock(seconds: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(seconds)) if seconds < 86400 else f"{seconds / 86400:.1f} d"
