@@ -164,3 +164,13 @@ def test_no_host_sync_per_step(tmp_path):
         counts.append(syncs.count)
     assert counts[0] > 0  # the counter sees the lines' syncs: the test can fail
     assert counts[1] == counts[0], counts
+
+
+def test_an_optimizer_without_step_hooks_reports_no_share():
+    from trainstack._train.throughput import OptimizerTimer
+
+    timer = OptimizerTimer(object(), torch.device("cpu"))  # e.g. a gradient-free (nevergrad) optimizer
+    assert timer.seconds() is None
+    live = LiveLog(8, 1, 1)
+    live.optimizer_timer = timer
+    assert "optimizer" not in live.run_line(2.0, 10) and "data wait" in live.run_line(2.0, 10)

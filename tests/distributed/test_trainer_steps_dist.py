@@ -153,7 +153,7 @@ def test_a_step_scheduler_on_two_processes_counts_optimizer_steps_and_no_rank_wa
 
 # ---------------------------------------------------------------------------------------------- Ctrl-C
 _SCRIPT = textwrap.dedent("""
-    import sys, time, torch
+    import os, sys, time, torch
     from pathlib import Path
     from torch.utils.data import DataLoader, TensorDataset
     from trainstack import Callback, Trainer, TrainConfig
@@ -164,6 +164,7 @@ _SCRIPT = textwrap.dedent("""
         time.sleep(0.05)
         if trainer.global_step >= 12 and trainer.accelerator.rank == 0:
             (OUT / "running").touch()
+            time.sleep(float(os.environ.get("STEP_SLEEP", "0")))  # a long step: both Ctrl-Cs land inside it
 
     if __name__ == "__main__":
         g = torch.Generator().manual_seed(0)
@@ -180,11 +181,12 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def _start(tmp_path: Path, epochs: int, seed: int = 0) -> subprocess.Popen:
+def _start(tmp_path: Path, epochs: int, seed: int = 0, step_sleep: float = 0.0) -> subprocess.Popen:
     script = tmp_path / "train.py"
     script.write_text(_SCRIPT)
     return subprocess.Popen([sys.executable, str(script), str(tmp_path), str(epochs), str(seed)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "STEP_SLEEP": str(step_sleep)})
 
 
 def _ctrl_c(proc: subprocess.Popen, flag: Path, times: int = 1) -> str:
@@ -241,7 +243,7 @@ def test_ctrl_c_in_a_terminal_stops_with_a_checkpoint_and_the_rerun_equals_an_un
 
 @pytest.mark.timeout(200)
 def test_a_second_ctrl_c_aborts_at_once_and_leaves_no_process(tmp_path):
-    proc = _start(tmp_path, 1000)
+    proc = _start(tmp_path, 1000, step_sleep=2.0)  # the first Ctrl-C waits for the step's end; the second does not
     started = time.monotonic()
     out = _ctrl_c(proc, tmp_path / "running", times=2)
     assert proc.returncode not in (0, 130) and "FINISHED" not in out, out[-3000:]

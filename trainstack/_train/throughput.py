@@ -106,11 +106,11 @@ class OptimizerTimer:
         self._seconds = 0.0
         self._start: Any = None
         self._depth = 0  # a subclass's step calling super().step() runs the hooks twice, nested
-        self.measurable = True
         self._events: list[tuple[Any, Any]] = []
         self._handles = [optimizer.register_step_pre_hook(self._before),
                          optimizer.register_step_post_hook(self._after)] \
             if hasattr(optimizer, "register_step_pre_hook") else []
+        self.measurable = bool(self._handles)  # no hooks (a gradient-free optimizer): no share, never a made-up 0
 
     def _before(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         self._depth += 1
