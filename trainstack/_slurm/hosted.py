@@ -23,6 +23,7 @@ from typing import Any
 from .. import _envvars as envvars
 from .._files import atomic_write
 from .._version import __version__
+from .progress import Progress
 from .ssh import Remote, RemoteError
 
 __all__ = ["forwarded_args", "run_hosted", "submit_hosted", "fetch_job", "remote_for", "index_path", "remote_table"]
@@ -180,11 +181,11 @@ def _index_add(row: dict[str, Any]) -> None:
 
 def remote_table(limit: int = 20) -> str | None:
     """The jobs submitted from here with --host, newest last, their state asked from each host in one command
-    (HOST, JOB, STATE, LAST METRIC); None when there are none. A host that cannot be reached says so."""
+    (HOST, JOB, STATE, PROGRESS, LAST METRIC); None when there are none. A host that cannot be reached says so."""
     rows = index_rows()[-limit:]
     if not rows:
         return None
-    lines = ["HOST  JOB  STATE  LAST METRIC"]
+    lines = ["HOST  JOB  STATE  PROGRESS  LAST METRIC"]
     by_host: dict[str, list[str]] = {}
     for row in rows:
         by_host.setdefault(row["host"], []).append(str(row["job"]))
@@ -196,5 +197,7 @@ def remote_table(limit: int = 20) -> str | None:
             lines.append(f"{host}  {', '.join(jobs)}  ?  ({str(exc)[:160]})")
             continue
         for item in found:
-            lines.append(f"{host}  {item.get('job')}  {item.get('state')}  {item.get('metric') or ''}".rstrip())
+            progress = Progress(**item["progress"]).cell() if item.get("progress") else "-"
+            lines.append(f"{host}  {item.get('job')}  {item.get('state')}  {progress}  {item.get('metric') or ''}"
+                         .rstrip())
     return "\n".join(lines)

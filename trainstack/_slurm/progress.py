@@ -42,6 +42,11 @@ class Progress:
             parts.append(f"eta {_clock(self.eta_s)}")
         return ", ".join(parts)
 
+    def cell(self) -> str:
+        """The table's PROGRESS cell: ``38% eta 00:05:10`` (``step 150`` without a total)."""
+        head = f"{100 * self.step / self.total_steps:.0f}%" if self.total_steps else f"step {self.step}"
+        return head + (f" eta {_clock(self.eta_s)}" if self.eta_s is not None else "")
+
     def as_dict(self) -> dict:
         return asdict(self)
 

@@ -258,10 +258,7 @@ def format_table(rows: list[TaskStatus]) -> str:
 
 def _progress_cell(row: TaskStatus) -> str:
     progress = row.progress
-    if progress is None:
-        return ""
-    pct = f"{100 * progress.step / progress.total_steps:.0f}%" if progress.total_steps else f"step {progress.step}"
-    return pct + (f" eta {progress.text().rsplit('eta ', 1)[1]}" if progress.eta_s is not None else "")
+    return progress.cell() if progress is not None else ""
 
 
 def find_log(job_id: str, rank: int | None = None) -> tuple[Path, TaskStatus]:
