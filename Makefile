@@ -25,6 +25,9 @@ $(VENV)/.installed: pyproject.toml
 	@# torch first, pinned: an unpinned resolve would pull a multi-GB CUDA build.
 	$(PIP) install -q "torch==$(TORCH_VERSION)"
 	$(PIP) install -q -e '.[dev]'
+	@# bytecode for everything installed, once: where PYTHONDONTWRITEBYTECODE=1 is set (some CI images), every
+	@# process would otherwise compile torch's Python again (~2.6 s per process that imports torch._dynamo)
+	-$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null
 	@touch $@
 
 venv install: $(VENV)/.installed  ## create .venv and install torch + trainstack[dev]
