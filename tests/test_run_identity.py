@@ -52,7 +52,7 @@ def _killed_until_done(folder: Path, tool: str, env: dict[str, str], kills: int,
         while proc.poll() is None and not (metrics.exists() and metrics.stat().st_size > before):
             assert time.monotonic() < deadline, "the run did not start training"
             time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 1.2))
+        time.sleep(rng.uniform(0.0, 1.0))
         if proc.poll() is not None:
             _finish(proc)
             return landed
@@ -136,7 +136,7 @@ def test_killed_and_resumed_runs_are_one_run_with_the_uninterrupted_history(tmp_
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     _finish(_start(reference, tool, _env(tmp_path, "reference")))
     landed = _killed_until_done(killed, tool, _env(tmp_path, "killed"), kills=10, seed=len(tool))
-    assert landed >= 6, f"only {landed} kills landed before the run ended"
+    assert landed >= 8, f"only {landed} kills landed before the run ended"
     assert _jsonl(killed) == _jsonl(reference)
     run_id = json.loads((killed / "run.json").read_text())["run_id"]
     if tool == "mlflow":

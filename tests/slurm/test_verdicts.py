@@ -82,7 +82,7 @@ def test_retry_policy_a_bug_is_not_retried_retried_once_when_asked_a_transient_k
     jobs = {"default": _requeued(env, work, "_flaky.py", "deterministic"),
             "asked": _requeued(env, work, "_flaky.py", "deterministic", policy=("--retry-on", "all")),
             "transient": _requeued(env, work, "_flaky.py", "transient")}
-    rows = wait_ended(env, list(jobs.values()), timeout=360)
+    rows = wait_ended(env, list(jobs.values()), timeout=360, release_holds=True)
     assert rows[jobs["transient"]][0]["state"].startswith("COMPLETED"), rows
     assert rows[jobs["asked"]][0]["state"].startswith("FAILED"), rows
     assert rows[jobs["default"]][0]["state"].startswith("FAILED") and rows[jobs["default"]][0]["restarts"] == 0, rows
@@ -109,7 +109,7 @@ def test_a_host_fault_leaves_the_host_out_of_the_requeued_attempt(env, shared_tm
     work.mkdir()
     shutil.copy(FAULT.with_name("_gpu_fault.py"), work / "_gpu_fault.py")
     job = _requeued(env, work, "_gpu_fault.py", str(work))
-    rows = wait_ended(env, [job], timeout=360)
+    rows = wait_ended(env, [job], timeout=360, release_holds=True)
     log = ts(env, "logs", job).stdout
     assert rows[job][0]["state"].startswith("COMPLETED"), (rows, log)
     hosts = dict(line.split() for line in (work / "hosts").read_text().splitlines())
