@@ -27,7 +27,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q -e '.[dev]'
 	@# bytecode for everything installed, once: where PYTHONDONTWRITEBYTECODE=1 is set (some CI images), every
 	@# process would otherwise compile torch's Python again (~2.6 s per process that imports torch._dynamo)
-	-$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null
+	@# (a few packages ship files for other Python versions that do not compile: not an error here)
+	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
 	@touch $@
 
 venv install: $(VENV)/.installed  ## create .venv and install torch + trainstack[dev]
