@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ["number_ranges"]
+import time
+
+__all__ = ["number_ranges", "duration"]
+
+
+def duration(seconds: float) -> str:
+    """``00:05:10`` (``2.5 d`` from a day on): an ETA as the live line prints it and ``status`` reads it back."""
+    return time.strftime("%H:%M:%S", time.gmtime(seconds)) if seconds < 86400 else f"{seconds / 86400:.1f} d"
 
 
 def number_ranges(numbers: list[int], sep: str = ", ") -> str:

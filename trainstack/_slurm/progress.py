@@ -12,6 +12,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .._text import duration
+
 __all__ = ["Progress", "progress_of"]
 
 _STEP = re.compile(r"\bstep (\d+)(?:/(\d+))?")
@@ -34,18 +36,18 @@ class Progress:
 
     def text(self) -> str:
         """``38% step 150/400, 812 samples/s, eta 00:05:10``."""
-        parts = [f"{100 * self.step / self.total_steps:.0f}% " if self.total_steps else ""]
-        parts[0] += f"step {self.step}" + (f"/{self.total_steps}" if self.total_steps else "")
-        if self.rate:
-            parts.append(self.rate)
-        if self.eta_s is not None:
-            parts.append(f"eta {_clock(self.eta_s)}")
-        return ", ".join(parts)
+        head = f"{self._percent()} step {self.step}/{self.total_steps}" if self.total_steps else f"step {self.step}"
+        return ", ".join([head, *([self.rate] if self.rate else []), *self._eta()])
 
     def cell(self) -> str:
         """The table's PROGRESS cell: ``38% eta 00:05:10`` (``step 150`` without a total)."""
-        head = f"{100 * self.step / self.total_steps:.0f}%" if self.total_steps else f"step {self.step}"
-        return head + (f" eta {_clock(self.eta_s)}" if self.eta_s is not None else "")
+        return " ".join([self._percent() if self.total_steps else f"step {self.step}", *self._eta()])
+
+    def _percent(self) -> str:
+        return f"{100 * self.step / (self.total_steps or 1):.0f}%"
+
+    def _eta(self) -> list[str]:
+        return [f"eta {duration(self.eta_s)}"] if self.eta_s is not None else []
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -68,6 +70,3 @@ def progress_of(metric_line: str, log: Path | None, now: float | None = None) ->
     return Progress(int(step[1]), int(step[2]) if step[2] else None, int(epoch[1]) if epoch else None,
                     int(epoch[2]) if epoch and epoch[2] else None, f"{rate[1]} {rate[2]}/s" if rate else "", left, age)
 
-
-def _clock(seconds: float) -> str:
-    return time.strftime("%H:%M:%S", time.gmtime(seconds)) if seconds < 86400 else f"{seconds / 86400:.1f} d"

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from .. import _envvars as envvars
+from .._text import duration
 
 __all__ = ["ProgressBar", "LiveLog", "banner", "progress_enabled", "format_line", "summary", "hold_warnings", "timed",
            "DATA_BOUND"]
@@ -33,10 +34,6 @@ def banner(info: dict[str, Any]) -> str:
     width = max(len(k) for k in info)
     lines = ["***** Running training *****"] + [f"  {k:<{width}} = {v}" for k, v in info.items()]
     return "\n".join(lines)
-
-
-def _duration(seconds: float) -> str:
-    return time.strftime("%H:%M:%S", time.gmtime(seconds)) if seconds < 86400 else f"{seconds / 86400:.1f} d"
 
 
 def _number(value: float) -> str:
@@ -58,7 +55,7 @@ def format_line(head: str, values: dict[str, float]) -> str:
         elif name == "mfu":
             parts.append(f"mfu {100 * value:.3g}%")
         elif name == "eta_s":
-            parts.append(f"eta {_duration(value)}")
+            parts.append(f"eta {duration(value)}")
         elif name == "max_mem_gb":
             parts.append(f"mem {value:.1f}G")
         elif name.startswith("lr"):

@@ -128,9 +128,6 @@ def close(t: Any) -> None:
     """Release what the run holds; never raises over the error that ended the run."""
     t._running = False
     watchdog.stop()
-    tracker = getattr(t, "tracker", None)
-    if tracker is not None and tracker.live.optimizer_timer is not None:
-        tracker.live.optimizer_timer.close()  # the optimizer goes back without our hooks
     if getattr(t, "stopper", None) is not None:
         t.stopper.restore()
     t.tracker.close()

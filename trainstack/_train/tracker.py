@@ -172,9 +172,11 @@ class Tracker:
             self.bar = None
 
     def close(self) -> None:
-        """Stop the bar, draw the loss curve, close the writers. Failures here are logged, never raised: they must
-        not hide the error that ended the run."""
+        """Stop the bar and the optimizer timer, draw the loss curve, close the writers. Failures here are logged,
+        never raised: they must not hide the error that ended the run."""
         self._stop_bar()
+        if self.live.optimizer_timer is not None:
+            self.live.optimizer_timer.close()  # the optimizer goes back without our hooks
         writer, self.writer = self.writer, NullWriter()
         if not self.is_main or self.folder is None:
             return
