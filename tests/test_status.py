@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from trainstack._slurm.jobs import JobError
-from trainstack._slurm.status import _from_folder, format_table, job_status, last_metric
+from trainstack._slurm.status import _exit_of, _from_folder, format_table, job_status, last_metric
 from trainstack.cli import main
 
 
@@ -34,17 +34,20 @@ def test_states_from_the_folder(tmp_path):
     record = _job_folder(tmp_path, "77", {"task-0": {"started": started, "exit_code": "0\n"},
                                           "task-1": {"started": started, "exit_code": "3\n"},
                                           "task-2": {"started": started},
-                                          "task-3": {}, "task-4": {"started": started, "cancelled": "x"}})
+                                          "task-3": {}, "task-4": {"started": started, "cancelled": "x"},
+                                          "task-5": {"started": started, "exit_code": "143\n"}})
     (tmp_path / "logs" / "demo-77_0.out").write_text("Iteration      1 | loss: 1.0\nIteration      2 | loss: 0.5\n"
                                                      "done\n")
     rows = _from_folder("77", record, None)
-    assert [r.job for r in rows] == ["77_0", "77_1", "77_2", "77_3", "77_4"]
+    assert [r.job for r in rows] == ["77_0", "77_1", "77_2", "77_3", "77_4", "77_5"]
     assert [r.state for r in rows] == ["COMPLETED", "FAILED (exit 3)", "ENDED (killed: no exit status recorded)",
-                                       "NEVER RAN", "CANCELLED"]
+                                       "NEVER RAN", "CANCELLED",
+                                       "ENDED (exit 143, SIGTERM: scancel, the time limit or a preemption)"]
+    assert _exit_of(rows[5].state) == 143  # a signalled job is never read as a success
     assert rows[0].restarts == 1 and rows[0].metric == "Iteration      2 | loss: 0.5" and rows[0].source == "folder"
     assert all(r.ended for r in rows)
     table = format_table(rows).splitlines()
-    assert table[0].split()[:3] == ["JOB", "NAME", "STATE"] and table[1].startswith("77_0") and len(table) == 6
+    assert table[0].split()[:3] == ["JOB", "NAME", "STATE"] and table[1].startswith("77_0") and len(table) == 7
 
 
 def test_a_job_slurm_forgot_is_answered_from_the_submission_record(tmp_path, monkeypatch):

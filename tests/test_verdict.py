@@ -64,6 +64,10 @@ def test_each_class(tmp_path):
     assert verdict("COMPLETED", _job(tmp_path / "g", {0: "DONE\n"}, "0"), None).kind == "completed"
     assert verdict("RUNNING", None, None).kind == "running"
     assert verdict("FAILED", _job(tmp_path / "h", {0: "no traceback\n"}, "3"), None).kind == "unknown"
+    signalled = _job(tmp_path / "i", {0: "step 4\n"}, "143")  # scancel / time limit, once Slurm forgot the job
+    assert verdict("ENDED (exit 143, SIGTERM: scancel, the time limit or a preemption)", signalled, None).kind \
+        == "terminated"
+    assert verdict("FAILED", signalled, None, status=143).kind == "unknown"  # an attempt's own status: retry rules
 
 
 def test_a_collective_failure_names_the_rank_that_stopped_answering(tmp_path):

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from trainstack._slurm.status import _exit_of, _from_folder
+from trainstack._slurm.verdict import verdict
+
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 HERE = Path(__file__).parent
 HELLO, ARGS, SLEEPER, SLOW_TRAIN = (str(HERE / n) for n in ("_hello.py", "_args.py", "_sleeper.py",
@@ -299,6 +302,26 @@ def test_status_logs_cancel_on_running_pending_finished_and_unknown_jobs(env, sh
     assert row["state"] == "COMPLETED" and row["source"] == "folder" and row["metric"].startswith("Iteration"), row
     assert "slept" in ts(env, "logs", finished).stdout
     assert "not queued or running (COMPLETED)" in ts(env, "cancel", finished, check=False).stderr
+
+
+@pytest.mark.timeout(180)
+def test_a_job_ended_by_plain_scancel_is_never_recorded_as_a_success(env, shared_tmp):
+    """The batch shell's EXIT trap ran with the status of the command before the signal (0): the job folder said
+    COMPLETED once Slurm forgot a cancelled or timed-out job. Its TERM trap records 143 now."""
+    work = shared_tmp / "scancel"
+    work.mkdir()
+    job = job_id_of(ts({**env, "PROBE_OUT": str(work)}, "submit", "--cpu", "--time", "5", "--job-name", JOB,
+                       "--log-dir", str(work / "logs"), "--", SLEEPER, "300", cwd=work).stdout)
+    wait_for_file(work / "ready")
+    subprocess.run(["scancel", job], env=env, check=True, timeout=30)  # Slurm's own, not trainstack cancel
+    code = work / "logs" / f"{JOB}-{job}" / "exit_code"
+    wait_for_file(code, timeout=60)
+    time.sleep(0.5)
+    assert code.read_text().strip() == "143"
+    record = {"job_id": job, "name": JOB, "job_dir": str(code.parent), "log_dir": str(work / "logs")}
+    [row] = _from_folder(job, record, None)  # what status answers after MinJobAge
+    assert row.state.startswith("ENDED (exit 143, SIGTERM") and _exit_of(row.state) == 143, row
+    assert verdict(row.state, code.parent, row.log).kind == "terminated"
 
 
 @pytest.mark.timeout(300)

@@ -132,6 +132,8 @@ def _folder_state(folder: Path, parent: Path) -> str:
         return "CANCELLED"
     if code_file.exists():
         code = code_file.read_text().strip()
+        if code == "143":  # the batch shell's TERM trap: scancel, the time limit or a preemption, never success
+            return "ENDED (exit 143, SIGTERM: scancel, the time limit or a preemption)"
         return "COMPLETED" if code == "0" else f"FAILED (exit {code})"
     if (parent / "cancelled").exists():
         return "CANCELLED"
@@ -364,7 +366,7 @@ def _exit_of(state: str) -> int:
     """0 for COMPLETED; else the exit status in ``STATE (exit N)`` / ``(exit N:S)`` (128+S for a signal), or 1."""
     if state == "COMPLETED":
         return 0
-    m = re.search(r"\(exit (\d+)(?::(\d+))?\)", state)
+    m = re.search(r"\(exit (\d+)(?::(\d+))?[),]", state)
     if not m:
         return 1
     code, sig = int(m.group(1)), int(m.group(2) or 0)

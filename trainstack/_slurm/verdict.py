@@ -113,6 +113,9 @@ def verdict(state: str, folder: Path | None, log: Path | None, status: int | Non
         return _done(failed)
     if exit_code == ["0"]:
         return Verdict("completed", "the job ended with exit code 0")
+    if exit_code == ["143"] and status is None:  # the batch shell's own record, after Slurm forgot the job
+        return _done(Verdict("terminated", "the batch shell got SIGTERM (scancel, the time limit or a preemption; "
+                             "Slurm no longer knows which)", evidence=_tail(combined)))
     return _done(Verdict("unknown", f"Slurm state {base}, exit code {''.join(exit_code) or '?'}",
                          evidence=_tail(combined)))
 
