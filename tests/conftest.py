@@ -18,6 +18,19 @@ sys.path.insert(0, str(ROOT / "scripts"))  # development fixtures (spec_matrix, 
 _TORCH_OWN = ("TORCHINDUCTOR_", "TRITON_", "KMP_", "CUDA_MODULE_LOADING")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_job_index(tmp_path_factory):
+    """Jobs the tests submit go to a session-private index, never the user's own ~/.local/state/trainstack (their
+    `trainstack status` would list hundreds of test jobs); child processes inherit it."""
+    previous = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("xdg-state"))
+    yield
+    if previous is None:
+        os.environ.pop("XDG_STATE_HOME", None)
+    else:
+        os.environ["XDG_STATE_HOME"] = previous
+
+
 @pytest.fixture(autouse=True)
 def restore_environ():
     """Fail loudly if code under test leaks variables into os.environ, then restore it."""

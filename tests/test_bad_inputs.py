@@ -38,6 +38,8 @@ CLI_CASES = [
     (G + ["--time", "abc", "--", "t.py"], 2, "'abc'"), (G + ["--time", "", "--", "t.py"], 2, "''"),
     (G + ["--time", "-5", "--", "t.py"], 2, "'-5'"), (G + ["--time", "1-", "--", "t.py"], 2, "'1-'"),
     (G + ["--time", "01:00:00\n", "--", "t.py"], 2, "--time"), (G + ["--time", "1 hour", "--", "t.py"], 2, "1 hour"),
+    (G + ["--time", "2h", "--", "t.py"], 2, "did you mean --time 02:00:00?"),
+    (G + ["--time", "1d12h30m", "--", "t.py"], 2, "did you mean --time 1-12:30:00?"),
     (G + ["--mem", "abc", "--", "t.py"], 2, "'abc'"), (G + ["--mem", "-5G", "--", "t.py"], 2, "'-5G'"),
     (G + ["--setup", "foo", "--", "t.py"], 2, "foo"), (G + ["--launcher", "bar", "--", "t.py"], 2, "bar"),
     (G + ["--container", "docker", "--", "t.py"], 2, "docker"),

@@ -68,6 +68,9 @@ def test_each_class(tmp_path):
     assert verdict("ENDED (exit 143, SIGTERM: scancel, the time limit or a preemption)", signalled, None).kind \
         == "terminated"
     assert verdict("FAILED", signalled, None, status=143).kind == "unknown"  # an attempt's own status: retry rules
+    never = verdict("NEVER RAN", None, None)
+    assert never.kind == "never ran" and "never started" in never.summary
+    assert "without recording an exit status" in verdict("ENDED (killed: no exit status recorded)", None, None).summary
 
 
 def test_a_collective_failure_names_the_rank_that_stopped_answering(tmp_path):

@@ -33,6 +33,20 @@ PLACEHOLDERS = ("num_processes", "num_machines", "machine_rank", "main_process_i
 MAX_GPUS_PER_NODE = 16
 DEFAULT_CPUS_PER_GPU_PROCESS = 4
 _TIME = re.compile(r"\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE")
+_UNIT_TIME = re.compile(r"\s*(?:(\d+)\s*d)?\s*(?:(\d+)\s*h)?\s*(?:(\d+)\s*m(?:in)?)?\s*(?:(\d+)\s*s)?\s*",
+                        re.IGNORECASE)
+
+
+def _time_hint(text: str) -> str:
+    """'2h', '1d12h', '90min' as people write them: the Slurm spelling to use instead."""
+    m = _UNIT_TIME.fullmatch(text)
+    if not m or not any(m.groups()):
+        return ""
+    days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
+    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    days, rest = divmod(total, 86400)
+    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"; did you mean --time {f'{days}-' if days else ''}{clock}?"
 _MEM = re.compile(r"\d+[KMGT]?B?", re.IGNORECASE)
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SIGNAL = re.compile(r"(B:)?(SIG)?[A-Z0-9]+(@\d+)?")
@@ -164,7 +178,7 @@ class LaunchSpec:
                 raise SpecError(_opt(name), "must be a single line")
         if not _TIME.fullmatch(self.time):
             raise SpecError("--time", f"{self.time!r} is not a Slurm time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
-                                      f"D-HH:MM:SS or UNLIMITED)")
+                                      f"D-HH:MM:SS or UNLIMITED){_time_hint(self.time)}")
         if self.mem is not None and not _MEM.fullmatch(self.mem):
             raise SpecError("--mem", f"{self.mem!r} is not a Slurm memory size such as 16G, 500M or 0")
         if self.cpus_per_task is not None and self.cpus_per_task < 1:

@@ -113,6 +113,12 @@ def verdict(state: str, folder: Path | None, log: Path | None, status: int | Non
         return _done(failed)
     if exit_code == ["0"]:
         return Verdict("completed", "the job ended with exit code 0")
+    if state.startswith("NEVER RAN"):  # the job folder's record, after Slurm forgot the job
+        return Verdict("never ran", "the job never started: no start record in its job folder (cancelled while "
+                       "pending, or the folder is not on a file system the compute nodes share)")
+    if state.startswith("ENDED (killed") and status is None:
+        return _done(Verdict("unknown", "the batch shell ended without recording an exit status (killed: SIGKILL "
+                             "after a time limit or scancel, or its node was lost)", evidence=_tail(combined)))
     if exit_code == ["143"] and status is None:  # the batch shell's own record, after Slurm forgot the job
         return _done(Verdict("terminated", "the batch shell got SIGTERM (scancel, the time limit or a preemption; "
                              "Slurm no longer knows which)", evidence=_tail(combined)))
