@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -193,3 +194,20 @@ def test_qadence_helpers_write_and_load(tmp_path):
     assert iteration == 7 and out_model is fresh and out_opt is fresh_opt
     assert torch.equal(fresh[0].weight, model[0].weight)
     assert load_checkpoint(tmp_path / "empty", fresh) == (fresh, None, 0)
+
+
+def test_an_unreadable_file_says_what_it_is_never_to_load_it_unsafely(tmp_path):
+    """Not a checkpoint, empty, a refused object (named, with the way out), damaged: each in its own words, and
+    never torch's advice to set weights_only=False."""
+    good = Checkpointer(tmp_path).save({"epoch": 1, "global_step": 1}, {"model": _parts()[0]})
+    cases = {"text.pt": (b"garbage\n", "starts with b'garbage\\n'"), "empty.pt": (b"", "the file is empty"),
+             "cut.pt": (good.read_bytes()[:200], "damaged")}
+    for name, (data, _) in cases.items():
+        (tmp_path / name).write_bytes(data)
+    torch.save({"format_version": 1, "x": np.zeros(2)}, tmp_path / "numpy.pt")
+    cases["numpy.pt"] = (b"", "holds a numpy")
+    for name, (_, expected) in cases.items():
+        with pytest.raises(CheckpointError) as err:
+            Checkpointer(tmp_path).restore({"model": _parts()[0]}, tmp_path / name)
+        assert expected in str(err.value) and name in str(err.value), err.value
+        assert "weights_only` set to `False`" not in str(err.value) and "will likely succeed" not in str(err.value)

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._checkpoint.failures import why_failed
+from ._checkpoint.failures import why_failed, why_unreadable
 from ._checkpoint.rng import capture_rng, gather_rng, restore_rng
 from ._files import TEMP_RE, create_new, fsync_path, temp_path
 from .errors import TrainstackError
@@ -488,9 +488,7 @@ def _checked(file: Path, name: Path) -> dict[str, Any]:
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise UnreadableCheckpoint(f"cannot load checkpoint {name}: the file is damaged or not a torch checkpoint "
-                                   f"({type(exc).__name__}: "
-                                   f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}).") from exc
+        raise UnreadableCheckpoint(f"cannot load checkpoint {name}: {why_unreadable(exc, file)}.") from exc
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise UnreadableCheckpoint(f"{name} is not a trainstack checkpoint (format {FORMAT_VERSION}).")
     return state
