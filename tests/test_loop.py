@@ -32,3 +32,20 @@ def test_off_the_boundary_nothing_steps_and_plateau_schedulers_step_once_per_cal
     for value in (1.0, 1.0, 1.0):
         plateau.step(value)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.025)  # reduced once, after patience + 1 calls
+
+
+def test_a_loss_backward_cannot_start_from_is_a_clear_error():
+    """accelerator.backward(loss) checks on the host what autograd would reject deep inside torch."""
+    from trainstack import Accelerator
+    from trainstack.errors import ConfigError
+
+    acc = Accelerator(nprocs=1)
+    model = torch.nn.Linear(3, 2)
+    out = model(torch.ones(4, 3))
+    for loss, expected in ((out, "shape (4, 2)"), (out.sum().item(), "got a float"),
+                           (out.detach().sum(), "does not require grad")):
+        with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+            acc.backward(loss)
+    acc.backward(out, gradient=torch.ones_like(out))  # a non-scalar with its gradient is autograd's own form
+    acc.backward(model(torch.ones(4, 3)).sum())
+    assert model.weight.grad is not None

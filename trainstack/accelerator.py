@@ -410,7 +410,8 @@ class Accelerator:
     wait_for_everyone = barrier
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()``, divided by ``gradient_accumulation_steps`` and scaled for fp16."""
+        """``loss.backward()`` (a loss it cannot start from is a clear error), divided for accumulation, fp16-scaled."""
+        _loop.check_loss(loss, kwargs)
         if self.gradient_accumulation_steps > 1:
             loss = loss / self.gradient_accumulation_steps
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward(**kwargs)

@@ -21,7 +21,7 @@ from torch import nn
 from ..errors import ConfigError
 
 __all__ = ["LoopState", "STATE", "PreparedOptimizer", "PreparedScheduler", "autocast_dtype", "autocast_forward",
-           "tracked", "accumulate"]
+           "tracked", "accumulate", "check_loss"]
 
 
 class LoopState:
@@ -262,3 +262,17 @@ def gather_for_metrics(acc: Any, data: Any) -> Any:
         return item
 
     return one(data)
+
+
+def check_loss(loss: Any, kwargs: dict[str, Any]) -> None:
+    """What ``accelerator.backward(loss)`` needs, checked on the host (no sync): a tensor, one element unless a
+    ``gradient`` is given, attached to the graph."""
+    if not isinstance(loss, torch.Tensor):
+        raise ConfigError(f"accelerator.backward() got a {type(loss).__name__}, not the loss tensor. HINT: keep the "
+                          f"loss a tensor until after backward (call .item() / float() for logging only).")
+    if "gradient" not in kwargs and loss.numel() != 1:
+        raise ConfigError(f"accelerator.backward(): the loss has shape {tuple(loss.shape)}; backward starts from one "
+                          f"scalar. HINT: reduce it, e.g. loss.mean() (or pass gradient=...).")
+    if not loss.requires_grad:
+        raise ConfigError("accelerator.backward(): the loss does not require grad: it was computed under "
+                          "torch.no_grad() / inference_mode, detached, or from parameters with requires_grad=False.")
