@@ -203,3 +203,36 @@ def test_leftovers_of_a_finished_and_a_killed_run(tmp_path, run_py):
     left = ours()
     assert all(name.startswith("trainstack-") for name in left) and len(left) <= 1, left
     assert all(oct((shared / n).stat().st_mode)[-3:] == "700" for n in left)
+
+
+_CONFIG_IN_WORKER = textwrap.dedent("""
+    from trainstack import Accelerator
+    from trainstack.errors import ConfigError, TrainingDiverged, WorkerError
+
+    def work(acc, kind):
+        if acc.rank == 1:
+            raise ConfigError("bad setting on purpose. HINT: change it") if kind == "config" else \\
+                TrainingDiverged("the loss is nan on purpose")
+        return acc.rank
+
+    if __name__ == "__main__":
+        acc = Accelerator(nprocs=2, compute_setup="cpu")
+        for kind, cls in (("config", ConfigError), ("diverged", TrainingDiverged)):
+            try:
+                acc.distribute(work)(acc, kind)
+            except cls as exc:  # the class a one-process run raises
+                first = str(exc).splitlines()[0]
+                print("CAUGHT", kind, isinstance(exc, WorkerError), exc.rank, repr(first),
+                      "Traceback" in exc.detail, "Traceback" in str(exc))
+""")
+
+
+def test_a_config_error_in_a_worker_is_raised_as_itself(tmp_path, run_py):
+    """`except ConfigError` works the same on 1 and N processes: the launching process raises the worker's
+    ConfigError (or TrainingDiverged) as that class -- and as a WorkerError with the rank -- its message first and
+    the worker's traceback kept in .detail, not printed twice."""
+    script = tmp_path / "config_in_worker.py"
+    script.write_text(_CONFIG_IN_WORKER)
+    out = run_py([sys.executable, str(script)], timeout=150).stdout
+    assert "CAUGHT config True 1 'bad setting on purpose. HINT: change it' True False" in out, out
+    assert "CAUGHT diverged True 1 'the loss is nan on purpose' True False" in out, out

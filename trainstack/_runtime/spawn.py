@@ -50,7 +50,7 @@ import torch.multiprocessing as tmp
 
 from .. import _envvars as envvars
 from .._files import atomic_write
-from ..errors import LaunchError, Preempted, TrainingHung, WorkerError
+from ..errors import LaunchError, Preempted, TrainingHung, carried_header, worker_error
 from . import layout as _layout
 from . import preload as _preload
 from . import ranklog as _ranklog
@@ -399,7 +399,7 @@ def _worker(local_index: int, payload: Any, spec: _WorkerSpec, private_dir: str)
 def _failure_text(exc: BaseException) -> str:
     """What the launching process reports for a worker that did not finish; exits that are not errors in Python
     (``sys.exit(0)``, a Ctrl-C that reached only the workers) still ended it without a result."""
-    text = "".join(traceback.format_exception(exc)).strip()
+    text = carried_header(exc) + "".join(traceback.format_exception(exc)).strip()
     if isinstance(exc, SystemExit):
         return (f"{text}\nthe worker called sys.exit({exc.code!r}) before its function returned (in a callback or "
                 f"library code?), so it has no result.")
@@ -541,8 +541,9 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
             _reap(context)
         if failure is not None:
             index, detail, code = failure
-            error = TrainingHung if code == HANG_EXIT_CODE or detail.startswith(HANG_REPORT) else WorkerError
-            raise error(plan.rank_offset + index, detail, exitcode=code)
+            if code == HANG_EXIT_CODE or detail.startswith(HANG_REPORT):
+                raise TrainingHung(plan.rank_offset + index, detail, exitcode=code)
+            raise worker_error(plan.rank_offset + index, detail, exitcode=code)
         if store is not None:
             _wait_for_count(store, plan.world_size)
         result_path = os.path.join(private_dir, _RESULT)
