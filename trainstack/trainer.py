@@ -419,8 +419,7 @@ class Trainer:
         values = self.evaluate("val", self.model, self._val_loader)
         self.metrics.update(values)
         self._val_step = self.global_step
-        if mid_epoch:
-            self.tracker.validation(self.current_epoch, self.global_step, values)
+        self.tracker.validation(self.current_epoch - (not mid_epoch), self.global_step, values, row=mid_epoch)
         self._set_result(epoch)
         self.callbacks.fire("val_epoch_end", self)
 

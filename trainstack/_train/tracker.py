@@ -121,14 +121,18 @@ class Tracker:
         loss = f" | loss {float(sums.loss_sum) / n:.4g}" if n and sums.loss_sum is not None else ""
         self.bar.update(step, self.head(epoch, step) + loss + (f" | {self._extra}" if self._extra else ""))
 
-    def validation(self, epoch: int, step: int, values: dict[str, Any]) -> None:
-        """A validation inside an epoch: a line (when verbose) and a metrics.jsonl row at its step."""
+    def validation(self, epoch: int, step: int, values: dict[str, Any], row: bool = True) -> None:
+        """A validation's line (when verbose) -- unless the epoch's metrics line shows it anyway -- and, inside an
+        epoch, its metrics.jsonl row at its step (``row``; at an epoch's end the epoch's row holds it)."""
         if not self.is_main:
             return
-        if self.config.verbose:
+        cfg = self.config
+        shown = not row and cfg.print_every and (epoch + 1) % cfg.print_every == 0
+        if cfg.verbose and not shown:
             line = format_line(self.head(epoch, step), values)
             self.bar.progress.console.print(line) if self.bar else print(line, flush=True)
-        self.writer.write(None, values, epoch=epoch)
+        if row:
+            self.writer.write(None, values, epoch=epoch)
 
     def epoch_end(self, epoch: int, metrics: dict[str, Any], model: Any, step: int) -> None:
         """A metrics line every ``print_every`` epochs, a row every ``write_every`` (default 1), plots."""
