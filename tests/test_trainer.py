@@ -120,6 +120,17 @@ def test_print_metrics_from_the_main_process(tmp_path, capsys):
     assert len(lines) == 2 and lines[0].startswith("epoch 2/4 | step 8 |") and "train_mse:" in lines[0], lines
 
 
+def test_the_banner_totals_the_model_and_every_validation_shows_a_line(tmp_path, capsys):
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    model[0].requires_grad_(False)  # 16 frozen of 21
+    cfg = _config(tmp_path, max_iter=4, val_every=2, verbose=True)
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg).fit(_loader(), _loader())
+    out = capsys.readouterr().out
+    assert "Model" in out and "Sequential: 21 parameters (5 trainable), 84 B float32" in out, out
+    validations = [line for line in out.splitlines() if "val_loss" in line]
+    assert [line.split(" | ")[0] for line in validations] == ["epoch 2/4", "epoch 4/4"], out  # print_every=0
+
+
 def test_checkpoints_round_trip_rotate_and_load_weights_only(tmp_path):
     model = _model()
     cfg = _config(tmp_path, max_iter=5, checkpoint_every=1, keep_last_checkpoints=2)

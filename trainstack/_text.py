@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["number_ranges", "duration"]
+__all__ = ["number_ranges", "duration", "size"]
 
 
 def duration(seconds: float) -> str:
@@ -22,3 +22,12 @@ def number_ranges(numbers: list[int], sep: str = ", ") -> str:
         out.append(str(numbers[i]) if i == j else f"{numbers[i]}-{numbers[j]}")
         i = j + 1
     return sep.join(out)
+
+
+def size(n_bytes: float) -> str:
+    """``36 B``, ``4.9 kB``, ``1.2 GB`` (decimal units, as ``du --si`` and model cards count)."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n_bytes) < 1000:
+            return f"{n_bytes:.0f} {unit}" if unit == "B" else f"{n_bytes:.1f} {unit}"
+        n_bytes /= 1000
+    return f"{n_bytes:.1f} TB"

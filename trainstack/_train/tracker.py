@@ -18,6 +18,7 @@ from typing import Any
 from .._runtime.compiling import window
 from .._runtime.losscurve import save_loss_curve
 from .._runtime.writers import NullWriter, Writers, format_metrics, make_writers
+from .._text import size as text_size
 from ..data import DictDataLoader, is_infinite
 from .live import LiveLog, ProgressBar, banner, format_line, progress_enabled, summary
 from .metrics import MetricLog
@@ -226,7 +227,8 @@ def banner_info(trainer: Any, span: Span, hang_timeout: float) -> dict[str, Any]
         "Batch size per process": per_proc,
         "Total batch size (w. parallel & accumulation)": per_proc * acc.world_size * cfg.gradient_accumulation_steps,
         "Gradient accumulation steps": cfg.gradient_accumulation_steps,
-        "Total optimization steps": steps, "Run folder": trainer.run_folder,
+        "Total optimization steps": steps, "Model": model_summary(acc.unwrap_model(trainer.model)),
+        "Run folder": trainer.run_folder,
         "Hang watchdog": f"armed: {hang_timeout:g} s without progress (3x for the first step, checkpoints, "
                          f"callbacks)" if hang_timeout else "off"}
     if cfg.max_steps is not None:
@@ -244,6 +246,17 @@ def banner_info(trainer: Any, span: Span, hang_timeout: float) -> dict[str, Any]
     if trainer.current_epoch or trainer.global_step:
         info["Continuing at"] = f"epoch {trainer.current_epoch}, step {trainer.global_step}"
     return info
+
+
+def model_summary(model: Any) -> str:
+    """``Net: 1,234,567 parameters (1,200,000 trainable), 4.9 MB float32`` -- what Lightning's model summary
+    totals, in one line (sharded parameters count whole)."""
+    params = list(model.parameters()) if hasattr(model, "parameters") else []
+    total = sum(p.numel() for p in params)
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    size = sum(p.numel() * p.element_size() for p in params)
+    dtypes = "/".join(sorted({str(p.dtype).removeprefix("torch.") for p in params})) or "no parameters"
+    return f"{type(model).__name__}: {total:,} parameters ({trainable:,} trainable), {text_size(size)} {dtypes}"
 
 
 def run_span(trainer: Any, accumulation: int) -> Span:
