@@ -430,3 +430,37 @@ def test_a_plain_resume_keeps_every_metrics_row_exactly_once(tmp_path):
         Trainer(model, opt, _config(folder, max_iter=4, resume="auto")).fit(_loader())
         rows = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
         assert [r["iteration"] for r in rows] == [1, 2, 3, 4], rows
+
+
+def test_fast_dev_run_runs_the_whole_loop_and_keeps_nothing(tmp_path, capsys, monkeypatch):
+    """N optimizer steps, a validation on N batches, the final checkpoint -- in a throw-away folder: no run folder,
+    no temp folder left, and the spent Trainer refuses to go on as the real run."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    seen = []
+
+    def loss_fn(model, batch):
+        seen.append(model.training)
+        x, y = batch
+        return torch.nn.functional.mse_loss(model(x), y), {}
+
+    model = _model()
+    before = [p.detach().clone() for p in model.parameters()]
+    cfg = _config(tmp_path, max_iter=50, fast_dev_run=True, verbose=True, val_every=1, checkpoint_every=1)
+    assert cfg.fast_dev_run == 1
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg, loss_fn=loss_fn)
+    trainer.fit(_loader(64, 8), _loader(64, 8))
+    out = capsys.readouterr().out
+    assert seen == [True, False], seen  # one training batch, one validation batch (of 8)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # it did train
+    assert "val_loss" in out and "fast_dev_run=1: 1 optimizer step(s), a validation on 1 batch(es)" in out, out
+    [used] = [line.split("= ", 1)[1] for line in out.splitlines() if line.strip().startswith("Run folder")]
+    assert used.startswith(str(tmp_path / "tmp" / "trainstack-fast-dev-run-")) and not Path(used).exists(), used
+    assert not (tmp_path / "run").exists()
+    assert trainer.config is cfg and cfg.fast_dev_run == 1
+    with pytest.raises(ConfigError, match="ran fast_dev_run"):
+        trainer.fit(_loader())
+    with pytest.raises(ConfigError, match="fast_dev_run=-1"):
+        _config(tmp_path, fast_dev_run=-1)

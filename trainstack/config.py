@@ -139,6 +139,9 @@ class TrainConfig:
     max_batches: int | None = None
     """Use at most this many batches per epoch. An endless loader (``to_dataloader(..., infinite=True)``) takes
     this many per epoch (1 when unset, as qadence does)."""
+    fast_dev_run: int = 0
+    """A smoke test of the whole loop before the real run (Lightning's): N optimizer steps, one validation on N
+    batches and the final checkpoint, in a throw-away run folder that is deleted afterwards (True: 1; 0: off)."""
     resume: str | Path | None = None
     """``"auto"``: continue from the latest complete checkpoint of the run folder; a path: that checkpoint."""
     keep_last_checkpoints: int | None = None
@@ -195,6 +198,9 @@ class TrainConfig:
 
             resolve_signals(self.stop_signals)  # a plain string is refused before it could become characters
             self.stop_signals = tuple(self.stop_signals)
+        _check_int("fast_dev_run", int(self.fast_dev_run) if isinstance(self.fast_dev_run, bool)
+                   else self.fast_dev_run, minimum=0)
+        self.fast_dev_run = int(self.fast_dev_run)
         for name in ("max_batches", "keep_last_checkpoints", "seed"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), minimum=0 if name == "seed" else 1)

@@ -31,7 +31,7 @@ from torch import nn
 from ._runtime import compiling, watchdog
 from ._runtime.preemption import GracefulStop
 from ._runtime.watchdog import heartbeat
-from ._train import handoff, notes, qadence, run
+from ._train import devrun, handoff, notes, qadence, run
 from ._train.evaluate import Evaluator, default_predict
 from ._train.handoff import DIVERGED, INTERRUPTED, PREEMPTED
 from ._train.live import timed
@@ -171,10 +171,11 @@ class Trainer:
     def fit(self, train_dataloader: Any = None, val_dataloader: Any = None) -> tuple[nn.Module, Any]:
         """Train for ``config.max_iter`` epochs (or ``max_steps`` optimizer steps, whichever comes first); returns
         ``(model, optimizer)`` holding rank 0's final state. A first Ctrl-C stops at the next step boundary with a
-        checkpoint (raising :class:`~trainstack.errors.Interrupted`), a second one aborts.
-
-        A second ``fit()`` on the same Trainer continues the run for another ``max_iter`` epochs.
-        """
+        checkpoint (raising :class:`~trainstack.errors.Interrupted`), a second one aborts; a second ``fit()``
+        continues the run for another ``max_iter`` epochs."""
+        devrun.refuse_after(self)
+        if self.config.fast_dev_run:
+            return devrun.fast_dev_run(self, train_dataloader, val_dataloader)
         if train_dataloader is not None:
             self.train_dataloader = check_loader(train_dataloader, "training")
         if val_dataloader is not None:
