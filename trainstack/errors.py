@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import functools
-import json
-
 __all__ = ["TrainstackError", "ConfigError", "UnknownField", "LaunchError", "WorkerError", "TrainingHung",
-           "TrainingDiverged", "Preempted", "Interrupted", "carried_header", "worker_error"]
+           "TrainingDiverged", "Preempted", "Interrupted"]
 
 
 class TrainstackError(Exception):
@@ -66,40 +63,3 @@ class Interrupted(Preempted):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.code = 130
-
-
-_CARRIED = ("ConfigError", "UnknownField", "TrainingDiverged")
-_MARK = "trainstack-error: "
-
-
-def carried_header(exc: BaseException) -> str:
-    """The first line of a worker's (plain-text) failure report when the launching process should raise the same
-    class: a setting the user must change, or a diverged loss -- whatever the number of processes."""
-    name = type(exc).__name__
-    if name in _CARRIED and type(exc) is globals()[name]:
-        return _MARK + json.dumps({"type": name, "message": str(exc)}) + "\n"
-    return ""
-
-
-def worker_error(rank: int, detail: str, exitcode: int | None = None) -> WorkerError:
-    """The launching process's error for a failed worker. A ConfigError (or divergence) raised in a worker is that
-    class as well, so ``except ConfigError`` works on 1 or N processes; its message leads, the traceback is in
-    ``.detail``."""
-    head, _, rest = detail.partition("\n")
-    if not head.startswith(_MARK):
-        return WorkerError(rank, detail, exitcode)
-    try:
-        found = json.loads(head[len(_MARK):])
-        name, message = str(found["type"]), str(found["message"])
-    except (ValueError, KeyError, TypeError):
-        return WorkerError(rank, rest, exitcode)
-    if name not in _CARRIED:
-        return WorkerError(rank, rest, exitcode)
-    return _carrier(name)(rank, rest, exitcode, message=f"{message}\n(raised on worker rank {rank}; its "
-                                                         f"traceback is the exception's .detail)")
-
-
-@functools.cache
-def _carrier(name: str) -> type[WorkerError]:
-    return type(name, (WorkerError, globals()[name]), {"__module__": __name__, "__doc__": f"A {name} raised in a "
-                                                       f"worker process (rank, detail, exitcode as WorkerError)."})

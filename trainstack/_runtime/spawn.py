@@ -50,10 +50,11 @@ import torch.multiprocessing as tmp
 
 from .. import _envvars as envvars
 from .._files import atomic_write
-from ..errors import LaunchError, Preempted, TrainingHung, carried_header, worker_error
+from ..errors import LaunchError, Preempted, TrainingHung
 from . import layout as _layout
 from . import preload as _preload
 from . import ranklog as _ranklog
+from .carried import carried_header, worker_error
 from .layout import ProcessPlan, WorkerContext
 from .watchdog import HANG_EXIT_CODE, HANG_REPORT, watched
 

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 from ..errors import ConfigError
 
-__all__ = ["fast_dev_run", "first_batches"]
+__all__ = ["fast_dev_run", "first_batches", "refuse_after"]
 
 
 def first_batches(loader: Any, n: int) -> Any:
