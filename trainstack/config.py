@@ -198,9 +198,9 @@ class TrainConfig:
 
             resolve_signals(self.stop_signals)  # a plain string is refused before it could become characters
             self.stop_signals = tuple(self.stop_signals)
-        _check_int("fast_dev_run", int(self.fast_dev_run) if isinstance(self.fast_dev_run, bool)
-                   else self.fast_dev_run, minimum=0)
-        self.fast_dev_run = int(self.fast_dev_run)
+        if isinstance(self.fast_dev_run, bool):  # Lightning's spelling: True is one step
+            self.fast_dev_run = int(self.fast_dev_run)
+        _check_int("fast_dev_run", self.fast_dev_run, minimum=0)
         for name in ("max_batches", "keep_last_checkpoints", "seed"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), minimum=0 if name == "seed" else 1)

@@ -29,8 +29,8 @@ class WorkerError(TrainstackError, RuntimeError):
         self.rank = rank
         self.detail = detail
         self.exitcode = exitcode
-        super().__init__(message or f"worker rank {rank} failed" + (f" (exit code {exitcode})" if exitcode else "")
-                         + f":\n{detail}")
+        default = f"worker rank {rank} failed" + (f" (exit code {exitcode})" if exitcode else "") + f":\n{detail}"
+        super().__init__(message or default)
 
 
 class TrainingHung(WorkerError):

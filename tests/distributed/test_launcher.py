@@ -236,3 +236,21 @@ def test_a_config_error_in_a_worker_is_raised_as_itself(tmp_path, run_py):
     out = run_py([sys.executable, str(script)], timeout=150).stdout
     assert "CAUGHT config True 1 'bad setting on purpose. HINT: change it' True False" in out, out
     assert "CAUGHT diverged True 1 'the loss is nan on purpose' True False" in out, out
+
+
+def test_a_carried_error_is_read_only_from_a_well_formed_header_and_pickles():
+    """The header is data (JSON, a closed set of classes); anything else stays a plain WorkerError."""
+    from trainstack._runtime.carried import carried_header, worker_error
+    from trainstack.errors import ConfigError, LaunchError, WorkerError
+
+    detail = carried_header(ConfigError("bad setting")) + "Traceback ...\nConfigError: bad setting"
+    err = worker_error(3, detail, 1)
+    assert isinstance(err, ConfigError) and isinstance(err, WorkerError) and err.rank == 3
+    assert str(err).startswith("bad setting") and err.detail.startswith("Traceback")
+    again = pickle.loads(pickle.dumps(err))  # e.g. through a joblib/Ray worker of the user's
+    assert type(again) is type(err) and again.rank == 3 and str(again) == str(err)
+    assert carried_header(LaunchError("x")) == ""
+    for forged in ('trainstack-error: {"type": "LaunchError", "message": "x"}\nrest',
+                   "trainstack-error: not json\nrest", "plain traceback"):
+        plain = worker_error(0, forged)
+        assert type(plain) is WorkerError and "worker rank 0 failed" in str(plain), forged

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+from typing import Any
 
 from ..errors import ConfigError, TrainingDiverged, TrainstackError, UnknownField, WorkerError
 
@@ -46,5 +47,14 @@ def worker_error(rank: int, detail: str, exitcode: int | None = None) -> WorkerE
 
 @functools.cache
 def _carrier(name: str) -> type[WorkerError]:
-    return type(name, (WorkerError, _CLASSES[name]), {"__module__": __name__, "__doc__": f"A {name} raised in a "
-                                                       f"worker process (rank, detail, exitcode as WorkerError)."})
+    """One class per carried name, made once; it pickles through :func:`_rebuild` (it has no importable name)."""
+    def reduce(self: WorkerError) -> tuple[Any, tuple[Any, ...]]:
+        return _rebuild, (name, self.rank, self.detail, self.exitcode, str(self))
+
+    return type(name, (WorkerError, _CLASSES[name]), {
+        "__module__": __name__, "__reduce__": reduce,
+        "__doc__": f"A {name} raised in a worker process (rank, detail, exitcode as WorkerError)."})
+
+
+def _rebuild(name: str, rank: int, detail: str, exitcode: int | None, message: str) -> WorkerError:
+    return _carrier(name)(rank, detail, exitcode, message=message)

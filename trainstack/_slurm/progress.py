@@ -41,10 +41,10 @@ class Progress:
 
     def cell(self) -> str:
         """The table's PROGRESS cell: ``38% eta 00:05:10`` (``step 150`` without a total)."""
-        return " ".join([self._percent() if self.total_steps else f"step {self.step}", *self._eta()])
+        return " ".join([self._percent() or f"step {self.step}", *self._eta()])
 
     def _percent(self) -> str:
-        return f"{100 * self.step / (self.total_steps or 1):.0f}%"
+        return f"{100 * self.step / self.total_steps:.0f}%" if self.total_steps else ""
 
     def _eta(self) -> list[str]:
         return [f"eta {duration(self.eta_s)}"] if self.eta_s is not None else []

@@ -35,6 +35,12 @@ DEFAULT_CPUS_PER_GPU_PROCESS = 4
 _TIME = re.compile(r"\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE")
 _UNIT_TIME = re.compile(r"\s*(?:(\d+)\s*d)?\s*(?:(\d+)\s*h)?\s*(?:(\d+)\s*m(?:in)?)?\s*(?:(\d+)\s*s)?\s*",
                         re.IGNORECASE)
+_MEM = re.compile(r"\d+[KMGT]?B?", re.IGNORECASE)
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SIGNAL = re.compile(r"(B:)?(SIG)?[A-Z0-9]+(@\d+)?")
+_SINGLE_LINE = ("job_name", "partition", "account", "qos", "constraint", "nodelist", "mem", "log_dir", "chdir",
+                "image", "venv", "python", "nccl_ifname", "nccl_debug", "time", "signal")
+_NO_LEADING_DASH = ("log_dir", "chdir", "image", "venv", "python")  # would become options of source/srun/apptainer
 
 
 def _time_hint(text: str) -> str:
@@ -47,12 +53,7 @@ def _time_hint(text: str) -> str:
     days, rest = divmod(total, 86400)
     clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
     return f"; did you mean --time {f'{days}-' if days else ''}{clock}?"
-_MEM = re.compile(r"\d+[KMGT]?B?", re.IGNORECASE)
-_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SIGNAL = re.compile(r"(B:)?(SIG)?[A-Z0-9]+(@\d+)?")
-_SINGLE_LINE = ("job_name", "partition", "account", "qos", "constraint", "nodelist", "mem", "log_dir", "chdir",
-                "image", "venv", "python", "nccl_ifname", "nccl_debug", "time", "signal")
-_NO_LEADING_DASH = ("log_dir", "chdir", "image", "venv", "python")  # would become options of source/srun/apptainer
+
 
 
 class SpecError(ConfigError):
