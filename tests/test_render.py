@@ -66,7 +66,7 @@ def test_sbatch_lines_come_first_and_script_is_strict():
     ("multi-node", "torchrun", 1, ["--rdzv-id=\"$SLURM_JOB_ID\"", "--rdzv-backend=c10d", "--nnodes=\"$SLURM_NNODES\"",
                                   "#SBATCH --wait-all-nodes=1"]),
     ("multi-node", "srun", 4, ["--kill-on-bad-exit=1", "python3 -u train.py"]),
-    ("multi-node", "spawn", 1, ["--ntasks-per-node=1 python3 -u train.py"]),
+    ("multi-node", "spawn", 1, ["--ntasks-per-node=1 bash -c \"$TASK_SH\" trainstack-task none python3 -u train.py"]),
     ("multi-gpu", "srun", 4, ["#SBATCH --gpus-per-node=4"]),
 ])
 def test_process_model_per_launcher(setup, launcher, tasks, must):

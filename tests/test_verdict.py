@@ -3,6 +3,7 @@ rank wins over the cascade, each class is recognised, a running job has none."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from trainstack._slurm.verdict import verdict
@@ -82,14 +83,55 @@ def test_a_collective_failure_names_the_rank_that_stopped_answering(tmp_path):
     assert v.summary.startswith("rank 1 stopped answering a collective; ranks 0, 2, 3 failed waiting for it")
 
 
-def test_a_hang_report_printed_in_the_logs_is_found_without_its_run_folder(tmp_path):
+def test_a_hang_is_the_watchdogs_record_not_a_printed_line(tmp_path):
+    """The watchdog records its report in the job folder's events.jsonl (its SUMMARY.txt lives in the run folder,
+    which may be anywhere); the same words printed by a program are no hang."""
     report = ("\ntrainstack hang report: no rank made progress for 5 s (hang_timeout=5 s); 4 rank(s), stacks in "
               "/runs/x/hang-1/rank-<r>.txt\nrank 1 (node1, pid 77) is at step 4 (forward) in stuck (train.py:20)"
-              "   <- behind the others\nranks 0, 2-3 are at step 5 (backward) waiting in all_reduce\n")
-    folder = _job(tmp_path, {0: "[rank0]: " + report.replace("\n", "\n[rank0]: "), 1: "", 2: "", 3: ""}, "124")
+              "   <- behind the others\n")
+    printed = _job(tmp_path / "a", {0: report + TRACE.format(error="ValueError: mine"), 1: ""}, "1")
+    assert verdict("FAILED", printed, None).kind == "python error"
+    event = json.dumps({"kind": "hang", "time": 1.0, "reason": report.splitlines()[1], "folder": "/runs/x/hang-1",
+                        "behind": [report.splitlines()[2]]})
+    folder = _job(tmp_path / "b", {0: report, 1: "", 2: "", 3: ""}, "124", {"events.jsonl": event + "\n"})
     v = verdict("FAILED", folder, None)
     assert v.kind == "hang" and v.summary.startswith("rank 1 (node1, pid 77) is at step 4"), v
-    assert any("stacks in /runs/x/hang-1" in line for line in v.evidence)
+    assert any("/runs/x/hang-1" in line for line in v.evidence)
+    log = tmp_path / "bare.out"  # no job folder at all (a script trainstack did not generate): its printed report
+    log.write_text("[rank0]: " + report.replace("\n", "\n[rank0]: "))
+    assert verdict("FAILED", None, log).kind == "hang"
+
+
+def test_only_the_current_attempt_counts(tmp_path):
+    """Rank logs are appended across attempts: an earlier attempt's CUDA fault, or an old hang report, is not this
+    attempt's verdict; the first task to fail (its exit record) is the failing rank."""
+    fault = TRACE.format(error="RuntimeError: CUDA error: an illegal memory access was encountered")
+    marker = "=== trainstack: attempt 1 starts at 2026-01-01T00:10:00+00:00\n"
+    folder = _job(tmp_path, {0: fault + marker + "epoch 1 | step 9\n", 1: marker + "epoch 1 | step 9\n"}, "137",
+                  {"started": "2026-01-01T00:00:00+00:00\n2026-01-01T00:10:00+00:00\n",
+                   "exits/rank-1": "1767226300.5 137 rank-1 gpu042\n",
+                   "code/runs/x/hang-1/SUMMARY.txt": "rank 0 (laptop, pid 1) <- behind the others\n"})
+    v = verdict("FAILED", folder, None)
+    assert (v.kind, v.rank, v.host) == ("killed (signal 9)", 1, "gpu042"), v
+    (folder / "exits" / "rank-0").write_text("1767226300.1 3 rank-0 gpu041\n")
+    v = verdict("FAILED", folder, None)
+    assert (v.kind, v.rank, v.host) == ("exited", 0, "gpu041") and "status 3" in v.summary, v
+
+
+def test_classes_come_from_types_and_anchored_messages_not_words(tmp_path):
+    def kind(error: str) -> str:
+        folder = _job(tmp_path / str(abs(hash(error))), {0: TRACE.format(error=error), 1: CASCADE})
+        return verdict("FAILED", folder, None).kind
+
+    assert kind("KeyError: 'taxid'") == "python error"
+    assert kind("RuntimeError: CUDA error: device-side assert triggered") == "python error"
+    assert kind("BrokenPipeError: [Errno 32] Broken pipe") == "python error"
+    assert kind("RuntimeError: CUDA error: an illegal memory access was encountered") == "cuda error"
+    assert kind("RuntimeError: NVRM: Xid 79, GPU has fallen off the bus") == "cuda error"
+    assert kind("torch.distributed.DistBackendError: NCCL communicator was aborted") == "collective failure"
+    printed = _job(tmp_path / "g", {0: "Graceful stop at epoch 2, step 80: signal SIGUSR2.\n"
+                                       + TRACE.format(error="ValueError: x")})
+    assert verdict("FAILED", printed, None).kind == "python error"
 
 
 def test_a_clean_end_after_a_graceful_stop_without_requeue_is_a_time_limit_not_completed(tmp_path):

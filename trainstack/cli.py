@@ -373,10 +373,10 @@ def _retry_line(folder: Path | None) -> str:
 
     rows = history(folder) if folder is not None else []
     lines = [f"  {rows[-1]['decision']}"] if rows and rows[-1].get("retried") is False else []
-    hosts = sorted({r["blamed"] for r in rows if r.get("blamed")})
-    if hosts:
-        lines.append(f"  excluded hosts: {', '.join(hosts)} (blamed by a verdict; the requeued attempts left them "
-                     f"out)")
+    left_out = [r for r in rows if r.get("retried") and r.get("excluded")]
+    if left_out:
+        lines.append(f"  excluded hosts: {', '.join(left_out[-1]['excluded'])} (blamed by a verdict; the requeued "
+                     f"attempt left them out)")
     return "\n".join(lines)
 
 

@@ -41,6 +41,7 @@ def test_each_fault_gets_its_verdict(env, shared_tmp):  # noqa: F811
     assert found["sleep"]["kind"] == "cancelled", report
     status = ts(env, "status", jobs["error"]).stdout
     assert f"{jobs['error']}: python error: ZeroDivisionError" in status, status
+    assert "(exit 1" in status and "143" not in status, status  # the failing rank's status, not srun's kill
     why = ts(env, "why", jobs["oom"]).stdout
     assert "HINT:" in why and "accumulation" in why, why
 
@@ -162,3 +163,33 @@ def test_a_node_whose_slurmd_dies_is_a_node_failure_naming_the_host(env, shared_
         subprocess.run(["pkill", "-f", f"{work}/_fault.py"], check=False)  # the failed node's orphaned rank
         subprocess.run(["pkill", "-9", "-f", "_fault.py forever"], check=False)
     assert _node_state(env, "node2") == "idle", "node2 did not come back after the node-failure test"
+
+
+def test_the_first_failing_rank_decides_the_exit_status_and_words_decide_nothing(env, shared_tmp):  # noqa: F811
+    """A rank that exits 2 on node2 (srun then kills the others: 143) is the job's exit status, in --wait, status and
+    the verdict; a program's own words (a KeyError 'taxid', a BrokenPipeError, printed trainstack lines) are python
+    errors, a segfault is a crash with its signal."""
+    work = shared_tmp / "words"
+    work.mkdir()
+    shutil.copy(FAULT, work / "_fault.py")
+    common = ["--cpu", "--time", "5", "--job-name", JOB, "--log-dir", str(work / "logs"), "--no-snapshot"]
+    waited = ts(env, "submit", *common, "--setup", "multi-node", "--nodes", "2", "--procs-per-node", "1", "--wait",
+                "--", "_fault.py", "exit2", cwd=work, check=False)
+    assert waited.returncode == 2, waited.stdout + waited.stderr
+    assert "rank 1 on node2 failed first (exit status 2" in waited.stdout + waited.stderr
+    exited = job_id_of(waited.stdout)
+    jobs = {kind: job_id_of(ts(env, "submit", *common, "--setup", "multi-gpu", "--procs-per-node", "2", "--",
+                               "_fault.py", kind, cwd=work).stdout) for kind in ("taxid", "brokenpipe", "printed",
+                                                                                  "segv")}
+    wait_ended(env, list(jobs.values()))
+    found = {kind: json.loads(ts(env, "why", "--json", job).stdout) for kind, job in [*jobs.items(),
+                                                                                      ("exit2", exited)]}
+    report = json.dumps(found, indent=1)
+    assert found["exit2"]["kind"] == "exited" and found["exit2"]["rank"] == 1, report
+    assert found["exit2"]["host"] == "node2" and "exited with status 2" in found["exit2"]["summary"], report
+    status = ts(env, "status", exited).stdout
+    assert "FAILED (exit 2" in status and "exited: rank 1 (node2)" in status, status
+    for kind, error in (("taxid", "KeyError: 'taxid'"), ("brokenpipe", "BrokenPipeError"),
+                        ("printed", "ValueError: the program's own error")):
+        assert found[kind]["kind"] == "python error" and error in found[kind]["summary"], report
+    assert found["segv"]["kind"] == "crashed (signal)" and "SIGSEGV" in found["segv"]["summary"], report

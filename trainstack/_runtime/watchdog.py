@@ -33,6 +33,7 @@ from types import FrameType
 from typing import Any
 
 from .. import _envvars as envvars
+from .. import _jobevents as jobevents
 from .._text import number_ranges
 
 __all__ = ["Heartbeat", "Watchdog", "heartbeat", "HANG_EXIT_CODE", "start", "stop", "resolve_timeout",
@@ -276,6 +277,8 @@ class Watchdog(threading.Thread):
         text = self._report(folder, reason, reporter)
         if text is not None:
             print(f"\n{text}", file=sys.stderr, flush=True)
+            behind = [line for line in text.splitlines() if "behind" in line or "sent no report" in line]
+            jobevents.record("hang", reason=reason, behind=behind[:3], folder=str(folder))
             if self.store is not None and self.world > 1:
                 self.store.set("trainstack/hang/done", "1")
         elif self.store is not None:

@@ -26,21 +26,22 @@ from .verdict import HOST_FAULTS, KINDS, verdict
 #: Failures worth another attempt by default: the machine's or the network's, not the program's. A Python error or
 #: a CUDA out-of-memory fails the same way again; a hang or an unknown end may not (and the same-cause rule stops
 #: a repeat without progress).
-DEFAULT_RETRY_ON = ("node failure", "collective failure", "killed (signal 9)", "cuda error", "hang", "unknown")
+DEFAULT_RETRY_ON = ("node failure", "collective failure", "killed (signal 9)", "crashed (signal)", "cuda error", "hang",
+                    "unknown")
 #: The verdicts a crash can get (what --retry-on may name, besides ``all`` and ``none``).
 FAILURES = tuple(k for k in KINDS if k not in ("completed", "cancelled", "preempted", "running"))
 _STOPPED = {"timeout": "time limit", "preempt": "preempted"}
 
-_STEP = re.compile(r"\| step (\d+)")
+_STEP = re.compile(r"\| step (\d+)|^Graceful stop at epoch \d+, step (\d+)", re.MULTILINE)
 
 
 def last_step(folder: Path) -> int | None:
-    """The highest optimizer step rank 0's log shows (live lines, epoch lines), or None."""
+    """The highest optimizer step rank 0's log shows (live lines, epoch lines, the graceful stop's), or None."""
     try:
         text = (folder / "rank-0.out").read_text(errors="replace")[-500_000:]
     except OSError:
         return None
-    steps = [int(m.group(1)) for m in _STEP.finditer(text)]
+    steps = [int(m.group(1) or m.group(2)) for m in _STEP.finditer(text)]
     return max(steps) if steps else None
 
 
@@ -59,9 +60,11 @@ def parse_retry_on(text: str) -> tuple[str, ...]:
     return tuple(words)
 
 
-def decide(folder: Path, status: int, retry_on: tuple[str, ...] = DEFAULT_RETRY_ON) -> tuple[bool, str]:
+def decide(folder: Path, status: int, retry_on: tuple[str, ...] = DEFAULT_RETRY_ON,
+           budget: tuple[int, int | None, str] = (0, None, "--max-retries")) -> tuple[bool, str]:
     """(retry?, the line that says why) for the attempt that just crashed with ``status``; recorded in
-    ``verdicts.jsonl`` with the decision."""
+    ``verdicts.jsonl`` with the decision. ``budget``: (earlier retries of this kind, the limit or None, the option
+    that sets it) -- a retry the budget does not allow is recorded as not retried."""
     found = verdict("FAILED", folder, None, status)
     cause = f"{found.kind}: {found.summary.split(';')[0]}"
     host = found.host or _host_of_rank(found.rank, folder)
@@ -80,11 +83,18 @@ def decide(folder: Path, status: int, retry_on: tuple[str, ...] = DEFAULT_RETRY_
         if now is None or (before is not None and now <= before):
             retry, line = False, (f"not retried: {cause}, same as attempt {previous['attempt']}, no progress "
                                   f"(last step {now if now is not None else 'unknown'})")
+    count, limit, option = budget
+    if retry and limit is not None and count >= limit:
+        retry, line = False, f"not retried: {cause}; giving up after {count} earlier retries ({option} {limit})"
+    if retry and record["blamed"]:
+        record["excluded"], note = exclusions(folder, [r.get("blamed") for r in rows] + [record["blamed"]])
+        line += f"; {note}" if note else ""
     _append(folder, {**record, "retried": retry, "decision": line})
     return retry, line
 
 
-def stopped(folder: Path, status: int, kind: str) -> tuple[bool, str]:
+def stopped(folder: Path, status: int, kind: str,
+            budget: tuple[int, int | None, str] = (0, None, "--max-requeues")) -> tuple[bool, str]:
     """(continue?, why) for an attempt that stopped gracefully with a checkpoint (``timeout`` before the time
     limit, ``preempt``), recorded like a crash. A preemption always continues; a time-limit stop continues while
     each attempt gets further than the one before (a run that cannot reach a new step within the time limit would
@@ -98,6 +108,9 @@ def stopped(folder: Path, status: int, kind: str) -> tuple[bool, str]:
             (step is None or (previous.get("step") is not None and step <= previous["step"])):
         go, line = False, (f"not requeued: {found} again at step {step}, no progress since attempt "
                            f"{previous['attempt']} (a longer --time, or a smaller first step)")
+    count, limit, option = budget
+    if go and limit is not None and count >= limit:
+        go, line = False, f"not requeued: {found} after {count} earlier requeues ({option} {limit})"
     _append(folder, {"attempt": attempt, "kind": found, "summary": "graceful stop with a checkpoint",
                      "cause": f"{found}: graceful stop", "rank": None, "host": None, "blamed": None, "step": step,
                      "status": status, "time": time.time(), "retried": go, "decision": line})
@@ -124,11 +137,22 @@ def _append(folder: Path, record: dict) -> None:
         fh.write(json.dumps(record) + "\n")
 
 
-def excluded(folder: Path) -> list[str]:
-    """Every host a verdict of this job blamed, when leaving them all out still leaves the job enough nodes."""
-    hosts = sorted({r["blamed"] for r in history(folder) if r.get("blamed")})
+def exclusions(folder: Path, blamed: list[str | None]) -> tuple[list[str], str]:
+    """The hosts the next attempt leaves out -- the most recently blamed first, as many as still leave the job its
+    nodes -- and a line naming any blamed host it cannot leave out."""
+    order = list(dict.fromkeys(h for h in reversed(blamed) if h))
     need = int(os.environ.get("SLURM_NNODES", "1"))
-    return hosts if hosts and _node_count() - len(hosts) >= need else []
+    room = max(0, _node_count() - need) if order else 0
+    keep, kept_out = order[:room], order[room:]
+    note = (f"cannot leave out {', '.join(kept_out)}: no other node is left for {need} node(s); retrying on it"
+            if kept_out else "")
+    return sorted(keep), note
+
+
+def excluded(folder: Path) -> list[str]:
+    """The hosts the last recorded decision left out (what the batch script passes to the requeued job)."""
+    rows = history(folder)
+    return list(rows[-1].get("excluded") or []) if rows and rows[-1].get("retried") else []
 
 
 def _host_of_rank(rank: int | None, folder: Path) -> str | None:
@@ -169,9 +193,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("status", type=int)
     parser.add_argument("--retry-on", default=",".join(DEFAULT_RETRY_ON))
     parser.add_argument("--stopped", choices=sorted(_STOPPED))
+    parser.add_argument("--count", type=int, default=0, help="earlier requeues of this kind")
+    parser.add_argument("--limit", default="", help="their limit (empty: none)")
+    parser.add_argument("--limit-option", default="--max-retries")
     args = parser.parse_args(argv[1:])
+    limit = int(args.limit) if args.limit.strip().isdigit() else None
+    args.folder.mkdir(parents=True, exist_ok=True)  # a deleted job folder: the decision is still made and said
     if args.stopped:
-        go, line = stopped(args.folder, args.status, args.stopped)
+        go, line = stopped(args.folder, args.status, args.stopped, (args.count, limit, args.limit_option))
         print(line)
         return 0 if go else 3
     try:
@@ -180,7 +209,7 @@ def main(argv: list[str]) -> int:
         print(f"--retry-on: {exc}", file=sys.stderr)
         return 2
     folder = args.folder
-    retry, line = decide(folder, args.status, retry_on)
+    retry, line = decide(folder, args.status, retry_on, (args.count, limit, args.limit_option))
     print(line)
     hosts = excluded(folder) if retry else []
     if hosts:

@@ -1,38 +1,57 @@
 """Why did a job end? A verdict from what the job already left behind -- Slurm's state, the job folder's
 ``exit_code``/``cancelled``, the per-rank logs, the hang watchdog's ``SUMMARY.txt`` -- at no cost to the run.
 
-The first failing rank is the one with a *primary* error: after one rank fails, the others die of collective
-errors (connection closed, timeouts) or of the launcher's kill; those are evidence of the cascade, not the cause.
-Torch-free.
+Only the current attempt's evidence counts: the rank logs after the attempt's marker, the combined log after its
+header, the ``exits/`` records of its step, the job's ``events.jsonl`` and hang reports newer than its start. The
+first failing rank is the one that failed first (the task wrapper records when each failing task ended) with a
+*primary* error: after one rank fails, the others die of collective errors (connection closed, timeouts) or of the
+launcher's kill; those are evidence of the cascade, not the cause. Classes come from trainstack's own records and
+from anchored patterns of torch, NCCL and CUDA messages, never from any text a program prints. Torch-free.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .. import _jobevents as events
+
 __all__ = ["Verdict", "verdict", "KINDS", "HOST_FAULTS"]
 
 KINDS = ("completed", "cancelled", "preempted", "time limit", "hang", "cuda out-of-memory", "cuda error",
-         "killed (signal 9)", "collective failure", "node failure", "python error", "running", "unknown")
+         "killed (signal 9)", "crashed (signal)", "collective failure", "node failure", "python error", "exited",
+         "running", "unknown")
 #: Verdicts that blame the machine, not the program: a requeue leaves the host out.
 HOST_FAULTS = ("cuda error", "node failure")
 
 _TRACE_END = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Error\w*))(?::\s*(?P<msg>.*))?$")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
-_COLLECTIVE = re.compile(r"Connection closed by peer|Connection reset by peer|ProcessGroupGloo|ProcessGroupNCCL|"
-                         r"Watchdog caught collective operation timeout|NCCL error|gloo.*(timeout|Timed out)|"
-                         r"DistBackendError|DistNetworkError|Broken pipe", re.IGNORECASE)
-_CUDA_OOM = re.compile(r"OutOfMemoryError|CUDA out of memory", re.IGNORECASE)
-_CUDA_FAULT = re.compile(r"CUDA error|illegal memory access|uncorrectable ECC|unhandled cuda error|Xid", re.IGNORECASE)
-_SIGKILL = re.compile(r"killed by SIGKILL|Killed$|oom-kill|signal 9|exit code 137|OUT_OF_MEMORY", re.IGNORECASE)
-_GRACEFUL = re.compile(r"Graceful stop at epoch \d+, step \d+|Interrupted at epoch \d+, step \d+")
-_NOT_REQUEUED = re.compile(r"stopped gracefully with a complete checkpoint \((\w+)\); not requeued")
+# torch's distributed exception types, and the messages gloo and NCCL raise through RuntimeError
+_COLLECTIVE_TYPE = re.compile(r"(?:torch\.distributed\.)?Dist(?:Backend|Network|Store)Error$")
+_COLLECTIVE = re.compile(r"gloo/transport/|\[[^]]*gloo[^]]*\]|ProcessGroupGloo|ProcessGroupNCCL|"
+                         r"Connection closed by peer|Connection reset by peer|"
+                         r"Watchdog caught collective operation timeout|NCCL (?:error|communicator was aborted)")
+_CUDA_OOM = re.compile(r"(?:torch\.)?(?:cuda\.)?OutOfMemoryError$|^CUDA out of memory")
+# a GPU or driver fault; a device-side assert or an invalid argument is the program's
+_CUDA_FAULT = re.compile(r"CUDA error: (?:an illegal memory access|uncorrectable ECC|unspecified launch failure|"
+                         r"misaligned address|an illegal instruction|the launch timed out|"
+                         r"unknown error|ECC error)|CUDA driver error|\bXid \d+\b|NCCL error.*unhandled cuda error")
+_SIGKILL = re.compile(r"killed by SIGKILL|oom-kill|OUT_OF_MEMORY|exit code 137\b|^Killed$",
+                      re.IGNORECASE | re.MULTILINE)
+_GRACEFUL = re.compile(r"^Graceful stop at epoch \d+, step \d+|^Interrupted at epoch \d+, step \d+", re.MULTILINE)
+_NOT_REQUEUED = re.compile(r"^trainstack: stopped gracefully with a complete checkpoint \((\w+)\); not requeued",
+                           re.MULTILINE)
+_HANG_LINE = "trainstack hang report: no rank made progress for"
+_ATTEMPT_MARK = "=== trainstack: attempt "  # written into earlier rank logs when an attempt starts
+_JOB_HEADER = "=== trainstack job "  # the batch script's first line of each attempt in the combined log
+_SRUN_EXIT = re.compile(r"^srun: error: (?P<host>\S+): tasks? (?P<task>\d+)(?:-\d+)?: "
+                        r"(?:Exited with exit code (?P<code>\d+)|(?P<killed>Killed))", re.MULTILINE)
+_SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 11: "SIGSEGV"}
 _RANK_LOG = re.compile(r"rank-(\d+)\.out$")
 _PREFIX = re.compile(r"^\[rank\d+\]:\s?")
-_KILLED_TASK = re.compile(r"srun: error: (?P<host>\S+): task (?P<task>\d+): (?:Exited with exit code 137|Killed)")
 _HINTS = {
     "cuda out-of-memory": ["a smaller per-process batch with more gradient_accumulation_steps",
                            "mixed_precision='bf16'", "strategy='fsdp' to shard parameters and optimizer state"],
@@ -49,6 +68,11 @@ _HINTS = {
                    "if it follows the job to every host, it is the program: CUDA_LAUNCH_BLOCKING=1 finds the kernel"],
     "node failure": ["--requeue runs the job again; Slurm drains the failed node (sinfo -R shows why)"],
     "preempted": ["with --requeue the job continues from its checkpoint"],
+    "exited": ["a program that exits with an error status on its own fails the same way again: fix it, then "
+               "resume='auto' (--retry-on exited retries it)", "the rank's own log: trainstack logs JOB --rank N"],
+    "crashed (signal)": ["a segfault or abort in native code: a library mismatch (the image vs the host), a bad "
+                         "extension, or the hardware; PYTHONFAULTHANDLER=1 (set in trainstack jobs) prints the "
+                         "Python stack"],
 }
 
 
@@ -70,19 +94,61 @@ class Verdict:
         return json.dumps(asdict(self))
 
 
+@dataclass
+class Exit:
+    """A task that ended with an error status, as its wrapper recorded it (``exits/<unit>``)."""
+
+    time: float
+    code: int
+    unit: str  # rank-<r> (one task per rank: srun) or node-<n> (one task per node: torchrun, spawn, custom)
+    host: str
+
+    @property
+    def rank(self) -> int | None:
+        return int(self.unit[5:]) if self.unit.startswith("rank-") and self.unit[5:].isdigit() else None
+
+    @property
+    def where(self) -> str:
+        return f"rank {self.rank} ({self.host})" if self.rank is not None else f"the task on {self.host}"
+
+
+@dataclass
+class Evidence:
+    """What the current attempt left: its start, the rank logs and combined log since then, the job folder's
+    recorded exit status, the failing tasks' exit records (first first) and trainstack's own events."""
+
+    since: float = 0.0
+    texts: dict[int, str] = field(default_factory=dict)
+    combined: str = ""
+    exit_code: list[str] = field(default_factory=list)
+    exits: list[Exit] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, folder: Path | None, log: Path | None, status: int | None) -> Evidence:
+        since = attempt_start(folder)
+        combined = _read(log)
+        at = combined.rfind("\n" + _JOB_HEADER)
+        code = [str(status)] if status is not None else \
+            (_read(folder / "exit_code").strip().splitlines()[-1:] if folder else [])
+        return cls(since, _rank_texts(folder), combined[at + 1:] if at >= 0 else combined, code,
+                   _exits(folder) or _srun_exits(combined), events.read(folder, since))
+
+    def event(self, kind: str) -> dict | None:
+        found = [e for e in self.events if e.get("kind") == kind]
+        return found[-1] if found else None
+
+
 def verdict(state: str, folder: Path | None, log: Path | None, status: int | None = None) -> Verdict:
     """The verdict for a job in Slurm ``state`` with its job folder and combined log (either may be missing);
     ``status``: the launch's exit status when the caller knows it (the batch script, right after an attempt)."""
     base = state.split(" (")[0].split()[0] if state else "UNKNOWN"
     if base in ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED"):
         return Verdict("running", f"the job is {base.lower()}")
-    texts = _rank_texts(folder)
-    combined = _read(log)
-    exit_code = [str(status)] if status is not None else \
-        (_read(folder / "exit_code").strip().splitlines()[-1:] if folder else [])
+    ev = Evidence.of(folder, log, status)
     if base == "COMPLETED":  # a requeued job's log also holds the failures of its earlier attempts
-        return _stopped_early(combined) or Verdict("completed", "the job ended with exit code 0")
-    hang = _hang_summary(folder) or _hang_in_logs([combined, *texts.values()])
+        return _stopped_early(ev.combined) or Verdict("completed", "the job ended with exit code 0")
+    hang = _hang(ev, folder)
     if hang is not None:
         return _done(Verdict("hang", hang[0], evidence=hang))
     if (folder is not None and (folder / "cancelled").exists()) or base == "CANCELLED":
@@ -91,72 +157,159 @@ def verdict(state: str, folder: Path | None, log: Path | None, status: int | Non
         down = _down_nodes()
         now = f" (down now: {', '.join(down)})" if down else ""
         return _done(Verdict("node failure", f"Slurm marked a node of the job as failed{now}",
-                             host=down[0] if len(down) == 1 else None, evidence=_tail(combined)))
-    graceful = [m.group(0) for m in _GRACEFUL.finditer(combined)]
+                             host=down[0] if len(down) == 1 else None, evidence=_tail(ev.combined)))
+    graceful = _graceful(ev)
     if base == "TIMEOUT":
-        done = f"after a graceful stop ({graceful[-1]})" if graceful else "without a graceful stop (no checkpoint " \
+        done = f"after a graceful stop ({graceful})" if graceful else "without a graceful stop (no checkpoint " \
             "was written at the limit)"
-        return _done(Verdict("time limit", f"the time limit was reached {done}", evidence=_tail(combined)))
-    if base == "PREEMPTED" or (graceful and "Interrupted" not in graceful[-1] and base != "COMPLETED"):
-        return _done(Verdict("preempted", graceful[-1] if graceful else "preempted by Slurm"))
-    failed = _first_failure(texts, combined)
+        return _done(Verdict("time limit", f"the time limit was reached {done}", evidence=_tail(ev.combined)))
+    failed = _first_failure(ev, folder)
+    if base == "PREEMPTED" or (graceful and "Interrupted" not in graceful and failed is None):
+        return _done(Verdict("preempted", graceful or "preempted by Slurm"))
     if failed is not None and failed.kind != "collective failure":
         return _done(failed)
-    # a killed rank leaves no traceback, only a cascade
-    if base == "OUT_OF_MEMORY" or _SIGKILL.search(combined) or exit_code == ["137"]:
-        killed = _KILLED_TASK.search(combined)
-        rank, host = (int(killed.group("task")), killed.group("host")) if killed else (None, None)
-        where = f" (rank {rank} on {host})" if killed else ""
-        return _done(Verdict("killed (signal 9)", f"a process was killed with signal 9{where}: the kernel's OOM "
-                             f"killer, Slurm's memory limit or a kill -9", rank, host, _matching(combined, _SIGKILL)))
+    first = ev.exits[0] if ev.exits else None
+    if first is not None and (first.rank is None or _last_error(ev.texts.get(first.rank, "")) is None):
+        ended = _ended_without_traceback(ev, first)  # the first task to end took no traceback with it
+        if ended is not None:
+            return _done(ended)
+    if base == "OUT_OF_MEMORY" or (first is None and (_SIGKILL.search(ev.combined) or ev.exit_code == ["137"])):
+        return _done(Verdict("killed (signal 9)", "a process was killed with signal 9: the kernel's OOM killer, "
+                             "Slurm's memory limit or a kill -9", evidence=_matching(ev.combined, _SIGKILL)))
     if failed is not None:
         return _done(failed)
-    if exit_code == ["0"]:
+    if ev.exit_code == ["0"]:
         return Verdict("completed", "the job ended with exit code 0")
     if state.startswith("NEVER RAN"):  # the job folder's record, after Slurm forgot the job
         return Verdict("never ran", "the job never started: no start record in its job folder (cancelled while "
                        "pending, or the folder is not on a file system the compute nodes share)")
     if state.startswith("ENDED (killed") and status is None:
         return _done(Verdict("unknown", "the batch shell ended without recording an exit status (killed: SIGKILL "
-                             "after a time limit or scancel, or its node was lost)", evidence=_tail(combined)))
-    if exit_code == ["143"] and status is None:  # the batch shell's own record, after Slurm forgot the job
+                             "after a time limit or scancel, or its node was lost)", evidence=_tail(ev.combined)))
+    if ev.exit_code == ["143"] and status is None:  # the batch shell's own record, after Slurm forgot the job
         return _done(Verdict("terminated", "the batch shell got SIGTERM (scancel, the time limit or a preemption; "
-                             "Slurm no longer knows which)", evidence=_tail(combined)))
-    return _done(Verdict("unknown", f"Slurm state {base}, exit code {''.join(exit_code) or '?'}",
-                         evidence=_tail(combined)))
+                             "Slurm no longer knows which)", evidence=_tail(ev.combined)))
+    return _done(Verdict("unknown", f"Slurm state {base}, exit code {''.join(ev.exit_code) or '?'}",
+                         evidence=_tail(ev.combined)))
 
 
-def _first_failure(texts: dict[int, str], combined: str) -> Verdict | None:
-    """The rank whose traceback is a primary error (not a collective or kill cascade), lowest rank first."""
+def _ended_without_traceback(ev: Evidence, first: Exit) -> Verdict | None:
+    """The verdict for the first failing task when it left no traceback: killed, crashed by a signal, or an error
+    status of its own; None for the stop every task gets (SIGTERM, SIGINT, SIGHUP)."""
+    lines = _last_lines(ev, first)
+    if first.code == 137:
+        return Verdict("killed (signal 9)", f"a process was killed with signal 9 ({first.where}): the kernel's OOM "
+                       f"killer, Slurm's memory limit or a kill -9", first.rank, first.host,
+                       _matching(ev.combined, _SIGKILL) or lines)
+    if first.code - 128 in _SIGNALS:
+        name = _SIGNALS[first.code - 128]
+        return Verdict("crashed (signal)", f"{first.where} crashed with signal {first.code - 128} ({name}) first",
+                       first.rank, first.host, lines)
+    if first.code in (143, 130, 129):
+        return None
+    said = f"; its last line: {lines[-1][:200]}" if lines else ""
+    return Verdict("exited", f"{first.where} exited with status {first.code} first, without a traceback{said}",
+                   first.rank, first.host, lines)
+
+
+def _first_failure(ev: Evidence, folder: Path | None) -> Verdict | None:
+    """The rank whose traceback is a primary error (not a collective or kill cascade): the first to fail when the
+    exit records say, else the lowest."""
     errors: dict[int | None, tuple[str, str, str]] = {}
-    for r, text in texts.items():
+    for r, text in ev.texts.items():
         found = _last_error(text)
         if found is not None:
             errors[r] = found
-    if not errors and combined:
-        found = _last_error(combined)
+    if not errors and ev.combined:
+        found = _last_error(ev.combined)
         if found is not None:
-            errors[_rank_named(combined)] = found
-    primary = {r: e for r, e in errors.items() if not _COLLECTIVE.search(e[0] + " " + e[1])}
+            errors[_rank_named(ev.combined)] = found
+    primary = {r: e for r, e in errors.items() if not _is_collective(e[0], e[1])}
     chosen = primary or errors
     if not chosen:
         return None
     ranks = [r for r in chosen if r is not None]
-    rank = min(ranks) if ranks else None
+    order = [x.rank for x in ev.exits if x.rank in chosen]
+    rank = order[0] if order else (min(ranks) if ranks else None)
     kind_line, message, frame = chosen[rank]
-    host = _host_of(texts.get(rank, "") if rank is not None else combined)
+    host = _host(ev, rank, folder)
     where = f" on rank {rank}" + (f" ({host})" if host else "") if rank is not None else ""
     text = f"{kind_line}{': ' + message if message else ''}"
-    if _CUDA_OOM.search(text):
+    if _CUDA_OOM.search(kind_line) or _CUDA_OOM.search(message):
         return Verdict("cuda out-of-memory", f"CUDA out of memory{where}", rank, host, [text, frame])
-    if _CUDA_FAULT.search(text):
+    if _CUDA_FAULT.search(message):
         return Verdict("cuda error", f"{text[:200]}{where} (a GPU or driver fault: the host is suspect)", rank, host,
                        [text, frame])
     if not primary:
-        return _stopped_first(texts, kind_line, where, rank, host, [text, frame])
+        return _stopped_first(ev, kind_line, where, rank, host, [text, frame], folder)
     others = sorted(r for r in errors if r != rank and r is not None)
     cascade = f"; ranks {', '.join(map(str, others))} failed after it" if others else ""
     return Verdict("python error", f"{text[:200]}{where} at {frame}{cascade}", rank, host, [text, frame])
+
+
+def _is_collective(kind_line: str, message: str) -> bool:
+    """A failure of torch.distributed itself (the cascade after another rank stopped), by exception type, or by the
+    gloo/NCCL messages torch raises as RuntimeError -- never a program's own BrokenPipeError."""
+    return bool(_COLLECTIVE_TYPE.search(kind_line)) or (kind_line.split(".")[-1] == "RuntimeError"
+                                                        and bool(_COLLECTIVE.search(message)))
+
+
+def _host(ev: Evidence, rank: int | None, folder: Path | None) -> str | None:
+    """The host of ``rank``: its exit record, else a host the rank's log names."""
+    for x in ev.exits:
+        if rank is not None and x.rank == rank:
+            return x.host
+    return _host_of(ev.texts.get(rank, "") if rank is not None else ev.combined)
+
+
+def _last_lines(ev: Evidence, first: Exit, n: int = 3) -> list[str]:
+    """The last lines of the failing task's own log (the combined log when it has none)."""
+    text = ev.texts.get(first.rank, "") if first.rank is not None else ""
+    return _tail(text or ev.combined, n)
+
+
+def _graceful(ev: Evidence) -> str | None:
+    """This attempt's graceful stop, from trainstack's own record (without a job folder: its own line, at the start
+    of a line of the log)."""
+    found = ev.event("graceful_stop")
+    if found is not None:
+        return str(found.get("line") or f"Graceful stop at step {found.get('step')}")
+    if ev.texts or ev.events:  # a trainstack job folder: its records decide, not a printed line
+        return None
+    lines = [m.group(0) for m in _GRACEFUL.finditer(ev.combined)]
+    return lines[-1] if lines else None
+
+
+def attempt_start(folder: Path | None) -> float:
+    """When the current attempt started (the last line of the job folder's ``started``), 0 when unknown."""
+    if folder is None:
+        return 0.0
+    lines = [line for line in _read(folder / "started").splitlines() if line.strip()]
+    try:
+        return datetime.datetime.fromisoformat(lines[-1].strip()).timestamp() if lines else 0.0
+    except ValueError:
+        return 0.0
+
+
+def _exits(folder: Path | None) -> list[Exit]:
+    """The failing tasks of the current step, first first."""
+    out = []
+    for path in sorted(folder.glob("exits/*")) if folder is not None and folder.is_dir() else []:
+        parts = _read(path).split()
+        try:
+            out.append(Exit(float(parts[0]), int(parts[1]), parts[2], parts[3]))
+        except (IndexError, ValueError):
+            continue
+    return sorted(out, key=lambda x: x.time)
+
+
+def _srun_exits(combined: str) -> list[Exit]:
+    """srun's own lines, in the order it printed them (jobs from before the exit records)."""
+    out = []
+    for i, m in enumerate(_SRUN_EXIT.finditer(combined)):
+        code = 137 if m.group("killed") else int(m.group("code"))
+        out.append(Exit(float(i), code, f"rank-{m.group('task')}", m.group("host")))
+    return out
 
 
 def _down_nodes() -> list[str]:
@@ -182,14 +335,15 @@ def _stopped_early(combined: str) -> Verdict | None:
                                f"--requeue): resume='auto' continues it", evidence=[m.group(0)]))
 
 
-def _stopped_first(texts: dict[int, str], kind_line: str, where: str, rank: int | None, host: str | None,
-                   evidence: list[str]) -> Verdict:
+def _stopped_first(ev: Evidence, kind_line: str, where: str, rank: int | None, host: str | None,
+                   evidence: list[str], folder: Path | None) -> Verdict:
     """A collective failure: every rank that failed, failed waiting on the others. A rank with a log but no error
     of its own is the one that stopped answering (stuck, or killed without a trace): it is the suspect."""
+    texts = ev.texts
     silent = sorted(r for r, text in texts.items() if _last_error(text) is None)
     if silent and len(silent) < len(texts):
         suspect = silent[0]
-        shost = _host_of(texts[suspect]) or None
+        shost = _host(ev, suspect, folder) or None
         at = f" ({shost})" if shost else ""
         others = ", ".join(str(r) for r in sorted(texts) if r not in silent)
         return Verdict("collective failure", f"rank {suspect}{at} stopped answering a collective; ranks {others} "
@@ -225,7 +379,9 @@ def _rank_texts(folder: Path | None) -> dict[int, str]:
     for path in folder.glob("rank-*.out"):
         m = _RANK_LOG.search(path.name)
         if m:
-            out[int(m.group(1))] = _read(path)
+            text = _read(path)
+            at = text.rfind(_ATTEMPT_MARK)
+            out[int(m.group(1))] = text[text.find("\n", at) + 1:] if at >= 0 else text
     return out
 
 
@@ -235,14 +391,34 @@ def _rank_named(text: str) -> int | None:
 
 
 def _host_of(text: str) -> str | None:
-    m = re.search(r"\bon (node[\w-]*|[\w-]+\.[\w.-]+)\b|host[= ](\S+)", text)
+    m = re.search(r"\(([\w.-]+), pid \d+\)|\bhost[= ]([\w.-]+)", text)
     return next((g for g in m.groups() if g), None) if m else None
 
 
-def _hang_summary(folder: Path | None) -> list[str] | None:
-    if folder is None:
+def _hang(ev: Evidence, folder: Path | None) -> list[str] | None:
+    """This attempt's hang: the watchdog's event, else a ``SUMMARY.txt`` newer than the attempt's start in the run
+    folder the job names or in the job folder (not its code snapshot); without a job folder, the report the watchdog
+    printed at the start of a line of the log."""
+    found = ev.event("hang")
+    if found is not None:
+        return [*(found.get("behind") or [])[:3], str(found.get("reason") or "hang report"),
+                f"report: {found.get('folder')}"]
+    if folder is not None:  # a trainstack job: the watchdog's own records, never a printed line
+        return _hang_summary(folder, ev.since)
+    return _hang_in_logs([ev.combined])
+
+
+def _hang_summary(folder: Path | None, since: float) -> list[str] | None:
+    if folder is None or not folder.is_dir():
         return None
-    summaries = sorted(folder.rglob("hang-*/SUMMARY.txt"))
+    roots = [folder]
+    named = _read(folder / "run-folder").strip()
+    if named and Path(named).is_dir():
+        roots.append(Path(named))
+    summaries = sorted((p for root in roots for p in root.glob("*hang-*/SUMMARY.txt") if _newer(p, since)),
+                       key=lambda p: p.stat().st_mtime)
+    summaries += sorted(p for p in folder.glob("*/hang-*/SUMMARY.txt")
+                        if p.parts[len(folder.parts)] != "code" and _newer(p, since) and p not in summaries)
     if not summaries:
         return None
     lines = [line for line in _read(summaries[-1]).splitlines() if line.strip()]
@@ -250,12 +426,21 @@ def _hang_summary(folder: Path | None) -> list[str] | None:
     return (behind or lines[:1]) + [f"report: {summaries[-1].parent}"]
 
 
+def _newer(path: Path, since: float) -> bool:
+    try:
+        return path.stat().st_mtime >= since
+    except OSError:
+        return False
+
+
 def _hang_in_logs(texts: list[str]) -> list[str] | None:
-    """The watchdog's printed report (its SUMMARY.txt lives in the run folder, which may be anywhere)."""
+    """The watchdog's printed report (its SUMMARY.txt lives in the run folder, which may be anywhere), at the
+    start of a line, as only the watchdog prints it."""
     for text in texts:
-        at = text.rfind("trainstack hang report")
-        if at >= 0:
-            block = [_PREFIX.sub("", line) for line in text[at:].splitlines()[:60]]
+        lines = [_PREFIX.sub("", line) for line in text.splitlines()]
+        starts = [i for i, line in enumerate(lines) if line.startswith(_HANG_LINE)]
+        if starts:
+            block = lines[starts[-1]:starts[-1] + 60]
             behind = [line for line in block if "behind" in line or "sent no report" in line]
             return behind[:3] + [block[0][:300]]
     return None

@@ -11,6 +11,7 @@ from typing import Any
 from torch import nn
 
 from .. import _envvars as envvars
+from .. import _jobevents as jobevents
 from .._runtime import compiling, watchdog
 from .._runtime.preemption import INTERRUPT, GracefulStop, resolve_signals
 from ..accelerator import retarget_optimizer, seed_everything
@@ -155,8 +156,11 @@ def stop_gracefully(t: Any, why: str) -> None:
         path = t.checkpointer.wait() or path  # an asynchronous save must be complete before the job ends
     if t.accelerator.is_main_process and kind == PREEMPTED:  # tells the batch script: requeue me
         t.stopper.confirm_saved(path or t.checkpointer.latest())
-    t.tracker.print(notes.graceful_stop(kind, why, t.current_epoch, t.global_step, path,
-                                        t.checkpointer.last_save_seconds, t.run_folder))
+    line = notes.graceful_stop(kind, why, t.current_epoch, t.global_step, path, t.checkpointer.last_save_seconds,
+                               t.run_folder)
+    t.tracker.print(line)
+    if t.accelerator.is_main_process:
+        jobevents.record("graceful_stop", stop=kind, why=why, step=t.global_step, line=line.split(". ")[0])
 
 
 def stop_diverged(t: Any) -> None:
