@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Start/stop a 2-node Slurm cluster on this host: one slurmctld and `slurmd -N node1|node2`.
+# Start/stop a Slurm cluster on this host: one slurmctld and `slurmd -N node1|node2|node3`. Partition debug (the
+# default) is node1-2 with fake GPUs; node3 has none: partition cpuonly is node3 alone (a CPU-only cluster), partition
+# spares is node1-3 (a spare node for in-allocation recovery).
 # Facts and settings: ../shared/docs/hpc.md (e). Needs root and Debian's slurm-wlm + munge.
 # Usage: scripts/slurm-local.sh up|down|status|env
 set -euo pipefail
@@ -46,7 +48,10 @@ SlurmdTimeout=30
 MinJobAge=10
 GresTypes=gpu
 NodeName=node[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[27001-27002] CPUs=$CPUS RealMemory=4000 Gres=gpu:2 State=UNKNOWN
+NodeName=node3 NodeHostname=localhost NodeAddr=127.0.0.1 Port=27003 CPUs=$CPUS RealMemory=4000 State=UNKNOWN
 PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+PartitionName=cpuonly Nodes=node3 MaxTime=INFINITE State=UP OverSubscribe=NO
+PartitionName=spares Nodes=node[1-3] MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
   # Fake GPUs: Slurm fills CUDA_VISIBLE_DEVICES/SLURM_GPUS_ON_NODE as on a real GPU node.
   cat > "$STATE_DIR/gres.conf" <<CONF
@@ -57,7 +62,7 @@ CONF
 
 ensure_hosts() {
   # MASTER_ADDR=node1 must resolve on every "node".
-  grep -qE '^127\.0\.0\.1[[:space:]].*\bnode1\b' /etc/hosts || echo "127.0.0.1 node1 node2" >> /etc/hosts
+  grep -qE '^127\.0\.0\.1[[:space:]].*\bnode3\b' /etc/hosts || echo "127.0.0.1 node1 node2 node3" >> /etc/hosts
 }
 
 start_munge() {
@@ -93,6 +98,7 @@ up() {
   slurmctld -f "$CONF"
   slurmd -f "$CONF" -N node1
   slurmd -f "$CONF" -N node2
+  slurmd -f "$CONF" -N node3
   wait_idle
   echo "slurm-local: up. Use: export SLURM_CONF=$CONF"
 }

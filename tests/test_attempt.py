@@ -78,3 +78,24 @@ def test_graceful_stops_are_recorded_and_a_time_limit_without_progress_stops(tmp
     assert not go and line.startswith("not requeued: time limit again at step 20, no progress since attempt 2")
     rows = [json.loads(r) for r in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in rows] == ["time limit", "preempted", "time limit", "time limit"]
+
+
+def test_the_budget_is_the_decision_and_exclusions_keep_what_fits(tmp_path, monkeypatch, capsys):
+    """As the batch script calls it: a retry the budget does not allow is recorded as not retried; of two blamed
+    hosts on a 2-node cluster only the newest is left out, and the other is named as kept."""
+    fault = ERROR.replace("ZeroDivisionError: division by zero", "RuntimeError: CUDA error: an illegal memory access")
+    (tmp_path / "rank-0.out").write_text(fault.format(step=10))
+    monkeypatch.setenv("SLURM_NNODES", "1")
+    monkeypatch.setenv("SLURM_JOB_PARTITION", "no-such-partition")  # sinfo lists no node: nothing fits
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    monkeypatch.setenv("SLURMD_NODENAME", "pnode1")
+    assert main(["attempt", str(tmp_path), "1", "--count", "0", "--limit", "3", "--limit-option=--max-retries"]) == 0
+    assert "cannot leave out pnode1: no other node is left for 1 node(s); retrying on it" in capsys.readouterr().out
+    (tmp_path / "rank-0.out").write_text(fault.format(step=10) + fault.format(step=20))
+    assert main(["attempt", str(tmp_path), "1", "--count", "3", "--limit", "3", "--limit-option=--max-retries"]) == 3
+    assert "giving up after 3 earlier retries (--max-retries 3)" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
+    assert [r["retried"] for r in rows] == [True, False] and rows[0]["excluded"] == []
+    assert main(["attempt", str(tmp_path / "gone"), "0", "--stopped", "timeout", "--count", "1", "--limit", "1",
+                 "--limit-option=--max-requeues"]) == 3  # a deleted job folder: still decided and recorded
+    assert (tmp_path / "gone" / "verdicts.jsonl").exists()

@@ -257,6 +257,9 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
         if spec.tasks:
             click.echo(_task_table(spec, finished_tasks(spec)), err=True)
         return
+    from ._slurm.options import check_submittable
+
+    check_submittable(spec)
     if snapshot:
         _warn_uncommitted(Path(spec.chdir or "."))
     job = submit_spec(spec, wait=wait, templates_dir=templates_dir, command_line=_command_line(),
@@ -388,11 +391,15 @@ def why(job_id: str, as_json: bool) -> None:
     """Why a job ended: the verdict (completed, cancelled, preempted, time limit, hang, CUDA out-of-memory, killed by
     signal 9, collective failure, node failure, a Python error on its first failing rank, unknown), the evidence
     lines from its logs and job folder, and what to do about it."""
-    from ._slurm.status import job_status
+    from ._slurm.status import job_status, pending_note
     from ._slurm.verdict import verdict
 
     for row in job_status(job_id):
         found = verdict(row.state, row.folder, row.log)
+        if row.state.startswith("PENDING"):
+            note = pending_note(row.job, row.folder)
+            if note:
+                found.kind, found.summary = "pending", note
         if as_json:
             click.echo(found.to_json())
             continue

@@ -4,6 +4,7 @@ versions, submit time) and, optionally, a snapshot of the code the job runs."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -90,6 +91,7 @@ def submit_spec(spec: LaunchSpec, wait: bool = False, templates_dir: str | None 
     tasks = [i for i in range(len(spec.tasks)) if i not in skipped]
     if spec.tasks and not tasks:
         return SubmittedJob("", log_dir / "-", log_dir / "-", skipped=skipped)
+    created = not log_dir.exists()
     log_dir.mkdir(parents=True, exist_ok=True)  # Slurm cannot create it: a missing one kills the job without a log
     staging = private_dir(log_dir, ".trainstack-submit-")  # becomes the job folder once Slurm named the job
     try:
@@ -101,6 +103,9 @@ def submit_spec(spec: LaunchSpec, wait: bool = False, templates_dir: str | None 
         raise SubmitError(str(exc)) from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        if created:  # a refused submission leaves nothing behind, not even the log folder it made
+            with contextlib.suppress(OSError):
+                log_dir.rmdir()
         raise
     job.snapshot = snap
     assert job.job_dir is not None  # set by _sbatch_held
@@ -134,7 +139,10 @@ def _sbatch_held(exe: str, spec: LaunchSpec, script: Path, staging: Path, log_di
         args.append(f"--array={number_ranges(tasks, ',')}" + (f"%{spec.max_parallel}" if spec.max_parallel else ""))
     proc = subprocess.run([*args, str(script)], capture_output=True, text=True, timeout=120, env=env)
     if proc.returncode != 0:
-        raise SubmitError(f"sbatch rejected the script: {proc.stderr.strip() or proc.stdout.strip()}")
+        said = proc.stderr.strip() or proc.stdout.strip()
+        hint = " HINT: this cluster (or partition) has no GPUs: add --cpu to train on CPU processes (gloo)." \
+            if "gres" in said.lower() and not spec.cpu else ""
+        raise SubmitError(f"sbatch rejected the script: {said}.{hint}")
     job_id = proc.stdout.strip().split(";")[0]
     paths = JobPaths(log_dir, spec.job_name, job_id, tasks[0] if spec.tasks else None)
     job_dir = paths.job_folder

@@ -62,6 +62,10 @@ def test_signal_checkpoint_requeue_resume(slurm_env, shared_tmp, monkeypatch, la
     signalled = time.time()
     subprocess.run(["scancel", "--signal=USR1", "--batch", job.job_id], env=slurm_env, check=True)
     _wait_until(lambda: _job_field(slurm_env, job.job_id, "Restarts") == "1", 120, "the requeue")
+    held = subprocess.run([sys.executable, "-m", "trainstack", "why", job.job_id], env=slurm_env, capture_output=True,
+                          text=True, timeout=60).stdout
+    if _job_field(slurm_env, job.job_id, "Reason") == "BeginTime":  # a pending requeued job says why and until when
+        assert "requeued (restart 1) after time limit: graceful stop at step" in held and "holds it until" in held, held
     # slurmd refuses a relaunch whose credential is from the same second as the revocation ("Job credential
     # revoked"); Slurm's own ~120 s requeue delay hides that, our shortcut must wait a moment.
     time.sleep(2.5)

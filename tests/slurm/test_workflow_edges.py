@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,80 @@ def _unreadable_in_snapshot(shared_tmp: Path, system: str) -> None:
     proc = subprocess.run(["runuser", "-u", "nobody", "--", "env", "HOME=/tmp", system, "-c", code],
                           capture_output=True, text=True, timeout=60)
     assert "SNAPSHOT-ERROR" in proc.stdout and "secret.py" in proc.stdout and "HINT" in proc.stdout, proc
+
+
+@pytest.mark.timeout(240)
+def test_submit_refuses_what_could_never_run_and_leaves_nothing(env, shared_tmp):
+    """A program that does not exist, GPUs asked of a partition without any (node3, partition cpuonly): errors at
+    submit with the fix, nothing queued and no empty log folder left; --max-retries asks for --requeue."""
+    work = shared_tmp / "refuse"
+    work.mkdir()
+    (work / "train.py").write_text("print('ok')\n")
+    logs = work / "logs"
+    missing = ts(env, "submit", "--cpu", "--job-name", JOB, "--log-dir", str(logs), "--no-snapshot", "--",
+                 "nonexist.py", cwd=work, check=False)
+    assert missing.returncode == 2 and "'nonexist.py' does not exist in" in missing.stderr, missing.stderr
+    no_gpu = ts(env, "submit", "--partition", "cpuonly", "--job-name", JOB, "--log-dir", str(logs), "--no-snapshot",
+                "--", "train.py", cwd=work, check=False)
+    assert no_gpu.returncode == 2 and "no node of partition cpuonly has GPUs" in no_gpu.stderr, no_gpu.stderr
+    assert "add --cpu" in no_gpu.stderr and "Traceback" not in no_gpu.stderr
+    assert not logs.exists()
+    queued = subprocess.run(["squeue", "-h", "-n", JOB], env=env, capture_output=True, text=True).stdout
+    assert not queued.strip(), queued
+    implied = ts(env, "submit", "--cpu", "--max-retries", "2", "--dry-run", "--", "train.py", cwd=work)
+    assert "imply --requeue" in implied.stderr and "#SBATCH --requeue" in implied.stdout
+    ran = ts(env, "submit", "--cpu", "--partition", "cpuonly", "--job-name", JOB, "--log-dir", str(logs),
+             "--no-snapshot", "--wait", "--", "train.py", cwd=work)  # with --cpu the same partition is fine
+    assert ran.returncode == 0 and "ok" in ran.stdout
+
+
+@pytest.mark.timeout(240)
+def test_the_job_index_belongs_to_its_cluster(env, shared_tmp):
+    """Job ids repeat across clusters: once Slurm forgot a job, status/why/logs answer from this cluster's
+    record, never from another cluster's with the same id (appended later to the same index)."""
+    import json
+
+    work = shared_tmp / "clusters"
+    work.mkdir()
+    (work / "train.py").write_text("print('mine', flush=True)\n")
+    out = ts(env, "submit", "--cpu", "--job-name", JOB, "--log-dir", str(work / "logs"), "--no-snapshot", "--wait",
+             "--", "train.py", cwd=work).stdout
+    job = out.split("job ")[-1].split()[0]
+    other = work / "other" / f"v6-segv-{job}"
+    other.mkdir(parents=True)
+    (other / "exit_code").write_text("139\n")
+    (other / "started").write_text("2026-01-01T00:00:00+00:00\n")
+    index = Path(env["XDG_STATE_HOME"]) / "trainstack" / "jobs.jsonl"
+    with open(index, "a") as fh:  # what the same home's submission on another cluster recorded
+        fh.write(json.dumps({"job_id": job, "name": "v6-segv", "job_dir": str(other), "log_dir": str(other.parent),
+                             "log": str(other.parent / f"v6-segv-{job}.out"), "tasks": [], "launcher": "srun",
+                             "cluster": "othercluster", "submitted": 1.0}) + "\n")
+    assert '"cluster": "trainstack"' in index.read_text()
+    deadline = time.monotonic() + 60
+    while "COMPLETED" in subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True,
+                                        text=True).stdout and time.monotonic() < deadline:
+        time.sleep(2)  # until Slurm forgot it (MinJobAge): the index answers
+    status = ts(env, "status", job).stdout
+    assert "v6-segv" not in status and JOB in status and "COMPLETED" in status, status
+    assert "mine" in ts(env, "logs", job).stdout
+
+
+@pytest.mark.timeout(240)
+def test_status_lists_each_running_array_task_once(env, shared_tmp):
+    work = shared_tmp / "array"
+    work.mkdir()
+    (work / "nap.py").write_text("import time, sys\nprint('napping', sys.argv[1:], flush=True)\ntime.sleep(30)\n")
+    out = ts(env, "submit", "--cpu", "--job-name", JOB, "--log-dir", str(work / "logs"), "--no-snapshot", "--sweep",
+             "n=1,2,3", "--max-parallel", "2", "--", "nap.py", cwd=work).stdout
+    job = out.split("job ")[-1].split()[0]
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            table = ts(env, "status").stdout
+            if table.count(" RUNNING ") >= 2 or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        labels = [line.split()[0] for line in table.splitlines() if line.startswith(f"{job}_")]
+        assert len(labels) == len(set(labels)) and f"{job}_0" in labels and f"{job}_1" in labels, table
+    finally:
+        ts(env, "cancel", job, check=False)

@@ -38,6 +38,7 @@ class JobInfo:
     array_task_id: str | None = None  # one index, or a pending range like "2-3%2"
     reason: str | None = None  # why a pending job waits
     user: str | None = None  # scontrol's UserId, "name(uid)"
+    start_time: str | None = None  # a pending job's expected (or held-until) start, scontrol's StartTime
 
     @property
     def uid(self) -> int | None:
@@ -107,7 +108,8 @@ def job_infos(job_id: str) -> list[JobInfo]:
                            work_dir=_field(text, "WorkDir"), elapsed=_field(text, "RunTime") or "",
                            restarts=_leading_int(_field(text, "Restarts")), exit_code=_field(text, "ExitCode"),
                            array_job_id=array, array_task_id=_field(text, "ArrayTaskId") if array else None,
-                           reason=_field(text, "Reason"), user=_field(text, "UserId")))
+                           reason=_field(text, "Reason"), user=_field(text, "UserId"),
+                           start_time=_field(text, "StartTime")))
     return sorted(out, key=lambda i: (int(i.array_job_id or i.job_id), _task_key(i.array_task_id)))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -21,7 +22,7 @@ from ..errors import ConfigError
 from .program import parse_program
 from .spec import LaunchSpec, SpecError
 
-__all__ = ["build_spec", "load_profile", "PROFILE_ONLY"]
+__all__ = ["build_spec", "load_profile", "PROFILE_ONLY", "check_submittable"]
 
 #: LaunchSpec fields that hold lists: a profile may give one string (one item; the program is split like a shell).
 _LISTS = ("bind", "setup_cmd", "program")
@@ -111,6 +112,12 @@ def build_spec(ctx: click.Context, params: dict[str, Any],
             params[key] = _profile_value(key, value, str(profile_path))
     if templates_dir is None and profile.get("templates_dir") is not None:
         templates_dir = _profile_templates(str(profile_path), profile["templates_dir"])
+    retries = [f"--{k.replace('_', '-')}" for k in ("max_retries", "retry_on") if k in ctx.params
+               and ctx.get_parameter_source(k) is click.core.ParameterSource.COMMANDLINE]
+    if retries and not params.get("requeue"):  # retries happen by requeueing: asking for them asks for it
+        click.echo(f"note: {' and '.join(retries)} imply --requeue (a failed attempt is retried by requeueing the "
+                   f"job); --requeue is on", err=True)
+        params["requeue"] = True
     env = params.pop("env")
     pairs = env.items() if isinstance(env, dict) else [_split_env(item) for item in env]
     params["sweep"] = _parse_sweep(params.get("sweep") or ())
@@ -165,3 +172,31 @@ def _split_env(item: str) -> tuple[str, str]:
         raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="'--env'")
     key, value = item.split("=", 1)
     return key, value
+
+
+def check_submittable(spec: LaunchSpec) -> None:
+    """What sbatch would accept but the job could never run, refused before anything is queued: a program file that
+    does not exist where the job runs it, GPUs asked of a partition that has none."""
+    chdir = Path(spec.chdir or ".")
+    if spec.launcher != "custom" and spec.program:
+        program = spec.parsed_program
+        head = program.argv[0]
+        path = chdir / Path(head).expanduser()
+        needs_file = program.kind == "script" or (program.kind == "exec" and head.startswith(("./", "../", "/", "~")))
+        if needs_file and not path.exists():
+            raise click.BadParameter(f"{head!r} does not exist in {chdir} (the job runs there and would fail at "
+                                     f"once with \"can't open file\"). HINT: check the name, or --chdir the folder "
+                                     f"that holds it.", param_hint="'PROGRAM'")
+    if not spec.cpu and shutil.which("sinfo"):
+        parts = ["-p", spec.partition] if spec.partition else []
+        try:
+            out = subprocess.run(["sinfo", "-h", *parts, "-o", "%G"], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.SubprocessError):
+            return
+        gres = {g.strip() for g in out.stdout.splitlines() if g.strip()}
+        if out.returncode == 0 and gres and all("gpu" not in g for g in gres):
+            where = f"partition {spec.partition}" if spec.partition else "this cluster"
+            raise click.BadParameter(f"--setup {spec.setup} asks for {spec.procs} GPU(s) per node, but no node of "
+                                     f"{where} has GPUs (sinfo's GRES: {', '.join(sorted(gres))}). HINT: add --cpu "
+                                     f"to train on CPU processes (gloo), or choose a GPU --partition.",
+                                     param_hint="'--cpu'")

@@ -24,7 +24,7 @@ from .jobs import JobError, JobInfo, check_job_id, job_folder, job_infos
 from .progress import Progress, progress_of
 
 __all__ = ["TaskStatus", "job_status", "my_jobs", "format_table", "find_log", "follow_log", "cancel_job",
-           "wait_for", "ENDED", "slurm_problem"]
+           "wait_for", "ENDED", "slurm_problem", "pending_note"]
 
 #: States after which nothing more happens to a job (a requeued job passes through none of them for long).
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
@@ -212,6 +212,26 @@ def job_status(job_id: str) -> list[TaskStatus]:
                    f"the jobs you submitted with trainstack.")
 
 
+def pending_note(job_id: str, folder: Path | None) -> str | None:
+    """Why a pending job that already ran waits: what ended its last attempt (at which step) and Slurm's hold on a
+    requeued job (BeginTime: until when)."""
+    from .attempt import history
+    from .jobs import job_info
+
+    info = job_info(job_id)
+    if info is None or info.state != "PENDING" or not info.restarts:
+        return None
+    rows = history(folder) if folder is not None else []
+    last = rows[-1] if rows else None
+    ended = f"after {last['cause']} at step {last.get('step')}" if last else "after an attempt ended"
+    held = f"; Slurm holds it until {info.start_time.replace('T', ' ')} (BeginTime: a requeued job waits " \
+           f"before it may start again)" if info.reason == "BeginTime" and info.start_time else \
+        f"; waiting for resources ({info.reason})" if info.reason and info.reason != "None" else ""
+    resume = f"; it resumes from its last checkpoint (step {last.get('step')} or before)" if last and \
+        last.get("step") is not None else ""
+    return f"requeued (restart {info.restarts}) {ended}{held}{resume}"
+
+
 def slurm_problem() -> str | None:
     """Why Slurm cannot be asked here (no client commands, no controller), or None when it answers."""
     if shutil.which("squeue") is None or shutil.which("scontrol") is None:
@@ -228,7 +248,8 @@ def my_jobs(limit: int = 20) -> list[TaskStatus]:
     """This user's live jobs (squeue) and the last ``limit`` jobs trainstack submitted, newest first."""
     live: dict[str, list[TaskStatus]] = {}
     if shutil.which("squeue") is not None:
-        proc = subprocess.run(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%A"], capture_output=True,
+        # %F: an array task's array job id (every task listed once, under its array), a plain job's own id
+        proc = subprocess.run(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%F"], capture_output=True,
                               text=True, timeout=30)
         for base in dict.fromkeys(proc.stdout.split() if proc.returncode == 0 else []):
             if base.isdigit():
