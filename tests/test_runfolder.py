@@ -86,7 +86,7 @@ def test_a_sweep_task_trains_in_the_folder_its_job_names(tmp_path):
     root, task = tmp_path / "root", tmp_path / "sweep-x" / "abc123"
     env = {"TRAINSTACK_RUN_DIR": str(task), "SLURM_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "1"}
     assert choose_run_folder(root, Path("./"), False, None, env) == task  # before the slurm-<id> rule
-    assert choose_run_folder(root, tmp_path / "mine", False, None, env) == tmp_path / "mine"  # explicit wins
+    assert choose_run_folder(root, tmp_path / "mine", False, None, env) == task  # a script's log_folder: shared
     assert choose_run_folder(root, Path("./"), True, None, env).parent == task  # a new folder inside it
 
 
@@ -181,9 +181,22 @@ def test_resume_auto_never_continues_another_experiment(tmp_path, capsys):
     first = _fit({"root_folder": tmp_path}, seed=1, lr=0.1)
     other = _fit({"root_folder": tmp_path}, seed=2, lr=0.01)  # another experiment on the same root
     assert other.run_folder != first.run_folder and other.current_epoch == 2
-    assert "another experiment ran there (hyperparameters, seed differ)" in capsys.readouterr().out
+    assert "another experiment ran there (seed: 1 -> 2; param group 0 lr: 0.1 -> 0.01)" in capsys.readouterr().out
     again = _fit({"root_folder": tmp_path}, seed=2, lr=0.01, max_iter=3)  # the same experiment: continues
     assert again.run_folder == other.run_folder and again.current_epoch == 3
+
+
+def test_a_resume_of_another_experiment_is_refused_naming_both_values(tmp_path):
+    """An explicit log_folder (a script's, or after a copy) holding a checkpoint of another seed or learning rate:
+    continuing it would train the wrong experiment under this one's name."""
+    from trainstack.errors import ConfigError
+
+    _fit({"log_folder": tmp_path / "run"}, seed=0, lr=0.1)
+    with pytest.raises(ConfigError) as info:
+        _fit({"log_folder": tmp_path / "run"}, seed=1, lr=0.01, max_iter=3)
+    message = str(info.value)
+    assert "written by another experiment: seed: 0 -> 1; param group 0 lr: 0.1 -> 0.01" in message, message
+    assert _fit({"log_folder": tmp_path / "run"}, seed=0, lr=0.1, max_iter=3).current_epoch == 3  # the same one
 
 
 def test_resume_auto_on_a_finished_run_says_there_is_nothing_to_train(tmp_path, capsys):

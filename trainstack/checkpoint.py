@@ -24,7 +24,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -371,14 +371,17 @@ class Checkpointer:
             return candidate
         return None
 
-    def restore(self, parts: Mapping[str, Any], path: str | os.PathLike | None = None,
-                rank: int = 0) -> Restored | None:
+    def restore(self, parts: Mapping[str, Any], path: str | os.PathLike | None = None, rank: int = 0,
+                check: Callable[[Mapping[str, Any], Path], None] | None = None) -> Restored | None:
         """Load the checkpoint (see :meth:`load`) into ``parts`` by name; return its counters, or None if none.
+        ``check(state, path)`` may refuse the checkpoint (raise) before anything is loaded.
 
         Works without a Trainer: ``Checkpointer(run).restore({"model": model, "optimizer": optimizer})``.
         """
         candidates = iter([(load_file(path), Path(path))]) if path is not None else self._readable()
         for state, where in candidates:
+            if check is not None:
+                check(state, where)
             if where.is_dir():  # sharded: model and optimizer come from the shards, resharded to this layout
                 try:
                     _load_shards(where, parts, state)

@@ -463,6 +463,26 @@ def test_sweep_is_one_array_job_and_resubmitting_runs_only_what_is_left(env, sha
 
 
 @pytest.mark.timeout(300)
+def test_a_sweep_over_a_script_with_its_own_log_folder_trains_every_task(env, shared_tmp):
+    """The script sets log_folder (as most do) and resume='auto': each task still trains in its own folder (said
+    in its log), every task trains its steps, none 'completes' by resuming another's finished run."""
+    work = shared_tmp / "sweep-shared"
+    work.mkdir()
+    program = SWEEP_PROGRAM.replace('resume="auto",', 'resume="auto", log_folder="runs/shared", seed=args.seed,')
+    (work / "sweep_train.py").write_text(program)
+    sub = ts(env, "submit", "--cpu", "--time", "5", "--job-name", JOB, "--log-dir", str(work / "logs"), "--sweep",
+             "seed=0,1,2", "--max-parallel", "2", "--", "sweep_train.py", "--lr", "0.1", cwd=work)
+    job_id = job_id_of(sub.stdout)
+    rows = wait_ended(env, [job_id])[job_id]
+    assert all(r["state"] == "COMPLETED" for r in rows), rows
+    results = [json.loads(p.read_text()) for p in sorted((work / "logs").glob(f"sweep-{JOB}/*/result.json"))]
+    assert sorted(r["seed"] for r in results) == [0, 1, 2] and len({json.dumps(r["weights"]) for r in results}) == 3
+    assert not (work / "runs" / "shared").exists()
+    log = ts(env, "logs", f"{job_id}_1").stdout
+    assert "sweep task: training in its own folder" in log and "log_folder='runs/shared'" in log, log
+
+
+@pytest.mark.timeout(300)
 def test_each_sweep_task_is_requeued_on_its_own(env, shared_tmp):
     """Task 1 crashes on its first run: only it is requeued (its own restart count and requeue record), then every
     task finishes."""

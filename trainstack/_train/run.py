@@ -24,7 +24,7 @@ from .evaluate import Evaluator, prepare_eval
 from .handoff import DIVERGED, INTERRUPTED, PREEMPTED
 from .live import hold_warnings
 from .resume import EpochCursor, derived_seed
-from .runfolder import RunFolder, record_config, run_identity, standalone_checkpointer
+from .runfolder import RunFolder, check_same_experiment, record_config, run_identity, standalone_checkpointer
 from .schedule import NEVER, Schedule
 from .steps import make_step, track_optimizer_steps
 from .tracker import Tracker, banner_info, run_span
@@ -83,8 +83,10 @@ def resume(t: Any) -> Restored | None:
     t.cursor, restored = EpochCursor(), None
     t._run_start, t._run_start_step, t._val_step = t.current_epoch, t.global_step, -1
     if cfg.resume is not None:
+        ours = t._run_identity
         restored = t.checkpointer.restore(t._parts(), None if cfg.resume == "auto" else cfg.resume,
-                                          rank=t.accelerator.rank)
+                                          rank=t.accelerator.rank, check=lambda state, where: check_same_experiment(
+                                              state.get("identity"), ours, where))
         if restored is not None:
             apply(t, restored)
     t._last_epoch = t._run_start + cfg.max_iter

@@ -22,7 +22,8 @@ from ..checkpoint import Checkpointer, CheckpointError, check_fits, has_checkpoi
 from ..errors import ConfigError
 
 __all__ = ["choose_run_folder", "RunLock", "RunFolderBusy", "auto_chosen", "refuse_to_overwrite", "RunFolder",
-           "run_identity", "standalone_checkpointer", "record_config"]
+           "run_identity", "standalone_checkpointer", "record_config", "check_same_experiment",
+           "identity_differences"]
 
 _LOCK = ".lock"
 
@@ -113,8 +114,9 @@ def choose_run_folder(root: Path, log_folder: Path, new_per_run: bool, resume: o
                       accept: Callable[[Path], bool] | None = None, skip: Collection[Path] = ()) -> Path:
     """Where this run writes.
 
+    * ``TRAINSTACK_RUN_DIR`` (set for each task of a sweep, named by its arguments) is used as given, also over a
+      ``log_folder`` the script sets: that one would be shared by every task of the sweep;
     * an explicit ``log_folder`` (not ``./``) is used as given;
-    * ``TRAINSTACK_RUN_DIR`` (set for each task of a sweep, named by its arguments) is used as given;
     * inside a Slurm job the folder is ``root/slurm-<job id>`` (``slurm-<array job>_<task>`` for an array task),
       so a requeued job finds its checkpoints;
     * ``resume="auto"`` reuses the newest run folder under ``root`` that holds a checkpoint, is not in use (nor in
@@ -124,10 +126,10 @@ def choose_run_folder(root: Path, log_folder: Path, new_per_run: bool, resume: o
     env = os.environ if environ is None else environ
     if new_per_run:
         return _new_folder(Path(env[envvars.RUN_DIR]) if env.get(envvars.RUN_DIR) else root)
-    if log_folder != Path("./"):
-        return log_folder
     if env.get(envvars.RUN_DIR):
         return Path(env[envvars.RUN_DIR])
+    if log_folder != Path("./"):
+        return log_folder
     job = env.get("SLURM_JOB_ID")
     if job:
         array = env.get("SLURM_ARRAY_TASK_ID")
@@ -168,9 +170,9 @@ def refuse_to_overwrite(folder: Path, resume: object) -> None:
             f"{folder / 'checkpoints'}).")
 
 
-def run_identity(config: Any, optimizer: Any) -> dict[str, Any]:
-    """What makes two runs the same experiment (stored in checkpoints): the settings that change what is trained, and
-    the optimizer's class and hyperparameters -- not the duration, cadence or layout."""
+def run_identity(config: Any, optimizer: Any, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What makes two runs the same experiment (stored in checkpoints): the settings that change what is trained, the
+    optimizer's class and hyperparameters, a sweep task's own arguments -- not the duration, cadence or layout."""
     same = ("seed", "gradient_accumulation_steps", "grad_clip_norm", "mixed_precision", "strategy", "dtype",
             "max_batches")
     out: dict[str, Any] = {name: repr(getattr(config, name)) for name in same}
@@ -178,7 +180,48 @@ def run_identity(config: Any, optimizer: Any) -> dict[str, Any]:
     groups = getattr(optimizer, "param_groups", None) or []
     out["hyperparameters"] = [repr({k: v for k, v in g.items() if k not in ("params", "initial_lr") and isinstance(
         v, (int, float, str, bool, tuple, type(None)))}) for g in groups]
+    swept = (os.environ if environ is None else environ).get(envvars.SWEEP_ARGS)
+    if swept:
+        out["sweep"] = swept
     return out
+
+
+def identity_differences(theirs: Mapping[str, Any] | None, ours: Mapping[str, Any]) -> list[str]:
+    """``name: theirs -> ours`` for every setting both identities record and that differs (a checkpoint from
+    before a setting was recorded is not refused for it)."""
+    if not theirs:
+        return []
+    out = []
+    for key in ours:
+        if key in theirs and theirs[key] != ours[key]:
+            if key == "hyperparameters" and len(theirs[key]) == len(ours[key]):
+                for i, (a, b) in enumerate(zip(theirs[key], ours[key], strict=True)):
+                    out += [f"param group {i} {k}: {v} -> {w}" for k, v, w in _dict_changes(a, b)]
+            else:
+                out.append(f"{key}: {theirs[key]} -> {ours[key]}")
+    return out
+
+
+def _dict_changes(a: str, b: str) -> list[tuple[str, Any, Any]]:
+    """The keys whose values differ between two ``repr``-ed dicts of plain values."""
+    import ast
+
+    try:
+        left, right = ast.literal_eval(a), ast.literal_eval(b)
+    except (ValueError, SyntaxError):
+        return [("hyperparameters", a, b)]
+    return [(k, left.get(k), right.get(k)) for k in sorted(set(left) | set(right)) if left.get(k) != right.get(k)]
+
+
+def check_same_experiment(theirs: Mapping[str, Any] | None, ours: Mapping[str, Any], where: Path) -> None:
+    """A resume must continue the same experiment: a checkpoint written with another seed, optimizer hyperparameters
+    or swept values is refused, naming both values."""
+    differ = identity_differences(theirs, ours)
+    if differ:
+        raise ConfigError(f"{where} was written by another experiment: {'; '.join(differ)} (checkpoint -> this run). "
+                          f"Resuming it would silently continue that run with this run's name. HINT: give this run "
+                          f"its own log_folder (or root_folder with resume='auto', which passes over other "
+                          f"experiments), or resume with the settings it was written with.")
 
 
 def _record_in_job(folder: Path) -> None:
@@ -232,6 +275,10 @@ class RunFolder:
             folder = continuing if continuing is not None else choose_run_folder(
                 cfg.root_folder, cfg.log_folder, cfg.create_subfolder_per_run, cfg.resume,
                 accept=self._same_experiment if racing else None, skip=busy)
+            if continuing is None and os.environ.get(envvars.RUN_DIR) and cfg.log_folder != Path("./") \
+                    and folder != cfg.log_folder:
+                self.echo(f"trainstack: sweep task: training in its own folder {folder}, not in log_folder="
+                          f"{str(cfg.log_folder)!r} (every task of the sweep would share that one).")
             if continuing is None:
                 refuse_to_overwrite(folder, cfg.resume)
             lock = RunLock(folder)
@@ -284,12 +331,11 @@ class RunFolder:
             found = Checkpointer(folder, is_main=False).load()
         except CheckpointError:
             return False
-        theirs = found[0].get("identity") if found else None
-        if theirs is None or theirs == self.identity:
+        differ = identity_differences(found[0].get("identity") if found else None, self.identity)
+        if not differ:
             return True
-        differ = sorted(k for k in self.identity if theirs.get(k) != self.identity[k])
         self.echo(f"trainstack: resume='auto' passes over {folder}: another experiment ran there "
-                  f"({', '.join(differ)} differ).")
+                  f"({'; '.join(differ)}).")
         return False
 
 
