@@ -464,3 +464,84 @@ def test_fast_dev_run_runs_the_whole_loop_and_keeps_nothing(tmp_path, capsys, mo
         trainer.fit(_loader())
     with pytest.raises(ConfigError, match="fast_dev_run=-1"):
         _config(tmp_path, fast_dev_run=-1)
+
+
+def _rows(folder):
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_value_logged_at_a_validation_is_everyones_at_that_step(tmp_path):
+    """Lightning's perplexity idiom: exp(val_loss) logged in a val_epoch_end callback is seen by EarlyStopping and
+    ModelCheckpoint after it, and lands on the validation's own row and step -- not on the next training row."""
+    import math
+
+    from trainstack.callbacks import ModelCheckpoint
+
+    seen = []
+    perplexity = Callback(on="val_epoch_end", callback=lambda t, c, w: t.log(
+        "val_perplexity", math.exp(t.callback_metrics["val_loss"])))
+    watch = Callback(on="val_epoch_end", callback=lambda t, c, w: seen.append(t.callback_metrics["val_perplexity"]))
+    model = _model()
+    cfg = _config(tmp_path, max_iter=30, val_every_n_steps=3, log_every_n_steps=2,
+                  callbacks=[perplexity, watch, EarlyStopping(monitor="val_perplexity", patience=2, min_delta=1e6),
+                             ModelCheckpoint(monitor="val_perplexity")])
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), cfg, val_dataloader=_loader(8, 4))
+    trainer.fit(_loader())  # 4 steps per epoch: validations at steps 3, 6, 9 (mid-epoch and at epoch ends)
+    assert trainer.stop_reason.startswith("EarlyStopping: val_perplexity did not improve"), trainer.stop_reason
+    rows = _rows(tmp_path / "run")
+    with_ppl = [r for r in rows if "val_perplexity" in r]
+    assert [r["step"] for r in with_ppl] == [3, 6, 9] and all("val_loss" in r for r in with_ppl), rows
+    assert [r["val_perplexity"] for r in with_ppl] == pytest.approx(seen)
+    assert all(r["val_perplexity"] == pytest.approx(math.exp(r["val_loss"])) for r in with_ppl)
+    with pytest.raises(ConfigError, match="'step' is a column of every metrics row"):
+        trainer.log("step", 1.0)
+
+
+def test_an_early_stopped_run_is_finished_a_resume_has_nothing_to_train(tmp_path, capsys):
+    model = _model()
+    stop = EarlyStopping(on="train_epoch_end", monitor="train_loss", patience=1, min_delta=10.0)
+    cfg = _config(tmp_path, max_iter=50, checkpoint_every=1, resume="auto", verbose=True, callbacks=[stop])
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), cfg).fit(_loader())
+    last = Checkpointer(tmp_path / "run").latest()
+    assert last is not None and "e00002" in last.name
+    capsys.readouterr()
+    again = Trainer(_model(), torch.optim.SGD(_model().parameters(), lr=0.01), _config(
+        tmp_path, max_iter=80, checkpoint_every=1, resume="auto", verbose=True,
+        callbacks=[EarlyStopping(on="train_epoch_end", monitor="train_loss", patience=1, min_delta=10.0)]))
+    again.fit(_loader())
+    out = capsys.readouterr().out
+    assert "NOTHING TO TRAIN" in out and "stopped at step 8 by EarlyStopping: train_loss did not improve" in out, out
+    assert again.current_epoch == 2 and again.global_step == 8
+    assert Checkpointer(tmp_path / "run").latest().name == last.name
+
+
+def test_validation_test_and_predict_run_under_the_training_precision(tmp_path):
+    seen = []
+
+    def loss_fn(model, batch):
+        x, y = batch
+        out = model(x)
+        seen.append(("train" if model.training else "eval", out.dtype))
+        return nn.functional.mse_loss(out.float(), y)
+
+    model = _model()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), _config(
+        tmp_path, max_iter=1, val_every=1, mixed_precision="bf16"), loss_fn=loss_fn, val_dataloader=_loader(8, 4))
+    trainer.fit(_loader())
+    trainer.test(_loader(8, 4))
+    assert {d for phase, d in seen} == {torch.bfloat16} and {p for p, _ in seen} == {"train", "eval"}, seen
+    predicted = trainer.predict(_loader(8, 4))
+    assert predicted.dtype == torch.float32 and predicted.shape == (8, 1)  # autocast's bf16 comes back float32
+
+
+def test_model_checkpoint_top_2_and_last_leaves_lightnings_three_files(tmp_path, capsys):
+    from trainstack.callbacks import ModelCheckpoint
+
+    model = _model()
+    cfg = _config(tmp_path, max_iter=6, val_every=1, checkpoint_every=1, verbose=True,
+                  callbacks=[ModelCheckpoint(monitor="val_loss", save_top_k=2, save_last=True)])
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), cfg, val_dataloader=_loader(8, 4)).fit(_loader())
+    files = list((tmp_path / "run" / "checkpoints").iterdir())  # best.pt and last.pt are links to two of them
+    assert len({f.stat().st_ino for f in files}) == 3, sorted(f.name for f in files)
+    assert sum(f.name.startswith("best-val_loss") for f in files) == 2 and (tmp_path / "run/checkpoints/last.pt").exists()
+    assert "periodic ones rotated: the newest 1 kept; a ModelCheckpoint keeps its own files" in capsys.readouterr().out

@@ -145,7 +145,9 @@ class TrainConfig:
     resume: str | Path | None = None
     """``"auto"``: continue from the latest complete checkpoint of the run folder; a path: that checkpoint."""
     keep_last_checkpoints: int | None = None
-    """Keep only the newest N periodic checkpoints (None: keep all). ``best.pt`` is kept separately."""
+    """Keep only the newest N periodic (resume) checkpoints. None: the newest 1 when a ``ModelCheckpoint`` keeps its
+    own best files (Lightning's count: its top-k plus ``last``), else all. A callback's named files are kept
+    separately."""
     stop_signals: tuple[str, ...] | None = None
     """Signals that request a graceful stop (checkpoint, then exit 0). None: ``TRAINSTACK_STOP_SIGNALS`` or SIGUSR2."""
     stop_file: Path | None = None

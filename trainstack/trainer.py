@@ -40,7 +40,7 @@ from ._train.qadence import UseGrad, check_optimizer, refuse_qadence_hooks
 from ._train.resume import EpochCursor
 from ._train.runfolder import RunFolder, run_identity
 from ._train.schedule import Schedule
-from ._train.steps import Step, check_step_options, get_loss_fn, optimize_step
+from ._train.steps import AMP_DTYPES, Step, autocast_precision, check_step_options, get_loss_fn, optimize_step
 from ._train.tracker import Tracker
 from .accelerator import Accelerator, seed_everything
 from .callbacks import CallbackManager, LRScheduler, ModelCheckpoint, OptimizeResult
@@ -81,7 +81,8 @@ def _eval_entry(trainer: Trainer, kind: str, loader: Any, predict_fn: Any = None
     if trainer.config.seed is not None:
         seed_everything(trainer.config.seed + acc.rank)
     trainer.callbacks = CallbackManager(list(trainer.config.callbacks), acc.is_main_process)  # test_* events
-    evaluator = Evaluator(acc, trainer.loss_fn, trainer._fire_batch)
+    evaluator = Evaluator(acc, trainer.loss_fn, trainer._fire_batch,
+                          AMP_DTYPES.get(autocast_precision(trainer.config)))
     if kind == "predict":
         return evaluator.predict(trainer.model, loader, predict_fn)
     return evaluator.test(trainer.model, loader)
@@ -300,10 +301,13 @@ class Trainer:
                     break
                 self.current_epoch += 1
                 self._end_epoch()
-            if not self.stop_reason.startswith((PREEMPTED, INTERRUPTED, DIVERGED)):  # only a finished run has an end
+            finished = not self.stop_reason.startswith((PREEMPTED, INTERRUPTED, DIVERGED))
+            if finished:  # only a finished run has an end
                 self._finish()
             with watchdog.phase("checkpoint"):
                 self.checkpointer.wait()  # an asynchronous save in flight is committed before the run ends
+            if finished and self.accelerator.is_main_process:
+                self.stopper.confirm_finished(self.global_step)
         finally:
             run.close(self)
         return handoff.export(self)
@@ -413,16 +417,24 @@ class Trainer:
             self.tracker.print(f"Stopping after epoch {epoch}: {self.stop_reason}.")
 
     def _validate(self, mid_epoch: bool = False) -> None:
-        """Validation at an epoch's end, or inside one (its callbacks then see the epoch in progress, 1-based)."""
+        """Validation at an epoch's end, or inside one (its callbacks then see the epoch in progress, 1-based). What
+        its callbacks log (``trainer.log`` in ``val_epoch_end``) belongs to it: every later callback sees it, and it
+        is on the validation's line and row, at its step."""
         epoch = self.current_epoch + 1 if mid_epoch else self.current_epoch
         self._set_result(epoch)
-        self.callbacks.fire("val_epoch_start", self)
-        values = self.evaluate("val", self.model, self._val_loader)
+        training_log, self.log_values = self.log_values, MetricLog()
+        try:
+            self.callbacks.fire("val_epoch_start", self)
+            values = self.evaluate("val", self.model, self._val_loader)
+            self.metrics.update(values)
+            self._val_step = self.global_step
+            self._set_result(epoch)
+            self.callbacks.fire("val_epoch_end", self)
+            values.update(self.log_values.collect(self.accelerator.all_reduce_dict))
+        finally:
+            self.log_values = training_log
         self.metrics.update(values)
-        self._val_step = self.global_step
         self.tracker.validation(self.current_epoch - (not mid_epoch), self.global_step, values, row=mid_epoch)
-        self._set_result(epoch)
-        self.callbacks.fire("val_epoch_end", self)
 
     def _finish(self) -> None:
         """The end of a finished run: the final checkpoint, the user's train_end callbacks, the last reports."""

@@ -138,3 +138,15 @@ class GracefulStop:
         marker = os.environ.get(envvars.STOP_FILE)
         if marker:
             Path(marker + ".saved").write_text(str(checkpoint or ""))
+
+    @staticmethod
+    def confirm_finished(step: int) -> None:
+        """Tell the batch script the run finished with its final checkpoint (main process only): a stop signal that
+        arrives after this (while the script's own code runs after ``fit()``) is a preemption, not a crash, and the
+        requeued attempt has nothing left to train."""
+        marker = os.environ.get(envvars.STOP_FILE)
+        if marker:
+            try:
+                Path(marker + ".finished").write_text(f"{step}\n")
+            except OSError:  # a job folder gone meanwhile: the script then books a signal as before
+                pass

@@ -25,8 +25,14 @@ Fire = Callable[[str, int, Any, Any], None]
 class Evaluator:
     """Runs one evaluation pass of ``loss_fn`` on a sharded loader and reduces it over all ranks."""
 
-    def __init__(self, accelerator: Any, loss_fn: Callable[..., Any], fire: Fire) -> None:
+    def __init__(self, accelerator: Any, loss_fn: Callable[..., Any], fire: Fire,
+                 amp_dtype: torch.dtype | None = None) -> None:
         self.accelerator, self.loss_fn, self.fire = accelerator, loss_fn, fire
+        self.amp_dtype = amp_dtype  # evaluation runs in training's numeric regime (Lightning and Accelerate agree)
+
+    def autocast(self) -> Any:
+        device = self.accelerator.device.type
+        return torch.autocast(device, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
 
     def __call__(self, phase: str, model: nn.Module, loader: Any) -> dict[str, float]:
         """Sample-weighted mean of loss and metrics over all ranks (the unwrapped model: no DDP sync)."""
@@ -37,7 +43,7 @@ class Evaluator:
         start, end = f"{phase}_batch_start", f"{phase}_batch_end"
         i, batch, hb = 0, None, heartbeat()
         hb.phase = "eval"
-        with torch.no_grad():
+        with torch.no_grad(), self.autocast():
             for i, batch in enumerate(epoch_batches(loader), 1):  # batch events count this pass's batches
                 hb.tick += 1
                 batch = self.accelerator.prepare_batch(batch)
@@ -73,10 +79,10 @@ class Evaluator:
         was_training, outputs, batch, hb = model.training, [], None, heartbeat()
         model.eval()
         hb.phase = "predict"
-        with torch.no_grad():
+        with torch.no_grad(), self.autocast():
             for batch in epoch_batches(shard):
                 hb.tick += 1
-                outputs.append(_to_cpu(predict_fn(model, acc.prepare_batch(batch))))
+                outputs.append(_to_cpu(predict_fn(model, acc.prepare_batch(batch)), self.amp_dtype))
             self.even_out_forwards(model, shard, len(outputs), batch, lambda b: predict_fn(model, b))
         model.train(was_training)
         mine = _concat(outputs)
@@ -138,10 +144,17 @@ def default_predict(model: nn.Module, batch: Any) -> Any:
     return model(batch)
 
 
-def _to_cpu(out: Any) -> Any:
+def _to_cpu(out: Any, amp_dtype: torch.dtype | None = None) -> Any:
+    """Outputs on the CPU; those autocast made half precision back in float32 (as Accelerate returns them)."""
     from torch.utils._pytree import tree_map
 
-    return tree_map(lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t, out)
+    def move(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        t = t.detach().cpu()
+        return t.float() if amp_dtype is not None and t.dtype == amp_dtype else t
+
+    return tree_map(move, out)
 
 
 def _concat(outputs: list[Any]) -> Any:

@@ -43,6 +43,8 @@ def nonfinite_loss(metrics: dict[str, Any]) -> bool:
 
 
 _REDUCTIONS = {"mean": "mean", "sum": "sum", "max": "max", "min": "min"}
+#: The columns every metrics row has of its own.
+RESERVED = ("step", "epoch", "iteration", "time")
 
 
 class MetricLog:
@@ -56,6 +58,10 @@ class MetricLog:
     def add(self, name: str, value: Any, reduce: str = "mean", sync_dist: bool = False) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"trainer.log: the name must be a non-empty string, got {name!r}.")
+        if name in RESERVED:
+            raise ConfigError(f"trainer.log({name!r}, ...): {name!r} is a column of every metrics row (where the row "
+                              f"is); a value logged under it would replace it. HINT: another name, e.g. "
+                              f"'my_{name}'.")
         if reduce not in _REDUCTIONS:
             raise ConfigError(f"trainer.log({name!r}, reduce={reduce!r}): must be one of {sorted(_REDUCTIONS)}.")
         value = _as_scalar(name, value)

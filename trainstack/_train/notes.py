@@ -62,7 +62,7 @@ def graceful_stop(kind: str, why: str, epoch: int, step: int, path: Path | None,
 
 
 def resume_notes(config: Any, folder: Path | None, restored: bool, continues: bool, epoch: int,
-                 last_epoch: int, step: int = 0, last_step: int = 0) -> list[str]:
+                 last_epoch: int, step: int = 0, last_step: int = 0, stopped_by: str | None = None) -> list[str]:
     """What kind of run this is, when it is not a plain new one."""
     notes = []
     if config.resume == "auto" and not restored:
@@ -75,7 +75,11 @@ def resume_notes(config: Any, folder: Path | None, restored: bool, continues: bo
     if continues and epoch and not restored:
         notes.append(f"trainstack: a second fit() continues the run in {folder} at epoch {epoch} for another "
                      f"max_iter={config.max_iter} epochs.")
-    if restored and step >= last_step:
+    if stopped_by:
+        notes.append(f"trainstack: NOTHING TO TRAIN: the run in {folder} was stopped at step {step} by {stopped_by} "
+                     f"(recorded in its checkpoint). HINT: to train again, start a new run (resume=None, or another "
+                     f"log_folder).")
+    elif restored and step >= last_step:
         notes.append(f"trainstack: NOTHING TO TRAIN: the run in {folder} already reached step {step} of its "
                      f"max_steps={config.max_steps} (counted from the run's start). HINT: raise max_steps to train "
                      f"longer, or start a new run (resume=None, or another log_folder).")

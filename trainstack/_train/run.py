@@ -26,7 +26,7 @@ from .live import hold_warnings
 from .resume import EpochCursor, derived_seed
 from .runfolder import RunFolder, check_same_experiment, record_config, run_identity, standalone_checkpointer
 from .schedule import NEVER, Schedule
-from .steps import make_step, track_optimizer_steps
+from .steps import AMP_DTYPES, autocast_precision, make_step, track_optimizer_steps
 from .tracker import Tracker, banner_info, run_span
 
 
@@ -56,7 +56,7 @@ def start(t: Any) -> None:
     t._per_epoch = batches_per_epoch(t._train_loader, t.max_batches)
     t._capped = bool(t.max_batches) or is_infinite(t._train_loader)
     t.step = make_step(cfg, t.optimizer, t.loss_fn, t.optimize_step, t.use_grad, acc.device, acc.data_dtype)
-    t.evaluate = Evaluator(acc, t.loss_fn, t._fire_batch)
+    t.evaluate = Evaluator(acc, t.loss_fn, t._fire_batch, AMP_DTYPES.get(autocast_precision(cfg)))
     t.stopper = GracefulStop(resolve_signals(cfg.stop_signals), cfg.stop_file or os.environ.get(envvars.STOP_FILE),
                              interrupt=True, announce=acc.is_main_process)
     t.stopper.install()
@@ -64,8 +64,8 @@ def start(t: Any) -> None:
     t._folder = RunFolder(cfg, t._run_identity, t.console_print)
     t.run_folder = t._folder.agree(acc, t._claimed, t.run_folder if t._continues else None)
     sharded = cfg.checkpoint_format == "sharded" or cfg.checkpoint_format == "auto" and cfg.strategy == "fsdp"
-    t.checkpointer = Checkpointer(t.run_folder, cfg.keep_last_checkpoints, acc.is_main_process, sharded,
-                                  cfg.async_checkpoint)
+    t.checkpointer = Checkpointer(t.run_folder, periodic_kept(cfg, t._user_callbacks()), acc.is_main_process,
+                                  sharded, cfg.async_checkpoint)
     watchdog.start(acc.rank, acc.world_size, watchdog.resolve_timeout(cfg.hang_timeout), t.run_folder,
                    watchdog.default_store(), armed=True)
     if acc.compile_options is not None:  # the first step compiles: a long window, the run's own cache
@@ -74,6 +74,17 @@ def start(t: Any) -> None:
         t.step = compiling.FirstStep(t.step, acc, t.console_print)
     t.callbacks = CallbackManager(t._user_callbacks(), acc.is_main_process)
     start_reports(t, resume(t))
+
+
+def periodic_kept(cfg: Any, callbacks: list[Any]) -> int | None:
+    """How many periodic checkpoints a run keeps: ``keep_last_checkpoints``, else 1 when a ``ModelCheckpoint``
+    keeps the run's chosen files (qadence's ``SaveBestCheckpoint`` keeps qadence's rule: all), else all (None)."""
+    from ..callbacks import SaveBestCheckpoint
+
+    if cfg.keep_last_checkpoints is not None:
+        return int(cfg.keep_last_checkpoints)
+    chosen = any(isinstance(cb, ModelCheckpoint) and not isinstance(cb, SaveBestCheckpoint) for cb in callbacks)
+    return 1 if chosen else None
 
 
 def resume(t: Any) -> Restored | None:
@@ -93,7 +104,8 @@ def resume(t: Any) -> Restored | None:
     t._last_step = t._run_start_step + cfg.max_steps if cfg.max_steps else NEVER
     t._first_step, t._first_epoch = t.global_step, t.current_epoch
     for note in notes.resume_notes(cfg, t.run_folder, restored is not None, t._continues, t.current_epoch,
-                                   t._last_epoch, t.global_step, t._last_step) \
+                                   t._last_epoch, t.global_step, t._last_step,
+                                   t.stop_reason if restored is not None and t.stop_training else None) \
             + ([notes.UNBOUNDED_LOADER] if t._per_epoch is None else []):
         t.console_print(note)
     return restored
@@ -180,7 +192,16 @@ def counters(t: Any) -> dict[str, Any]:
             "run_start_epoch": t._run_start, "run_start_step": t._run_start_step,
             "val_step": t._val_step, "partial_epoch": t.cursor.checkpoint(),
             "best": found or None, "best_val_loss": found["value"] if found.get("name") == "val_loss" else None,
-            "saved_at": time.time(), "identity": t._run_identity, "run_id": t.run_id}
+            "saved_at": time.time(), "identity": t._run_identity, "run_id": t.run_id,
+            "stopped_by": stopped_by(t.stop_training, t.stop_reason)}
+
+
+def stopped_by(stopping: bool, reason: str) -> str | None:
+    """A stop that ends the run for good (EarlyStopping, a trainstop criterion, ``request_stop``), as checkpoints
+    record it: a resume has nothing left to train. A preemption, a Ctrl-C or the step limit are not such a stop."""
+    if not stopping or not reason or reason.startswith((PREEMPTED, INTERRUPTED, DIVERGED, "max_steps=")):
+        return None
+    return reason
 
 
 def best(t: Any) -> dict[str, Any] | None:
@@ -202,6 +223,8 @@ def apply(t: Any, restored: Restored) -> None:
     t._run_start, t._run_start_step = int(c.get("run_start_epoch", 0)), int(c.get("run_start_step", 0))
     t._val_step = int(c.get("val_step", -1))
     t._run_identity = c.get("identity") or t._run_identity
+    if c.get("stopped_by"):  # the run ended by its own stop: nothing to train (resume_notes says so)
+        t.stop_training, t.stop_reason = True, str(c["stopped_by"])
     if hasattr(t._train_loader, "set_epoch"):
         t._train_loader.set_epoch(t.current_epoch)
     where = t.cursor.resume(restored, acc.world_size, getattr(t._train_loader, "samples_per_step", None),

@@ -193,7 +193,7 @@ class AccumulatingStep:
                  clip_norm: float | None = None, precision: str = "no") -> None:
         self.optimizer, self.loss_fn, self.device_type = optimizer, loss_fn, device_type
         self.accumulation, self.clip_norm = accumulation, clip_norm
-        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        self.amp_dtype = AMP_DTYPES.get(precision)
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
         self.micro = 0  # batches accumulated into the current window
         self.left: int | None = None  # batches left in this pass (None: unknown)
@@ -303,17 +303,24 @@ def check_step_options(config: Any, optimizer: Any, custom_step: bool, use_grad:
                               "strategy='ddp'.")
 
 
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast_precision(config: Any) -> str:
+    """The precision forwards run under autocast, in training and evaluation alike: ``mixed_precision``, except bf16
+    under FSDP, which is FSDP's own policy (bf16 compute, fp32 reduction) with no autocast on top of it."""
+    return "no" if getattr(config, "strategy", "ddp") == "fsdp" and config.mixed_precision == "bf16" \
+        else config.mixed_precision
+
+
 def make_step(config: Any, optimizer: Any, loss_fn: LossFn, fn: Callable[..., Any], use_grad: bool,
               device: torch.device, data_dtype: torch.dtype | None) -> Step:
     """The step object for this configuration (validated by :func:`check_step_options`)."""
     if not use_grad:
         return GradientFreeStep(optimizer, loss_fn)
     if _special(config):
-        # with fsdp, bf16 is FSDP's own policy (bf16 compute, fp32 reduction): no autocast on top of it
-        precision = "no" if getattr(config, "strategy", "ddp") == "fsdp" and config.mixed_precision == "bf16" \
-            else config.mixed_precision
         return AccumulatingStep(optimizer, loss_fn, device.type, config.gradient_accumulation_steps,
-                                config.grad_clip_norm, precision)
+                                config.grad_clip_norm, autocast_precision(config))
     return PlainStep(fn, optimizer, loss_fn, device, data_dtype)
 
 

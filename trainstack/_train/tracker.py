@@ -233,6 +233,11 @@ def banner_info(trainer: Any, span: Span, hang_timeout: float) -> dict[str, Any]
                          f"callbacks)" if hang_timeout else "off"}
     if cfg.max_steps is not None:
         info["Max steps"] = cfg.max_steps
+    keep = trainer.checkpointer.keep_last
+    info["Checkpoints"] = ("best only (checkpoint_best_only)" if cfg.checkpoint_best_only else
+                           f"periodic ones rotated: the newest {keep} kept" if keep else "every periodic one kept") + \
+        ("; a ModelCheckpoint keeps its own files" if any(type(cb).__name__ == "ModelCheckpoint"
+                                                          for cb in trainer.callbacks.callbacks) else "")
     source = getattr(trainer, "_peak_source", "")
     info["MFU"] = f"over the {source}" if trainer.tracker.live.peak else f"n/a: {source}" if source else "n/a"
     if acc.compile_options is not None:

@@ -8,7 +8,12 @@ from typing import Any
 from ..errors import ConfigError
 from .base import Callback
 
-__all__ = ["PrintMetrics", "WriteMetrics", "PlotMetrics", "LogHyperparameters", "LogModelTracker",
+#: Where monitored metric names come from (the hint of EarlyStopping and ModelCheckpoint).
+METRIC_NAMES = ("validation metrics are val_<name> and training ones train_<name> (from loss_fn's metrics); "
+                "trainer.log(name, value) adds your own, visible to every callback from where it is logged (a value "
+                "logged in a val_epoch_end callback before this one included).")
+
+__all__ = ["METRIC_NAMES", "PrintMetrics", "WriteMetrics", "PlotMetrics", "LogHyperparameters", "LogModelTracker",
            "SaveCheckpoint", "LoadCheckpoint", "EarlyStopping", "GradientMonitoring",
            "LRScheduler", "LRSchedulerStepDecay", "LRSchedulerCyclic", "LRSchedulerCosineAnnealing"]
 
@@ -88,9 +93,10 @@ class EarlyStopping(Callback):
         self.wait = 0
 
     def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
-        metrics = trainer.opt_result.metrics
+        metrics = dict(getattr(trainer, "callback_metrics", None) or trainer.opt_result.metrics)
         if self.monitor not in metrics:
-            raise ConfigError(f"EarlyStopping: metric {self.monitor!r} not found; available: {sorted(metrics)}.")
+            raise ConfigError(f"EarlyStopping: metric {self.monitor!r} not found; available: {sorted(metrics)}. "
+                              f"HINT: {METRIC_NAMES}")
         value = float(metrics[self.monitor])
         better = value < self.best - self.min_delta if self.mode == "min" else value > self.best + self.min_delta
         if better:

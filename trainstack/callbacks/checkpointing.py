@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .base import Callback
+from .builtin import METRIC_NAMES
 
 __all__ = ["ModelCheckpoint", "SaveBestCheckpoint"]
 
@@ -111,8 +112,7 @@ class ModelCheckpoint(Callback):
         metrics = dict(getattr(trainer, "callback_metrics", None) or trainer.opt_result.metrics)
         if self.monitor not in metrics:
             raise ConfigError(f"{type(self).__name__}: metric {self.monitor!r} not found; available: "
-                              f"{sorted(metrics)}. HINT: validation metrics are val_<name> and training ones "
-                              f"train_<name> (from loss_fn's metrics); trainer.log(name, value) adds your own.")
+                              f"{sorted(metrics)}. HINT: {METRIC_NAMES}")
         value = float(metrics[self.monitor])
         return _rank0(trainer, value)
 
