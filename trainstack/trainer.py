@@ -69,6 +69,24 @@ def _accelerator_for(config: TrainConfig, model: nn.Module, compiled_by_user: bo
         fsdp_param_dtype=torch.bfloat16 if config.strategy == "fsdp" and config.mixed_precision == "bf16" else None)
 
 
+def _is_factory(scheduler: Any) -> bool:
+    """``scheduler=lambda optimizer, total_steps: ...``: a callable that is not itself a scheduler."""
+    return callable(scheduler) and not hasattr(scheduler, "state_dict")
+
+
+def planned_steps(config: TrainConfig, loader: Any, max_batches: int | None, world_size: int) -> int | None:
+    """Optimizer steps of a whole run: ``max_iter`` epochs of one rank's shard, over accumulation, capped by
+    ``max_steps``; None when an epoch's length is unknown and no ``max_steps`` bounds it."""
+    from .data import batches_per_epoch, prepare_train
+
+    shard = prepare_train(loader, 0, world_size, config.seed or 0, False) if loader is not None else None
+    batches = batches_per_epoch(shard, max_batches)
+    by_epochs = None if batches is None else config.max_iter * -(-batches // config.gradient_accumulation_steps)
+    if config.max_steps is not None:
+        return config.max_steps if by_epochs is None else min(by_epochs, config.max_steps)
+    return by_epochs
+
+
 def _fit_entry(trainer: Trainer) -> dict[str, Any] | None:
     """Runs in every process (module-level so it pickles)."""
     return trainer._fit()
@@ -94,7 +112,9 @@ class Trainer:
     ``loss_fn`` is ``"mse"``, ``"cross_entropy"`` or ``(model, batch) -> loss | (loss, metrics)``; metrics are
     reported with ``train_``/``val_``/``test_`` prefixes. ``optimize_step`` defaults to a closure-based step
     (LBFGS works). ``scheduler`` is any ``torch.optim.lr_scheduler``, stepped after every epoch
-    (``scheduler_interval="epoch"``) or after every optimizer step (``"step"``; gradient accumulation counts once)."""
+    (``scheduler_interval="epoch"``) or after every optimizer step (``"step"``; gradient accumulation counts once),
+    or ``lambda optimizer, total_steps: scheduler``, built at ``fit()`` with the run's planned optimizer steps
+    (:attr:`estimated_stepping_batches`)."""
 
     _use_grad: ClassVar[bool] = True
     # What one run holds on each rank (set by _train.run.start, dropped when the Trainer is pickled to workers):
@@ -137,8 +157,11 @@ class Trainer:
         self.val_dataloader = check_loader(val_dataloader, "validation")
         self.test_dataloader = check_loader(test_dataloader, "test")
         self.max_batches = max_batches if max_batches is not None else config.max_batches
+        self.scheduler_interval = scheduler_interval
+        self._scheduler_factory = scheduler if _is_factory(scheduler) else None  # built at fit(): needs the steps
         self.scheduler = LRScheduler(scheduler, on="optimizer_step" if scheduler_interval == "step" else
-                                     "train_epoch_end") if scheduler is not None else None
+                                     "train_epoch_end") if scheduler is not None and not _is_factory(scheduler) \
+            else None
         self.accelerator = _accelerator_for(config, model, compiled_by_user)
         check_step_options(config, optimizer, self._custom_step, self.use_grad, self.accelerator.use_cuda)
         self.current_epoch = self.global_step = self.global_batch = 0
@@ -183,6 +206,9 @@ class Trainer:
             self.val_dataloader = check_loader(val_dataloader, "validation")
         cfg = self.config
         run.check_validation(cfg, self.val_dataloader)
+        if self._scheduler_factory is not None and self.scheduler is None:
+            self.scheduler = run.build_scheduler(self._scheduler_factory, self.optimizer,
+                                                 self.estimated_stepping_batches, self.scheduler_interval)
         self.stop_training, self.stop_reason = False, ""
         # a second fit() on this Trainer continues its run folder (unless a new folder per run is asked for)
         self._continues = self.run_folder is not None and not cfg.create_subfolder_per_run
@@ -237,6 +263,20 @@ class Trainer:
     def callback_metrics(self) -> dict[str, Any]:
         """The newest value of every metric: the epoch's and validation's, and what was logged since the last line."""
         return {**self.metrics, **self.log_values.current()}
+
+    @property
+    def estimated_stepping_batches(self) -> int | None:
+        """The optimizer steps one run of ``fit()`` takes from its start (Lightning's name): ``max_iter`` epochs of
+        this process's share of the training loader, over gradient accumulation, capped by ``max_steps`` -- right
+        for the world size of ``nprocs``, torchrun and srun alike. None when the loader has no length. Size a step
+        schedule with it, or pass ``scheduler=lambda optimizer, total_steps: ...``, which gets it."""
+        return planned_steps(self.config, self.train_dataloader, self.max_batches, self.accelerator.plan.world_size)
+
+    @property
+    def is_global_zero(self) -> bool:
+        """True in the process of rank 0 (Lightning's name): under python train.py the code after ``fit()`` runs
+        once, in the launching process (rank 0); under torchrun or srun it runs in every rank's process."""
+        return self.accelerator.is_main_process
 
     @property
     def validates(self) -> bool:

@@ -161,16 +161,22 @@ def test_parent_environ_unchanged_and_repeat_runs_are_independent():
     assert dict(os.environ) == before
 
 
-def test_unpicklable_function_explains_the_main_guard():
+def test_closures_reach_the_workers_and_an_unpicklable_argument_is_named():
+    """Lambdas and local functions travel by value (cloudpickle); a lock cannot travel at all: the error names it
+    and explains the main guard."""
+    import threading
+
     acc = Accelerator(nprocs=2, compute_setup="cpu")
+    offset = 5
 
-    def local_fn():
-        return 1
+    def local_fn(x):
+        return x + offset
 
-    for fn in (lambda: 1, local_fn):
-        with pytest.raises(LaunchError) as exc:
-            acc.distribute(fn)()
-        assert 'if __name__ == "__main__":' in str(exc.value) and "picklable" in str(exc.value)
+    assert acc.distribute(local_fn)(1) == 6 and acc.distribute(lambda: 7)() == 7
+    with pytest.raises(LaunchError) as exc:
+        acc.distribute(local_fn)(threading.Lock())
+    assert 'if __name__ == "__main__":' in str(exc.value) and "picklable" in str(exc.value)
+    assert "lock" in str(exc.value).lower()
     assert not own_children()
 
 

@@ -189,3 +189,32 @@ def test_a_full_disk_during_a_sharded_save_names_the_cause_on_two_processes(tmp_
         assert not list(checkpoints.folder.glob(".*tmp*"))  # the failed save's temp folder is gone
         assert checkpoints.load()[0]["epoch"] >= 1
     assert not own_children()
+
+
+def test_closures_and_a_scheduler_sized_by_the_planned_steps_on_two_processes(tmp_path):
+    """A LambdaLR over a local function and a lambda loss_fn reach the workers (by value); a scheduler factory
+    gets the steps the run will take on 2 processes (32 samples / 2 ranks / batch 4 = 4 steps per epoch x 3), so
+    a cosine ends at 0 on the last step."""
+    import math
+
+    def warmup_cosine(total):
+        def f(step):
+            return 0.5 * (1 + math.cos(math.pi * min(step, total) / total))
+        return f
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer(model, opt, _cfg(tmp_path, "sched", nprocs=2),
+                      loss_fn=lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]),
+                      scheduler=lambda o, total: torch.optim.lr_scheduler.LambdaLR(o, warmup_cosine(total)),
+                      scheduler_interval="step", train_dataloader=_loader(32, 4))
+    assert trainer.estimated_stepping_batches == 12
+    trainer.fit()
+    assert trainer.global_step == 12 and opt.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+    assert trainer.is_global_zero
+    m3 = _model()
+    o3 = torch.optim.SGD(m3.parameters(), lr=0.1)
+    local = torch.optim.lr_scheduler.LambdaLR(o3, warmup_cosine(12))  # a scheduler object holding a closure
+    again = Trainer(m3, o3, _cfg(tmp_path, "local", nprocs=2), scheduler=local, scheduler_interval="step")
+    again.fit(_loader(32, 4))
+    assert again.global_step == 12 and o3.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)

@@ -479,18 +479,34 @@ def _start_method() -> str:
 
 
 def _serialise(fn: Callable, args: tuple, kwargs: dict, method: str) -> Any:
-    """Plain-pickle the call so each worker gets a private copy (fork copies memory by itself)."""
+    """Pickle the call so each worker gets a private copy (fork copies memory by itself): plain pickle, else
+    cloudpickle, which sends closures and lambdas by value (a LambdaLR's local function, a lambda loss_fn) as
+    launchers that re-run the script (torchrun, Lightning's ddp) never needed to."""
     if method == "fork":
         return (fn, args, kwargs)
     try:
         return pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
-    except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        name = getattr(fn, "__qualname__", repr(fn))
+    except (pickle.PicklingError, AttributeError, TypeError):
+        pass
+    try:
+        import cloudpickle  # type: ignore[import-untyped]
+
+        return cloudpickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # cloudpickle raises what the object's own reducer raises
+        first = exc
+    name = getattr(fn, "__qualname__", repr(fn))
+    if getattr(fn, "__module__", "").startswith("trainstack"):
         raise LaunchError(
-            f"cannot send {name!r} and its arguments to the worker processes: {exc}.\n"
-            "Workers are new processes, so the function and every argument must be picklable: define "
-            "the function at module top level (not a lambda or a function inside another function) and "
-            + _MAIN_GUARD) from None
+            f"cannot send the Trainer to the worker processes: {first}.\nOn python train.py with nprocs > 1, "
+            "everything given to the Trainer (model, optimizer, loss_fn, scheduler, callbacks, loaders) is copied "
+            "into each worker, so it must be picklable: a lock, an open file, a generator or a live connection is "
+            "not. HINT: create it inside the object that uses it (lazily), or run under torchrun / srun, where "
+            "every process builds its own objects and nothing is pickled.") from None
+    raise LaunchError(
+        f"cannot send {name!r} and its arguments to the worker processes: {first}.\n"
+        "Workers are new processes, so the function and every argument must be picklable: define "
+        "the function at module top level (not a lambda or a function inside another function) and "
+        + _MAIN_GUARD) from None
 
 
 def _host_store(plan: ProcessPlan) -> dist.TCPStore | None:

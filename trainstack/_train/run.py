@@ -15,7 +15,7 @@ from .. import _jobevents as jobevents
 from .._runtime import compiling, watchdog
 from .._runtime.preemption import INTERRUPT, GracefulStop, resolve_signals
 from ..accelerator import retarget_optimizer, seed_everything
-from ..callbacks import CallbackManager, ModelCheckpoint
+from ..callbacks import CallbackManager, LRScheduler, ModelCheckpoint
 from ..checkpoint import Checkpointer, Restored
 from ..data import batches_per_epoch, is_infinite, prepare_train
 from ..errors import ConfigError
@@ -28,6 +28,19 @@ from .runfolder import RunFolder, check_same_experiment, record_config, run_iden
 from .schedule import NEVER, Schedule
 from .steps import AMP_DTYPES, autocast_precision, make_step, track_optimizer_steps
 from .tracker import Tracker, banner_info, run_span
+
+
+def build_scheduler(factory: Any, optimizer: Any, total: int | None, interval: str) -> LRScheduler:
+    """``scheduler=lambda optimizer, total_steps: ...``, called with the run's planned optimizer steps."""
+    if total is None:
+        raise ConfigError("scheduler=<function>(optimizer, total_steps) needs the run's length, but the training "
+                          "loader has no length and max_steps is not set. HINT: set TrainConfig(max_steps=...).")
+    built = factory(optimizer, total)
+    if not hasattr(built, "step") or not hasattr(built, "state_dict"):
+        raise ConfigError(f"scheduler=<function>(optimizer, total_steps) returned {type(built).__name__}, not a "
+                          f"torch.optim.lr_scheduler. HINT: return e.g. torch.optim.lr_scheduler.LambdaLR(optimizer, "
+                          f"...).")
+    return LRScheduler(built, on="optimizer_step" if interval == "step" else "train_epoch_end")
 
 
 def check_validation(cfg: Any, loader: Any) -> None:
