@@ -294,3 +294,31 @@ def test_a_loader_without_length_is_named_at_the_start(tmp_path, capsys):
                                                                         max_batches=2)).fit(
         DataLoader(_Stream(), batch_size=8))
     assert "no length" not in capsys.readouterr().out
+
+
+def test_the_traps_by_hand_say_what_they_did(tmp_path, monkeypatch, capsys):
+    """The callbacks return what they did (the file saved, qadence's (model, optimizer, epoch)); a SaveBestCheckpoint
+    with nothing to compare and a load from a folder without checkpoints say so instead of doing nothing."""
+    from trainstack import load_checkpoint
+    from trainstack.callbacks import LoadCheckpoint, SaveBestCheckpoint, SaveCheckpoint
+    from trainstack.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    model = _model()
+    fresh = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _cfg(tmp_path))
+    with pytest.raises(ConfigError, match="SaveBestCheckpoint: there is no loss to compare"):
+        SaveBestCheckpoint().run_callback(fresh, fresh.config, fresh.writer)
+    assert LoadCheckpoint().run_callback(fresh, fresh.config, fresh.writer) is None
+    assert "LoadCheckpoint: no checkpoint to load in" in capsys.readouterr().out
+    saved = SaveCheckpoint().run_callback(fresh, fresh.config, fresh.writer)
+    assert saved is not None and saved.exists()
+    loaded = LoadCheckpoint().run_callback(fresh, fresh.config, fresh.writer)
+    assert loaded is not None and loaded[0] is model and loaded[2] == 0
+    x, y = _xy()
+    cfg = TrainConfig(max_iter=1, verbose=False, compute_setup="cpu", root_folder=tmp_path / "elsewhere")
+    trained = Trainer(_model(), torch.optim.SGD(_model().parameters(), lr=0.1), cfg)
+    trained.fit(DataLoader(TensorDataset(x, y), batch_size=8))
+    capsys.readouterr()
+    assert load_checkpoint(trained.config.log_folder, _model(seed=4))[2] == 0
+    said = capsys.readouterr().out
+    assert "nothing was loaded" in said and "HINT: pass trainer.run_folder" in said

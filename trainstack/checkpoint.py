@@ -675,6 +675,10 @@ def load_checkpoint(folder: str | os.PathLike, model: torch.nn.Module, optimizer
 
     model_path = resolve(model_ckpt_name) if model_ckpt_name else checkpointer.latest()
     if model_path is None:
+        print(f"trainstack: load_checkpoint('{folder}'): no checkpoint in {checkpointer.folder.resolve()}"
+              + (" nor under ./qml_logs" if folder.resolve() == Path.cwd().resolve() else "")
+              + "; nothing was loaded (epoch 0). HINT: pass trainer.run_folder, the folder of the run that "
+                "trained.", flush=True)
         return model, optimizer, 0
     restored = checkpointer.restore({"model": model}, model_path)
     if optimizer is not None:

@@ -61,21 +61,26 @@ class LogModelTracker(Callback):
 
 
 class SaveCheckpoint(Callback):
-    """Save a complete checkpoint (every rank takes part: RNG states are gathered)."""
+    """Save a complete checkpoint (every rank takes part: RNG states are gathered); returns its file."""
 
-    def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
-        trainer.save_checkpoint()
+    def run_callback(self, trainer: Any, config: Any, writer: Any) -> Any:
+        return trainer.save_checkpoint()
 
 
 class LoadCheckpoint(Callback):
-    """Load a checkpoint on every rank at ``train_start`` (``path=None``: the latest of the run folder)."""
+    """Load a checkpoint on every rank at ``train_start`` (``path=None``: the latest of the run folder); returns
+    qadence's ``(model, optimizer, epoch)``, or None (said) when there was none."""
 
     def __init__(self, on: str = "train_start", called_every: int = 1, path: Any = None, **kwargs: Any) -> None:
         super().__init__(on=on, called_every=called_every, **kwargs)
         self.path = path
 
-    def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
-        trainer.load_checkpoint(self.path)
+    def run_callback(self, trainer: Any, config: Any, writer: Any) -> Any:
+        if not trainer.load_checkpoint(self.path):
+            trainer.console_print(f"trainstack: LoadCheckpoint: no checkpoint to load in {trainer.run_folder}; the "
+                                  f"model is unchanged.")
+            return None
+        return trainer.model, trainer.optimizer, trainer.current_epoch
 
 
 class EarlyStopping(Callback):

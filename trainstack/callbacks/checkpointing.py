@@ -82,7 +82,8 @@ class ModelCheckpoint(Callback):
         return super().__call__(when, trainer, config, writer)
 
     # -------------------------------------------------------------- what
-    def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
+    def run_callback(self, trainer: Any, config: Any, writer: Any) -> Any:
+        """Save when the value enters the kept ones; returns the file written (None when it did not)."""
         value = self.value(trainer)
         epoch, step = int(trainer.current_epoch), int(trainer.global_step)
         if self.save_last:
@@ -92,18 +93,19 @@ class ModelCheckpoint(Callback):
             if newest is not None:
                 trainer.checkpointer.link(newest, "last")
         if self.save_top_k == 0 or value is None or not math.isfinite(value) or not self._enters(value):
-            return
+            return None
         name = self.filename.format(epoch=f"{epoch:05d}", step=f"{step:09d}", value=f"{value:.6g}")
         kept = sorted([k for k in self.kept if k[1] != name] + [(value, name, epoch, step)], key=lambda k: k[0],
                       reverse=self.mode == "max")
         self.kept, dropped = (kept[:self.save_top_k], kept[self.save_top_k:]) if self.save_top_k > 0 else (kept, [])
         # the new state (this file among the kept ones) goes into the file itself: a resume from it knows it
-        trainer.save_checkpoint(name=name, monitor={"name": self.monitor or "step", "value": value,
-                                                    "mode": self.mode})
+        saved = trainer.save_checkpoint(name=name, monitor={"name": self.monitor or "step", "value": value,
+                                                            "mode": self.mode})
         for _, old, _, _ in dropped:
             trainer.checkpointer.remove(old)  # a ghost (removed by a stopped run) is no error
         if self.kept[0][1] == name and name != "best":
             trainer.checkpointer.link(name, "best")
+        return saved
 
     def value(self, trainer: Any) -> float | None:
         """The monitored value now (rank 0's, on every rank); the step when nothing is monitored."""
@@ -199,14 +201,16 @@ class SaveBestCheckpoint(ModelCheckpoint):
     def best_val_loss(self, value: float) -> None:
         self.kept = [(float(value), "best", 0, 0)] if math.isfinite(value) else []
 
-    def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
+    def run_callback(self, trainer: Any, config: Any, writer: Any) -> Any:
         self.criterion = config.validation_criterion if config is not None else None
         self.min_delta = config.val_epsilon if config is not None else 0.0
-        super().run_callback(trainer, config, writer)
+        return super().run_callback(trainer, config, writer)
 
     def value(self, trainer: Any) -> float | None:
         result = trainer.opt_result  # qadence reads the result's loss; inside fit() the validation loss
-        value = float(result.metrics.get("val_loss", result.loss) if result.loss is not None or
-                      "val_loss" in result.metrics else math.nan)
-        return _rank0(trainer, value)
+        if result.loss is None and "val_loss" not in result.metrics:
+            raise ConfigError("SaveBestCheckpoint: there is no loss to compare (trainer.opt_result.loss is None and "
+                              "no val_loss was computed): outside fit() it compares opt_result.loss. HINT: call it "
+                              "after fit(), or set trainer.opt_result.loss first, as qadence's tests do.")
+        return _rank0(trainer, float(result.metrics.get("val_loss", result.loss)))
 
