@@ -57,3 +57,29 @@ def test_other_ranks_hold_their_warnings_until_the_bar_is_gone(capsys):
     release()
     err = capsys.readouterr().err
     assert err.count("[rank 1] warning during training: UserWarning: lr scheduler called too early") == 1
+
+
+def test_lines_after_a_resume_count_only_this_runs_steps_and_epochs_are_finished_passes(tmp_path, capsys):
+    """The first line after a resume used to divide the steps before the resume by this run's seconds (10,339
+    samples/s); epochs are finished passes in the line as in checkpoint names; the summary shows the final loss."""
+    import re
+
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainstack import TrainConfig, Trainer
+
+    def run(max_steps):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        loader = DataLoader(TensorDataset(torch.randn(64, 3), torch.randn(64, 1)), batch_size=8)
+        cfg = TrainConfig(max_steps=max_steps, max_iter=100, log_every_n_steps=4, checkpoint_every_n_steps=20,
+                          resume="auto", log_folder=tmp_path / "run", compute_setup="cpu", log_every_seconds=0)
+        Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), cfg).fit(loader)
+        return capsys.readouterr().out
+
+    run(20)
+    out = run(60)
+    rates = [float(r.replace(",", "")) for r in re.findall(r"\| ([\d,.]+) samples/s", out)]
+    assert len(rates) >= 5 and rates[0] < 3 * sorted(rates)[len(rates) // 2], rates
+    assert "epoch 3 | step 24/60" in out and "epoch 3.5 | step 28/60" in out, out
+    assert re.search(r"final: train_loss [\d.]+", out), out

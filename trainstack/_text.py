@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import time
 
-__all__ = ["number_ranges", "duration", "size"]
+__all__ = ["number_ranges", "duration", "size", "number"]
 
 
 def duration(seconds: float) -> str:
@@ -31,3 +32,10 @@ def size(n_bytes: float) -> str:
             return f"{n_bytes:.0f} {unit}" if unit == "B" else f"{n_bytes:.1f} {unit}"
         n_bytes /= 1000
     return f"{n_bytes:.1f} TB"
+
+
+def number(value: float) -> str:
+    """A metric as the console shows it: 4 significant digits, scientific notation outside 1e-3..1e5."""
+    if not math.isfinite(value) or value == 0:
+        return f"{value:g}"
+    return f"{value:.4g}" if 1e-3 <= abs(value) < 1e5 else f"{value:.3e}"

@@ -419,7 +419,7 @@ class Trainer:
         if "report" in due:
             self.tracker.print(notes.unbounded_progress(self.current_epoch, n))
         if not epoch_end and "val" in due:
-            self._validate(mid_epoch=True)
+            self._validate(self.tracker.position(self.current_epoch, n))
         if not epoch_end and "checkpoint" in due and not self.config.checkpoint_best_only:
             self.save_checkpoint()
         stopped = self._stop_here(due, epoch_end, sums, n)
@@ -456,10 +456,11 @@ class Trainer:
             self.stop_reason = self.stop_reason or "trainstop_criterion returned True"
             self.tracker.print(f"Stopping after epoch {epoch}: {self.stop_reason}.")
 
-    def _validate(self, mid_epoch: bool = False) -> None:
-        """Validation at an epoch's end, or inside one (its callbacks then see the epoch in progress, 1-based). What
-        its callbacks log (``trainer.log`` in ``val_epoch_end``) belongs to it: every later callback sees it, and it
-        is on the validation's line and row, at its step."""
+    def _validate(self, position: float | None = None) -> None:
+        """Validation at an epoch's end, or inside one at ``position`` (its callbacks then see the epoch in progress,
+        1-based). What its callbacks log (``trainer.log`` in ``val_epoch_end``) belongs to it: every later callback
+        sees it, and it is on the validation's line and row, at its step."""
+        mid_epoch = position is not None
         epoch = self.current_epoch + 1 if mid_epoch else self.current_epoch
         self._set_result(epoch)
         training_log, self.log_values = self.log_values, MetricLog()
@@ -474,7 +475,8 @@ class Trainer:
         finally:
             self.log_values = training_log
         self.metrics.update(values)
-        self.tracker.validation(self.current_epoch - (not mid_epoch), self.global_step, values, row=mid_epoch)
+        self.tracker.validation(self.current_epoch if position is None else position, self.global_step, values,
+                                row=mid_epoch)
 
     def _finish(self) -> None:
         """The end of a finished run: the final checkpoint, the user's train_end callbacks, the last reports."""
@@ -485,7 +487,7 @@ class Trainer:
         with watchdog.phase("callback"):
             self.tracker.train_end(self.current_epoch, self.model)
         self.tracker.summary(time.monotonic() - self._started, (self.current_epoch, self.global_step),
-                             (self._first_epoch, self._first_step), run.best(self), self.stop_reason)
+                             (self._first_epoch, self._first_step), run.best(self), self.stop_reason, self.metrics)
 
     # ------------------------------------------------------------------ stopping
     def _stop_here(self, due: set[str], epoch_end: bool, sums: EpochSums, n: int) -> bool:
@@ -524,7 +526,7 @@ class Trainer:
         return sums.means("train", n, self.accelerator.all_reduce_dict if self.config.all_reduce_metrics else None)
 
     def _log_line(self, n: int, sums: EpochSums, row: bool) -> None:
-        position = self.current_epoch + (n / self._per_epoch if self._per_epoch else 0.0)
+        position = self.tracker.position(self.current_epoch, n)
         self.tracker.step_line((self.current_epoch, self.global_step, position), sums, n,
                                self.optimizer if self.use_grad else None, self.log_values,
                                self.accelerator.all_reduce_dict if row else None, row)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .._text import number
 from ..errors import ConfigError
 
 __all__ = ["Writers", "NullWriter", "make_writers", "format_metrics"]
@@ -21,14 +22,10 @@ def _scalar(value: Any) -> float:
 
 
 def format_metrics(epoch: int, metrics: dict[str, Any], step: int | None = None, epochs: int | None = None) -> str:
-    """``epoch 3/10 | step 120 | train_loss: 0.1234567 | ...`` (the host sync of ``.item()`` happens here, once per
-    line)."""
-    def fmt(value: Any) -> str:
-        v = _scalar(value)
-        return f"{v:.7f}" if abs(v) >= 1e-4 or v == 0 else f"{v:.4e}"
-
+    """``epoch 3/10 | step 120 | train_loss 0.1235 | ...``: the live line's format (the host sync of ``.item()``
+    happens here, once per line)."""
     head = f"epoch {epoch}" + (f"/{epochs}" if epochs else "") + (f" | step {step}" if step is not None else "")
-    return " | ".join([head, *(f"{k}: {fmt(v)}" for k, v in metrics.items())])
+    return " | ".join([head, *(f"{k} {number(_scalar(v))}" for k, v in metrics.items())])
 
 
 class JsonlWriter:

@@ -17,7 +17,7 @@ from .._text import duration
 __all__ = ["Progress", "progress_of"]
 
 _STEP = re.compile(r"\bstep (\d+)(?:/(\d+))?")
-_EPOCH = re.compile(r"^epoch (\d+)(?:/(\d+))?")
+_EPOCH = re.compile(r"^epoch (\d+)(?:\.\d+)?(?:/(\d+))?")
 _RATE = re.compile(r"\| ([\d,.]+) (samples|tokens|batches)/s\b")
 _ETA = re.compile(r"\| eta (?:(\d+):(\d\d):(\d\d)|([\d.]+) d)\b")
 

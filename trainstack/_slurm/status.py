@@ -30,7 +30,7 @@ __all__ = ["TaskStatus", "job_status", "my_jobs", "format_table", "find_log", "f
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
          "PREEMPTED", "NEVER RAN", "ENDED")
 # a Trainer's live or epoch line ("epoch 2/10 | step 150/400 | loss ..."), or qadence's "Iteration N | ..."
-_METRIC = re.compile(r"(?:epoch \d+(?:/\d+)? \| step \d+(?:/\d+)?|Iteration\s+\d+) \|.*")
+_METRIC = re.compile(r"(?:epoch \d+(?:\.\d+)?(?:/\d+)? \| step \d+(?:/\d+)?|Iteration\s+\d+) \|.*")
 
 
 @dataclass

@@ -9,14 +9,13 @@ and the throughput over the interval.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
 from typing import Any
 
 from .. import _envvars as envvars
-from .._text import duration
+from .._text import duration, number
 
 __all__ = ["ProgressBar", "LiveLog", "banner", "progress_enabled", "format_line", "summary", "hold_warnings", "timed",
            "DATA_BOUND"]
@@ -34,12 +33,6 @@ def banner(info: dict[str, Any]) -> str:
     width = max(len(k) for k in info)
     lines = ["***** Running training *****"] + [f"  {k:<{width}} = {v}" for k, v in info.items()]
     return "\n".join(lines)
-
-
-def _number(value: float) -> str:
-    if not math.isfinite(value) or value == 0:
-        return f"{value:g}"
-    return f"{value:.4g}" if 1e-3 <= abs(value) < 1e5 else f"{value:.3e}"
 
 
 def format_line(head: str, values: dict[str, float]) -> str:
@@ -61,7 +54,7 @@ def format_line(head: str, values: dict[str, float]) -> str:
         elif name.startswith("lr"):
             parts.append(f"{name} {value:.2e}")
         else:
-            parts.append(f"{name} {_number(value)}")
+            parts.append(f"{name} {number(value)}")
     return " | ".join(parts)
 
 
@@ -79,12 +72,20 @@ class LiveLog:
         self.data_wait = 0.0  # seconds this rank waited for the loader's next batch (timed())
         self.optimizer_timer: Any = None  # seconds inside optimizer.step (throughput.OptimizerTimer), rank 0
         self._waited = self._optimized = 0.0
-        self._warned = False
+        self._warned = self._lined = False
         self._sums: Any = None
         self._loss: Any = None
         self._metrics: dict[str, Any] = {}
-        self._n = self._step = 0
+        self._n = 0
+        self._step: float = 0
         self._time = time.monotonic()
+
+    def restart(self, step: float) -> None:
+        """The next interval's rates count from ``step`` and now (a run's start, a resumed one's, after the first
+        step's warm-up): never the steps before this run, nor a compile, as throughput."""
+        self._step, self._time = step, time.monotonic()
+        self._waited = self.data_wait
+        self._optimized = self.optimizer_timer.seconds() or 0.0 if self.optimizer_timer is not None else 0.0
 
     def epoch_start(self, sums: Any, n: int) -> None:
         """A new epoch (or the rest of a resumed one) starts: the interval counts its batches from ``n``."""
@@ -106,7 +107,8 @@ class LiveLog:
         if step > self._step:
             out.update(self._rates((step - self._step) / seconds, step))
             out["data_wait"] = min((self.data_wait - self._waited) / seconds, 1.0)
-            self._loader_bound(out["data_wait"], first=self._step == 0)
+            self._loader_bound(out["data_wait"], first=not self._lined)
+            self._lined = True
         optimized = self.optimizer_timer.seconds() if self.optimizer_timer is not None else None
         if step > self._step and optimized is not None:
             out["optimizer_share"] = min(max(optimized - self._optimized, 0.0) / seconds, 1.0)
@@ -190,7 +192,7 @@ def learning_rates(optimizer: Any) -> dict[str, float]:
 
 
 def summary(seconds: float, end: tuple[int, int], start: tuple[int, int], best: dict[str, Any] | None,
-            folder: Any, reason: str, throughput: str = "") -> str:
+            folder: Any, reason: str, throughput: str = "", final: dict[str, Any] | None = None) -> str:
     """The end-of-run lines: how long, how far (``end``/``start`` are (epoch, step) at the end and at this run's
     start: a resumed run says where it ended and what it trained itself), why it ended, the best monitored value
     and where the files are."""
@@ -201,11 +203,14 @@ def summary(seconds: float, end: tuple[int, int], start: tuple[int, int], best: 
     if start[1]:
         done = f"at epoch {end[0]}, step {end[1]} ({done} this run)"
     lines = [f"Training finished: {done} in {took}{rate}" + (f"; {reason}" if reason else ".")]
+    shown = {k: float(v) for k, v in (final or {}).items() if k.startswith(("train_loss", "val_loss"))}
+    if shown:
+        lines.append("  final: " + format_line("", shown).lstrip(" |"))
     if throughput:
         lines.append(f"  throughput: {throughput}")
     if best and best.get("value") is not None:
         where = f": {best['path']}" if best.get("path") else ""
-        lines.append(f"  best {best['name']} = {_number(float(best['value']))} (step {best.get('step')}){where}")
+        lines.append(f"  best {best['name']} = {number(float(best['value']))} (step {best.get('step')}){where}")
     lines.append(f"  run folder: {folder}")
     return "\n".join(lines)
 

@@ -137,8 +137,8 @@ def start_reports(t: Any, restored: Restored | None) -> None:
     live.total_steps = span.total_steps
     if acc.is_main_process:
         live.optimizer_timer = throughput.OptimizerTimer(t.optimizer, acc.device)
-    if acc.is_main_process and acc.compile_options is None:  # compiled kernels hide their FLOPs from the counter
-        t.step = throughput.FlopProbe(t.step, t, cfg.gradient_accumulation_steps)
+    if acc.is_main_process:  # compiled kernels hide their FLOPs from the counter: tokens only
+        t.step = throughput.FlopProbe(t.step, t, cfg.gradient_accumulation_steps, acc.compile_options is None)
     t._held_warnings = hold_warnings(acc.rank) if not acc.is_main_process and t.tracker.bar_on() else None
     if acc.is_main_process:
         record_config(cfg, t.run_folder)

@@ -69,11 +69,14 @@ def tokens_in(batch: Any) -> int | None:
 
 
 class FlopProbe:
-    """The training step with its first call counted (FLOPs, tokens) into ``live``; then it takes itself out of
-    the trainer (the loop picks the plain step up at the next epoch), costing nothing afterwards."""
+    """The training step with its first call counted (FLOPs -- unless compiled kernels hide them --, tokens) into
+    ``live``, whose clock then restarts: the first interval's rate is not the warm-up's (a compile, the loader's
+    start); then it takes itself out of the trainer (the loop picks the plain step up at the next epoch), costing
+    nothing afterwards."""
 
-    def __init__(self, step: Any, trainer: Any, accumulation: int) -> None:
+    def __init__(self, step: Any, trainer: Any, accumulation: int, count_flops: bool = True) -> None:
         self._step, self._trainer, self._accumulation, self._done = step, trainer, accumulation, False
+        self._count_flops = count_flops
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._step, name)
@@ -85,14 +88,18 @@ class FlopProbe:
 
         self._done = True
         self._trainer.step = self._step
-        counter = FlopCounterMode(display=False)
-        with counter:
-            out = self._step(model, batch)
         live = self._trainer.tracker.live
-        live.flops_per_step = counter.get_total_flops() * self._accumulation or None
+        if self._count_flops:
+            counter = FlopCounterMode(display=False)
+            with counter:
+                out = self._step(model, batch)
+            live.flops_per_step = counter.get_total_flops() * self._accumulation or None
+        else:
+            out = self._step(model, batch)
         tokens = tokens_in(batch)
         if tokens:
             live.tokens_per_step = tokens * self._accumulation * self._trainer.accelerator.world_size
+        live.restart(self._trainer.global_step + 1 / self._accumulation)  # one micro-batch of the first step done
         return out
 
 

@@ -76,18 +76,25 @@ class Tracker:
             print(text, flush=True)
 
     def start(self, info: dict[str, Any]) -> None:
+        self.live.restart(self.span.start_step)  # a resumed run's rates count from its own first step
         if self.is_main and self.config.verbose:
             print(banner(info), flush=True)
         if self.bar:
             self.bar.start()
 
     # -------------------------------------------------------------- while training
-    def head(self, epoch: int, step: int) -> str:
-        """``epoch 2/10 | step 150/400`` (the epoch in progress; totals when known)."""
+    def head(self, position: float, step: int) -> str:
+        """``epoch 2.35/10 | step 150/400``: epochs are finished passes, as everywhere (checkpoint names, inspect,
+        the end summary), with the fraction of the pass in progress; totals when known."""
         span = self.span
         epochs = "" if span.capped_by_steps else f"/{span.last_epoch}"
         steps = f"/{span.total_steps}" if span.total_steps else ""
-        return f"epoch {epoch + 1}{epochs} | step {step}{steps}"
+        return f"epoch {epoch_text(position)}{epochs} | step {step}{steps}"
+
+    def position(self, epoch: int, n: int) -> float:
+        """Finished passes plus the fraction of the current one after its ``n``-th batch (0 when unknown)."""
+        per = self.span.batches_per_epoch
+        return epoch + (n / per if per else 0.0)
 
     def step_line(self, where: tuple[int, int, float], sums: Any, n: int, optimizer: Any, logged: MetricLog,
                   reduce: Any, row: bool) -> None:
@@ -105,7 +112,7 @@ class Tracker:
         if self.bar is not None:
             self._extra = format_line("", {k: v for k, v in values.items() if k != "loss"}).lstrip(" |")
         elif self.config.verbose:
-            print(format_line(self.head(epoch, step), values), flush=True)
+            print(format_line(self.head(position, step), values), flush=True)
         if row:
             self.writer.write(None, values, epoch=round(position, 4))
 
@@ -120,20 +127,21 @@ class Tracker:
         if self.bar is None:
             return
         loss = f" | loss {float(sums.loss_sum) / n:.4g}" if n and sums.loss_sum is not None else ""
-        self.bar.update(step, self.head(epoch, step) + loss + (f" | {self._extra}" if self._extra else ""))
+        self.bar.update(step, self.head(self.position(epoch, n), step) + loss
+                        + (f" | {self._extra}" if self._extra else ""))
 
-    def validation(self, epoch: int, step: int, values: dict[str, Any], row: bool = True) -> None:
+    def validation(self, position: float, step: int, values: dict[str, Any], row: bool = True) -> None:
         """A validation's line (when verbose) -- unless the epoch's metrics line shows it anyway -- and, inside an
         epoch, its metrics.jsonl row at its step (``row``; at an epoch's end the epoch's row holds it)."""
         if not self.is_main:
             return
         cfg = self.config
-        shown = not row and cfg.print_every and (epoch + 1) % cfg.print_every == 0
+        shown = not row and cfg.print_every and int(position) % cfg.print_every == 0
         if cfg.verbose and not shown:
-            line = format_line(self.head(epoch, step), values)
+            line = format_line(self.head(position, step), values)
             self.bar.progress.console.print(line) if self.bar else print(line, flush=True)
         if row:
-            self.writer.write(None, values, epoch=epoch)
+            self.writer.write(None, values, epoch=round(position, 4))
 
     def epoch_end(self, epoch: int, metrics: dict[str, Any], model: Any, step: int) -> None:
         """A metrics line every ``print_every`` epochs, a row every ``write_every`` (default 1), plots."""
@@ -163,13 +171,13 @@ class Tracker:
             self.writer.log_model(model)
 
     def summary(self, seconds: float, end: tuple[int, int], start: tuple[int, int], best: dict[str, Any] | None,
-                reason: str) -> None:
-        """The end-of-run summary (after the bar is gone)."""
+                reason: str, final: dict[str, Any] | None = None) -> None:
+        """The end-of-run summary (after the bar is gone), with the final losses."""
         if not (self.is_main and self.config.verbose):
             return
         self._stop_bar()
         line = self.live.run_line(seconds, end[1] - start[1])
-        print(summary(seconds, end, start, best, self.folder, reason, line), flush=True)
+        print(summary(seconds, end, start, best, self.folder, reason, line, final), flush=True)
 
     def _stop_bar(self) -> None:
         if self.bar:
@@ -195,6 +203,11 @@ class Tracker:
             writer.close()
         except Exception as exc:
             log.warning("could not close the metric writers: %s", exc)
+
+
+def epoch_text(position: float) -> str:
+    """``3`` for a finished pass, ``2.35`` inside one."""
+    return str(int(position)) if position == int(position) else f"{position:.2f}".rstrip("0")
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
