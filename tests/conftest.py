@@ -14,6 +14,16 @@ from helpers import ROOT  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))  # development fixtures (spec_matrix, defcheck) live there
 
+
+
+def pytest_configure(config):
+    """`make test &` and `nohup make test` start pytest with SIGINT ignored, and an ignored signal is inherited by
+    every process it starts: the Ctrl-C tests (in this process and in the programs they start) need what a
+    terminal gives. A Python handler is reset to the default in an exec'd child."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 # Variables torch itself sets lazily (e.g. on first DDP construction); not ours to police.
 _TORCH_OWN = ("TORCHINDUCTOR_", "TRITON_", "KMP_", "CUDA_MODULE_LOADING")
 

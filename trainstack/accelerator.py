@@ -244,7 +244,8 @@ class Accelerator:
                 return fn(*args, **kwargs)
             warn_if_outside_step()
             plan = self.plan
-            hang_dir = os.environ.get(envvars.HANG_DIR, ".")
+            hang_dir = os.environ.get(envvars.HANG_DIR) or str(self.project_dir or os.environ.get(envvars.JOB_DIR)
+                                                                or ".")
             if plan.spawn:
                 return launch(fn, args, kwargs, plan, self.backend, self._device_type, self.hang_timeout, hang_dir,
                               keep_open, interruptible)

@@ -415,7 +415,7 @@ class Trainer:
         if "log" in due:
             self._log_line(n, sums, row=True)
         if "bar" in due:
-            self.tracker.bar_update(self.current_epoch, step, sums, n)
+            self.tracker.bar_update(self.current_epoch, step, n)
         if "report" in due:
             self.tracker.print(notes.unbounded_progress(self.current_epoch, n))
         if not epoch_end and "val" in due:

@@ -253,3 +253,39 @@ def test_a_second_ctrl_c_aborts_at_once_and_leaves_no_process(tmp_path):
         assert time.monotonic() < deadline, "processes of the aborted run are still alive"
         time.sleep(0.1)
     assert time.monotonic() - started < 150
+
+
+_OWN_LOOP = """
+import sys, time, torch
+from pathlib import Path
+from trainstack import Accelerator
+
+def train(acc, flag):
+    model = acc.prepare(torch.nn.Linear(3, 1))
+    for i in range(100000):
+        if i == 3 and acc.is_main_process:
+            Path(flag).touch()
+        time.sleep(0.01)
+        model(torch.randn(2, 3)).sum().backward()
+
+if __name__ == "__main__":
+    acc = Accelerator(nprocs=2, compute_setup="cpu")
+    acc.distribute(train)(acc, sys.argv[1])
+"""
+
+
+@pytest.mark.timeout(200)
+def test_ctrl_c_in_a_custom_loop_is_one_line_exit_130_and_no_process_left(tmp_path):
+    """An Accelerator loop has no graceful stop of its own: a Ctrl-C ends every worker, says so in one line (not two
+    KeyboardInterrupt tracebacks through trainstack's launcher) and exits 130."""
+    script = tmp_path / "own.py"
+    script.write_text(_OWN_LOOP)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "running")], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    out = _ctrl_c(proc, tmp_path / "running")
+    assert proc.returncode == 130 and "trainstack: interrupted (Ctrl-C): every worker stopped" in out, out[-3000:]
+    assert "Traceback" not in out and len(out.strip().splitlines()) <= 3, out[-3000:]
+    deadline = time.monotonic() + 10
+    while not _gone(proc.pid):
+        assert time.monotonic() < deadline, "processes of the interrupted loop are still alive"
+        time.sleep(0.1)

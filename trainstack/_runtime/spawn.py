@@ -31,6 +31,7 @@ import multiprocessing.forkserver
 import multiprocessing.reduction
 import os
 import pickle
+import re
 import resource
 import signal
 import sys
@@ -50,7 +51,7 @@ import torch.multiprocessing as tmp
 
 from .. import _envvars as envvars
 from .._files import atomic_write
-from ..errors import LaunchError, Preempted, TrainingHung
+from ..errors import Interrupted, LaunchError, Preempted, TrainingHung
 from . import layout as _layout
 from . import preload as _preload
 from . import ranklog as _ranklog
@@ -478,6 +479,16 @@ def _start_method() -> str:
     return "fork"
 
 
+def _ctrl_c(detail: str) -> str:
+    """Where a worker stopped when a Ctrl-C (KeyboardInterrupt) ended it -- ``train at own.py:6`` -- else ''."""
+    lines = [line for line in detail.splitlines() if line.strip()]
+    if not any(line.startswith("KeyboardInterrupt") for line in lines[-3:]):
+        return ""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', detail)
+    mine = [f for f in frames if "/trainstack/" not in f[0] and "/site-packages/" not in f[0]] or frames
+    return f"{mine[-1][2]} at {os.path.basename(mine[-1][0])}:{mine[-1][1]}" if mine else "its function"
+
+
 def _serialise(fn: Callable, args: tuple, kwargs: dict, method: str) -> Any:
     """Pickle the call so each worker gets a private copy (fork copies memory by itself): plain pickle, else
     cloudpickle, which sends closures and lambdas by value (a LambdaLR's local function, a lambda loss_fn) as
@@ -550,12 +561,24 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
     with tempfile.TemporaryDirectory(prefix="launch-", dir=_preload.private_tempdir()) as private_dir:
         context = _start(payload, spec, private_dir, plan.nprocs_local, method)
         previous = _forward_stop_signals(context, os.path.join(private_dir, _INTERRUPTED) if interruptible else None)
+        stopped = ""
         try:
             failure = _monitor(context, private_dir)
+        except KeyboardInterrupt:
+            if interruptible:  # the Trainer's second Ctrl-C: abort
+                raise
+            failure, stopped = None, "while the launching process waited"
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             _reap(context)
+        if failure is not None and not interruptible and _ctrl_c(failure[1]):
+            stopped = f"rank {plan.rank_offset + failure[0]} was in {_ctrl_c(failure[1])}"
+        if stopped:  # a custom loop's Ctrl-C: one line, exit 130
+            said = (f"trainstack: interrupted (Ctrl-C): every worker stopped ({stopped}). What your loop saved "
+                    f"(save_state) is kept; load_state continues from it.")
+            print(said, file=sys.stderr, flush=True)
+            raise Interrupted(said)
         if failure is not None:
             index, detail, code = failure
             if code == HANG_EXIT_CODE or detail.startswith(HANG_REPORT):

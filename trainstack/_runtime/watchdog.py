@@ -219,10 +219,9 @@ class Watchdog(threading.Thread):
         self.armed = True
         self._last_change = time.monotonic()
         if self.rank == 0:
-            print(f"trainstack: hang watchdog armed {when}: if no rank makes progress for {self.timeout:g} s "
-                  f"(3x until every rank finished its first step, and during checkpoints and callbacks), every "
-                  f"rank's stacks go to {self.dump_dir}/hang-<time>/ and the run exits with code 124 "
-                  f"(hang_timeout / TRAINSTACK_HANG_TIMEOUT; 0 turns it off).", file=sys.stderr, flush=True)
+            print(f"trainstack: hang watchdog armed {when} ({self.timeout:g} s without progress: stacks to "
+                  f"{self.dump_dir}/hang-<time>/, exit 124; TRAINSTACK_HANG_TIMEOUT=0 turns it off)", file=sys.stderr,
+                  flush=True)
 
     def _allowance(self, everyone: dict[int, dict[str, Any]]) -> float:
         """Three times the timeout until every rank finished its first step (at least the compile window when the

@@ -217,14 +217,21 @@ def summary(seconds: float, end: tuple[int, int], start: tuple[int, int], best: 
 
 class ProgressBar:
     """A bar over the optimizer steps of the run, updated every ``every`` steps (~5 % of an epoch), never per step;
-    its text shows the epoch and the running loss of the current epoch."""
+    its text shows the epoch and the values of the last live line (all from one moment)."""
 
     def __init__(self, total_steps: int | None, start_step: int, steps_per_epoch: int | None) -> None:
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.table import Column
 
         self.every = max((steps_per_epoch or 20) // 20, 1)
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[text]}"), TimeRemainingColumn(), transient=False)
+        # the bar, the count and the time left keep their room; a narrow terminal cuts the line's values instead
+        fixed = len("training") + 24 + 2 * len(str(total_steps or 0)) + 1 + len("0:00:00") + 5
+        room = max(Console().width - fixed, 10)
+        self.progress = Progress(TextColumn("[bold]{task.description}", table_column=Column(no_wrap=True)),
+                                 BarColumn(bar_width=24), MofNCompleteColumn(), TimeRemainingColumn(),
+                                 TextColumn("{task.fields[text]}", table_column=Column(
+                                     no_wrap=True, overflow="ellipsis", max_width=room)), transient=False)
         self.task = self.progress.add_task("training", total=total_steps, completed=start_step, text="")
 
     def start(self) -> None:

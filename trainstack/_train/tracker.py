@@ -110,7 +110,7 @@ class Tracker:
         if self.clock is not None:
             self.clock.lined()
         if self.bar is not None:
-            self._extra = format_line("", {k: v for k, v in values.items() if k != "loss"}).lstrip(" |")
+            self._extra = format_line("", values).lstrip(" |")
         elif self.config.verbose:
             print(format_line(self.head(position, step), values), flush=True)
         if row:
@@ -121,14 +121,12 @@ class Tracker:
         assert self.clock is not None
         return self.clock.reading(step)
 
-    def bar_update(self, epoch: int, step: int, sums: Any, n: int) -> None:
-        """The bar moves on; its text shows the epoch and the running loss of the current epoch (a host sync here,
-        every ~5 % of an epoch)."""
+    def bar_update(self, epoch: int, step: int, n: int) -> None:
+        """The bar moves on; its text shows the epoch and the last live line's values (one moment: a loss and a
+        perplexity never from two different intervals; no host sync here)."""
         if self.bar is None:
             return
-        loss = f" | loss {float(sums.loss_sum) / n:.4g}" if n and sums.loss_sum is not None else ""
-        self.bar.update(step, self.head(self.position(epoch, n), step) + loss
-                        + (f" | {self._extra}" if self._extra else ""))
+        self.bar.update(step, self.head(self.position(epoch, n), step) + (f" | {self._extra}" if self._extra else ""))
 
     def validation(self, position: float, step: int, values: dict[str, Any], row: bool = True) -> None:
         """A validation's line (when verbose) -- unless the epoch's metrics line shows it anyway -- and, inside an
