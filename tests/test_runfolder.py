@@ -203,6 +203,7 @@ def test_resume_auto_on_a_finished_run_says_there_is_nothing_to_train(tmp_path, 
     from trainstack import TrainConfig
 
     _fit({"log_folder": tmp_path / "run"})
+    recorded = next((tmp_path / "run").glob("config.*")).read_text()
     capsys.readouterr()
     import torch
     from torch.utils.data import DataLoader, TensorDataset
@@ -216,6 +217,7 @@ def test_resume_auto_on_a_finished_run_says_there_is_nothing_to_train(tmp_path, 
     out = capsys.readouterr().out
     assert "NOTHING TO TRAIN" in out and "raise max_iter" in out
     assert "Total optimization steps" in out and "= -" not in out
+    assert next((tmp_path / "run").glob("config.*")).read_text() == recorded  # what trained, not the no-op's
 
 
 def test_concurrent_auto_resumes_skip_a_folder_claimed_meanwhile(tmp_path):

@@ -462,6 +462,8 @@ def test_fast_dev_run_runs_the_whole_loop_and_keeps_nothing(tmp_path, capsys, mo
     assert trainer.config is cfg and cfg.fast_dev_run == 1
     with pytest.raises(ConfigError, match="ran fast_dev_run"):
         trainer.fit(_loader())
+    with pytest.raises(ConfigError, match="fast_dev_run, which keeps no checkpoints"):
+        trainer.load_checkpoint("best")
     with pytest.raises(ConfigError, match="fast_dev_run=-1"):
         _config(tmp_path, fast_dev_run=-1)
 

@@ -315,6 +315,7 @@ class Trainer:
     def load_checkpoint(self, path: Any = None) -> bool:
         """Load on **every** rank: ``"best"``, ``"last"``, a path, or ``None`` (the newest readable checkpoint of the
         run folder). After ``fit()`` this puts e.g. the best weights into ``trainer.model`` for ``predict``."""
+        devrun.refuse_after(self, "load")
         outside = run.outside_fit(self)
         where = self.checkpointer.resolve(path) if path in ("best", "last") else path
         restored = self.checkpointer.restore(self._parts(), where, rank=self.accelerator.rank)

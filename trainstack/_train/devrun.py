@@ -58,8 +58,14 @@ def fast_dev_run(trainer: Any, train_loader: Any, val_loader: Any) -> Any:
     return result
 
 
-def refuse_after(trainer: Any) -> None:
-    """A Trainer whose fast_dev_run already trained its model must not go on as if it were the real run."""
-    if getattr(trainer, "_fast_dev_ran", False):
-        raise ConfigError("this Trainer ran fast_dev_run: its model already took those steps. HINT: build a new "
-                          "model, optimizer and Trainer (with fast_dev_run=0) for the real run.")
+def refuse_after(trainer: Any, what: str = "fit") -> None:
+    """A Trainer whose fast_dev_run already trained its model must not go on as if it were the real run, nor look
+    for checkpoints it never kept."""
+    if not getattr(trainer, "_fast_dev_ran", False):
+        return
+    if what == "load":
+        raise ConfigError("this Trainer ran fast_dev_run, which keeps no checkpoints (its run folder was a "
+                          "throw-away one): there is nothing to load. HINT: run the real training (fast_dev_run=0) "
+                          "first, or load a checkpoint file by its path in a new Trainer.")
+    raise ConfigError("this Trainer ran fast_dev_run: its model already took those steps. HINT: build a new "
+                      "model, optimizer and Trainer (with fast_dev_run=0) for the real run.")

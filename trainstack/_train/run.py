@@ -140,7 +140,9 @@ def start_reports(t: Any, restored: Restored | None) -> None:
     if acc.is_main_process:  # compiled kernels hide their FLOPs from the counter: tokens only
         t.step = throughput.FlopProbe(t.step, t, cfg.gradient_accumulation_steps, acc.compile_options is None)
     t._held_warnings = hold_warnings(acc.rank) if not acc.is_main_process and t.tracker.bar_on() else None
-    if acc.is_main_process:
+    nothing_to_train = restored is not None and (t.stop_training or t.global_step >= t._last_step
+                                                 or t.current_epoch >= t._last_epoch)
+    if acc.is_main_process and not nothing_to_train:  # a no-op re-run leaves the record of what trained
         record_config(cfg, t.run_folder)
     t.schedule = Schedule({**t.tracker.periods(), "poll": cfg.stop_check_every,
                            "val": cfg.val_every_n_steps if t._val_loader is not None else 0,
