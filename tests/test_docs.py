@@ -78,3 +78,11 @@ def test_the_site_builds_strictly():
                             cwd=ROOT, capture_output=True, text=True, timeout=280,
                             env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_docstrings_hold_no_sphinx_roles_the_site_would_show_raw():
+    """The API page renders docstrings as Markdown: a :class:`x` role would show as written."""
+    role = re.compile(r":(?:class|meth|func|attr|mod|data|exc|obj):`")
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in sorted((ROOT / "trainstack").rglob("*.py"))
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if role.search(line)]
+    assert not found, found

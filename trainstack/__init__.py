@@ -1,6 +1,6 @@
 """trainstack: one PyTorch training script from a laptop to a multi-node Slurm cluster.
 
-The public surface is ``__all__``; errors live in :mod:`trainstack.errors`. Names are imported lazily (PEP 562) so
+The public surface is ``__all__``; errors live in ``trainstack.errors``. Names are imported lazily (PEP 562) so
 that ``trainstack generate`` and ``trainstack --help`` never import torch.
 
 For code moving over from ``qadence.ml_tools``, the old import paths keep working with the package name replaced:

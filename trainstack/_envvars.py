@@ -2,7 +2,7 @@
 
 Code reads them through these constants; the job templates write the same names (a test checks that every
 ``TRAINSTACK_*`` name in the package and the templates is listed here, and the docs' reference table is generated
-from :data:`VARIABLES`). Torch-free leaf.
+from ``VARIABLES``). Torch-free leaf.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Small file helpers shared by the launcher, the generator, the trainer and the job runner.
 
-* :func:`temp_path` / :data:`TEMP_RE`: the one naming rule for temp files (``.<name>.tmp-<pid>``), so a run can
+* ``temp_path`` / ``TEMP_RE``: the one naming rule for temp files (``.<name>.tmp-<pid>``), so a run can
   recognise and remove what a killed writer left.
-* :func:`atomic_write`: a file appears under its name only when complete (temp file + ``os.replace``).
-* :func:`create_new` / :func:`open_append`: never follow a symbolic link someone planted in a shared folder
+* ``atomic_write``: a file appears under its name only when complete (temp file + ``os.replace``).
+* ``create_new`` / ``open_append``: never follow a symbolic link someone planted in a shared folder
   (``O_NOFOLLOW``; temp files ``O_EXCL``).
-* :func:`private_dir` / :func:`load_private_pickle`: pickles are only ever read from folders and files that this
+* ``private_dir`` / ``load_private_pickle``: pickles are only ever read from folders and files that this
   user owns and nobody else can write, because unpickling runs code (a planted pickle is code execution).
 """
 
@@ -122,7 +122,7 @@ def check_private(path: str | os.PathLike) -> None:
 
 
 def load_private_pickle(path: str | os.PathLike) -> Any:
-    """Unpickle ``path`` after :func:`check_private` (the only way trainstack reads a pickle from disk)."""
+    """Unpickle ``path`` after ``check_private`` (the only way trainstack reads a pickle from disk)."""
     check_private(path)
     with open(path, "rb") as fh:
         return pickle.load(fh)

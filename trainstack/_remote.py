@@ -1,5 +1,5 @@
 """``python -m trainstack._remote CALL.pkl``: the command queued jobs of ``submit_function`` run (a stable name for
-scripts already in the queue); the runner lives in :mod:`trainstack._slurm.call`."""
+scripts already in the queue); the runner lives in ``trainstack._slurm.call``."""
 
 import sys
 

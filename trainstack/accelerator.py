@@ -257,7 +257,7 @@ class Accelerator:
         return wrapper  # type: ignore[return-value]
 
     def setup(self) -> None:
-        """Join the process group when running under torchrun/srun without :meth:`distribute` (idempotent)."""
+        """Join the process group when running under torchrun/srun without ``distribute`` (idempotent)."""
         if _layout.current() is not None:
             return
         plan = self.plan
@@ -449,7 +449,7 @@ class Accelerator:
         return _save_state(self, Path(output_dir))
 
     def load_state(self, input_dir: str | os.PathLike) -> None:
-        """Every rank restores :meth:`save_state`'s state; loaders continue at the saved batch (bitwise resume)."""
+        """Every rank restores ``save_state``'s state; loaders continue at the saved batch (bitwise resume)."""
         _load_state(self, Path(input_dir))
 
     def register_for_checkpointing(self, *objects: Any) -> None:
@@ -522,7 +522,7 @@ def _check_arguments(nprocs: int, compute_setup: str, log_setup: str, backend: s
 
 def _accelerate_options(self: Accelerator, device_placement: bool, mixed_precision: str, accumulation: int,
                         log_with: str | None, project_dir: str | os.PathLike | None) -> None:
-    """HF Accelerate's constructor options, checked like the rest (see :mod:`._runtime.loop`)."""
+    """HF Accelerate's constructor options, checked like the rest (see ``._runtime.loop``)."""
     if mixed_precision not in ("no", "fp16", "bf16"):
         raise ConfigError(f"mixed_precision={mixed_precision!r}: must be 'no', 'fp16' or 'bf16'.")
     if mixed_precision == "fp16" and not self.use_cuda:

@@ -3,7 +3,7 @@ Trainer.
 
 Two formats hold the same contents. *file* (the default for DDP): one self-contained file per save,
 ``<run>/checkpoints/ckpt-e<epoch>-s<step>.pt`` (and ``best.pt``), written by rank 0. *sharded* (the default for
-FSDP, :mod:`._dcp`): a folder per save where every rank writes its shard of the model and optimizer, resharded
+FSDP, ``._dcp``): a folder per save where every rank writes its shard of the model and optimizer, resharded
 on load to any number of processes. A checkpoint holds:
 
 * the *parts*: anything with ``state_dict``/``load_state_dict`` (model -- unwrapped, no ``module.`` prefixes --,
@@ -12,7 +12,7 @@ on load to any number of processes. A checkpoint holds:
 * every rank's RNG states (gathered: saving is a collective) and the config.
 
 A file appears under its final name only once complete (temp file + fsync + rename), so a crash, a SIGKILL or a
-full disk mid-write never leaves a half-written checkpoint where :meth:`Checkpointer.latest` would pick it up. Files
+full disk mid-write never leaves a half-written checkpoint where ``Checkpointer.latest`` would pick it up. Files
 hold only tensors and plain values: ``torch.load(path, weights_only=True)`` works.
 """
 
@@ -69,7 +69,7 @@ def has_checkpoint(run_folder: str | os.PathLike) -> bool:
 def atomic_save(obj: Any, path: Path) -> float:
     """``torch.save`` to a temp file next to ``path``, fsync, then rename. Returns the seconds it took.
 
-    Any failure becomes :class:`CheckpointError` naming the cause; the temp file is removed whatever happened.
+    Any failure becomes ``CheckpointError`` naming the cause; the temp file is removed whatever happened.
     """
     start = time.perf_counter()
     path = Path(path)
@@ -130,7 +130,7 @@ def _state_of(part: Any) -> Any:
 
 @dataclass
 class Restored:
-    """What :meth:`Checkpointer.restore` found: the counters, this rank's RNG state (None when the checkpoint was
+    """What ``Checkpointer.restore`` found: the counters, this rank's RNG state (None when the checkpoint was
     written by another number of processes) and the file."""
 
     counters: dict[str, Any]
@@ -373,7 +373,7 @@ class Checkpointer:
 
     def restore(self, parts: Mapping[str, Any], path: str | os.PathLike | None = None, rank: int = 0,
                 check: Callable[[Mapping[str, Any], Path], None] | None = None) -> Restored | None:
-        """Load the checkpoint (see :meth:`load`) into ``parts`` by name; return its counters, or None if none.
+        """Load the checkpoint (see ``load``) into ``parts`` by name; return its counters, or None if none.
         ``check(state, path)`` may refuse the checkpoint (raise) before anything is loaded.
 
         Works without a Trainer: ``Checkpointer(run).restore({"model": model, "optimizer": optimizer})``.

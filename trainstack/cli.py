@@ -1,4 +1,4 @@
-"""`trainstack` command line: thin click layer over :mod:`trainstack.render` and :mod:`trainstack.submit`.
+"""`trainstack` command line: thin click layer over ``trainstack.render`` and ``trainstack.submit``.
 
 Never imports torch (``trainstack generate`` must answer in well under a second).
 """
@@ -116,7 +116,7 @@ _METAVARS = {"env": "KEY=VALUE", "sweep": "KEY=V1,V2,..."}
 
 
 def _spec_option(name: str) -> Any:
-    """The click option of LaunchSpec field ``name``: its default off the field, its help from :data:`HELP`."""
+    """The click option of LaunchSpec field ``name``: its default off the field, its help from ``HELP``."""
     default = DEFAULTS[name]
     flag = "--" + name.replace("_", "-")
     if isinstance(default, bool):

@@ -14,7 +14,8 @@ import warnings
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, overload
 
 import torch
 
@@ -74,15 +75,16 @@ class TrainConfig:
     """``(val_loss, best_val_loss, val_epsilon) -> bool``: is this validation the new best? Default: lower by eps."""
     checkpoint_best_only: bool = False
     """Keep only ``best.pt``: the best checkpoint by ``val_loss`` (or ``validation_criterion``), decided at each
-    validation (qadence's spelling of ``ModelCheckpoint(monitor="val_loss", filename="best")``)."""
+    validation (a shortcut for ``ModelCheckpoint(monitor="val_loss", filename="best")``)."""
     trainstop_criterion: Callable[[Any], bool] | None = None
     """``(trainer) -> bool`` checked after every epoch; True stops training on every rank."""
     callbacks: list = field(default_factory=list)
-    """User :class:`~trainstack.callbacks.Callback` objects."""
+    """User ``Callback`` objects."""
     log_model: bool = False
     """Log the final model to the tracker (MLflow)."""
     root_folder: Path = Path("./qml_logs")
-    """Parent folder of the per-run folders."""
+    """Parent folder of the per-run folders: a run without ``log_folder`` writes into
+    ``<root_folder>/<date>-<time>-<pid>`` (``qml_logs`` is the name qadence users know)."""
     create_subfolder_per_run: bool = False
     """Create a new run folder on every ``fit`` even when one could be reused."""
     log_folder: Path = Path("./")
@@ -93,7 +95,8 @@ class TrainConfig:
     """``jsonl`` (dependency-free, always written), ``tensorboard``, ``mlflow`` or ``wandb`` (optional extras); a
     requeued or resumed run continues the same tracker run."""
     batch_size: int = 1
-    """Not used (nor was it by qadence): the DataLoader's ``batch_size`` decides. A value other than 1 warns."""
+    """Not used: the DataLoader's ``batch_size`` decides (kept so that older configs load). A value other than 1
+    warns."""
     hyperparams: dict = field(default_factory=dict)
     """Logged to the tracker at the end of training."""
     plotting_functions: tuple = ()
@@ -138,7 +141,7 @@ class TrainConfig:
     """Sharded checkpoints only: write in the background; training waits only while the state is copied."""
     max_batches: int | None = None
     """Use at most this many batches per epoch. An endless loader (``to_dataloader(..., infinite=True)``) takes
-    this many per epoch (1 when unset, as qadence does)."""
+    this many per epoch (1 when unset)."""
     fast_dev_run: int = 0
     """A smoke test of the whole loop before the real run (Lightning's): N optimizer steps, one validation on N
     batches and the final checkpoint, in a throw-away run folder that is deleted afterwards (True: 1; 0: off)."""
@@ -285,12 +288,12 @@ class TrainConfig:
     @classmethod
     def from_file(cls, path: str | os.PathLike, **overrides: Any) -> TrainConfig:
         """A config from a YAML, TOML or JSON file of field values (``overrides`` win); unknown keys and bad values
-        are the same :class:`ConfigError` as in code."""
+        are the same ``ConfigError`` as in code."""
         return cls(**{**_read_settings(Path(path)), **overrides})
 
     def to_file(self, path: str | os.PathLike) -> Path:
         """Write the plain fields (not functions or callbacks) as YAML (``.yaml``/``.yml``) or JSON, atomically; what
-        :meth:`from_file` reads back."""
+        ``from_file`` reads back."""
         from ._files import atomic_write
 
         path = Path(path)
@@ -306,26 +309,38 @@ class TrainConfig:
             text = json.dumps(data, indent=2) + "\n"
         return atomic_write(path, text)
 
+    @overload
     @classmethod
-    def from_cli(cls, argv: list[str] | None = None, **defaults: Any) -> TrainConfig:
+    def from_cli(cls, argv: list[str] | None = None, *, options: None = None, **defaults: Any) -> TrainConfig: ...
+
+    @overload
+    @classmethod
+    def from_cli(cls, argv: list[str] | None = None, *, options: dict[str, Any],
+                 **defaults: Any) -> tuple[TrainConfig, SimpleNamespace]: ...
+
+    @classmethod
+    def from_cli(cls, argv: list[str] | None = None, *, options: dict[str, Any] | None = None,
+                 **defaults: Any) -> TrainConfig | tuple[TrainConfig, SimpleNamespace]:
         """A config from the command line: ``--<field> value`` for every plain field (``--max-iter 5`` or
         ``--max_iter=5``; a boolean also as ``--verbose`` / ``--no-verbose``; ``--config FILE`` reads a
         YAML/TOML/JSON file). ``defaults`` are the script's own; a file wins over them, the command line over both.
-        So ``trainstack submit --sweep lr=...`` needs no parsing of yours. An argument that is not a field is an
-        error (:meth:`parse_cli` gives such arguments back instead); ``--help`` lists every option and exits."""
+
+        ``options`` are the script's own settings with their defaults (``options={"lr": 3e-3, "hidden": 64}``): they
+        are options too (``--lr 1e-3``, typed as their defaults), listed by ``--help``, and come back as a namespace
+        -- ``config, opts = TrainConfig.from_cli(options={...})`` -- so ``trainstack submit --sweep lr=...`` needs no
+        parser of yours. Any other argument is an error naming the closest option; ``--help`` lists every option
+        and exits."""
         config, rest = cls.parse_cli(argv, **defaults)
+        own = dict(options or {})
         if "--help" in rest or "-h" in rest:
-            print(cli_usage(config))
+            print(cli_usage(config, own))
             raise SystemExit(0)
-        if rest:
-            word = rest[0].lstrip("-").partition("=")[0].replace("-", "_")
-            raise ConfigError(f"TrainConfig.from_cli: {rest[0]!r} is not a field{_suggestion(word)} (for arguments "
-                              f"of your own: config, rest = TrainConfig.parse_cli()).")
-        return config
+        values = _parse_options(own, rest)
+        return (config, SimpleNamespace(**values)) if options is not None else config
 
     @classmethod
     def parse_cli(cls, argv: list[str] | None = None, **defaults: Any) -> tuple[TrainConfig, list[str]]:
-        """Like :meth:`from_cli`, but arguments that are not fields come back, in order, for the script's own parser:
+        """Like ``from_cli``, but arguments that are not fields come back, in order, for the script's own parser:
         ``config, rest = TrainConfig.parse_cli()``."""
         args = list(sys.argv[1:] if argv is None else argv)
         cli: dict[str, Any] = {}
@@ -452,15 +467,71 @@ def cli_fields() -> tuple[str, ...]:
     return _FILE_FIELDS
 
 
-def cli_usage(config: TrainConfig) -> str:
-    """``--help`` of :meth:`TrainConfig.from_cli`: every option with this run's value and its doc's first line."""
-    lines = ["options (every TrainConfig field; --config FILE reads YAML/TOML/JSON, the command line wins):"]
+def cli_usage(config: TrainConfig, own: dict[str, Any] | None = None) -> str:
+    """``--help`` of ``TrainConfig.from_cli``: the script's own options, then every field with this run's value and
+    its doc's first line."""
+    lines = []
+    if own:
+        lines.append("the script's options:")
+        lines += [f"  {f'--{name} {value!r}':<40} ({type(value).__name__})" for name, value in own.items()]
+    lines.append("options (every TrainConfig field; --config FILE reads YAML/TOML/JSON, the command line wins):")
     for name, (_default, doc) in _FIELD_DOCS.items():
         if name in _FILE_FIELDS:
             first = doc.split(". ")[0].rstrip(".")
             option = f"--{name} {_plain(getattr(config, name))!r}"
             lines.append(f"  {option:<40} {first}")
     return "\n".join(lines)
+
+
+def _parse_options(own: dict[str, Any], rest: list[str]) -> dict[str, Any]:
+    """The script's own options out of the arguments that are not fields (``--name value``, ``--name=value``,
+    ``--flag``/``--no-flag`` for a boolean), typed as their defaults; anything else is an error."""
+    values, i = dict(own), 0
+    while i < len(rest):
+        word = rest[i]
+        name, eq, text = word[2:].partition("=") if word.startswith("--") else ("", "", "")
+        key = name.replace("-", "_")
+        negated = key.startswith("no_") and isinstance(own.get(key[3:]), bool)
+        if negated or (key in own and isinstance(own[key], bool) and not eq):
+            values[key[3:] if negated else key] = not negated
+            i += 1
+            continue
+        if key not in own:
+            where = f"{_suggestion(key)}" if key else ""
+            mine = _closest(key, list(own)) if key else ""
+            what = "neither a TrainConfig field nor one of the script's options" if own else "not a field"
+            raise ConfigError(f"TrainConfig.from_cli: {word!r} is {what}{mine or where} (for the script's own "
+                              f"arguments: config, opts = TrainConfig.from_cli(options={{'lr': 3e-3, ...}}), or "
+                              f"config, rest = TrainConfig.parse_cli() and your own parser).")
+        if not eq:
+            if i + 1 >= len(rest):
+                raise ConfigError(f"TrainConfig.from_cli: --{name} needs a value.")
+            text, i = rest[i + 1], i + 1
+        values[key] = _typed_option(key, text, own[key])
+        i += 1
+    return values
+
+
+def _typed_option(name: str, text: str, default: Any) -> Any:
+    kind = type(default)
+    if default is None or kind is str:
+        return text
+    if kind is bool:
+        if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise ConfigError(f"TrainConfig.from_cli: --{name} {text!r} is not a boolean (true/false).")
+        return text.lower() in ("true", "1", "yes")
+    try:
+        return kind(text)
+    except (TypeError, ValueError):
+        raise ConfigError(f"TrainConfig.from_cli: --{name} {text!r} is not a {kind.__name__} (its default is "
+                          f"{default!r}).") from None
+
+
+def _closest(name: str, names: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    return f". HINT: did you mean --{close[0]}?" if close else ""
 
 
 def _read_settings(path: Path) -> dict[str, Any]:

@@ -6,8 +6,8 @@ The rebuilt loader keeps ``batch_size``, ``shuffle``, ``drop_last``, ``collate_f
 shuffle order changes between epochs; and it can jump over the first batches of a pass (exact mid-epoch resume)
 without loading them.
 
-qadence names: :class:`DictDataLoader` (``{name: batch}`` from several loaders), :class:`InfiniteTensorDataset` and
-:func:`to_dataloader`.
+qadence names: ``DictDataLoader`` (``{name: batch}`` from several loaders), ``InfiniteTensorDataset`` and
+``to_dataloader``.
 """
 
 from __future__ import annotations
@@ -390,7 +390,7 @@ def to_dataloader(*tensors: torch.Tensor, batch_size: int = 1, infinite: bool = 
 
 
 def is_infinite(loader: Any) -> bool:
-    """A loader whose dataset says it never ends (``infinite = True``, as :class:`InfiniteTensorDataset`)."""
+    """A loader whose dataset says it never ends (``infinite = True``, as ``InfiniteTensorDataset``)."""
     if isinstance(loader, DictDataLoader):
         return all(is_infinite(dl) for dl in loader.dataloaders.values())
     dataset = getattr(loader, "dataset", None)
@@ -455,7 +455,7 @@ class DictDataLoader:
 
 def check_loader(loader: Any, what: str = "training") -> Any:
     """Refuse what is not a loader (a Dataset, a one-shot generator, an empty loader) with the fix; wrap a plain
-    dict of loaders into a :class:`DictDataLoader`."""
+    dict of loaders into a ``DictDataLoader``."""
     if loader is None:
         return None
     if isinstance(loader, Mapping):

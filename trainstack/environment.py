@@ -1,18 +1,18 @@
 """Who am I? Small read-only records of what the launcher that started this process says.
 
 Each environment parses an explicit mapping (``os.environ`` by default), so tests pass dicts.
-:func:`detect_environment` tries them in this priority order:
+``detect_environment`` tries them in this priority order:
 
-1. :class:`TorchrunEnvironment` -- ``torchrun`` (``TORCHELASTIC_RUN_ID``) or any env:// launcher that
+1. ``TorchrunEnvironment`` -- ``torchrun`` (``TORCHELASTIC_RUN_ID``) or any env:// launcher that
    sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``. It outranks Slurm
    because ``srun torchrun ...`` sets both, and torchrun's variables describe the worker processes
    while Slurm's describe the per-node torchrun agents.
-2. :class:`SlurmEnvironment` -- inside an ``srun`` job step (``SLURM_STEP_ID`` plus ``SLURM_PROCID``).
+2. ``SlurmEnvironment`` -- inside an ``srun`` job step (``SLURM_STEP_ID`` plus ``SLURM_PROCID``).
    The batch shell of an sbatch job also has ``SLURM_PROCID=0`` but is not a step; a plain ``python``
    there is treated as local (with a warning), so it never waits for tasks that do not exist.
-3. :class:`LocalEnvironment` -- anything else: a laptop, a notebook, a login node.
+3. ``LocalEnvironment`` -- anything else: a laptop, a notebook, a login node.
 
-:func:`trainstack._runtime.layout.plan_processes` then combines the environment with the user's ``nprocs``.
+``trainstack._runtime.layout.plan_processes`` then combines the environment with the user's ``nprocs``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Render Slurm sbatch scripts from ``templates/slurm.sbatch.j2`` -- a pure function of one :class:`LaunchSpec`.
+"""Render Slurm sbatch scripts from ``templates/slurm.sbatch.j2`` -- a pure function of one ``LaunchSpec``.
 
-The spec validates itself (:mod:`trainstack._slurm.spec`), so inconsistent requests fail before anything is written
-or submitted, naming the option to fix. :func:`render` reads the templates and nothing else: paths are used as given
+The spec validates itself (``trainstack._slurm.spec``), so inconsistent requests fail before anything is written
+or submitted, naming the option to fix. ``render`` reads the templates and nothing else: paths are used as given
 (the CLI makes them absolute), the version comes from the caller. Every user value that reaches the shell goes
 through the ``q`` filter (``shlex.quote``). Does not import torch.
 
@@ -76,7 +76,7 @@ def render(spec: LaunchSpec, templates_dir: str | Path | None = None, command_li
 
 
 class _CallableModule(types.ModuleType):
-    """``from trainstack import render`` gives this module; calling it calls :func:`render`."""
+    """``from trainstack import render`` gives this module; calling it calls ``render``."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return render(*args, **kwargs)

@@ -7,7 +7,7 @@ changed to ``from trainstack.slurm import slurm_fn, SlurmConfig``.
     job = main[SlurmConfig(mode="slurm", partition="gpu", num_of_node=2, gpus_per_node=4)](config)
     job.result()                         # rank 0's return value
 
-Modes: ``slurm`` submits (through :func:`trainstack.submit.submit_function` or, with ``use_distributed_env``, the
+Modes: ``slurm`` submits (through ``trainstack.submit.submit_function`` or, with ``use_distributed_env``, the
 ``custom`` launcher: one code path with ``trainstack submit``); ``local`` runs the same job runner in a local
 subprocess; ``debug`` (and nntool's ``run``) call the function in this process. Torch-free, like the rest of the
 Slurm side.

@@ -238,7 +238,7 @@ def wait_for(job: SubmittedJob, echo: Callable[[str], None] | None = None, timeo
 
 @dataclass
 class FunctionJob(SubmittedJob):
-    """A submitted Python call; :meth:`result` waits for the job and returns rank 0's return value."""
+    """A submitted Python call; ``result`` waits for the job and returns rank 0's return value."""
 
     result_path: Path | None = None
 
@@ -280,7 +280,7 @@ def submit_function(fn: Callable, args: tuple = (), kwargs: dict | None = None, 
 
 
 class _CallableModule(types.ModuleType):
-    """``from trainstack import submit`` gives this module; calling it calls :func:`submit`."""
+    """``from trainstack import submit`` gives this module; calling it calls ``submit``."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return submit(*args, **kwargs)

@@ -7,8 +7,8 @@ Example::
     config = TrainConfig(nprocs=2, compute_setup="cpu", max_iter=50, print_every=5)
     model, optimizer = Trainer(model, optimizer, config, loss_fn="mse").fit(dataloader)
 
-The loop (:meth:`Trainer._fit`, :meth:`Trainer._train_epoch`, :meth:`Trainer._at_step`, :meth:`Trainer._end_epoch`)
-reads top to bottom and calls its collaborators by name, each in the training room (:mod:`trainstack._train`) or
+The loop (``Trainer._fit``, ``Trainer._train_epoch``, ``Trainer._at_step``, ``Trainer._end_epoch``)
+reads top to bottom and calls its collaborators by name, each in the training room (``trainstack._train``) or
 below it: ``self.step`` turns a batch into an optimizer step, ``self.schedule`` says which duties fall on which
 step, ``self.cursor`` knows where a resumed epoch stands, ``self.checkpointer`` saves and restores,
 ``self.stopper`` makes the ranks agree on stopping, ``self.evaluate`` validates, tests and predicts,
@@ -114,7 +114,7 @@ class Trainer:
     (LBFGS works). ``scheduler`` is any ``torch.optim.lr_scheduler``, stepped after every epoch
     (``scheduler_interval="epoch"``) or after every optimizer step (``"step"``; gradient accumulation counts once),
     or ``lambda optimizer, total_steps: scheduler``, built at ``fit()`` with the run's planned optimizer steps
-    (:attr:`estimated_stepping_batches`)."""
+    (``estimated_stepping_batches``)."""
 
     _use_grad: ClassVar[bool] = True
     # What one run holds on each rank (set by _train.run.start, dropped when the Trainer is pickled to workers):
@@ -195,7 +195,7 @@ class Trainer:
     def fit(self, train_dataloader: Any = None, val_dataloader: Any = None) -> tuple[nn.Module, Any]:
         """Train for ``config.max_iter`` epochs (or ``max_steps`` optimizer steps, whichever comes first); returns
         ``(model, optimizer)`` holding rank 0's final state. A first Ctrl-C stops at the next step boundary with a
-        checkpoint (raising :class:`~trainstack.errors.Interrupted`), a second one aborts; a second ``fit()``
+        checkpoint (raising ``Interrupted``), a second one aborts; a second ``fit()``
         continues the run for another ``max_iter`` epochs."""
         devrun.refuse_after(self)
         if self.config.fast_dev_run:

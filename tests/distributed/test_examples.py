@@ -67,11 +67,31 @@ def test_classification_example(run_py, tmp_path):
 
 def test_the_lightning_port_trains_keeps_the_two_best_and_predicts_from_the_best(run_py, tmp_path):
     out = run_py([python_exe(), str(ROOT / "examples/lightning_port.py"), "--max_steps", "40",
-                  "--val_every_n_steps", "10", "--log_folder", str(tmp_path / "run")], cwd=tmp_path,
+                  "--val_every_n_steps", "10", "--log_folder", str(tmp_path / "run"), "--lr", "3e-3"], cwd=tmp_path,
                  timeout=240).stdout
-    assert re.search(r"^epoch \d+ \| step 10/40 \| loss ", out, re.MULTILINE), out[-3000:]  # live lines
+    assert re.search(r"^epoch [\d.]+ \| step 10/40 \| loss ", out, re.MULTILINE), out[-3000:]  # live lines
+    assert out.count("test accuracy") == 1  # printed once, by rank 0
     kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("best-val_acc-*"))
     assert len(kept) == 2 and (tmp_path / "run" / "checkpoints" / "last.pt").exists(), kept
     assert (tmp_path / "run" / "config.yaml").exists() or (tmp_path / "run" / "config.json").exists()
     accuracy = float(re.search(r"test accuracy ([0-9.]+) on 200 samples", out).group(1))
     assert accuracy > 0.5, out[-3000:]  # 4 classes: chance is 0.25
+
+
+def test_the_commands_in_the_examples_docstrings_are_accepted_as_written(run_py, tmp_path):
+    """Every `trainstack submit` line of an example's docstring is a valid command (rendered with --dry-run), and
+    every `python examples/...` line's options parse (--help of the script itself, which lists them)."""
+    import shlex
+
+    for example in sorted((ROOT / "examples").glob("*.py")):
+        doc = example.read_text().split('"""')[1]
+        lines = [line.strip() for line in doc.replace("\\\n", " ").splitlines()]
+        for line in (x for x in lines if x.startswith(("trainstack submit", "python examples/"))):
+            words = shlex.split(line.split("  #")[0])
+            if words[:2] == ["trainstack", "submit"]:
+                run_py([python_exe(), "-m", "trainstack", "submit", "--dry-run", *words[2:]], cwd=ROOT, timeout=60)
+            elif words[:1] == ["python"] and words[1:2] and words[1].startswith("examples/"):
+                out = run_py([python_exe(), *words[1:], "--help"], cwd=ROOT, timeout=120).stdout
+                for option in (w for w in words[2:] if w.startswith("--")):
+                    assert f"{option.replace('-', '_').replace('__', '--', 1)} " in out or option in out, \
+                        (example.name, option, out[-2000:])

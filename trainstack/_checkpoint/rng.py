@@ -29,7 +29,7 @@ def capture_rng() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    """Restore states captured by :func:`capture_rng`, wherever the checkpoint was loaded to.
+    """Restore states captured by ``capture_rng``, wherever the checkpoint was loaded to.
 
     RNG states are byte tensors that torch only accepts on the CPU, so they are moved back first; CUDA states
     are restored for the devices both the saving and this process have.

@@ -71,7 +71,7 @@ class Pending:
 def write(final: Path, model: Any, optimizer: Any, extras: Mapping[str, Any], is_main: bool,
           async_group: Any = None) -> Path | Pending:
     """Collective: write the shards of ``model``/``optimizer`` and rank 0's ``extras``. With ``async_group`` (a
-    separate gloo process group) only staging happens now and a :class:`Pending` is returned; :func:`finish`
+    separate gloo process group) only staging happens now and a ``Pending`` is returned; ``finish``
     commits it."""
     import torch.distributed.checkpoint as dcp
 
@@ -175,7 +175,7 @@ def _regular_file(path: Path) -> os.stat_result:
 def verify(folder: Path) -> Any:
     """Check a committed sharded checkpoint without reading its tensors: the metadata is DCP's, every shard file
     it names exists inside the folder and is long enough, and the tensors it declares fit in those files.
-    Returns the metadata; raises :class:`DamagedCheckpoint`."""
+    Returns the metadata; raises ``DamagedCheckpoint``."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     folder = Path(folder)
@@ -208,7 +208,7 @@ def verify(folder: Path) -> Any:
 
 
 def _reader(folder: Path) -> Any:
-    """torch's file-system reader, with :func:`read_metadata` in place of its ``pickle.load``."""
+    """torch's file-system reader, with ``read_metadata`` in place of its ``pickle.load``."""
     from torch.distributed.checkpoint import FileSystemReader
 
     class SafeReader(FileSystemReader):

@@ -47,7 +47,7 @@ def worker_error(rank: int, detail: str, exitcode: int | None = None) -> WorkerE
 
 @functools.cache
 def _carrier(name: str) -> type[WorkerError]:
-    """One class per carried name, made once; it pickles through :func:`_rebuild` (it has no importable name)."""
+    """One class per carried name, made once; it pickles through ``_rebuild`` (it has no importable name)."""
     def reduce(self: WorkerError) -> tuple[Any, tuple[Any, ...]]:
         return _rebuild, (name, self.rank, self.detail, self.exitcode, str(self))
 

@@ -1,13 +1,13 @@
 """``torch.compile`` for prepared models: safe on many ranks, warm across requeues.
 
-* **In place** (as ``nn.Module.compile`` would; see :func:`compile_in_place`): the module object and its
+* **In place** (as ``nn.Module.compile`` would; see ``compile_in_place``): the module object and its
   ``state_dict`` keys stay the plain module's (no ``_orig_mod.``), so checkpoints load anywhere; a model the user
   compiled (an ``OptimizedModule``) is unwrapped to its module first. Order: DDP wraps the compiled module; FSDP2
   compiles each block before ``fully_shard`` (as torchtitan does).
-* **The first step compiles**: :class:`FirstStep` gives it a long window -- the hang watchdog allows
+* **The first step compiles**: ``FirstStep`` gives it a long window -- the hang watchdog allows
   ``TRAINSTACK_COMPILE_TIMEOUT`` seconds until every rank finished it, the process group's timeout is raised as long
   -- then a barrier, the short timeout back, and one line with each rank's compile time. A model that fails to
-  compile is a :class:`~trainstack.errors.ConfigError` naming the op and the ``compile=False`` fix.
+  compile is a ``ConfigError`` naming the op and the ``compile=False`` fix.
 * **One cache per run**: inductor's (and triton's) cache folder under the run (or job) folder on shared storage, so
   a requeued attempt -- or any rank -- finds the artifacts the first one compiled.
 """

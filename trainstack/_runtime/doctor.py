@@ -1,7 +1,7 @@
 """`trainstack doctor` / `trainstack env`: what runs here, and what will break distributed training.
 
-Every probe reads an explicit :class:`Facts` record, so tests drive each problem with controlled inputs;
-:func:`gather_facts` fills it from this machine (``/proc``, ``/sys``, ``ldconfig``, torch).
+Every probe reads an explicit ``Facts`` record, so tests drive each problem with controlled inputs;
+``gather_facts`` fills it from this machine (``/proc``, ``/sys``, ``ldconfig``, torch).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Imported only by the workers' fork server: the one module it is told to preload (:mod:`.preload`).
+"""Imported only by the workers' fork server: the one module it is told to preload (``.preload``).
 
 Slurm and ``kill`` may signal every process of a job step: the server must outlive a stop signal, because its
 death would take the workers down (their parent-death signal) while they write their preemption checkpoint. It

@@ -1,9 +1,9 @@
-"""The process layout of one run: how many processes run where (:class:`ProcessPlan`), and who this process is
-(:class:`WorkerContext`, built in one place: :meth:`ProcessPlan.context`).
+"""The process layout of one run: how many processes run where (``ProcessPlan``), and who this process is
+(``WorkerContext``, built in one place: ``ProcessPlan.context``).
 
     ClusterEnvironment (what the launcher says)  ->  ProcessPlan (+ the user's nprocs)  ->  WorkerContext per process
 
-:func:`current` is the identity of the running worker, set for the lifetime of its process group.
+``current`` is the identity of the running worker, set for the lifetime of its process group.
 Torch-free, so the CLI can import it.
 """
 

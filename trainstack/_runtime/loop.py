@@ -3,7 +3,7 @@ sync only on the boundary, optimizers and schedulers that skip their step off th
 (autocast and, for fp16, a loss scaler), and the padding duplicates of a prepared loader's last batch, which
 ``gather_for_metrics`` drops.
 
-One :class:`LoopState` per process (Accelerate's ``GradientState``): prepared loaders write into it as they yield
+One ``LoopState`` per process (Accelerate's ``GradientState``): prepared loaders write into it as they yield
 (plain attribute stores), the Accelerator's helpers read it.
 """
 

@@ -1,9 +1,9 @@
 """Graceful stop: a signal or a stop file asks for it, every rank agrees at the same step, nobody saves in a
 signal handler.
 
-The handler only sets a flag. The training loop asks :meth:`GracefulStop.agree` every ``stop_check_every`` steps
+The handler only sets a flag. The training loop asks ``GracefulStop.agree`` every ``stop_check_every`` steps
 and at every epoch end; the ranks agree with one small all-reduce on the CPU (gloo: no GPU sync), then the loop
-writes a complete checkpoint at a step boundary, :meth:`GracefulStop.confirm_saved` tells the batch script, and
+writes a complete checkpoint at a step boundary, ``GracefulStop.confirm_saved`` tells the batch script, and
 training stops. The generated sbatch scripts use the stop file: ``#SBATCH --signal=B:USR2@<grace>`` reaches only
 the batch shell, whose trap touches ``$TRAINSTACK_STOP_FILE``; so no signal ever reaches NCCL's own handlers or
 torchrun's agent.

@@ -1,17 +1,17 @@
 """Start worker processes, rendezvous them into one process group, and tear everything down cleanly.
 
 Design choices:
-* Arguments are serialised with plain :mod:`pickle` before spawning, so each worker gets its **own copy**
+* Arguments are serialised with plain ``pickle`` before spawning, so each worker gets its **own copy**
   of the model; torch's multiprocessing reductions would put CPU tensors in shared memory and apply every
   optimizer step once per process.
 * The launching process hosts the rendezvous ``TCPStore`` (port 0 = the OS picks a free one, no races).
   When a worker hosts it instead (``srun`` with one task per process), it waits until every rank has
   left the group before it exits, which avoids the "terminate called without an active exception" crash.
-* Workers are started with :func:`torch.multiprocessing.start_processes`, forked from a server that has torch
-  imported already (``forkserver``, see :mod:`trainstack._runtime.preload`; ``spawn`` with ``TRAINSTACK_PRELOAD=0``,
+* Workers are started with ``torch.multiprocessing.start_processes``, forked from a server that has torch
+  imported already (``forkserver``, see ``trainstack._runtime.preload``; ``spawn`` with ``TRAINSTACK_PRELOAD=0``,
   ``fork`` in notebooks), and they take the launching process's environment as it is at launch; when one
   fails, the others are terminated within a grace period and the caller gets
-  :class:`~trainstack.errors.WorkerError` naming the rank with the worker's traceback, sent as text through a
+  ``WorkerError`` naming the rank with the worker's traceback, sent as text through a
   private (0700) folder: nothing another local user could write is ever unpickled. A worker that ends without
   finishing (``sys.exit(0)`` in library code, a Ctrl-C that reached only the workers) is a failure too.
 * Workers die with their launcher, whatever kills it (even SIGKILL): each one watches the launcher's end of a
@@ -453,7 +453,7 @@ def _autograd_threads() -> list[str]:
 
 
 def _start_method() -> str:
-    """``forkserver`` (preloaded, see :mod:`trainstack._runtime.preload`) or ``spawn`` for scripts; ``fork`` in
+    """``forkserver`` (preloaded, see ``trainstack._runtime.preload``) or ``spawn`` for scripts; ``fork`` in
     notebooks/REPLs where a new process cannot re-import ``__main__``."""
     forced = os.environ.get(envvars.START_METHOD)
     if forced:

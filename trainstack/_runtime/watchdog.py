@@ -1,8 +1,8 @@
 """Hang forensics: a stuck job names the rank that is stuck and where, then exits so it can be restarted.
 
-* :class:`Heartbeat`: what this rank is doing (step, phase, a tick for progress inside a phase, how many steps it
+* ``Heartbeat``: what this rank is doing (step, phase, a tick for progress inside a phase, how many steps it
   finished). The training loop writes its attributes (no call, no collective, no host sync).
-* :class:`Watchdog`: one daemon thread per rank. Every few seconds it publishes this rank's heartbeat to the process
+* ``Watchdog``: one daemon thread per rank. Every few seconds it publishes this rank's heartbeat to the process
   group's key-value store and reads everyone's. It is *armed* from the start in the Trainer, and otherwise at the
   first heartbeat (a custom loop that never beats is never killed); the log says when. Once armed, when no rank has
   made progress for ``hang_timeout`` seconds (three times that until every rank finished its first step, and while

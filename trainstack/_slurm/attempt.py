@@ -4,7 +4,7 @@ script's record of an ended attempt, and its retry decision after a crash.
 Records the attempt's verdict in ``TASK_DIR/verdicts.jsonl`` (one row per attempt: restart count, verdict, root
 cause, the blamed host, the last step the log shows, the decision). A graceful stop (``--stopped timeout|preempt``)
 is recorded and continues (a time limit only while each attempt gets further). A crash is retried only when its
-verdict is one of ``--retry-on`` (the transient classes by default: :data:`DEFAULT_RETRY_ON`) and it is not the
+verdict is one of ``--retry-on`` (the transient classes by default: ``DEFAULT_RETRY_ON``) and it is not the
 same root cause as the previous attempt **without progress** (no later step); otherwise exit 3 with the reason
 (``--max-retries`` still bounds the count). When the verdict blames the machine (a CUDA fault, a node failure), a
 second line ``exclude: HOSTS`` names the hosts the requeued attempt should leave out -- every host blamed so far,

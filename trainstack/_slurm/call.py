@@ -1,6 +1,6 @@
-"""Entry point of jobs sent with :func:`trainstack.submit.submit_function`: unpickle, call, store the result.
+"""Entry point of jobs sent with ``trainstack.submit.submit_function``: unpickle, call, store the result.
 
-    python -m trainstack._remote /path/to/private/folder/call.pkl     (a shim that runs :func:`main`)
+    python -m trainstack._remote /path/to/private/folder/call.pkl     (a shim that runs ``main``)
 
 The call is loaded only from a folder and file this user owns and nobody else can write (see ``_files``), and the
 result is written next to it with mode 0600.

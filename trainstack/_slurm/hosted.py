@@ -1,4 +1,4 @@
-"""``--host``: a trainstack command run on a cluster's login node from a laptop (see :mod:`.ssh`).
+"""``--host``: a trainstack command run on a cluster's login node from a laptop (see ``.ssh``).
 
 ``status``/``logs``/``cancel``/``debug``/``why``/``checkpoint inspect`` run there as they would here (one remote
 command per call, the same squeue -> sacct -> job-folder logic); ``submit`` first ships the code (the git working

@@ -1,4 +1,4 @@
-"""From command-line options (and a site profile) to one :class:`~trainstack.render.LaunchSpec`.
+"""From command-line options (and a site profile) to one ``LaunchSpec``.
 
 Everything the pure renderer must not do happens here: reading the profile, making paths absolute against the
 current folder, and asking the file system whether the program is an executable. Errors name the option (click's

@@ -2,7 +2,7 @@
 ``python3 -u train.py``, ``-m pkg.module args``, ``python -m pkg.module``, or an executable (``./run.sh``,
 ``bash run.sh``, ``accelerate launch ...``).
 
-:func:`parse_program` turns the words into a :class:`Program` (a script, a module or an executable) without touching
+``parse_program`` turns the words into a ``Program`` (a script, a module or an executable) without touching
 the file system; ``is_executable`` (given by the CLI) settles words that could be either. Torch-free.
 """
 
@@ -61,7 +61,7 @@ def _strip_interpreter_flags(words: list[str]) -> list[str]:
 
 def parse_program(words: Sequence[str], python: str = "python3",
                   is_executable: Callable[[str], bool] | None = None) -> Program:
-    """Classify the program words; anything ambiguous is a :class:`ConfigError` with the fix."""
+    """Classify the program words; anything ambiguous is a ``ConfigError`` with the fix."""
     words = list(words)
     if not words or not words[0].strip():
         raise ConfigError("no program given: put it after --, e.g. -- train.py --epochs 10 (see --help for forms)")

@@ -1,4 +1,4 @@
-"""What one generated job is: :class:`LaunchSpec`, validated when it is built, so an inconsistent request fails
+"""What one generated job is: ``LaunchSpec``, validated when it is built, so an inconsistent request fails
 before anything is written or submitted, naming the CLI option to fix. Torch-free.
 
 Field names match the CLI options (one name from the command line to the template variable); every default is

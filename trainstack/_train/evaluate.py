@@ -70,7 +70,7 @@ class Evaluator:
     def predict(self, model: nn.Module, loader: Any, predict_fn: Callable[[nn.Module, Any], Any]) -> Any:
         """``Trainer.predict`` on this rank: ``predict_fn(model, batch)`` over this rank's share of the dataset (every
         sample once over all ranks), concatenated on the CPU; rank 0 gets everything in dataset order
-        (:func:`assemble`), the other ranks None."""
+        (``assemble``), the other ranks None."""
         acc = self.accelerator
         if isinstance(loader, DictDataLoader):
             raise ConfigError("predict() takes one DataLoader, not a dict of them: call it once per loader.")

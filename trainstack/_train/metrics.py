@@ -1,6 +1,6 @@
 """The training metrics: the loss and metric sums of one epoch kept on the device (no host sync per step), turned into
 ``train_*`` means at the epoch's end and saved with a mid-epoch checkpoint so a resumed epoch ends with the same
-numbers; and the values users log with ``trainer.log`` (:class:`MetricLog`)."""
+numbers; and the values users log with ``trainer.log`` (``MetricLog``)."""
 
 from __future__ import annotations
 

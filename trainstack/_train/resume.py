@@ -1,4 +1,4 @@
-"""Where the current epoch stands, and how a resumed run gets back there: :class:`EpochCursor`.
+"""Where the current epoch stands, and how a resumed run gets back there: ``EpochCursor``.
 
 A checkpoint written mid-epoch records the position both as batches of this layout and as *global samples* of the
 epoch's order, which any number of processes can continue: the same world size continues bitwise at its batch

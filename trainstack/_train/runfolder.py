@@ -1,6 +1,6 @@
 """The run folder (logs, metrics, checkpoints): chosen once on rank 0 (or by the launching process), shared with
 every rank, and locked while a run and its workers use it, so two runs never mix their checkpoints and metrics.
-:class:`RunFolder` is what the Trainer calls: ``claim`` (choose, refuse to overwrite, lock, clean), ``agree`` (every
+``RunFolder`` is what the Trainer calls: ``claim`` (choose, refuse to overwrite, lock, clean), ``agree`` (every
 rank gets the folder or the same error), ``fits`` (a resume must fit the model, checked before any process starts).
 """
 
@@ -144,7 +144,7 @@ def choose_run_folder(root: Path, log_folder: Path, new_per_run: bool, resume: o
 
 
 def auto_chosen(log_folder: Path, new_per_run: bool, resume: object, environ: Mapping[str, str] | None = None) -> bool:
-    """True when :func:`choose_run_folder` picks among earlier runs (``resume="auto"`` with no folder named by the
+    """True when ``choose_run_folder`` picks among earlier runs (``resume="auto"`` with no folder named by the
     config, the job or the sweep): another run may claim the same one at the same moment."""
     env = os.environ if environ is None else environ
     return (resume == "auto" and not new_per_run and log_folder == Path("./") and not env.get(envvars.RUN_DIR)
@@ -255,7 +255,7 @@ def ensure_run_id(folder: Path) -> str:
 class RunFolder:
     """Choose, claim, share and release the run folder of one ``fit()``.
 
-    ``identity`` is this experiment's (see :func:`run_identity`): ``resume="auto"`` choosing among earlier runs
+    ``identity`` is this experiment's (see ``run_identity``): ``resume="auto"`` choosing among earlier runs
     continues only one of the same experiment, and skips a folder another run claims at the same moment.
     ``echo`` prints on rank 0.
     """
@@ -267,7 +267,7 @@ class RunFolder:
 
     def claim(self, continuing: Path | None = None) -> Path:
         """Pick the folder (``continuing``: a second fit's), refuse to overwrite another run's checkpoints, lock it,
-        clear stale temp files. The lock is held by this object until :meth:`release`."""
+        clear stale temp files. The lock is held by this object until ``release``."""
         cfg = self.config
         racing = continuing is None and auto_chosen(cfg.log_folder, cfg.create_subfolder_per_run, cfg.resume)
         busy: list[Path] = []

@@ -1,7 +1,7 @@
-"""Which step-periodic duties fall on which optimizer step: :class:`Schedule`.
+"""Which step-periodic duties fall on which optimizer step: ``Schedule``.
 
 The loop's hot path compares the step with one precomputed number (``schedule.next``); only at that step does it
-ask :meth:`Schedule.due` which duties it is for -- a log line, the progress bar, validation, a checkpoint, the stop
+ask ``Schedule.due`` which duties it is for -- a log line, the progress bar, validation, a checkpoint, the stop
 agreement, the step limit, the ``optimizer_step`` callbacks. Duties that involve every rank have the same periods
 on every rank; rank-local ones (the clock behind time-based log lines, the bar) may differ. Torch-free.
 """

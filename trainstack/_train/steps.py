@@ -1,12 +1,12 @@
 """How one batch becomes an optimizer step.
 
-The loss contract is ``loss_fn(model, batch) -> loss | (loss, metrics)``. The Trainer asks :func:`make_step` for
+The loss contract is ``loss_fn(model, batch) -> loss | (loss, metrics)``. The Trainer asks ``make_step`` for
 one step object and calls it once per batch; each kind owns its own state:
 
-* :class:`PlainStep` -- ``optimize_step`` (the closure-based default, so LBFGS works, or the user's function);
-* :class:`AccumulatingStep` -- gradient accumulation (DDP ``no_sync`` between optimizer steps), clipping, and
+* ``PlainStep`` -- ``optimize_step`` (the closure-based default, so LBFGS works, or the user's function);
+* ``AccumulatingStep`` -- gradient accumulation (DDP ``no_sync`` between optimizer steps), clipping, and
   mixed precision (autocast; a GradScaler for fp16), with its micro-batch counters;
-* :class:`GradientFreeStep` -- nevergrad's ask/tell on the flattened parameters.
+* ``GradientFreeStep`` -- nevergrad's ask/tell on the flattened parameters.
 
 ``step.at_boundary`` is False while an optimizer step is half accumulated: the loop only stops or saves at a
 boundary, so a checkpoint never holds half a step.
@@ -315,7 +315,7 @@ def autocast_precision(config: Any) -> str:
 
 def make_step(config: Any, optimizer: Any, loss_fn: LossFn, fn: Callable[..., Any], use_grad: bool,
               device: torch.device, data_dtype: torch.dtype | None) -> Step:
-    """The step object for this configuration (validated by :func:`check_step_options`)."""
+    """The step object for this configuration (validated by ``check_step_options``)."""
     if not use_grad:
         return GradientFreeStep(optimizer, loss_fn)
     if _special(config):

@@ -3,10 +3,10 @@
 * **FLOPs**: the run's first step runs under ``torch.utils.flop_counter.FlopCounterMode`` (forward and backward as
   they really run; one step, rank 0) -- times the accumulation steps, that is one optimizer step of one rank.
 * **MFU** = FLOPs per step per rank x steps/s / the device's dense peak for the training dtype, from
-  :data:`PEAK_TFLOPS` or ``TRAINSTACK_PEAK_TFLOPS``; a device not in the table (a CPU) gets no MFU and the summary
+  ``PEAK_TFLOPS`` or ``TRAINSTACK_PEAK_TFLOPS``; a device not in the table (a CPU) gets no MFU and the summary
   says why -- never a made-up number (torchtitan once reported 152 % on a GPU missing from its table).
 * **Step time split**: the share of wall time waiting for the loader (``data_wait``), inside ``optimizer.step``
-  (``optimizer_share``, :class:`OptimizerTimer`) and the rest (forward, backward, the framework).
+  (``optimizer_share``, ``OptimizerTimer``) and the rest (forward, backward, the framework).
 * **Tokens**: when a batch's first tensor holds integers in 2 dimensions (token ids), tokens/s = its elements x
   processes x accumulation x steps/s.
 """
@@ -106,7 +106,7 @@ class FlopProbe:
 class OptimizerTimer:
     """Seconds spent in ``optimizer.step`` (rank 0), for the optimizer's share of step time: the host clock on a
     CPU; on a GPU a pair of CUDA events per step, read when the next live line has synced anyway -- never a sync
-    per step. Two hooks on the optimizer, removed by :meth:`close`."""
+    per step. Two hooks on the optimizer, removed by ``close``."""
 
     def __init__(self, optimizer: Any, device: torch.device) -> None:
         self._cuda = device.type == "cuda"

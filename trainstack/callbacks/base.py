@@ -35,9 +35,9 @@ class Callback:
     """Run ``callback(trainer, config, writer)`` on event ``on`` every ``called_every`` iterations.
 
     Args:
-        on: one of :data:`EVENTS`.
+        on: one of ``EVENTS``.
         called_every: fire when ``iteration % called_every == 0`` (0 disables; start/end events always fire).
-        callback: the function to run (subclasses override :meth:`run_callback` instead).
+        callback: the function to run (subclasses override ``run_callback`` instead).
         callback_condition: ``(opt_result) -> bool``; fire only when true.
         modify_optimize_result: a function ``(opt_result) -> None`` or a dict merged into ``opt_result.extra``.
     """

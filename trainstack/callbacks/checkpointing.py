@@ -1,5 +1,5 @@
-"""Checkpoints chosen by a monitored value: :class:`ModelCheckpoint` (Lightning's names) and qadence's
-:class:`SaveBestCheckpoint` built on it.
+"""Checkpoints chosen by a monitored value: ``ModelCheckpoint`` (Lightning's names) and qadence's
+``SaveBestCheckpoint`` built on it.
 
 Every rank runs them (a save is a collective); rank 0's value decides, so the ranks never disagree on whether to
 save. The kept files are part of the callback's state, which every checkpoint holds: a resumed run knows them, and
