@@ -309,7 +309,7 @@ RUNTIME_CASES = {
                                                                          resume="auto")),
                            CheckpointError, "size mismatch"),
     "resume adam into sgd": (lambda t: (_fit(t, optimizer=torch.optim.Adam(_model().parameters())),
-                                        _fit(t, resume="auto")), CheckpointError, "Adam"),
+                                        _fit(t, resume="auto")), ConfigError, "optimizer: Adam -> SGD"),
     "fp16 on cpu host": (lambda t: _fit(t, mixed_precision="fp16", compute_setup="auto"), ConfigError, "fp16"),
     "gpu without cuda": (lambda t: Accelerator(compute_setup="gpu"), ConfigError, "compute_setup='gpu'"),
     "set_use_grad str": (lambda t: Trainer.set_use_grad("no"), ConfigError, "'no'"),

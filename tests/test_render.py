@@ -290,7 +290,7 @@ def test_pyxis_mounts_what_the_job_needs_and_reads_the_versions_inside_the_image
     mounts = "--container-mounts=/scratch/logs:/scratch/logs,/home/u/proj:/home/u/proj,/home/u/venv:/home/u/venv," \
              "/data:/data"
     assert out.count(mounts) == 2 and out.count("--container-workdir=/home/u/proj") == 2
-    probe = next(line for line in out.splitlines() if line.startswith("VERSIONS="))
+    probe = next(line for line in out.splitlines() if "VERSIONS=\"$(" in line)
     assert "srun --nodes=1 --ntasks=1 --container-image=" in probe  # inside the image, not on the host
     with pytest.raises(SpecError, match="pyxis mounts it"):
         LaunchSpec(program=["t.py"], container="pyxis", image="x", log_dir="/a,b")

@@ -258,7 +258,9 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
             click.echo(_task_table(spec, finished_tasks(spec)), err=True)
         return
     from ._slurm.options import check_submittable
+    from .submit import sbatch_path
 
+    sbatch_path()  # no Slurm here: that first, before what the job would find
     check_submittable(spec)
     if snapshot:
         _warn_uncommitted(Path(spec.chdir or "."))

@@ -29,7 +29,7 @@ from ._text import number_ranges
 from .errors import TrainstackError
 from .render import render
 
-__all__ = ["SubmitError", "SubmittedJob", "FunctionJob", "write_script", "submit", "submit_spec",
+__all__ = ["SubmitError", "SubmittedJob", "FunctionJob", "write_script", "submit", "submit_spec", "sbatch_path",
            "submit_function", "finished_tasks", "wait_for"]
 
 
@@ -59,7 +59,7 @@ def write_script(path: Path, text: str, mode: int = 0o755) -> Path:
     return atomic_write(path, text, mode=mode)
 
 
-def _sbatch() -> str:
+def sbatch_path() -> str:
     exe = shutil.which("sbatch")
     if exe is None:
         raise SubmitError("sbatch not found on PATH. HINT: run on a Slurm login node, or use `trainstack generate` "
@@ -81,7 +81,7 @@ def submit_spec(spec: LaunchSpec, wait: bool = False, templates_dir: str | None 
     ``snapshot``, a copy of the code the job then runs from); release it unless ``hold``. A sweep submits only the
     tasks no earlier submission finished. Everything that can fail is checked before anything is written, and the
     job folder is staged in a private folder first: a failed submission leaves no file behind."""
-    exe = _sbatch()
+    exe = sbatch_path()
     text = render(spec, templates_dir, command_line)
     log_dir = Path(spec.log_dir).expanduser().resolve()
     root = git_root(Path(spec.chdir or ".")) if snapshot else None

@@ -193,6 +193,8 @@ def identity_differences(theirs: Mapping[str, Any] | None, ours: Mapping[str, An
         return []
     out = []
     for key in ours:
+        if key == "hyperparameters" and theirs.get("optimizer") != ours.get("optimizer"):
+            continue  # another optimizer: its hyperparameters differ by name, the class says it all
         if key in theirs and theirs[key] != ours[key]:
             if key == "hyperparameters" and len(theirs[key]) == len(ours[key]):
                 for i, (a, b) in enumerate(zip(theirs[key], ours[key], strict=True)):
