@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from . import _jobevents as jobevents
 from ._runtime import compiling, watchdog
 from ._runtime.preemption import GracefulStop
 from ._runtime.watchdog import heartbeat
@@ -349,6 +350,7 @@ class Trainer:
                 self.checkpointer.wait()  # an asynchronous save in flight is committed before the run ends
             if finished and self.accelerator.is_main_process:
                 self.stopper.confirm_finished(self.global_step)
+                jobevents.record("finished", step=self.global_step, reason=self.stop_reason)
         finally:
             run.close(self)
         return handoff.export(self)

@@ -45,4 +45,11 @@ if __name__ == "__main__":
                                  Callback(on="train_epoch_end", callback=progress),
                                  Callback(on="train_start", callback=mark_start),
                                  Callback(on="train_end", callback=save_final)])
-    Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), cfg).fit(data)
+    trainer = Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), cfg)
+    trainer.fit(data)
+    after = float(os.environ.get("AFTER_FIT_SLEEP", "0"))  # the script's own code after fit(), e.g. generation
+    if after and trainer.is_global_zero:
+        (OUT / "fit-done").write_text(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    time.sleep(after)
+    if trainer.is_global_zero:
+        (OUT / f"after-fit-{os.environ.get('SLURM_RESTART_COUNT', '0')}").write_text("done")

@@ -150,3 +150,24 @@ def test_torchrun_without_signal_handling_still_runs_the_requeue_script(slurm_en
     log = job.log_path.read_text()
     assert job.exit_code == 0, log
     assert "this torchrun has no --signals-to-handle" in log and "finished (restart count 0)" in log
+
+
+def test_a_requeue_after_fit_returned_is_that_stop_not_a_crash(slurm_env, shared_tmp, monkeypatch):
+    """`scontrol requeue` while the script runs its own code after fit(): the attempt is booked as the preemption it
+    is (no retry spent), and the requeued attempt has nothing left to train before that code runs again."""
+    for k, v in slurm_env.items():
+        monkeypatch.setenv(k, v)
+    run_dir = shared_tmp / "after-fit"
+    run_dir.mkdir(mode=0o777)
+    spec = _spec(run_dir, "srun")
+    job = submit_spec(LaunchSpec(**{**spec.__dict__, "env": {**spec.env, "AFTER_FIT_SLEEP": "30"}}))
+    _wait_until(lambda: (run_dir / "fit-done").exists(), 150, "the end of fit()")
+    subprocess.run(["scontrol", "requeue", job.job_id], env=slurm_env, check=True)
+    _wait_until(lambda: _job_field(slurm_env, job.job_id, "Restarts") == "1", 120, "the requeue")
+    time.sleep(2.5)
+    subprocess.run(["scontrol", "update", f"jobid={job.job_id}", "StartTime=now"], env=slurm_env, check=True)
+    assert wait_for(job, timeout=240) == 0, job.log_path.read_text()
+    log = job.log_path.read_text()
+    rows = [json.loads(line) for line in (job.job_dir / "verdicts.jsonl").read_text().splitlines()]
+    assert [(r["attempt"], r["kind"], r["retried"]) for r in rows] == [(0, "preempted", True)], rows
+    assert "crash" not in log and "NOTHING TO TRAIN" in log and (run_dir / "after-fit-1").exists(), log[-3000:]

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from .. import _jobevents as events
 from .verdict import HOST_FAULTS, KINDS, verdict
 
 #: Failures worth another attempt by default: the machine's or the network's, not the program's. A Python error or
@@ -36,12 +37,14 @@ _STEP = re.compile(r"\| step (\d+)|^Graceful stop at epoch \d+, step (\d+)", re.
 
 
 def last_step(folder: Path) -> int | None:
-    """The highest optimizer step rank 0's log shows (live lines, epoch lines, the graceful stop's), or None."""
+    """The highest optimizer step the job reached: trainstack's own records (a graceful stop, a finished run) and
+    rank 0's log (live lines, epoch lines, the graceful stop's line), or None."""
+    steps = [int(e["step"]) for e in events.read(folder) if isinstance(e.get("step"), int)]
     try:
         text = (folder / "rank-0.out").read_text(errors="replace")[-500_000:]
     except OSError:
-        return None
-    steps = [int(m.group(1) or m.group(2)) for m in _STEP.finditer(text)]
+        text = ""
+    steps += [int(m.group(1) or m.group(2)) for m in _STEP.finditer(text)]
     return max(steps) if steps else None
 
 

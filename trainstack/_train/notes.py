@@ -85,7 +85,7 @@ def resume_notes(config: Any, folder: Path | None, restored: bool, continues: bo
                      f"longer, or start a new run (resume=None, or another log_folder).")
     elif restored and epoch >= last_epoch:
         notes.append(f"trainstack: NOTHING TO TRAIN: the run in {folder} already finished epoch {epoch} of its "
-                     f"max_iter={config.max_iter} (max_iter counts from the run's start, not from this resume; "
-                     f"qadence trained another max_iter). HINT: raise max_iter to train longer, or start a new run "
+                     f"max_iter={config.max_iter} (max_iter counts from the run's start, not from this resume). "
+                     f"HINT: raise max_iter to train longer, or start a new run "
                      f"(resume=None, or another log_folder).")
     return notes
