@@ -621,6 +621,8 @@ def _field_docs() -> dict[str, tuple[str, str]]:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             doc = after.value.value if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) else ""
             default = ast.unparse(node.value) if node.value is not None else ""
+            if isinstance(node.value, ast.Name):  # a named constant (one place for the default): its value
+                default = repr(globals()[node.value.id])
             out[node.target.id] = (default.replace("field(default_factory=list)", "[]").replace(
                 "field(default_factory=dict)", "{}"), " ".join(str(doc).split()))
     return out
