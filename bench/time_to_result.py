@@ -6,6 +6,11 @@ process holding its output gone). Interleaved repetitions, medians; independent 
 
     python bench/time_to_result.py                 # N = 1, 2; 3 repetitions; 30 steps per rank
     python bench/time_to_result.py --nprocs 2 --reps 5 --steps 10
+    python bench/time_to_result.py --workload tiny     # a model too small to hide fixed costs
+    python bench/time_to_result.py --workload lm       # a small transformer LM (per-op costs: e.g. a FLOP count)
+
+The Trainer script runs as a user's would: with its defaults (the banner, live lines, metrics.jsonl, the final
+checkpoint and summary); its output is read through a pipe, as a Slurm log or CI does.
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ SYSTEMS = {"raw": "raw_ddp.py", "trainer": "trainstack_trainer.py"}
 TARGET = 1.10
 
 
-def run(system: str, n: int, steps: int) -> tuple[float, float]:
+def run(system: str, n: int, steps: int, workload: str = "mlp") -> tuple[float, float]:
     """(seconds to the end of the first optimizer step, seconds to the end of the output) of one fresh run."""
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "STEPS": str(steps)}
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "STEPS": str(steps),
+           "WORKLOAD": workload}
     with tempfile.TemporaryDirectory(prefix="ts-ttr-") as out:
         start = time.time()
         proc = subprocess.run([sys.executable, str(SCRIPTS / SYSTEMS[system]), str(n), out], env=env,
@@ -44,13 +50,14 @@ def main() -> int:
     p.add_argument("--nprocs", default="1,2")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--workload", default="mlp", choices=("mlp", "tiny", "lm"))
     args = p.parse_args()
     ns = [int(n) for n in args.nprocs.split(",")]
     seen: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for rep in range(args.reps):
         for n in ns:
             for system in SYSTEMS:
-                first, done = run(system, n, args.steps)
+                first, done = run(system, n, args.steps, args.workload)
                 seen.setdefault((system, n), []).append((first, done))
                 print(f"rep {rep} N={n} {system:8s} first optimizer step {first:.2f}s, done {done:.2f}s", flush=True)
     print("\n| N | system | first optimizer step s (vs raw) | whole run s (vs raw) |\n|---|---|---|---|")

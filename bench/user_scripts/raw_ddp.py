@@ -15,22 +15,37 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _clock import first_step_ended, write  # noqa: E402
 
-STEPS, BATCH = int(os.environ.get("STEPS", "30")), 256
+WORKLOAD = os.environ.get("WORKLOAD", "mlp")  # tiny: too small to hide fixed costs; lm: a small transformer LM
+STEPS, BATCH = int(os.environ.get("STEPS", "30")), 32 if WORKLOAD == "lm" else 256
+WIDTH = 16 if WORKLOAD == "tiny" else 2048
+VOCAB, CONTEXT = 96, 64
 
 
 class MLP(nn.Module):
+    """The model of the workload (a character-level transformer LM for ``lm``, as the UX review's port)."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
+        if WORKLOAD == "lm":
+            self.embed = nn.Embedding(VOCAB, 64)
+            self.net = nn.Sequential(nn.TransformerEncoder(nn.TransformerEncoderLayer(64, 4, 256, batch_first=True),
+                                                           2), nn.Linear(64, VOCAB))
+        else:
+            self.net = nn.Sequential(nn.Linear(512, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(),
+                                     nn.Linear(WIDTH, 10))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if WORKLOAD == "lm":
+            return self.net(self.embed(x)).mean(1)  # one prediction per sequence: the loss stays the same code
         return self.net(x)
 
 
 def data(world: int) -> TensorDataset:
     g = torch.Generator().manual_seed(0)
     n = STEPS * BATCH * world
-    return TensorDataset(torch.randn(n, 512, generator=g), torch.randint(0, 10, (n,), generator=g))
+    inputs = torch.randint(0, VOCAB, (n, CONTEXT), generator=g) if WORKLOAD == "lm" else \
+        torch.randn(n, 512, generator=g)
+    return TensorDataset(inputs, torch.randint(0, 10, (n,), generator=g))
 
 
 def worker(rank: int, world: int, port: int, out: str) -> None:

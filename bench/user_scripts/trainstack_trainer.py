@@ -34,7 +34,8 @@ if __name__ == "__main__":
     torch.manual_seed(0)
     model = MLP()
     config = TrainConfig(nprocs=world, compute_setup="cpu", max_iter=1, root_folder=os.path.join(out, "runs"),
-                         verbose=False, callbacks=[Callback(on="train_start", callback=clock),
-                                                   Callback(on="train_end", callback=report)])
+                         verbose=os.environ.get("VERBOSE", "1") == "1",  # a user's run prints: the defaults
+                         callbacks=[Callback(on="train_start", callback=clock),
+                                    Callback(on="train_end", callback=report)])
     Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), config, loss_fn=loss).fit(
         DataLoader(data(world), batch_size=BATCH, shuffle=True))

@@ -137,8 +137,9 @@ def start_reports(t: Any, restored: Restored | None) -> None:
     live.total_steps = span.total_steps
     if acc.is_main_process:
         live.optimizer_timer = throughput.OptimizerTimer(t.optimizer, acc.device)
-    if acc.is_main_process:  # compiled kernels hide their FLOPs from the counter: tokens only
-        t.step = throughput.FlopProbe(t.step, t, cfg.gradient_accumulation_steps, acc.compile_options is None)
+    if acc.is_main_process:  # FLOPs only where MFU shows (a peak, kernels not compiled: those hide them)
+        t.step = throughput.FlopProbe(t.step, t, cfg.gradient_accumulation_steps,
+                                      bool(live.peak) and acc.compile_options is None)
     t._held_warnings = hold_warnings(acc.rank) if not acc.is_main_process and t.tracker.bar_on() else None
     nothing_to_train = restored is not None and (t.stop_training or t.global_step >= t._last_step
                                                  or t.current_epoch >= t._last_epoch)

@@ -69,37 +69,40 @@ def tokens_in(batch: Any) -> int | None:
 
 
 class FlopProbe:
-    """The training step with its first call counted (FLOPs -- unless compiled kernels hide them --, tokens) into
-    ``live``, whose clock then restarts: the first interval's rate is not the warm-up's (a compile, the loader's
-    start); then it takes itself out of the trainer (the loop picks the plain step up at the next epoch), costing
-    nothing afterwards."""
+    """The training step, watched for its first calls: after the first (the warm-up: a compile, the loader's start)
+    the tokens per step are read and ``live``'s clock restarts, so no rate counts the warm-up; when MFU can be shown
+    (a peak is known, the kernels are not compiled) the second call runs under torch's FLOP counter -- ~1 s for a
+    small transformer, so never on the first step, never where no MFU is shown. Then it takes itself out of the
+    trainer (the loop picks the plain step up at the next epoch), costing nothing afterwards."""
 
     def __init__(self, step: Any, trainer: Any, accumulation: int, count_flops: bool = True) -> None:
-        self._step, self._trainer, self._accumulation, self._done = step, trainer, accumulation, False
-        self._count_flops = count_flops
+        self._step, self._trainer, self._accumulation = step, trainer, accumulation
+        self._calls, self._count_flops = 0, count_flops
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._step, name)
 
     def __call__(self, model: Any, batch: Any) -> Any:
-        if self._done:
+        if self._calls >= (2 if self._count_flops else 1):  # done (the loop holds this object until its epoch ends)
             return self._step(model, batch)
-        from torch.utils.flop_counter import FlopCounterMode
-
-        self._done = True
-        self._trainer.step = self._step
+        self._calls += 1
         live = self._trainer.tracker.live
-        if self._count_flops:
+        if self._calls == 2 and self._count_flops:
+            from torch.utils.flop_counter import FlopCounterMode
+
             counter = FlopCounterMode(display=False)
             with counter:
                 out = self._step(model, batch)
             live.flops_per_step = counter.get_total_flops() * self._accumulation or None
         else:
             out = self._step(model, batch)
-        tokens = tokens_in(batch)
-        if tokens:
-            live.tokens_per_step = tokens * self._accumulation * self._trainer.accelerator.world_size
-        live.restart(self._trainer.global_step + 1 / self._accumulation)  # one micro-batch of the first step done
+        if self._calls == 1:
+            tokens = tokens_in(batch)
+            if tokens:
+                live.tokens_per_step = tokens * self._accumulation * self._trainer.accelerator.world_size
+        if self._calls >= (2 if self._count_flops else 1):
+            self._trainer.step = self._step
+        live.restart(self._trainer.global_step + 1 / self._accumulation)  # this micro-batch of the step done
         return out
 
 
