@@ -545,5 +545,6 @@ def test_model_checkpoint_top_2_and_last_leaves_lightnings_three_files(tmp_path,
     Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), cfg, val_dataloader=_loader(8, 4)).fit(_loader())
     files = list((tmp_path / "run" / "checkpoints").iterdir())  # best.pt and last.pt are links to two of them
     assert len({f.stat().st_ino for f in files}) == 3, sorted(f.name for f in files)
-    assert sum(f.name.startswith("best-val_loss") for f in files) == 2 and (tmp_path / "run/checkpoints/last.pt").exists()
+    assert sum(f.name.startswith("best-val_loss") for f in files) == 2
+    assert (tmp_path / "run/checkpoints/last.pt").exists()
     assert "periodic ones rotated: the newest 1 kept; a ModelCheckpoint keeps its own files" in capsys.readouterr().out

@@ -59,4 +59,6 @@ def main(folder: str, mode: str, epochs: int) -> None:
 
 
 if __name__ == "__main__":
+    if os.environ.get("UMASK"):  # a user's umask in a shared project folder
+        os.umask(int(os.environ["UMASK"], 8))
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 3)

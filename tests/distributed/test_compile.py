@@ -100,3 +100,45 @@ def test_compile_values_are_checked_with_the_field_named():
         TrainConfig(compile="yes")
     assert TrainConfig.from_cli(["--compile", "true"]).compile is True
     assert TrainConfig.from_cli(["--compile", '{"fullgraph": true}']).compile == {"fullgraph": True}
+
+
+def test_a_compile_cache_another_user_can_write_never_runs_their_code(tmp_path):
+    """A shared project folder (umask 000 here, 002 with a shared group): the run folder is writable by others, so
+    its compile cache would be code they can change that runs as you on the next warm start. The cache goes to a
+    private folder instead; a TRAINSTACK_COMPILE_CACHE others can write is refused. Another local user (nobody)
+    tries to plant code in both."""
+    import shutil
+    import tempfile
+
+    if os.getuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("needs root and runuser to act as a second user")
+    shared = Path(tempfile.mkdtemp(prefix="trainstack-shared-", dir="/tmp"))
+    try:
+        shared.chmod(0o777)
+        project, canary = shared / "proj", shared / "CANARY"
+        project.mkdir(mode=0o777)
+        project.chmod(0o777)
+        env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+        first, text, _ = _run(project / "runB", "inductor", epochs=1, **env, UMASK="000")
+        assert "the compile cache goes to" in text and "is writable by other users" in text, text[-3000:]
+        plant = (f"for f in $(find {project} -name '*.py'); do echo 'open({str(canary)!r}, \"w\")' >> \"$f\"; done; "
+                 f"mkdir -p {shared}/cc/inductor && chmod -R 777 {shared}/cc")
+        subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", plant], check=True, timeout=60)
+        _, text, _ = _run(project / "runB", "inductor", epochs=2, **env, UMASK="000")
+        assert not canary.exists(), text[-3000:]
+        _, text, _ = _run(tmp_path / "other", "inductor", epochs=1, ok=False,
+                          TRAINSTACK_COMPILE_CACHE=str(shared / "cc"))
+        assert "TRAINSTACK_COMPILE_CACHE=" in text and "writable by other users" in text and "HINT" in text, text
+        assert not canary.exists()
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_compile_option_values_are_checked():
+    from trainstack._runtime.compiling import compile_options
+
+    with pytest.raises(ConfigError, match="mode must be one of"):
+        compile_options({"mode": 1})
+    with pytest.raises(ConfigError, match="fullgraph must be True or False"):
+        compile_options({"fullgraph": "yes"})
+    assert compile_options({"mode": "max-autotune", "dynamic": None}) == {"mode": "max-autotune", "dynamic": None}

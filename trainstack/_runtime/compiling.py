@@ -9,13 +9,17 @@
   -- then a barrier, the short timeout back, and one line with each rank's compile time. A model that fails to
   compile is a ``ConfigError`` naming the op and the ``compile=False`` fix.
 * **One cache per run**: inductor's (and triton's) cache folder under the run (or job) folder on shared storage, so
-  a requeued attempt -- or any rank -- finds the artifacts the first one compiled.
+  a requeued attempt -- or any rank -- finds the artifacts the first one compiled. The cache is code a warm start
+  runs (modules, shared libraries, pickled graphs): it is created 0700, and a cache (or the folder holding it) that
+  another user owns or can write is never used -- the run's cache then goes to a private folder of this user, and
+  a ``TRAINSTACK_COMPILE_CACHE`` that fails the check is an error with the fix.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import stat
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,12 +32,13 @@ from .. import _envvars as envvars
 from ..errors import ConfigError
 
 __all__ = ["compile_options", "unwrap_compiled", "plan", "compile_in_place", "use_cache", "cache_folder", "window",
-           "FirstStep", "CACHE_FOLDER"]
+           "FirstStep", "CACHE_FOLDER", "untrusted"]
 
 #: The cache's folder name under a run or job folder.
 CACHE_FOLDER = "compile-cache"
 _DEFAULT_WINDOW_S = 1800.0
 _OPTIONS = ("fullgraph", "dynamic", "backend", "mode", "options", "disable")
+_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def compile_options(value: bool | dict[str, Any] | None, owner: str = "compile") -> dict[str, Any] | None:
@@ -49,6 +54,16 @@ def compile_options(value: bool | dict[str, Any] | None, owner: str = "compile")
     bad = sorted(set(value) - set(_OPTIONS))
     if bad:
         raise ConfigError(f"{owner} has unknown torch.compile option(s) {bad}; valid: {', '.join(_OPTIONS)}")
+    for name, kinds, what in (("fullgraph", (bool,), "True or False"), ("dynamic", (bool, type(None)),
+                                                                        "True, False or None"),
+                              ("disable", (bool,), "True or False"), ("backend", (str,), "a backend name such as "
+                                                                      "'inductor'"), ("options", (dict,), "a dict")):
+        if name in value and not isinstance(value[name], kinds):
+            raise ConfigError(f"{owner}={{{name!r}: {value[name]!r}}}: {name} must be {what}.")
+    if "mode" in value and value["mode"] not in _MODES:
+        raise ConfigError(f"{owner}={{'mode': {value['mode']!r}}}: mode must be one of {', '.join(map(repr, _MODES))}.")
+    if "mode" in value and "options" in value:
+        raise ConfigError(f"{owner}: torch.compile takes 'mode' or 'options', not both.")
     return dict(value)
 
 
@@ -89,15 +104,69 @@ def _entry(call: Callable[..., Any]) -> Callable[..., Any]:
     return compiled_module_call
 
 
-def cache_folder(run_folder: Path | None) -> Path | None:
-    """Where this run's compile cache lives: TRAINSTACK_COMPILE_CACHE, else ``<run folder>/compile-cache``, else
-    ``<job folder>/compile-cache`` in a job; None leaves torch's default (a per-user /tmp folder)."""
+def cache_folder(run_folder: Path | None, run_id: str | None = None) -> Path | None:
+    """Where this run's compile cache lives: TRAINSTACK_COMPILE_CACHE (checked: refused unless private), else
+    ``<run folder>/compile-cache``, else ``<job folder>/compile-cache`` in a job -- each only where nobody else can
+    write it, else a private folder of this user named by the run; None leaves torch's default (a per-user /tmp
+    folder)."""
     if os.environ.get(envvars.COMPILE_CACHE):
-        return Path(os.environ[envvars.COMPILE_CACHE])
-    if run_folder is not None:
-        return Path(run_folder) / CACHE_FOLDER
+        given = Path(os.environ[envvars.COMPILE_CACHE])
+        problem = untrusted(given)
+        if problem:
+            raise ConfigError(f"TRAINSTACK_COMPILE_CACHE={given}: {problem}; a warm start runs the code in it, so a "
+                              f"cache someone else can write runs their code as you. HINT: point it at a folder only "
+                              f"you can write (chmod go-w, or a new folder), or unset it for the run's own cache.")
+        return given
     job = os.environ.get(envvars.JOB_DIR)
-    return Path(job) / CACHE_FOLDER if job else None
+    home = Path(run_folder) if run_folder is not None else Path(job) if job else None
+    if home is None:
+        return None
+    problem = untrusted(home / CACHE_FOLDER)
+    if not problem:
+        return home / CACHE_FOLDER
+    private = _user_cache_root() / (run_id or home.resolve().name)
+    if os.environ.get("RANK", "0") == "0":
+        print(f"trainstack: the compile cache goes to {private}, not {home / CACHE_FOLDER}: {problem} (a warm start "
+              f"runs the code in it; others must not be able to change it).", flush=True)
+    return private
+
+
+def untrusted(folder: Path) -> str:
+    """Why ``folder`` (a compile cache) cannot be trusted, or '' (a missing one is created 0700 here). It must be this
+    user's, in a folder nobody else can rename it from (not writable by others, unless sticky), and either private
+    (0700: nothing in it is reachable by others) or, found open, holding nothing anyone else could have written --
+    then it is made private."""
+    uid = os.getuid()
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        parent, st = folder.parent.stat(), folder.lstat()
+    except OSError as exc:
+        return f"it cannot be created ({exc.strerror})"
+    if parent.st_mode & 0o022 and not parent.st_mode & stat.S_ISVTX:
+        return f"the folder holding it, {folder.parent}, is writable by other users (mode {parent.st_mode & 0o7777:o})"
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != uid:
+        return f"{folder} is a symbolic link or belongs to uid {st.st_uid}, not to you"
+    if st.st_mode & 0o077:  # found open: everything in it must be ours and unwritable by others
+        for item in (folder, *folder.rglob("*")):
+            try:
+                mine = item.lstat()
+            except OSError:
+                continue  # removed meanwhile
+            if mine.st_uid != uid:
+                return f"{item} belongs to uid {mine.st_uid}, not to you"
+            if mine.st_mode & 0o022 and not stat.S_ISLNK(mine.st_mode):
+                return f"{item} is writable by other users (mode {mine.st_mode & 0o7777:o})"
+        folder.chmod(0o700)
+    return ""
+
+
+def _user_cache_root() -> Path:
+    """This user's own cache root for compile caches (``$XDG_CACHE_HOME/trainstack/compile``, 0700)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainstack" / "compile"
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    base.chmod(0o700)
+    return base
 
 
 def use_cache(folder: Path | None) -> Path | None:
@@ -122,6 +191,21 @@ def use_cache(folder: Path | None) -> Path | None:
 _SET_BY_US: dict[str, str] = {}
 
 
+def _from_cache(exc: BaseException, cache: str) -> bool:
+    """Whether ``exc`` (or what caused it) was raised loading a file of the compile cache."""
+    import traceback
+
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        text = "".join(traceback.format_exception(type(seen), seen, seen.__traceback__))
+        if cache in text:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def window() -> float:
     """Seconds the compiling first step may take (TRAINSTACK_COMPILE_TIMEOUT, default 30 minutes)."""
     try:
@@ -131,7 +215,14 @@ def window() -> float:
 
 
 def explain(exc: BaseException) -> ConfigError | None:
-    """A compile failure (dynamo/inductor) as a clear error naming the failing op, or None for any other error."""
+    """A compile failure (dynamo/inductor) as a clear error naming the failing op -- or the damaged cache it came
+    from --, or None for any other error."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if cache and _from_cache(exc, cache):
+        return ConfigError(f"the compile cache {Path(cache).parent} is damaged ({type(exc).__name__}: "
+                           f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}); its files are what "
+                           f"a warm start loads. HINT: delete {Path(cache).parent} and run again (the first step "
+                           f"compiles afresh).")
     try:
         from torch._dynamo.exc import TorchDynamoException
     except ImportError:  # pragma: no cover - torch without dynamo

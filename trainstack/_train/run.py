@@ -82,7 +82,7 @@ def start(t: Any) -> None:
     watchdog.start(acc.rank, acc.world_size, watchdog.resolve_timeout(cfg.hang_timeout), t.run_folder,
                    watchdog.default_store(), armed=True)
     if acc.compile_options is not None:  # the first step compiles: a long window, the run's own cache
-        t.compile_cache = compiling.use_cache(compiling.cache_folder(t.run_folder))
+        t.compile_cache = compiling.use_cache(compiling.cache_folder(t.run_folder, t._folder.run_id))
         watchdog.first_step_window(compiling.window())
         t.step = compiling.FirstStep(t.step, acc, t.console_print)
     t.callbacks = CallbackManager(t._user_callbacks(), acc.is_main_process)
