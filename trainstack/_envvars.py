@@ -12,7 +12,7 @@ from typing import NamedTuple, overload
 __all__ = ["Variable", "VARIABLES", "positive_number"] + [
     "COMPUTE_SETUP", "ERROR_REPORT", "FAST_TENSOR_PATH", "HANG_DIR", "HANG_TIMEOUT", "JOB_DIR", "NODE_LOG", "NPROCS",
     "INTERRUPT_FILE", "PIN_MEMORY", "PRELOAD", "PROGRESS", "RANK_LOG", "RUN_DIR", "SNAPSHOT", "START_METHOD",
-    "SWEEP_ARGS", "SLURM_FN", "STOP_FILE", "STOP_SIGNALS", "SUBMIT_DIR", "TIMEOUT_S", "COMPILE_CACHE",
+    "SWEEP_ARGS", "SUBMISSION", "SLURM_FN", "STOP_FILE", "STOP_SIGNALS", "SUBMIT_DIR", "TIMEOUT_S", "COMPILE_CACHE",
     "COMPILE_TIMEOUT", "PEAK_TFLOPS", "HOST", "REMOTE_DIR", "REMOTE_TRAINSTACK", "SSH_CONFIG", "SSH_REUSE_ONLY",
     "REMOTE_INDEX_DIR", "REMOTE_SIDE"]
 
@@ -84,6 +84,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TRAINSTACK_SWEEP_ARGS", "sweep scripts",
              "A sweep task's own arguments: part of the run's identity, so a resume with other swept values is "
              "refused."),
+    Variable("TRAINSTACK_SUBMISSION", "submit --host (on the login node)",
+             "The laptop's token for one submission: the job carries it (sbatch --comment) and the index records "
+             "it, so a submission whose connection dropped is found, never made twice."),
     Variable("TRAINSTACK_SNAPSHOT", "trainstack submit",
              "The submitting folder relative to the repository: the job runs <job folder>/code/<this>."),
     Variable("TRAINSTACK_SUBMIT_DIR", "job scripts", "The folder the job was submitted from."),
@@ -108,7 +111,7 @@ STOP_SIGNALS, STOP_FILE, NPROCS = "TRAINSTACK_STOP_SIGNALS", "TRAINSTACK_STOP_FI
 COMPUTE_SETUP, JOB_DIR, RUN_DIR = "TRAINSTACK_COMPUTE_SETUP", "TRAINSTACK_JOB_DIR", "TRAINSTACK_RUN_DIR"
 SNAPSHOT, SUBMIT_DIR, RANK_LOG = "TRAINSTACK_SNAPSHOT", "TRAINSTACK_SUBMIT_DIR", "TRAINSTACK_RANK_LOG"
 NODE_LOG, ERROR_REPORT, INTERRUPT_FILE = "TRAINSTACK_NODE_LOG", "TRAINSTACK_ERROR_REPORT", "TRAINSTACK_INTERRUPT_FILE"
-SLURM_FN, SWEEP_ARGS = "TRAINSTACK_SLURM_FN", "TRAINSTACK_SWEEP_ARGS"
+SLURM_FN, SWEEP_ARGS, SUBMISSION = "TRAINSTACK_SLURM_FN", "TRAINSTACK_SWEEP_ARGS", "TRAINSTACK_SUBMISSION"
 COMPILE_CACHE, COMPILE_TIMEOUT = "TRAINSTACK_COMPILE_CACHE", "TRAINSTACK_COMPILE_TIMEOUT"
 PEAK_TFLOPS = "TRAINSTACK_PEAK_TFLOPS"
 HOST, REMOTE_DIR, REMOTE_TRAINSTACK = "TRAINSTACK_HOST", "TRAINSTACK_REMOTE_DIR", "TRAINSTACK_REMOTE_TRAINSTACK"

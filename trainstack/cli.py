@@ -313,14 +313,21 @@ def _warn_uncommitted(cwd: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--limit", type=int, default=20, show_default=True, help="Without JOBID: how many past jobs.")
 @click.option("--attempts", is_flag=True, help="One row per attempt of a requeued job (its verdicts.jsonl).")
+@click.option("--submission", default=None, hidden=True, help="The job a submit --host token names (JSON).")
 @_hosted
-def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool) -> None:
+def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool, submission: str | None) -> None:
     """State, nodes, elapsed time, restarts, progress/ETA and the last metric line of jobs (one row per array
     task); without JOBID, your queued and running jobs and the last jobs trainstack submitted. Works without Slurm
     accounting."""
     import json
 
     from ._slurm.status import format_table, job_status, my_jobs, slurm_problem
+
+    if submission is not None:  # submit --host lost its connection: was this token's job submitted?
+        from .submit import find_submission
+
+        click.echo(json.dumps({"job": find_submission(submission)}))
+        return
 
     rows = [row for job_id in job_ids for row in job_status(job_id)] if job_ids else my_jobs(limit)
     if as_json:

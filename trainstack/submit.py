@@ -30,6 +30,7 @@ from .errors import TrainstackError
 from .render import render
 
 __all__ = ["SubmitError", "SubmittedJob", "FunctionJob", "write_script", "submit", "submit_spec", "sbatch_path",
+           "find_submission", "SUBMISSION_MARK",
            "submit_function", "finished_tasks", "wait_for"]
 
 
@@ -135,6 +136,9 @@ def _sbatch_held(exe: str, spec: LaunchSpec, script: Path, staging: Path, log_di
     if root is not None:  # the job runs from <job folder>/code/<this folder relative to the repository>
         env[envvars.SNAPSHOT] = os.path.relpath(Path(spec.chdir or ".").resolve(), root)
     args = [exe, "--parsable", "--hold"]
+    token = os.environ.get(envvars.SUBMISSION)
+    if token:  # a laptop's submission over ssh: findable by its token should the connection drop now
+        args.append(f"--comment={SUBMISSION_MARK}{token}")
     if spec.tasks:
         args.append(f"--array={number_ranges(tasks, ',')}" + (f"%{spec.max_parallel}" if spec.max_parallel else ""))
     proc = subprocess.run([*args, str(script)], capture_output=True, text=True, timeout=120, env=env)
@@ -218,7 +222,26 @@ def _slurm_version() -> str | None:
 def _remember(job: SubmittedJob, spec: LaunchSpec) -> None:
     index.remember({"job_id": job.job_id, "name": spec.job_name, "job_dir": str(job.job_dir),
                     "log_dir": str(Path(spec.log_dir).resolve()), "log": str(job.log_path), "tasks": job.tasks,
-                    "launcher": spec.launcher})
+                    "launcher": spec.launcher, "submission": os.environ.get(envvars.SUBMISSION)})
+
+
+#: How a job's Slurm comment carries the laptop's submission token.
+SUBMISSION_MARK = "trainstack-submission:"
+
+
+def find_submission(token: str) -> str | None:
+    """The job a submission token names: this user's index, else a queued or running job's comment."""
+    for record in reversed(index.records()):
+        if record.get("submission") == token:
+            return str(record["job_id"])
+    if shutil.which("squeue") is None:
+        return None
+    out = subprocess.run(["squeue", "-h", "-r", "--me", "-o", "%F|%k"], capture_output=True, text=True, timeout=30)
+    for line in out.stdout.splitlines():
+        job, _, comment = line.partition("|")
+        if comment.strip() == f"{SUBMISSION_MARK}{token}":
+            return job.strip()
+    return None
 
 
 def submit(spec: LaunchSpec, wait: bool = False, **kwargs: Any) -> str:

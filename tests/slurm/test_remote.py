@@ -313,3 +313,49 @@ def test_time_to_job_id_and_first_line_from_the_laptop_vs_the_login_node(cluster
     print(f"job id / first log line: on the login node {here[0]:.1f} s / {here[1]:.1f} s; "
           f"from the laptop (--host) {afar[0]:.1f} s / {afar[1]:.1f} s")
     assert afar[1] < here[1] + 15  # ssh, rsync and one remote submit cost seconds, not minutes
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_dropped_connection_during_submit_never_makes_a_second_job(cluster, tmp_path, when):
+    """The connection drops while the login node submits (its trainstack slowed down before or after sbatch): the
+    laptop asks again over a new connection, finds the job by its submission token and records it -- "submitted as
+    job N", exit 0 -- instead of "cannot reach", which made users submit twice."""
+    env, _, tmp = cluster
+    repo = _laptop(tmp_path)
+    slow = tmp / f"slow-{when}"  # the account's trainstack, slowed where the connection will drop
+    real = env["TRAINSTACK_REMOTE_TRAINSTACK"]
+    body = (f'case "$1" in submit) sleep 4; exec {real} "$@";; esac; exec {real} "$@"' if when == "before" else
+            f'case "$1" in submit) {real} "$@"; rc=$?; sleep 6; exit $rc;; esac; exec {real} "$@"')
+    slow.write_text(f"#!/bin/sh\n{body}\n")
+    slow.chmod(0o755)
+    env = {**env, "TRAINSTACK_REMOTE_TRAINSTACK": str(slow)}
+    submitter = subprocess.Popen([sys.executable, "-m", "trainstack", "submit", "--host", "tscluster", "--cpu",
+                                  "--time", "5", "--job-name", "trainstack-test", "--python", "/usr/bin/python3",
+                                  "--hold", "--", "train.py"], env=env, cwd=repo / "src", stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+    control = Path(env["XDG_RUNTIME_DIR"]) / "trainstack-ssh"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # before: the wrapper sleeps before sbatch; after: the job is queued
+        if when == "before":
+            ready = subprocess.run(["pgrep", "-u", USER, "-f", "sleep 4"], capture_output=True, text=True).stdout
+        else:
+            ready = subprocess.run(["squeue", "-h", "-n", "trainstack-test", "-o", "%i"], env=env,
+                                   capture_output=True, text=True).stdout
+        if ready.strip():
+            break
+        time.sleep(0.1)
+    master = subprocess.run(["ssh", "-F", env["TRAINSTACK_SSH_CONFIG"], "-o", f"ControlPath={control}/%C", "-O",
+                             "check", "tscluster"], capture_output=True, text=True).stderr
+    os.kill(int(master.split("pid=")[1].split(")")[0]), signal.SIGKILL)  # the connection drops
+    out, err = submitter.communicate(timeout=120)
+    assert submitter.returncode == 0 and "dropped during the submission, but it was submitted" in err, out + err
+    job = _job_of(out)
+    try:
+        queued = subprocess.run(["squeue", "-h", "-n", "trainstack-test", "-o", "%i %k"], env=env,
+                                capture_output=True, text=True).stdout.split("\n")
+        mine = [line for line in queued if line.strip()]
+        assert len(mine) == 1 and mine[0].split()[0] == job and "trainstack-submission:" in mine[0], queued
+        index = json.loads((Path(env["TRAINSTACK_REMOTE_INDEX_DIR"]) / "remote-jobs.json").read_text())
+        assert job in {r["job"] for r in index}
+    finally:
+        subprocess.run(["scancel", "-n", "trainstack-test"], env=env)

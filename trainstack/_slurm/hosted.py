@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -126,22 +127,55 @@ def submit_hosted(host: str, remote_dir: str, args: list[str], cwd: Path) -> int
     print(f"shipped {files} file(s) to {host}:{submission} ({sent:,} bytes sent, {time.monotonic() - started:.1f} "
           f"s)", file=sys.stderr)
     latest = submission.rsplit("/", 1)[0] + "/latest"  # the next submission links its unchanged files from here
-    cd_and_run = ["sh", "-c", f'ln -sfn "$1" "$2" && cd "$3" && shift 3 && exec env {envvars.REMOTE_SIDE}=1 "$@"', "sh",
-                  submission.rsplit("/", 1)[1], latest, folder, remote.trainstack, *args]
-    out = remote.run(cd_and_run, timeout=300, check=False)
+    token = uuid.uuid4().hex  # the job carries it: a dropped connection cannot make the user submit twice
+    cd_and_run = ["sh", "-c", f'ln -sfn "$1" "$2" && cd "$3" && shift 3 && exec env {envvars.REMOTE_SIDE}=1 '
+                  f'{envvars.SUBMISSION}={token} "$@"', "sh", submission.rsplit("/", 1)[1], latest, folder,
+                  remote.trainstack, *args]
+    try:
+        out = remote.run(cd_and_run, timeout=300, check=False)
+    except RemoteError as exc:
+        return _lost_submission(remote, host, remote_dir, folder, token, str(exc))
     sys.stdout.write(out.stdout)
     sys.stderr.write(out.stderr)
     job = next((w for line in out.stdout.splitlines() if line.startswith("job ") for w in line.split()[1:2]), None)
-    if out.returncode == 0 and job:
+    if out.returncode == 0 and job and job.replace("_", "").isdigit():
         _index_add({"host": host, "job": job, "remote_dir": remote_dir, "code": folder, "time": time.time()})
     return out.returncode
+
+
+def _lost_submission(remote: Remote, host: str, remote_dir: str, folder: str, token: str, why: str,
+                     wait_s: float = 30.0) -> int:
+    """The connection dropped while the login node submitted: ask again (a new connection) whether a job carries
+    the token -- the remote submit may still be running -- and say which it is; never "failed" when it ran."""
+    deadline, job, reached = time.monotonic() + wait_s, None, False
+    while time.monotonic() < deadline:
+        try:
+            out = remote.run([remote.trainstack, "status", "--submission", token], timeout=60, check=False)
+            reached = True
+            job = json.loads(out.stdout.strip().splitlines()[-1]).get("job") if out.stdout.strip() else None
+        except (RemoteError, ValueError, AttributeError):
+            job = None
+        if job:
+            break
+        time.sleep(2)
+    if job:
+        _index_add({"host": host, "job": job, "remote_dir": remote_dir, "code": folder, "time": time.time()})
+        print(f"trainstack: the connection to {host} dropped during the submission, but it was submitted: job "
+              f"{job} (recorded; trainstack status --host {host} {job})", file=sys.stderr)
+        print(f"job {job} (submitted on {host})")
+        return 0
+    known = (f"no job on {host} carries this submission ({token}): it was not submitted. HINT: submit again" if
+             reached else f"{host} cannot be reached to tell whether it was submitted. HINT: once it answers, "
+                          f"`trainstack status --host {host}` lists it if it was (its Slurm comment is "
+                          f"trainstack-submission:{token})")
+    raise RemoteError(f"the connection to {host} dropped during the submission ({why.split('. HINT')[0]}); {known}.")
 
 
 def fetch_job(host: str, job: str, output: Path | None, what: str = "job") -> Path:
     """Copy from ``host`` job ``job``'s folder (``what="job"``: logs, rank logs, metadata, verdicts), its Trainer's
     run folder (``"run"``: metrics, config, checkpoints) or only the run's checkpoints (``"checkpoints"``)."""
     remote = remote_for(host)
-    rows = json.loads(remote.run([remote.trainstack, "status", "--json", job]).stdout or "[]")
+    rows = remote_json(remote.run([remote.trainstack, "status", "--json", job]).stdout, host)
     folder = next((r.get("folder") for r in rows if r.get("folder")), None)
     if not folder:
         raise RemoteError(f"job {job} on {host} has no job folder to fetch (was it submitted by trainstack?)")
@@ -154,8 +188,24 @@ def fetch_job(host: str, job: str, output: Path | None, what: str = "job") -> Pa
         source = named.stdout.strip() + ("/checkpoints" if what == "checkpoints" else "")
     target = output or Path("fetched") / f"{host.replace('@', '_')}-{job}" / what
     target.mkdir(parents=True, exist_ok=True)
-    remote.rsync([f"{source}/"], f"{target}/", pull=True)
+    # the compile cache is code a warm start runs: never brought from the cluster into a laptop's run folder
+    remote.rsync([f"{source}/"], f"{target}/", pull=True, extra=["--exclude=/compile-cache/"])
     return target
+
+
+def remote_json(text: str, host: str) -> list:
+    """The JSON list a remote ``status --json`` printed, after whatever a login shell printed before it (a banner,
+    a module's notice); a clear error when there is none."""
+    start = next((i for i, line in enumerate(text.splitlines()) if line.startswith("[")), None)
+    try:
+        found = json.loads("\n".join(text.splitlines()[start:])) if start is not None else None
+    except ValueError:
+        found = None
+    if not isinstance(found, list):
+        raise RemoteError(f"unexpected output from the trainstack on {host} (no job list): {text.strip()[:300]!r}. "
+                          f"HINT: `ssh {host} trainstack status --json` shows what it prints; a login script that "
+                          f"prints should do so only for interactive shells.")
+    return found
 
 
 def index_path() -> Path:
@@ -192,12 +242,13 @@ def remote_table(limit: int = 20) -> str | None:
     for host, jobs in by_host.items():
         try:
             remote = remote_for(host)
-            found = json.loads(remote.run([remote.trainstack, "status", "--json", *jobs], timeout=60).stdout or "[]")
+            found = remote_json(remote.run([remote.trainstack, "status", "--json", *jobs], timeout=60).stdout,
+                                host)
         except (RemoteError, ValueError) as exc:
             lines.append(f"{host}  {', '.join(jobs)}  ?  ({str(exc)[:160]})")
             continue
         for item in found:
-            progress = Progress(**item["progress"]).cell() if item.get("progress") else "-"
+            progress = Progress.from_dict(item["progress"]).cell() if item.get("progress") else "-"
             lines.append(f"{host}  {item.get('job')}  {item.get('state')}  {progress}  {item.get('metric') or ''}"
                          .rstrip())
     return "\n".join(lines)

@@ -11,6 +11,7 @@ import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from .._text import duration
 
@@ -33,6 +34,18 @@ class Progress:
     rate: str  # "812 samples/s"
     eta_s: float | None  # seconds left, as of now (the line's ETA less its age)
     age_s: float  # how old the line is
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Progress:
+        """A progress another trainstack version sent (``as_dict``): keys this one does not know are ignored, missing
+        ones are empty -- a newer remote never breaks an older laptop's table."""
+        def number(key: str, kind: type) -> Any:
+            value = data.get(key)
+            return kind(value) if isinstance(value, (int, float)) else None
+
+        return cls(number("step", int) or 0, number("total_steps", int), number("epoch", int),
+                   number("total_epochs", int), str(data.get("rate") or ""), number("eta_s", float),
+                   number("age_s", float) or 0.0)
 
     def text(self) -> str:
         """``38% step 150/400, 812 samples/s, eta 00:05:10``."""
