@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -218,3 +219,59 @@ def test_closures_and_a_scheduler_sized_by_the_planned_steps_on_two_processes(tm
     again = Trainer(m3, o3, _cfg(tmp_path, "local", nprocs=2), scheduler=local, scheduler_interval="step")
     again.fit(_loader(32, 4))
     assert again.global_step == 12 and o3.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+
+
+_PERSISTENT = """
+import sys, torch
+from pathlib import Path
+from torch.utils.data import DataLoader, TensorDataset
+from trainstack import TrainConfig, Trainer
+
+if __name__ == "__main__":
+    folder, epochs = sys.argv[1], int(sys.argv[2])
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(64, 8, generator=g), torch.randn(64, 1, generator=g))
+    loader = DataLoader(data, batch_size=8, shuffle=True, num_workers=2, persistent_workers=True)
+    val = DataLoader(data, batch_size=16, num_workers=1, persistent_workers=True)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(32, 1))
+    cfg = TrainConfig(max_iter=epochs, nprocs=2, compute_setup="cpu", log_folder=folder, checkpoint_every=1, seed=0,
+                      resume="auto", verbose=False, val_every=1)
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05), cfg, val_dataloader=val).fit(loader)
+    torch.save(model.state_dict(), Path(folder) / "final.pt")
+    print("fit returned", flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_persistent_loader_workers_end_with_the_run_and_an_epoch_end_resume_is_bitwise(tmp_path):
+    """DataLoader(num_workers=2, persistent_workers=True) on 2 processes: the launcher's output ends with it (no
+    loader worker outlives its rank holding the pipe), and a resume from an epoch-end checkpoint with dropout in
+    the model equals the uninterrupted run bitwise."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "persistent.py"
+    script.write_text(_PERSISTENT)
+
+    def run(folder, epochs):
+        proc = subprocess.Popen([sys.executable, str(script), str(folder), str(epochs)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)  # pipes, as `| tee` reads
+        out, err = proc.communicate(timeout=180)  # returns only once every holder of the pipes is gone
+        assert proc.returncode == 0 and "fit returned" in out, out[-2000:] + err[-3000:]
+        deadline = time.monotonic() + 5  # a process in its last instant of exiting is no leftover
+        while True:
+            shown = subprocess.run(["ps", "-o", "pid=,stat=,cmd=", "-s", str(proc.pid)], capture_output=True,
+                                   text=True).stdout.splitlines()
+            alive = [line for line in shown if line.split()[1:2] and not line.split()[1].startswith("Z")]
+            if not alive or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert not alive, f"processes of the run outlived it: {alive}"  # zombies await a reaper, nothing more
+
+    run(tmp_path / "a", 4)
+    run(tmp_path / "b", 2)
+    run(tmp_path / "b", 4)
+    a = torch.load(tmp_path / "a" / "final.pt", weights_only=True)
+    b = torch.load(tmp_path / "b" / "final.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a), {k: (a[k] - b[k]).abs().max().item() for k in a}

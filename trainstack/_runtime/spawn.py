@@ -238,6 +238,7 @@ class _WorkerSpec:
     rlimits: tuple[tuple[int, int, int], ...] = ()  # (resource, soft, hard) of the launching process
     keep_open: tuple[Any, ...] = field(default_factory=tuple)  # _SharedFd: held by every worker until it exits
     interruptible: bool = False  # the launching process turns a first Ctrl-C into a graceful stop (the Trainer)
+    start_method: str | None = None  # the launching process's default: what the user's DataLoaders would use
 
 
 class _SharedFd:
@@ -375,6 +376,8 @@ def _worker(local_index: int, payload: Any, spec: _WorkerSpec, private_dir: str)
     if spec.interruptible:  # until the Trainer's handler is in place, Ctrl-C is the launching process's to relay
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         os.environ[envvars.INTERRUPT_FILE] = os.path.join(private_dir, _INTERRUPTED)
+    if spec.start_method is not None:  # a worker born of a fork server inherits its method: a DataLoader's workers
+        multiprocessing.set_start_method(spec.start_method, force=True)  # would outlive the rank; the user's own
     atomic_write(os.path.join(private_dir, f"started-{local_index}"), b"", mode=0o600)
     os.environ[envvars.ERROR_REPORT] = os.path.join(private_dir, f"error-{local_index}.txt")
     try:
@@ -394,8 +397,19 @@ def _worker(local_index: int, payload: Any, spec: _WorkerSpec, private_dir: str)
     except BaseException as exc:
         atomic_write(os.path.join(private_dir, f"error-{local_index}.txt"), _failure_text(exc).encode(
             "utf-8", "replace"), mode=0o600)
+        _stop_children()
         raise
     _exit_cleanly()
+
+
+def _stop_children(timeout: float = 2.0) -> None:
+    """A worker's own processes end with it -- DataLoader workers, persistent ones included, which would otherwise
+    live on holding the launcher's stdout (``python train.py | tee log`` never ended)."""
+    children = multiprocessing.active_children()
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.join(timeout)
 
 
 def _failure_text(exc: BaseException) -> str:
@@ -414,6 +428,7 @@ def _exit_cleanly() -> None:
     """End a worker whose work is done and whose group is closed without running C++ static destructors: under load,
     a torch background thread still joinable at interpreter exit aborts the process ("terminate called without an
     active exception", SIGABRT) after its result was written, and the run would be reported as failed."""
+    _stop_children()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -556,7 +571,9 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
                        hang_timeout=hang_timeout, hang_dir=hang_dir,
                        environ=dict(os.environ) if method == "forkserver" else None, umask=mask, rlimits=limits,
                        keep_open=tuple(_SharedFd(fd) for fd in keep_open) if method != "fork" else tuple(keep_open),
-                       interruptible=interruptible)
+                       interruptible=interruptible,
+                       start_method=multiprocessing.get_start_method(allow_none=True) or
+                       multiprocessing.get_context().get_start_method())
     # mkdtemp makes the folder 0700: reports, the result and torch's own error files live where only we can write.
     with tempfile.TemporaryDirectory(prefix="launch-", dir=_preload.private_tempdir()) as private_dir:
         context = _start(payload, spec, private_dir, plan.nprocs_local, method)

@@ -43,8 +43,10 @@ class Evaluator:
         start, end = f"{phase}_batch_start", f"{phase}_batch_end"
         i, batch, hb = 0, None, heartbeat()
         hb.phase = "eval"
+        with torch.random.fork_rng(devices=[]):  # creating the iterator draws a seed: never from training's RNG,
+            batches = iter(epoch_batches(loader))  # whose sequence must not depend on a persistent loader's age
         with torch.no_grad(), self.autocast():
-            for i, batch in enumerate(epoch_batches(loader), 1):  # batch events count this pass's batches
+            for i, batch in enumerate(batches, 1):  # batch events count this pass's batches
                 hb.tick += 1
                 batch = self.accelerator.prepare_batch(batch)
                 self.fire(start, i, None, None)

@@ -59,11 +59,13 @@ class EpochCursor:
         self.batch, self.totals, self.base = 0, {}, samples  # a new segment of the epoch
         return True
 
-    def resume(self, restored: Any, world: int, samples_per_step: Any, derived: int) -> str:
+    def resume(self, restored: Any, world: int, samples_per_step: Any, derived: int, persistent: bool = False) -> str:
         """Take a checkpoint's position and RNG; returns where it continues, in words (for the "Resumed" line).
 
-        The same layout restores this rank's RNG (once the epoch's iterator exists, when mid-epoch); another
-        layout re-seeds every rank from ``derived`` (the seed, the rank and the step: repeatable).
+        The same layout restores this rank's RNG -- once the epoch's iterator exists when mid-epoch, or when the
+        loader keeps ``persistent`` workers (an uninterrupted run only resets its iterator at an epoch's start,
+        while a resumed one creates it, drawing from the RNG) --; another layout re-seeds every rank from
+        ``derived`` (the seed, the rank and the step: repeatable).
         """
         from ..accelerator import seed_everything
         from ..checkpoint import restore_rng
@@ -71,7 +73,7 @@ class EpochCursor:
         partial = restored.counters.get("partial_epoch") or {}
         resharded = self.take(partial, restored.world_size, world, samples_per_step)
         if restored.rng is not None and not resharded:
-            if self.batch:
+            if self.batch or persistent:
                 self.pending_rng = restored.rng
             else:
                 restore_rng(restored.rng)

@@ -243,6 +243,8 @@ def apply(t: Any, restored: Restored) -> None:
         t.stop_training, t.stop_reason = True, str(c["stopped_by"])
     if hasattr(t._train_loader, "set_epoch"):
         t._train_loader.set_epoch(t.current_epoch)
-    where = t.cursor.resume(restored, acc.world_size, getattr(t._train_loader, "samples_per_step", None),
-                            derived_seed(t.config.seed or 0, acc.rank, t.global_step))
+    loader = t._train_loader
+    persistent = bool(getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0))
+    where = t.cursor.resume(restored, acc.world_size, getattr(loader, "samples_per_step", None),
+                            derived_seed(t.config.seed or 0, acc.rank, t.global_step), persistent)
     t.console_print(f"Resumed from {restored.path} (epoch {t.current_epoch}, step {t.global_step}{where}).")
