@@ -54,10 +54,10 @@ def compile_options(value: bool | dict[str, Any] | None, owner: str = "compile")
     bad = sorted(set(value) - set(_OPTIONS))
     if bad:
         raise ConfigError(f"{owner} has unknown torch.compile option(s) {bad}; valid: {', '.join(_OPTIONS)}")
-    for name, kinds, what in (("fullgraph", (bool,), "True or False"), ("dynamic", (bool, type(None)),
-                                                                        "True, False or None"),
-                              ("disable", (bool,), "True or False"), ("backend", (str,), "a backend name such as "
-                                                                      "'inductor'"), ("options", (dict,), "a dict")):
+    checks = (("fullgraph", (bool,), "True or False"), ("dynamic", (bool, type(None)), "True, False or None"),
+              ("disable", (bool,), "True or False"), ("options", (dict,), "a dict"),
+              ("backend", (str, Callable), "a backend name such as 'inductor', or a backend function"))
+    for name, kinds, what in checks:
         if name in value and not isinstance(value[name], kinds):
             raise ConfigError(f"{owner}={{{name!r}: {value[name]!r}}}: {name} must be {what}.")
     if "mode" in value and value["mode"] not in _MODES:
