@@ -366,7 +366,7 @@ class Trainer:
             restore_rng(pending_rng)
             self.cursor.pending_rng = None
         step.begin_epoch(left)
-        self.tracker.live.epoch_start(sums, n)
+        self.tracker.live.epoch_start(sums, n, totals.get("interval"))
         end = n + left if left is not None else -1  # the epoch's last batch, when known
         model.train()
         on_start, on_end = self.callbacks.period("train_batch_start"), self.callbacks.period("train_batch_end")
@@ -407,7 +407,7 @@ class Trainer:
         collective = due - {"log", "clock", "bar", "report"}
         if collective:
             self.cursor.stop_at(n, getattr(self._train_loader, "samples_per_step", None),
-                                self.accelerator.world_size, sums.loss_sum, sums.sums)
+                                self.accelerator.world_size, sums.loss_sum, sums.sums, self.tracker.live.interval())
         if "optimizer_step" in due:
             self._fire_batch("optimizer_step", step)
         if "clock" in due:

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import collections.abc
 import datetime
 import os
 import stat
@@ -54,9 +55,10 @@ def compile_options(value: bool | dict[str, Any] | None, owner: str = "compile")
     bad = sorted(set(value) - set(_OPTIONS))
     if bad:
         raise ConfigError(f"{owner} has unknown torch.compile option(s) {bad}; valid: {', '.join(_OPTIONS)}")
-    checks = (("fullgraph", (bool,), "True or False"), ("dynamic", (bool, type(None)), "True, False or None"),
-              ("disable", (bool,), "True or False"), ("options", (dict,), "a dict"),
-              ("backend", (str, Callable), "a backend name such as 'inductor', or a backend function"))
+    checks: tuple[tuple[str, tuple[Any, ...], str], ...] = (
+        ("fullgraph", (bool,), "True or False"), ("dynamic", (bool, type(None)), "True, False or None"),
+        ("disable", (bool,), "True or False"), ("options", (dict,), "a dict"),
+        ("backend", (str, collections.abc.Callable), "a backend name such as 'inductor', or a backend function"))
     for name, kinds, what in checks:
         if name in value and not isinstance(value[name], kinds):
             raise ConfigError(f"{owner}={{{name!r}: {value[name]!r}}}: {name} must be {what}.")

@@ -134,9 +134,11 @@ class TrackerIds:
 
 class MLflowWriter:
     """MLflow tracking; ``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME`` and ``MLFLOW_RUN_NAME`` apply. Every
-    restart resumes the same MLflow run (its id is in ``trackers.json``) and sends only the rows after the last
-    step MLflow holds (an append-only store cannot take rows back; the stopped attempt's rows after its checkpoint
-    are the same rows where training is bitwise), so the run's history is the uninterrupted run's, no duplicate."""
+    restart resumes the MLflow run tagged with trainstack's run id (``trainstack.run_id``: a copied run folder has
+    an id of its own, a deleted ``trackers.json`` loses nothing) and sends only the rows after the last step MLflow
+    holds (an append-only store cannot take rows back; the stopped attempt's rows after its checkpoint are the same
+    rows where training is bitwise), so the run's history is the uninterrupted run's, no duplicate. A store that
+    cannot be reached or written is a clear error at the start, never minutes of silence."""
 
     def __init__(self, folder: Path, ids: TrackerIds, run_id: str | None) -> None:
         try:
@@ -144,19 +146,46 @@ class MLflowWriter:
         except ImportError:
             raise ConfigError("tracking_tool='mlflow' needs mlflow. HINT: pip install 'trainstack[mlflow]'.") from None
         self.mlflow, self.ids = mlflow, ids
+        uri = mlflow.get_tracking_uri()
+        if _reachable(uri):  # a server: a bounded wait per call, not MLflow's minutes of retries
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+        ours = set(os.environ)
         experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME", "trainstack")
-        if mlflow.get_experiment_by_name(experiment) is None:
-            mlflow.create_experiment(experiment)
-        mlflow.set_experiment(experiment)
-        known = ids.data.get("mlflow_run_id")
-        self.run = mlflow.start_run(run_id=known) if known else mlflow.start_run(
-            run_name=os.environ.get("MLFLOW_RUN_NAME", Path(folder).name), tags={"trainstack.run_id": run_id or ""})
-        if not known:
+        try:
+            if mlflow.get_experiment_by_name(experiment) is None:
+                mlflow.create_experiment(experiment)
+            mlflow.set_experiment(experiment)
+            known = self._run_of(experiment, run_id)
+            self.run = mlflow.start_run(run_id=known) if known else mlflow.start_run(
+                run_name=os.environ.get("MLFLOW_RUN_NAME", Path(folder).name),
+                tags={"trainstack.run_id": run_id or ""})
+        except ConfigError:
+            raise
+        except Exception as exc:  # the store's own error (a file store MLflow 3 refuses, a read-only folder, ...)
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"MLflow at {uri} cannot be used: {type(exc).__name__}: {first}. HINT: set "
+                              f"MLFLOW_TRACKING_URI to a store you can write (a server http://..., or "
+                              f"sqlite:///$PWD/mlflow.db; a file store ./mlruns needs MLFLOW_ALLOW_FILE_STORE=true "
+                              f"with MLflow 3), or tracking_tool='jsonl'.") from None
+        finally:
+            for key in set(os.environ) - ours:  # MLflow's own note of the active experiment: not the user's env
+                if key == "MLFLOW_EXPERIMENT_ID":
+                    del os.environ[key]
+        if ids.data.get("mlflow_run_id") != self.run.info.run_id:
             ids.data["mlflow_run_id"] = self.run.info.run_id
             ids.save()
         held = mlflow.tracking.MlflowClient().get_run(self.run.info.run_id).data._metric_objs if known else []
         self.held_step = max((m.step for m in held), default=-1)  # the latest step MLflow has, with its keys
         self.held_keys = {m.key for m in held if m.step == self.held_step}
+
+    def _run_of(self, experiment: str, run_id: str | None) -> str | None:
+        """The MLflow run of trainstack run ``run_id`` (by its tag), else None: a new one is started."""
+        if not run_id:
+            return None
+        found = self.mlflow.search_runs(experiment_names=[experiment], output_format="list", max_results=1,
+                                        filter_string=f"tags.`trainstack.run_id` = '{run_id}'")
+        return found[0].info.run_id if found else None
 
     def write(self, iteration: int | None, metrics: dict[str, float], step: int = 0,
               epoch: float | None = None) -> None:
@@ -165,10 +194,10 @@ class MLflowWriter:
         self.mlflow.log_metrics(metrics, step=step)
 
     def log_hyperparams(self, hyperparams: dict[str, Any]) -> None:
-        if not self.ids.data.get("mlflow_params"):  # once per run: MLflow refuses to change a logged parameter
-            self.mlflow.log_params(hyperparams)
-            self.ids.data["mlflow_params"] = True
-            self.ids.save()
+        logged = self.mlflow.tracking.MlflowClient().get_run(self.run.info.run_id).data.params
+        fresh = {k: v for k, v in hyperparams.items() if k not in logged}  # MLflow refuses to change a logged one
+        if fresh:
+            self.mlflow.log_params(fresh)
 
     def add_figure(self, name: str, figure: Any, iteration: int) -> None:
         self.mlflow.log_figure(figure, f"{name}_{iteration}.png")
@@ -224,9 +253,30 @@ class WandbWriter:
         self.run.finish()
 
 
+def _reachable(uri: str, timeout: float = 5.0) -> bool:
+    """True for an ``http(s)://`` tracking server that answers; one that does not within ``timeout`` is a clear
+    error now -- MLflow's own retries would wait minutes before every attempt's first step. False: not a server."""
+    import socket
+    from urllib.parse import urlparse
+
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return False
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(f"the MLflow server {uri} does not answer ({exc.strerror or exc}; waited {timeout:g} s). "
+                          f"HINT: start it, or check MLFLOW_TRACKING_URI (from a compute node: is the server "
+                          f"reachable from there?), or tracking_tool='jsonl'.") from None
+    return True
+
+
 class Writers:
     """Fan-out to the active writers, keeping the metric history for the final loss curve. Every row is stamped
-    with the run's step (``clock``), which a resumed run compares with its checkpoint's."""
+    with the run's step (``clock``), which a resumed run compares with its checkpoint's. A tracker that fails while
+    training (a server gone, a full or read-only store) is warned about once and left out; training goes on and
+    metrics.jsonl keeps every row."""
 
     def __init__(self, folder: Path, writers: list[Any], clock: Any = None) -> None:
         self.folder = Path(folder)
@@ -240,12 +290,25 @@ class Writers:
         clean = {k: _scalar(v) for k, v in metrics.items()}
         step = int(self.clock()) if self.clock is not None else 0
         self.history.append({"step": step, **clean})
-        for w in self.writers:
-            w.write(iteration, clean, step, epoch)
+        self._each("write", iteration, clean, step, epoch)
+
+    def _each(self, method: str, *args: Any) -> None:
+        """Call ``method`` of every writer; a tracker that raises is warned about once and dropped (metrics.jsonl,
+        the run's own record, is not: its errors reach the caller)."""
+        for w in list(self.writers):
+            if isinstance(w, JsonlWriter):
+                getattr(w, method)(*args)
+                continue
+            try:
+                getattr(w, method)(*args)
+            except Exception as exc:
+                self.writers.remove(w)
+                print(f"trainstack: WARNING: the {type(w).__name__.removesuffix('Writer')} tracker failed "
+                      f"({type(exc).__name__}: {str(exc).strip()[:200]}); training goes on without it, and "
+                      f"metrics.jsonl keeps every row.", flush=True)
 
     def log_hyperparams(self, hyperparams: dict[str, Any]) -> None:
-        for w in self.writers:
-            w.log_hyperparams(hyperparams)
+        self._each("log_hyperparams", hyperparams)
 
     def plot(self, model: Any, iteration: int, plotting_functions: tuple) -> None:
         for fn in plotting_functions:

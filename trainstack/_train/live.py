@@ -87,9 +87,17 @@ class LiveLog:
         self._waited = self.data_wait
         self._optimized = self.optimizer_timer.seconds() or 0.0 if self.optimizer_timer is not None else 0.0
 
-    def epoch_start(self, sums: Any, n: int) -> None:
-        """A new epoch (or the rest of a resumed one) starts: the interval counts its batches from ``n``."""
+    def epoch_start(self, sums: Any, n: int, interval: dict[str, Any] | None = None) -> None:
+        """A new epoch (or the rest of a resumed one) starts: the interval counts its batches from ``n`` -- or, in a
+        resumed epoch, from where the stopped run's open interval began (``interval``)."""
         self._sums, self._loss, self._metrics, self._n = sums, sums.loss_sum, dict(sums.sums), n
+        if interval:
+            self._loss, self._metrics, self._n = interval.get("loss"), dict(interval.get("metrics") or {}), \
+                int(interval.get("n", n))
+
+    def interval(self) -> dict[str, Any]:
+        """Where the open log interval began (for a checkpoint): the epoch's sums then, and its batch."""
+        return {"loss": self._loss, "metrics": dict(self._metrics), "n": self._n}
 
     def values(self, sums: Any, n: int, step: int, optimizer: Any) -> dict[str, float]:
         """The interval's loss and metric means, learning rates and throughput; starts the next interval."""

@@ -117,9 +117,12 @@ class EpochCursor:
             samples = base + n * spb
         return {"batch_in_epoch": n, "samples_in_epoch": samples, "world_size": world}
 
-    def stop_at(self, n: int, samples_per_step: Any, world: int, loss_sum: Any, sums: dict[str, Any]) -> None:
-        """Record the position of a stop after ``n`` batches of this epoch, with its partial sums."""
-        self.saved = {**self.position(n, samples_per_step, world), "loss_sum": loss_sum, "sums": sums}
+    def stop_at(self, n: int, samples_per_step: Any, world: int, loss_sum: Any, sums: dict[str, Any],
+                interval: dict[str, Any] | None = None) -> None:
+        """Record the position of a stop after ``n`` batches of this epoch, with its partial sums and where the open
+        log interval began (so a resumed run's next row averages the same steps as the uninterrupted run's)."""
+        self.saved = {**self.position(n, samples_per_step, world), "loss_sum": loss_sum, "sums": sums,
+                      "interval": interval}
 
     def checkpoint(self) -> dict[str, Any]:
         """What a checkpoint stores as the position inside the current epoch."""

@@ -128,7 +128,9 @@ def start_reports(t: Any, restored: Restored | None) -> None:
     """Rank 0's reports (banner, bar or live lines, metrics files) and the schedule of step duties."""
     acc, cfg = t.accelerator, t.config
     span = run_span(t, cfg.gradient_accumulation_steps)
-    t.run_id = (restored.counters.get("run_id") if restored else None) or t._folder.run_id
+    found = restored.counters.get("run_id") if restored else None
+    t.run_id = t._folder.adopt(found, t.run_folder) if found and acc.is_main_process else t._folder.run_id
+    t.run_id = acc.broadcast(t.run_id) if acc.world_size > 1 else t.run_id
     t.tracker = Tracker(cfg, t.run_folder, acc.is_main_process, span, clock=lambda: t.global_step,
                         keep_through=int(restored.counters["global_step"]) if restored else None, run_id=t.run_id,
                         samples_per_batch=getattr(t.train_dataloader, "batch_size", None), world_size=acc.world_size)

@@ -10,6 +10,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import socket
 import time
 import uuid
@@ -236,22 +237,42 @@ def _record_in_job(folder: Path) -> None:
             pass  # a read-only job folder must not stop the run
 
 
-def ensure_run_id(folder: Path) -> str:
-    """The run's id: created at its first start (``run.json`` in the run folder), the same on every restart; the
+_RUN_ID = re.compile(r"[0-9a-f]{16}")
+
+
+def valid_run_id(value: Any) -> bool:
+    """An id trainstack made (16 hex digits): safe in a tracker's run name, a file name, a query."""
+    return isinstance(value, str) and bool(_RUN_ID.fullmatch(value))
+
+
+def ensure_run_id(folder: Path, echo: Callable[[str], None] = print) -> tuple[str, str]:
+    """The run's id and how it was found: ``kept`` (``run.json``, made at the run's first start and the same on
+    every restart), ``new`` (no usable ``run.json``: a checkpoint's id may take its place) or ``copied`` (the folder
+    was copied from another run's: a new id, so the copy never writes into the original's tracker runs). The
     trackers resume the run it names."""
     from .._files import atomic_write
 
     path = folder / "run.json"
+    here, state = str(Path(folder).resolve()), "new"
     try:
-        found = json.loads(path.read_text(encoding="utf-8")).get("run_id")
-        if isinstance(found, str) and found:
-            return found
+        data = json.loads(path.read_text(encoding="utf-8"))
+        found = data.get("run_id")
+        if valid_run_id(found) and data.get("path") in (None, here):
+            if data.get("path") is None:  # from before the path was recorded
+                atomic_write(path, json.dumps({**data, "path": here}) + "\n", mode=0o644)
+            return found, "kept"
+        if valid_run_id(found):
+            state = "copied"
+            echo(f"trainstack: {folder} is a copy of the run in {data.get('path')}: it gets a run id of its own, so "
+                 f"its trackers never write into that run's.")
+        else:
+            echo(f"trainstack: WARNING: {path} holds no usable run id ({str(found)[:40]!r}); a new one is made.")
     except (OSError, ValueError, AttributeError):
         pass
     run_id = uuid.uuid4().hex[:16]
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps({"run_id": run_id, "created": time.time()}) + "\n", mode=0o644)
-    return run_id
+    atomic_write(path, json.dumps({"run_id": run_id, "created": time.time(), "path": here}) + "\n", mode=0o644)
+    return run_id, state
 
 
 class RunFolder:
@@ -266,6 +287,7 @@ class RunFolder:
         self.config, self.identity, self.echo = config, identity, echo
         self.lock: RunLock | None = None
         self.run_id: str | None = None  # set by agree()
+        self.run_id_state = "kept"  # set by agree(): how run.json gave it (see ensure_run_id)
 
     def claim(self, continuing: Path | None = None) -> Path:
         """Pick the folder (``continuing``: a second fit's), refuse to overwrite another run's checkpoints, lock it,
@@ -303,14 +325,28 @@ class RunFolder:
         if accelerator.is_main_process:
             try:
                 folder = str(self.claim(continuing)) if claimed is None else str(claimed)
-                choice = (folder, None, ensure_run_id(Path(folder)))
+                run_id, state = ensure_run_id(Path(folder), self.echo)
+                choice = (folder, None, f"{run_id}/{state}")
                 _record_in_job(Path(folder))
             except ConfigError as exc:
                 choice = (None, str(exc), None)
-        folder, error, self.run_id = accelerator.broadcast(choice)
+        folder, error, found = accelerator.broadcast(choice)
+        if found:
+            self.run_id, _, self.run_id_state = found.partition("/")
         if error is not None:
             raise ConfigError(error)
         return Path(folder)
+
+    def adopt(self, run_id: str, folder: Path) -> str:
+        """A checkpoint's id for a run whose ``run.json`` was lost (not copied): the trackers continue its run."""
+        from .._files import atomic_write
+
+        if self.run_id_state == "new" and valid_run_id(run_id) and run_id != self.run_id:
+            self.run_id = run_id
+            atomic_write(Path(folder) / "run.json", json.dumps({"run_id": run_id, "created": time.time(),
+                                                                 "path": str(Path(folder).resolve())}) + "\n",
+                         mode=0o644)
+        return self.run_id or run_id
 
     def fits(self, model: Any, folder: Path) -> None:
         """Before spawning: the checkpoint to resume from must fit the model (a clear error here, not in a worker)."""
