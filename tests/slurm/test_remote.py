@@ -359,3 +359,25 @@ def test_a_dropped_connection_during_submit_never_makes_a_second_job(cluster, tm
         assert job in {r["job"] for r in index}
     finally:
         subprocess.run(["scancel", "-n", "trainstack-test"], env=env)
+
+
+def test_odd_file_names_and_a_long_runtime_folder_ship_as_they_are(cluster, tmp_path):
+    """Any byte but NUL may be in a file name: a newline (which once split one name into two, shipping an ignored
+    .env) and a name that is not UTF-8 ship as themselves; a runtime folder too long for a socket path falls back
+    to a short private one."""
+    env, home, _ = cluster
+    repo = _laptop(tmp_path)
+    (repo / "src" / ".env").write_text("SECRET=1\n")
+    (repo / ".gitignore").write_text("data/\n.env\n")
+    (repo / "src" / "x\n.env").write_text("newline\n")
+    (repo / "src").joinpath(os.fsdecode(b"caf\xe9.txt")).write_text("latin-1\n")
+    long_runtime = tmp_path / ("r" * 70)
+    long_runtime.mkdir(mode=0o700)
+    env = {**env, "XDG_RUNTIME_DIR": str(long_runtime)}
+    out = ts(env, "submit", "--host", "tscluster", "--cpu", "--time", "5", "--job-name", "trainstack-test",
+             "--python", "/usr/bin/python3", "--hold", "--", "train.py", cwd=repo / "src")
+    job = _job_of(out.stdout)
+    subprocess.run(["scancel", job], env=env)
+    shipped = max((home / "trainstack-remote" / "code").glob("*/*"), key=lambda p: p.stat().st_mtime)
+    names = {os.fsencode(p.name) for p in (shipped / "src").iterdir()}
+    assert b"x\n.env" in names and b"caf\xe9.txt" in names and b".env" not in names, names

@@ -97,17 +97,19 @@ def ship(remote: Remote, cwd: Path, remote_dir: str) -> tuple[str, str, int, int
     root = _repo_root(cwd)
     listed = subprocess.run(["git", "-C", str(root), "ls-files", "-co", "--exclude-standard", "-z"],
                             capture_output=True, check=True).stdout.split(b"\0")
-    files = [f.decode() for f in listed if f and (root / f.decode()).is_file()]
+    # names as bytes all the way (any byte but NUL is a valid file name: non-UTF-8, a newline)
+    files = [f for f in listed if f and (root / os.fsdecode(f)).is_file()]
     tag = hashlib.sha256(str(root).encode()).hexdigest()[:8]
     base = f"{remote_dir.rstrip('/')}/code/{root.name}-{tag}"
     submission = f"{base}/{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"
     remote.run(["mkdir", "-p", submission])
-    with tempfile.NamedTemporaryFile("w", suffix=".files", delete=False) as fh:
-        fh.write("\n".join(files) + "\n")
+    with tempfile.NamedTemporaryFile("wb", suffix=".files", delete=False) as fh:
+        fh.write(b"\0".join(files) + b"\0")
     try:
-        # --checksum: an edit within the same second keeps a file's size and mtime, which rsync would trust
+        # --checksum: an edit within the same second keeps a file's size and mtime, which rsync would trust;
+        # --from0: the list is NUL-separated, as git gave it (a newline in a name cannot split one into two)
         sent = remote.rsync([f"{root}/"], f"{submission}/", files_from=Path(fh.name),
-                            extra=["--link-dest=../latest", "--checksum"])
+                            extra=["--link-dest=../latest", "--checksum", "--from0"])
     finally:
         os.unlink(fh.name)
     sub = cwd.resolve().relative_to(root.resolve())

@@ -32,13 +32,30 @@ class RemoteError(TrainstackError):
     """The host could not be reached, refused the key, or lacks what trainstack needs there."""
 
 
+#: A Unix socket path holds at most ~104 bytes; ssh's %C (a 40-character hash) and a suffix ssh adds while it
+#: creates the socket come after the folder.
+_SOCKET_ROOM = 104 - 41 - 18
+
+
 def control_dir() -> Path:
-    """The private folder of the control sockets (0700): ``$XDG_RUNTIME_DIR/trainstack-ssh`` or ``~/.ssh/trainstack``
-    -- short, since a Unix socket path is limited to ~100 bytes."""
-    base = os.environ.get("XDG_RUNTIME_DIR") or str(Path.home() / ".ssh")
-    folder = Path(base) / "trainstack-ssh"
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(folder, 0o700)
+    """The private folder of the control sockets (0700, this user's): ``$XDG_RUNTIME_DIR/trainstack-ssh``,
+    ``~/.ssh/trainstack-ssh``, else -- when those paths are too long for a socket -- ``/tmp/trainstack-ssh-<uid>``.
+    A folder another user owns (or a link to one) is refused, naming it."""
+    candidates = [Path(os.environ["XDG_RUNTIME_DIR"]) / "trainstack-ssh"] if os.environ.get("XDG_RUNTIME_DIR") else []
+    candidates += [Path.home() / ".ssh" / "trainstack-ssh", Path(f"/tmp/trainstack-ssh-{os.getuid()}")]
+    folder = next((c for c in candidates if len(str(c)) <= _SOCKET_ROOM), candidates[-1])
+    try:
+        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        st = folder.lstat()
+        if os.path.islink(folder) or st.st_uid != os.getuid():
+            raise RemoteError(f"the ssh control folder {folder} is a link or belongs to uid {st.st_uid}, not to you: "
+                              f"another user could hijack the connection. HINT: remove it, or set XDG_RUNTIME_DIR to "
+                              f"a folder of yours.")
+        os.chmod(folder, 0o700)
+    except OSError as exc:
+        raise RemoteError(f"cannot use the ssh control folder {folder}: {exc.strerror or exc}. HINT: set "
+                          f"XDG_RUNTIME_DIR to a short folder of yours.") from None
     return folder
 
 
