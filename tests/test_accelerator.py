@@ -122,3 +122,27 @@ def test_unwrap_and_print(capsys):
     assert acc.unwrap_model(m) is m
     acc.print("hello")
     assert capsys.readouterr().out == "hello\n"
+
+
+def test_save_state_refuses_a_file_and_a_registered_state_that_could_not_load_back(tmp_path):
+    """The probe's F9/F10: save_state of a file path named the wrong cause; a registered object whose state holds a
+    datetime saved fine and failed only at load_state."""
+    import datetime
+
+    from trainstack import Accelerator
+    from trainstack.errors import ConfigError
+
+    class Clock:
+        def state_dict(self):
+            return {"when": datetime.datetime(2026, 1, 1)}
+
+        def load_state_dict(self, state):
+            pass
+
+    acc = Accelerator(nprocs=1, compute_setup="cpu")
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(ConfigError, match="that is a file; save_state takes a folder"):
+        acc.save_state(tmp_path / "a_file")
+    acc.register_for_checkpointing(Clock())
+    with pytest.raises(ConfigError, match="the state of the registered Clock could not be loaded back"):
+        acc.save_state(tmp_path / "state")

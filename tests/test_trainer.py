@@ -419,6 +419,19 @@ def test_a_full_disk_names_the_cause_keeps_the_previous_checkpoint_and_leaves_no
         assert latest is not None and Checkpointer(disk / "run").load()[0]["epoch"] >= 1
 
 
+@pytest.mark.timeout(120)
+def test_a_full_disk_while_writing_metrics_names_the_cause(tmp_path):
+    from helpers import small_tmpfs
+
+    from trainstack._runtime.writers import MetricsWriteError
+
+    with small_tmpfs(tmp_path / "small", "64k") as disk:
+        model = _model()
+        cfg = _config(tmp_path, log_folder=disk / "run", max_iter=1000, log_every_n_steps=1)
+        with pytest.raises(MetricsWriteError, match="metrics.jsonl: the disk is full. HINT: free space"):
+            Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), cfg).fit(_loader())
+
+
 def test_a_plain_resume_keeps_every_metrics_row_exactly_once(tmp_path):
     """Rows are dropped by step, not by wall time: the row written ~0.2 ms before its checkpoint used to be
     rounded past it and lost about every other time."""

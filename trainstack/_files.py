@@ -126,3 +126,9 @@ def load_private_pickle(path: str | os.PathLike) -> Any:
     check_private(path)
     with open(path, "rb") as fh:
         return pickle.load(fh)
+
+
+#: Why a write failed, in words a user can act on (one table for checkpoints, metrics and every file trainstack
+#: writes).
+WRITE_FAILURES = {errno.ENOSPC: "the disk is full", errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+                  errno.EROFS: "the file system is read-only", errno.EDQUOT: "the disk quota is exceeded"}

@@ -584,6 +584,10 @@ def _save_state(acc: Accelerator, folder: Path) -> Path | None:
         log.warning("save_state(%s) inside an accumulation window: its gradients so far are not saved, so a resume "
                     "differs from the uninterrupted run. HINT: save when accelerator.sync_gradients is True.", folder)
 
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"save_state({str(folder)!r}): that is a file; save_state takes a folder (it writes "
+                          f"{folder / 'checkpoints' / 'state.pt'}). HINT: a folder name, e.g. save_state('state').")
+    _loop.check_loadable(acc._prepared["custom"])
     loaders = [[getattr(dl, "pass_epoch", dl.epoch), getattr(dl, "position", 0)] for dl in acc._prepared["loader"]]
     counters = {"epoch": 0, "global_step": _loop.STATE.optimizer_steps, "micro_step": _loop.STATE.micro_step,
                 "loaders": loaders}

@@ -8,8 +8,9 @@ import os
 import re
 from pathlib import Path
 
-_REASONS = {errno.ENOSPC: "the disk is full", errno.EACCES: "permission denied", errno.EPERM: "permission denied",
-            errno.EROFS: "the file system is read-only", errno.EDQUOT: "the disk quota is exceeded"}
+from .._files import WRITE_FAILURES
+
+_REASONS = WRITE_FAILURES
 
 
 def why_failed(exc: BaseException, folder: Path) -> str:

@@ -240,6 +240,27 @@ def checkpointable(obj: Any) -> Any:
     return obj
 
 
+def check_loadable(objects: list[Any]) -> None:
+    """A registered object's state must load back as checkpoints are loaded (``torch.load(weights_only=True)``):
+    refused now, at ``save_state``, naming what cannot -- not hours later at ``load_state``."""
+    import io
+
+    for obj in objects:
+        buffer = io.BytesIO()
+        torch.save(obj.state_dict(), buffer)
+        buffer.seek(0)
+        try:
+            torch.load(buffer, weights_only=True)
+        except Exception as exc:
+            what = str(exc).strip().splitlines()
+            found = next((line.strip() for line in what if "GLOBAL" in line or "Unsupported" in line), what[0][:200]
+                         if what else type(exc).__name__)
+            raise ConfigError(f"save_state: the state of the registered {type(obj).__name__} could not be loaded "
+                              f"back ({found}): checkpoints load with weights_only=True, which takes tensors, "
+                              f"numbers, strings and containers of them. HINT: return plain values from its "
+                              f"state_dict (e.g. a numpy array as a tensor, a datetime as its isoformat()).") from None
+
+
 
 def gather_for_metrics(acc: Any, data: Any) -> Any:
     pad = STATE.padding

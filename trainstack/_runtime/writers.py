@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .._files import WRITE_FAILURES
 from .._text import number
-from ..errors import ConfigError
+from ..errors import ConfigError, TrainstackError
 
 __all__ = ["Writers", "NullWriter", "make_writers", "format_metrics"]
 
@@ -26,6 +27,10 @@ def format_metrics(epoch: int, metrics: dict[str, Any], step: int | None = None,
     happens here, once per line)."""
     head = f"epoch {epoch}" + (f"/{epochs}" if epochs else "") + (f" | step {step}" if step is not None else "")
     return " | ".join([head, *(f"{k} {number(_scalar(v))}" for k, v in metrics.items())])
+
+
+class MetricsWriteError(TrainstackError, OSError):
+    """metrics.jsonl could not be written (the cause in words: a full disk, a quota, permissions)."""
 
 
 class JsonlWriter:
@@ -69,8 +74,14 @@ class JsonlWriter:
         if iteration is not None:
             row["iteration"] = iteration  # qadence's key: the epoch of an epoch row, the batch of a callback's row
         row.update({"step": step, "time": round(time.time(), 3), **metrics})
-        self._fh.write(json.dumps(row) + "\n")
-        self._fh.flush()
+        try:
+            self._fh.write(json.dumps(row) + "\n")
+            self._fh.flush()
+        except OSError as exc:
+            reason = WRITE_FAILURES.get(exc.errno or 0, exc.strerror or str(exc))
+            raise MetricsWriteError(f"could not write {self.path}: {reason}. HINT: free space (a compile cache or "
+                                    f"old checkpoints are often the largest files), or another root_folder / "
+                                    f"log_folder.") from None
 
     def log_hyperparams(self, hyperparams: dict[str, Any]) -> None:
         from .._files import atomic_write
