@@ -71,3 +71,48 @@ def test_one_process_that_stops_progressing_is_reported_and_exits_124(tmp_path):
     summary = (folder / "SUMMARY.txt").read_text()
     assert "rank 0" in summary and "step 7 (forward)" in summary and "stuck_here" in summary
     assert "trainstack hang report" in proc.stderr
+
+
+def test_store_traffic_per_interval_grows_linearly_with_the_ranks(tmp_path):
+    """One watchdog tick of every rank, on a real TCPStore: rank 0 reads every heartbeat, the others only its
+    summary -- requests grow as N, not N² (bench/watchdog_store.py measures it with real processes)."""
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+
+    from trainstack._runtime.watchdog import Watchdog
+
+    class Counting:
+        def __init__(self, store):
+            self.store, self.calls = store, 0
+
+        def __getattr__(self, name):
+            attr = getattr(self.store, name)
+            if not callable(attr):
+                return attr
+
+            def counted(*args, **kwargs):
+                self.calls += 1
+                return attr(*args, **kwargs)
+            return counted
+
+    def requests(world: int) -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = dist.TCPStore("127.0.0.1", port, 1, True, timeout=datetime.timedelta(seconds=30))
+        stores = [Counting(dist.TCPStore("127.0.0.1", port, 1, False, timeout=datetime.timedelta(seconds=30)))
+                  for _ in range(world)]
+        dogs = [Watchdog(r, world, 30.0, tmp_path, stores[r]) for r in range(world)]
+        for _ in range(2):  # the second round: every rank has a heartbeat and rank 0 a summary
+            for dog in dogs:
+                dog._exchange({"step": 1, "phase": "data", "tick": 0, "beats": 1})
+        before = sum(s.calls for s in stores)
+        for dog in dogs:
+            dog._exchange({"step": 2, "phase": "data", "tick": 0, "beats": 2})
+        del server
+        return sum(s.calls for s in stores) - before
+
+    small, large = requests(2), requests(16)
+    assert large <= 8 * small * 1.2, (small, large)  # linear: 8x the ranks, ~8x the requests (N² would be ~50x)

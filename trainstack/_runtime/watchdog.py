@@ -40,6 +40,7 @@ __all__ = ["Heartbeat", "Watchdog", "heartbeat", "HANG_EXIT_CODE", "start", "sto
            "DEFAULT_TIMEOUT_S", "watched", "summarise", "where", "dump_stacks", "phase", "HANG_REPORT"]
 
 HANG_EXIT_CODE = 124
+_SUMMARY = "trainstack/hb/summary"  # rank 0's summary of every rank's heartbeat
 HANG_REPORT = "stopped by the hang watchdog"  # how a worker's error report starts when the watchdog ended it
 DEFAULT_TIMEOUT_S = 600.0
 _PHASE_ORDER = ("start", "data", "forward", "backward", "optimizer", "step", "checkpoint", "eval", "callback")
@@ -184,6 +185,10 @@ class Watchdog(threading.Thread):
         self.first_window = 0.0  # the least the first step may take (it compiles): first_step_window()
         self._halt = threading.Event()
         self._seen: dict[int, tuple[Any, ...]] = {}
+        self._changes = 0  # rank 0: changes of any rank's heartbeat seen so far
+        self._seq = -1  # the change count at the last progress this rank knows of
+        self._published = 0  # rank 0: summaries published
+        self._last_published: Any = None  # another rank: the last summary it read
         self._last_change = time.monotonic()
         self._started_steps: set[int] = set()
         self._answered: set[str] = set()
@@ -202,17 +207,14 @@ class Watchdog(threading.Thread):
     def _tick(self) -> None:
         hb = _HEARTBEAT
         mine = {"step": hb.step, "phase": hb.phase, "tick": hb.tick, "beats": hb.beats}
-        everyone = self._exchange(mine)
+        view = self._exchange(mine)
         now = time.monotonic()
-        for rank, beat in everyone.items():
-            state = (beat.get("step"), beat.get("phase"), beat.get("tick"), beat.get("beats"))
-            if self._seen.get(rank) != state:
-                self._seen[rank] = state
-                self._last_change = now
+        if view["seq"] != self._seq:  # some rank moved on (rank 0 counts the changes it sees)
+            self._seq, self._last_change = view["seq"], now
         self._answer_debug_requests()
-        if not self.armed and self.timeout and any(b.get("beats") or b.get("step") for b in everyone.values()):
+        if not self.armed and self.timeout and view["beating"]:
             self._arm("at the first heartbeat")
-        if self.armed and now - self._last_change > self._allowance(everyone):
+        if self.armed and now - self._last_change > view["allowance"]:
             self._on_hang(now - self._last_change)
 
     def _arm(self, when: str) -> None:
@@ -231,16 +233,45 @@ class Watchdog(threading.Thread):
         allowance = self.timeout * (3 if first or slow else 1)
         return max(allowance, self.first_window) if first else allowance
 
-    def _exchange(self, mine: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    def _exchange(self, mine: dict[str, Any]) -> dict[str, Any]:
+        """This rank's heartbeat out, the run's state in: ``seq`` (a count of the changes seen so far), whether any
+        rank beats yet, and the allowance. O(N) store operations per interval over all ranks: every rank writes its
+        heartbeat, rank 0 alone reads them all and publishes one summary, every other rank reads that summary --
+        not every rank reading every rank (N², a store meltdown at 1,000 ranks). A summary rank 0 stopped updating
+        (its process stuck) counts as no progress."""
         if self.store is None or self.world == 1:
-            return {self.rank: mine}
+            return self._summarise({self.rank: mine})
         self.store.set(f"trainstack/hb/{self.rank}", json.dumps(mine))
-        out = {}
-        for rank in range(self.world):
-            key = f"trainstack/hb/{rank}"
-            if self.store.check([key]):
-                out[rank] = json.loads(self.store.get(key))
-        return out
+        if self.rank == 0:
+            keys = [f"trainstack/hb/{r}" for r in range(self.world)]
+            everyone = {r: json.loads(v) for r, v in enumerate(self._read_all(keys)) if v}
+            view = self._summarise(everyone)
+            self.store.set(_SUMMARY, json.dumps({**view, "published": self._published}))
+            self._published += 1
+            return view
+        raw = self.store.get(_SUMMARY) if self.store.check([_SUMMARY]) else None
+        view = json.loads(raw) if raw else {"seq": self._seq, "beating": False, "allowance": self._allowance({})}
+        if view.get("published") == self._last_published:  # rank 0 published nothing new since the last look
+            view["seq"] = self._seq
+        self._last_published = view.get("published")
+        return view
+
+    def _read_all(self, keys: list[str]) -> list[bytes | None]:
+        """Every heartbeat in one request where the store can (``multi_get``), else one check and get each."""
+        present = self.store.check(keys)
+        if present and hasattr(self.store, "multi_get"):
+            return list(self.store.multi_get(keys))
+        return [self.store.get(k) if self.store.check([k]) else None for k in keys]
+
+    def _summarise(self, everyone: dict[int, dict[str, Any]]) -> dict[str, Any]:
+        """Rank 0's view of every rank: the change count, whether any beats, the allowance now."""
+        for rank, beat in everyone.items():
+            state = (beat.get("step"), beat.get("phase"), beat.get("tick"), beat.get("beats"))
+            if self._seen.get(rank) != state:
+                self._seen[rank] = state
+                self._changes += 1
+        return {"seq": self._changes, "beating": any(b.get("beats") or b.get("step") for b in everyone.values()),
+                "allowance": self._allowance(everyone)}
 
     # -- reports
     def _report(self, folder: Path, reason: str, reporter: int = 0, wait_s: float = 20.0) -> str | None:
