@@ -142,3 +142,24 @@ def test_compile_option_values_are_checked():
     with pytest.raises(ConfigError, match="fullgraph must be True or False"):
         compile_options({"fullgraph": "yes"})
     assert compile_options({"mode": "max-autotune", "dynamic": None}) == {"mode": "max-autotune", "dynamic": None}
+
+
+def test_a_damaged_compile_cache_is_named_with_the_fix(tmp_path, monkeypatch):
+    """A truncated or garbage cache entry fails while loading: the error names the cache and says to delete it (it
+    used to read 'torch.compile could not compile the model ... compile=False')."""
+    import importlib.util
+
+    from trainstack._runtime.compiling import explain
+
+    cache = tmp_path / "run" / "compile-cache" / "inductor"
+    entry = cache / "ab" / "cabcdef.py"
+    entry.parent.mkdir(parents=True)
+    entry.write_text("def call(args):\n    return (\n")  # cut short by a full disk
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    spec = importlib.util.spec_from_file_location("cabcdef", entry)
+    try:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    except SyntaxError as exc:
+        found = explain(exc)
+    assert found is not None and "compile cache" in str(found) and "is damaged" in str(found), found
+    assert f"delete {cache.parent}" in str(found)
