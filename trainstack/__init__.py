@@ -31,6 +31,10 @@ _LAZY = {
     "Accelerator": "accelerator", "seed_everything": "accelerator", "Trainer": "trainer",
     # HF Accelerate's and nntool's names (importable for drop-in code, not advertised)
     "notebook_launcher": "accelerator", "set_seed": "accelerator", "slurm_fn": "slurm", "SlurmConfig": "slurm",
+    "PartialState": "state", "AcceleratorState": "state", "DistributedType": "state",
+    "DataLoaderConfiguration": "utils", "GradientAccumulationPlugin": "utils", "ProjectConfiguration": "utils",
+    "DistributedDataParallelKwargs": "utils", "GradScalerKwargs": "utils", "InitProcessGroupKwargs": "utils",
+    "find_executable_batch_size": "utils", "synchronize_rng_states": "utils", "skip_first_batches": "data_loader",
     "TrainConfig": "config", "Callback": "callbacks", "optimize_step": "_train.steps",
     # qadence.ml_tools names (importable, not advertised) and the errors' old home
     "DictDataLoader": "data", "to_dataloader": "data", "InfiniteTensorDataset": "data",

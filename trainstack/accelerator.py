@@ -40,6 +40,17 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from . import _envvars as envvars
+from ._accelerate import ops as _accelerate_ops
+from ._accelerate.api import AccelerateAPI
+from ._accelerate.config import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    ProjectConfiguration,
+)
+from ._accelerate.loader import skip_first_batches
+from ._accelerate.options import AccelerateOptions
+from ._accelerate.state import AcceleratorState, GradientState
 from ._choices import BACKENDS, COMPUTE_SETUPS, DEFAULT_COMPUTE_SETUP, LOG_SETUPS, STRATEGIES
 from ._runtime import collectives as collectives
 from ._runtime import compiling
@@ -49,7 +60,7 @@ from ._runtime import preload as _preload
 from ._runtime.layout import ProcessPlan, WorkerContext, plan_processes
 from ._runtime.spawn import ProcessGroupSession, launch
 from ._runtime.watchdog import heartbeat, resolve_timeout, watched
-from .data import DictDataLoader, PreparedDataLoader, generator_seed, prepare_dataloader
+from .data import DictDataLoader
 from .environment import detect_environment, warn_if_outside_step
 from .errors import ConfigError, LaunchError
 
@@ -79,7 +90,7 @@ def set_seed(seed: int, device_specific: bool = False) -> None:
     seed_everything(seed + (ctx.rank if device_specific and ctx is not None else 0))
 
 
-class Accelerator:
+class Accelerator(AccelerateAPI):
     """Distributes a function over processes and prepares models, optimizers and data for them.
 
     HF Accelerate's constructor keywords and loop API work too (docs/migration/accelerate.md).
@@ -106,9 +117,14 @@ class Accelerator:
                  dtype: torch.dtype | None = None, backend: str | None = None, strategy: str = "ddp",
                  fsdp_blocks: Sequence[str] | None = None, fsdp_min_params: int = 1_000_000,
                  fsdp_param_dtype: torch.dtype | None = None, hang_timeout: float | None = None, *,
-                 device_placement: bool = True, mixed_precision: str = "no", gradient_accumulation_steps: int = 1,
-                 cpu: bool = False, log_with: str | None = None, project_dir: str | os.PathLike | None = None,
-                 compile: bool | dict[str, Any] = False, **unknown: Any) -> None:
+                 device_placement: bool = True, mixed_precision: str | None = None,
+                 gradient_accumulation_steps: int = 1, cpu: bool = False, log_with: str | list[str] | None = None,
+                 project_dir: str | os.PathLike | None = None, compile: bool | dict[str, Any] = False,
+                 dataloader_config: DataLoaderConfiguration | None = None,
+                 gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+                 project_config: ProjectConfiguration | None = None, kwargs_handlers: Sequence[Any] | None = None,
+                 rng_types: Sequence[str] | None = None, step_scheduler_with_optimizer: bool = True,
+                 join_process_group: bool = True, **unknown: Any) -> None:
         if unknown:
             _loop.refuse_keywords(unknown)
         compute_setup = "cpu" if cpu else compute_setup
@@ -127,8 +143,28 @@ class Accelerator:
         self._plan: ProcessPlan | None = None
         self._home: WorkerContext | None = None
         self._device: tuple[WorkerContext, torch.device] | None = None
-        _accelerate_options(self, device_placement, mixed_precision, gradient_accumulation_steps, log_with,
-                            project_dir)
+        options = AccelerateOptions.check(
+            device_placement=device_placement, mixed_precision=mixed_precision,
+            gradient_accumulation_steps=gradient_accumulation_steps, log_with=log_with, project_dir=project_dir,
+            dataloader_config=dataloader_config, gradient_accumulation_plugin=gradient_accumulation_plugin,
+            project_config=project_config, kwargs_handlers=kwargs_handlers, rng_types=rng_types,
+            step_scheduler_with_optimizer=step_scheduler_with_optimizer, use_cuda=self.use_cuda)
+        self.device_placement, self.mixed_precision = options.device_placement, options.mixed_precision
+        self.gradient_accumulation_steps, self.log_with = options.gradient_accumulation_steps, options.log_with
+        self.project_configuration, self.dataloader_config = options.project_config, options.dataloader_config
+        self.project_dir = Path(options.project_dir) if options.project_dir is not None else None
+        self.rng_types, self.handlers = options.rng_types, options.handlers
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        GradientState(options.gradient_accumulation_plugin)
+        self.scaler = None  # fp16's GradScaler, made when the first optimizer is prepared
+        self._prepared = {"model": [], "optimizer": [], "scheduler": [], "loader": [], "custom": []}
+        self._trackers = None
+        self._trigger = False
+        self._state: AcceleratorState | None = None
+        self._session: ProcessGroupSession | None = None
+        if join_process_group:  # as Accelerate does: a collective before the first prepare() is not one-sided
+            self._join_now()
+            _ = self.state  # this Accelerator's view of the shared state (a reset of it is then an error)
         _preload.start_for(nprocs)  # workers will fork from it: its torch import overlaps the script's set-up
 
     # ------------------------------------------------------------------ set-up
@@ -154,6 +190,17 @@ class Accelerator:
             raise ConfigError("backend='mpi' but this torch build has no MPI support. HINT: use 'gloo' or 'nccl'.")
         return backend
 
+    def _join_now(self) -> None:
+        """Join the launcher's process group (torchrun, srun per process) at construction; nothing to join when
+        this process will spawn the workers or is one of them."""
+        if _layout.current() is not None or dist.is_initialized():
+            return
+        plan = self.plan
+        if plan.spawn or plan.world_size == 1:
+            return
+        self._session = ProcessGroupSession(self._ctx(), self.backend, host_store=plan.rank_offset == 0)
+        self._session.start_for_process()
+
     @property
     def plan(self) -> ProcessPlan:
         """The process layout for this Accelerator in the current environment (computed once)."""
@@ -164,8 +211,8 @@ class Accelerator:
 
     def __getstate__(self) -> dict[str, Any]:
         # The plan and the identity describe the launching process; a worker works them out for itself.
-        return {**self.__dict__, "_plan": None, "_home": None, "_device": None, "_trackers": None,
-                "_prepared": {k: [] for k in self.__dict__.get("_prepared", {})}}
+        return {**self.__dict__, "_plan": None, "_home": None, "_device": None, "_trackers": None, "_state": None,
+                "_session": None, "_prepared": {k: [] for k in self.__dict__.get("_prepared", {})}}
 
     _device_type = property(lambda self: "cuda" if self.use_cuda else "cpu")
     # ------------------------------------------------------------------ identity
@@ -240,12 +287,15 @@ class Accelerator:
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if self._session is not None:  # joined at construction: watched, in the group it already has
+                ctx = self._ctx()
+                with watched(ctx.rank, ctx.world_size, self.hang_timeout, Path(self._hang_dir())):
+                    return fn(*args, **kwargs)
             if _layout.current() is not None:  # already inside a worker: never spawn again
                 return fn(*args, **kwargs)
             warn_if_outside_step()
             plan = self.plan
-            hang_dir = os.environ.get(envvars.HANG_DIR) or str(self.project_dir or os.environ.get(envvars.JOB_DIR)
-                                                                or ".")
+            hang_dir = self._hang_dir()
             if plan.spawn:
                 return launch(fn, args, kwargs, plan, self.backend, self._device_type, self.hang_timeout, hang_dir,
                               keep_open, interruptible)
@@ -255,6 +305,10 @@ class Accelerator:
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+    def _hang_dir(self) -> str:
+        """Where a hang's stack dump goes: the job's folder, the project folder, else here."""
+        return os.environ.get(envvars.HANG_DIR) or str(self.project_dir or os.environ.get(envvars.JOB_DIR) or ".")
 
     def setup(self) -> None:
         """Join the process group when running under torchrun/srun without ``distribute`` (idempotent)."""
@@ -277,7 +331,10 @@ class Accelerator:
         if compile is not None:
             self.compile_options = compiling.compile_options(compile, "prepare(compile=)")
         self.setup()
-        _loop.STATE.accumulation = self.gradient_accumulation_steps
+        self._check_state()
+        plugin = self.gradient_state
+        _loop.STATE.configure(self.gradient_accumulation_steps, plugin.sync_each_batch and self.use_distributed,
+                              plugin.sync_with_dataloader)
         moved: dict[int, nn.Parameter] = {}
         out = [self._prepare_one(obj, moved) for obj in objs]
         for i, obj in enumerate(out):
@@ -285,15 +342,24 @@ class Accelerator:
                 retarget_optimizer(obj, moved)
                 out[i] = self._wrap_optimizer(obj)
             elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau):
-                out[i] = _loop.PreparedScheduler(obj, self.world_size)
+                out[i] = _loop.PreparedScheduler(obj, 1 if self.split_batches else self.world_size,
+                                                 follow_optimizer=self.step_scheduler_with_optimizer)
                 self._prepared["scheduler"].append(obj)
         return out[0] if len(out) == 1 else tuple(out)
+
+    def _check_state(self) -> None:
+        """The shared process state still describes this process (a reset state is Accelerate's error, here)."""
+        state = self.state
+        if state.num_processes != self.world_size or state.process_index != self.rank:
+            raise LaunchError(f"the process state says process {state.process_index} of {state.num_processes}, "
+                              f"this Accelerator {self.rank} of {self.world_size}: it was made in another process. "
+                              f"HINT: make the Accelerator inside the function that runs on every process.")
 
     def _wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """A step that counts, and that accumulation can skip and fp16 can scale (still a torch Optimizer)."""
         self._prepared["optimizer"].append(optimizer)
         if self.mixed_precision == "fp16" and self.scaler is None:
-            self.scaler = torch.amp.GradScaler(self.device.type)
+            self.scaler = torch.amp.GradScaler(self.device.type, **self.handlers.scaler.to_kwargs())
         if self.gradient_accumulation_steps > 1 or self.scaler is not None:
             return _loop.PreparedOptimizer(optimizer, self.scaler)
         optimizer.register_step_post_hook(_loop.count_step)  # the optimizer itself (qadence: `is` holds)
@@ -310,15 +376,7 @@ class Accelerator:
         if isinstance(obj, DictDataLoader):
             return obj.prepared(lambda dl: self._prepare_one(dl, moved))
         if isinstance(obj, DataLoader):
-            prepared = prepare_dataloader(obj, self.rank, self.world_size, seed=generator_seed(obj),
-                                          pin_memory=self.pin_memory)
-            if isinstance(prepared, PreparedDataLoader):
-                prepared.heartbeat = heartbeat()  # each batch is a step of progress for the hang watchdog
-                prepared.loop_state = _loop.STATE  # the last batch's padding (gather_for_metrics), save_state
-                if self.device_placement and (self.device.type != "cpu" or self.data_dtype is not None):
-                    prepared.place = self.prepare_batch
-                self._prepared["loader"].append(prepared)
-            return prepared
+            return self.prepare_data_loader(obj)
         return obj
 
     def prepare_model(self, model: nn.Module, moved: dict[int, nn.Parameter] | None = None) -> nn.Module:
@@ -340,7 +398,9 @@ class Accelerator:
                                 self.fsdp_param_dtype, compile_options=options)
                 options = None  # compiled block by block before sharding
             else:
-                wrapped = DistributedDataParallel(model, device_ids=[self.device.index] if self.use_cuda else None)
+                wrapped = DistributedDataParallel(model, device_ids=[self.device.index] if self.use_cuda else None,
+                                                  **self.handlers.ddp.to_kwargs())
+                self.handlers.ddp.register_comm_hook(wrapped)
         elif self.strategy == "fsdp" and self.is_main_process:
             print(ONE_PROCESS_NOTE, flush=True)
         compiling.compile_in_place(model, options)  # in place: DDP's module is this one, keys stay plain
@@ -363,9 +423,11 @@ class Accelerator:
         return collectives.all_reduce_dict(d, op, self.log_device if self.backend != "nccl" else self.device,
                                            self.log_device)
 
-    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Concatenate ``tensor`` from all ranks along dim 0 (shapes may differ in dim 0)."""
-        return collectives.gather(tensor, self.device if self.backend == "nccl" else torch.device("cpu"))
+    def gather(self, tensor: Any) -> Any:
+        """Every rank's tensors concatenated along dim 0, in rank order (sizes of dim 0 may differ); a tuple, list
+        or dict of tensors is gathered leaf by leaf."""
+        device = self.device if self.backend == "nccl" else torch.device("cpu")
+        return _accelerate_ops.apply_to_tensors("gather", lambda t: collectives.gather(t, device), tensor)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Send ``obj`` (a tensor or any picklable object) from rank ``src`` to every rank."""
@@ -396,9 +458,15 @@ class Accelerator:
             self.barrier()
 
     @staticmethod
-    def unwrap_model(model: nn.Module) -> nn.Module:
-        """The user's module inside DDP and ``torch.compile`` (or the module itself)."""
-        return compiling.unwrap_compiled(model.module if isinstance(model, DistributedDataParallel) else model)[0]
+    def unwrap_model(model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+                     ) -> nn.Module:
+        """The user's module inside DDP and ``torch.compile`` (or the module itself). Mixed precision stays on its
+        forward unless ``keep_fp32_wrapper=False``; ``keep_torch_compile`` is accepted (the compiled module is the
+        user's own, compiled in place)."""
+        inner = compiling.unwrap_compiled(model.module if isinstance(model, DistributedDataParallel) else model)[0]
+        if not keep_fp32_wrapper:
+            _loop.remove_autocast_forward(inner)
+        return inner
 
     seed_everything = staticmethod(seed_everything)
 
@@ -422,10 +490,12 @@ class Accelerator:
         schedulers step only on every ``gradient_accumulation_steps``-th batch (and the loader's last)."""
         return _loop.accumulate(models[0] if models else None)
 
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager[Any]:
         """The block runs in ``mixed_precision`` (a no-op for ``"no"``); prepared models already do."""
         dtype = _loop.autocast_dtype(self.mixed_precision)
-        return torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype, **(autocast_handler or self.handlers.autocast).to_kwargs())
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip the gradients' total norm (unscaled first under fp16); returns the norm before clipping."""
@@ -436,30 +506,54 @@ class Accelerator:
         _loop.unscale(self)
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
-    def gather_for_metrics(self, data: Any) -> Any:
-        """Gather from every rank without the last batch's padding duplicates: every sample counted exactly once."""
-        return _loop.gather_for_metrics(self, data)
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """All-reduce tensors over the ranks (``sum``, ``mean``, ``max``, ``min``; nested structures leaf by leaf),
+        times ``scale``; a copy, the input is untouched."""
+        return _accelerate_ops.reduce(tensor, reduction, scale)
 
-    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
-        """All-reduce a tensor over the ranks (``sum`` or ``mean``); a copy, the input is untouched."""
-        return _loop.reduce(self, tensor, reduction)
+    def save_state(self, output_dir: str | os.PathLike | None = None) -> Path | None:
+        """Collective: prepared models, optimizers, schedulers, scaler, registered objects, RNGs, loader positions.
+        Without a folder: the next ``project_dir/checkpoints/checkpoint_<n>`` (``automatic_checkpoint_naming``)."""
+        return _save_state(self, self._state_folder(output_dir, saving=True))
 
-    def save_state(self, output_dir: str | os.PathLike) -> Path | None:
-        """Collective: prepared models, optimizers, schedulers, scaler, registered objects, RNGs, loader positions."""
-        return _save_state(self, Path(output_dir))
+    def load_state(self, input_dir: str | os.PathLike | None = None) -> None:
+        """Every rank restores ``save_state``'s state; loaders continue at the saved batch (bitwise resume).
+        Without a folder: the newest automatically named checkpoint."""
+        _load_state(self, self._state_folder(input_dir, saving=False))
 
-    def load_state(self, input_dir: str | os.PathLike) -> None:
-        """Every rank restores ``save_state``'s state; loaders continue at the saved batch (bitwise resume)."""
-        _load_state(self, Path(input_dir))
+    def _state_folder(self, folder: str | os.PathLike | None, saving: bool) -> Path:
+        if folder is not None:
+            return Path(folder)
+        config = self.project_configuration
+        what = "save_state()" if saving else "load_state()"
+        if not config.automatic_checkpoint_naming or config.project_dir is None:
+            raise ConfigError(f"{what} without a folder needs ProjectConfiguration(project_dir=..., "
+                              f"automatic_checkpoint_naming=True). HINT: {what[:-1]}'folder').")
+        root = Path(config.project_dir) / "checkpoints"
+        if not saving:
+            found = sorted(root.glob("checkpoint_*"), key=lambda p: int(p.name.rsplit("_", 1)[1])
+                           if p.name.rsplit("_", 1)[1].isdigit() else -1)
+            if not found:
+                raise ConfigError(f"load_state(): no checkpoint_<n> folder in {root}.")
+            return found[-1]
+        target = root / f"checkpoint_{config.iteration}"
+        if self.is_main_process and config.total_limit is not None and root.is_dir():
+            import shutil
+
+            kept = sorted((p for p in root.glob("checkpoint_*") if p.name.rsplit("_", 1)[1].isdigit()),
+                          key=lambda p: int(p.name.rsplit("_", 1)[1]))
+            for old in kept[: max(0, len(kept) + 1 - config.total_limit)]:
+                shutil.rmtree(old, ignore_errors=True)
+        config.iteration += 1
+        return target
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Objects with ``state_dict``/``load_state_dict`` that save_state/load_state also carry."""
         self._prepared["custom"].extend(_loop.checkpointable(obj) for obj in objects)
 
     def skip_first_batches(self, loader: Any, num_batches: int = 0) -> Any:
-        """The prepared ``loader`` starting its next pass ``num_batches`` batches in."""
-        loader.skip_batches(num_batches)
-        return loader
+        """The prepared ``loader`` starting its next pass ``num_batches`` batches in (they are not loaded)."""
+        return skip_first_batches(loader, num_batches)
 
     def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
                       init_kwargs: dict[str, Any] | None = None) -> None:
@@ -520,26 +614,6 @@ def _check_arguments(nprocs: int, compute_setup: str, log_setup: str, backend: s
         raise ConfigError(f"fsdp_blocks={fsdp_blocks!r}: must be a tuple of module class names, e.g. "
                           f"('TransformerEncoderLayer',).")
 
-def _accelerate_options(self: Accelerator, device_placement: bool, mixed_precision: str, accumulation: int,
-                        log_with: str | None, project_dir: str | os.PathLike | None) -> None:
-    """HF Accelerate's constructor options, checked like the rest (see ``._runtime.loop``)."""
-    if mixed_precision not in ("no", "fp16", "bf16"):
-        raise ConfigError(f"mixed_precision={mixed_precision!r}: must be 'no', 'fp16' or 'bf16'.")
-    if mixed_precision == "fp16" and not self.use_cuda:
-        raise ConfigError("mixed_precision='fp16' needs a CUDA GPU (a loss scaler guards fp16 gradients there). "
-                          "HINT: use mixed_precision='bf16' on CPU.")
-    if isinstance(accumulation, bool) or not isinstance(accumulation, int) or accumulation < 1:
-        raise ConfigError(f"gradient_accumulation_steps={accumulation!r}: must be an integer >= 1.")
-    if log_with not in (None, "jsonl", "tensorboard", "mlflow"):
-        raise ConfigError(f"log_with={log_with!r}: must be None, 'jsonl', 'tensorboard' or 'mlflow'.")
-    self.device_placement, self.mixed_precision = bool(device_placement), mixed_precision
-    self.gradient_accumulation_steps, self.log_with = accumulation, log_with
-    self.project_dir = Path(project_dir) if project_dir is not None else None
-    self.scaler = None  # fp16's GradScaler, made when the first optimizer is prepared
-    self._prepared = {"model": [], "optimizer": [], "scheduler": [], "loader": [], "custom": []}
-    self._trackers = None
-
-
 def retarget_optimizer(optimizer: torch.optim.Optimizer, moved: dict[int, nn.Parameter]) -> None:
     """Point the optimizer at moved parameters and move its state next to them."""
     for group in optimizer.param_groups:
@@ -578,7 +652,9 @@ def _state_parts(acc: Accelerator) -> dict[str, Any]:
 
 
 def _save_state(acc: Accelerator, folder: Path) -> Path | None:
-    from .checkpoint import Checkpointer
+    from .checkpoint import SAVE_STATE, Checkpointer
+
+    _same_folder(acc, "save_state", folder)
 
     if not _loop.STATE.sync_gradients and acc.is_main_process:
         log.warning("save_state(%s) inside an accumulation window: its gradients so far are not saved, so a resume "
@@ -588,17 +664,33 @@ def _save_state(acc: Accelerator, folder: Path) -> Path | None:
         raise ConfigError(f"save_state({str(folder)!r}): that is a file; save_state takes a folder (it writes "
                           f"{folder / 'checkpoints' / 'state.pt'}). HINT: a folder name, e.g. save_state('state').")
     _loop.check_loadable(acc._prepared["custom"])
-    loaders = [[getattr(dl, "pass_epoch", dl.epoch), getattr(dl, "position", 0)] for dl in acc._prepared["loader"]]
+    loaders = [dl.state_dict() for dl in acc._prepared["loader"]]
     counters = {"epoch": 0, "global_step": _loop.STATE.optimizer_steps, "micro_step": _loop.STATE.micro_step,
-                "loaders": loaders}
+                "loaders": loaders, "saved_by": SAVE_STATE}
     checkpointer = Checkpointer(folder, is_main=acc.is_main_process, sharded=acc.strategy == "fsdp")
     path = checkpointer.save(counters, _state_parts(acc), name="state")
     acc.barrier()
     return path
 
 
+def _same_folder(acc: Accelerator, what: str, folder: Path) -> None:
+    """Every process must name the same folder: the main process writes the state for all of them."""
+    if not acc.is_distributed:
+        return
+    everyone: list[Any] = [None] * acc.world_size
+    dist.all_gather_object(everyone, str(folder.resolve()))
+    if len(set(everyone)) > 1:
+        named = ", ".join(f"process {i}: {f}" for i, f in enumerate(everyone))
+        raise ConfigError(f"{what}: the processes named different folders ({named}); the main process writes "
+                          f"the state of all of them into one. HINT: give every process the same path (a "
+                          f"tempfile.TemporaryDirectory() differs per process: make it on the main process and "
+                          f"share its name with accelerator.broadcast).")
+
+
 def _load_state(acc: Accelerator, folder: Path) -> None:
     from .checkpoint import Checkpointer, CheckpointError, restore_rng
+
+    _same_folder(acc, "load_state", folder)
 
     checkpointer = Checkpointer(folder, is_main=acc.is_main_process, sharded=acc.strategy == "fsdp")
     where = checkpointer.named("state")
@@ -610,12 +702,11 @@ def _load_state(acc: Accelerator, folder: Path) -> None:
     c = restored.counters
     _loop.STATE.optimizer_steps, _loop.STATE.micro_step = int(c["global_step"]), int(c.get("micro_step", 0))
     mid_pass = False
-    for dl, (epoch, position) in zip(acc._prepared["loader"], c.get("loaders", []), strict=False):
-        done = position >= dl.batches_next_pass() if hasattr(dl, "batches_next_pass") else True
-        dl.set_epoch(epoch + 1 if done and position else epoch)
-        if position and not done:
-            dl.skip_batches(position)
-            mid_pass = True
+    for dl, saved in zip(acc._prepared["loader"], c.get("loaders", []), strict=False):
+        if isinstance(saved, (list, tuple)):  # written by trainstack <= 0.x: [epoch, position]
+            saved = {"iteration": saved[0], "position": saved[1]}
+        dl.load_state_dict(saved)
+        mid_pass = mid_pass or bool(dl.skip_batches)
     if restored.rng is not None:  # a new iterator draws from the RNG first: restore after it (as the Trainer does)
         rng = restored.rng
         if mid_pass:

@@ -140,6 +140,7 @@ class Restored:
 
 
 _RESERVED = ("format_version", "rng", "world_size", "config")
+SAVE_STATE = "save_state"  # `saved_by` of Accelerator.save_state's checkpoints: they may hold no model
 
 
 def _save_errors() -> tuple[type[BaseException], ...]:
@@ -479,7 +480,7 @@ def load_file(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path} does not exist. HINT: resume='auto' picks the latest one "
                               f"in the run folder; a path must point at a ckpt-* file or folder.")
     state = _checked(path, path)
-    if not isinstance(state.get("model"), Mapping):
+    if not isinstance(state.get("model"), Mapping) and state.get("saved_by") != SAVE_STATE:
         raise UnreadableCheckpoint(f"{path} is a trainstack checkpoint without a model state: it cannot restore "
                                    f"a run (written by another tool?).")
     return state

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainstack import Accelerator, notebook_launcher
 from trainstack.errors import ConfigError
+from trainstack.utils import GradientAccumulationPlugin
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 device = "cpu"  # seed 003's evaluation loop reads a module-level `device`
@@ -207,11 +208,15 @@ def test_bf16_autocast_on_cpu_keeps_fp32_master_weights_and_outputs():
 
 
 @pytest.mark.parametrize(("kwargs", "needle"), [
-    ({"split_batches": True}, "split_batches"),
+    ({"split_batches": True}, "DataLoaderConfiguration"),
     ({"mixed_precision": "fp8"}, "mixed_precision='fp8'"),
     ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps=0"),
-    ({"mixed_precision": "fp16", "cpu": True}, "bf16"),
     ({"log_with": "comet"}, "log_with='comet'"),
+    ({"dispatch_batches": True}, "not supported"),
+    ({"deepspeed_plugin": object()}, "DeepSpeed is not supported"),
+    ({"gradient_accumulation_steps": 2, "gradient_accumulation_plugin": GradientAccumulationPlugin(num_steps=2)},
+     "both given"),
+    ({"rng_types": ["xla"]}, "'xla' is not a random generator"),
     ({"devices": 2}, "unknown keyword 'devices'"),
 ])
 def test_bad_accelerate_keywords_are_clear(kwargs, needle):

@@ -35,6 +35,13 @@ class LoopState:
         self.padding = 0  # duplicates at the end of that batch (a sampler pads shards to equal length)
         self.optimizer_steps = 0  # optimizer steps really taken (not skipped off the boundary)
         self.pending: Any = None  # run before a resumed pass's first batch (load_state's RNG restore)
+        self.sync_each_batch = False  # all-reduce on every batch of a window (less memory, more traffic)
+        self.sync_with_loader = True  # a loader's last batch ends a window
+
+    def configure(self, accumulation: int, sync_each_batch: bool, sync_with_loader: bool) -> None:
+        """The accumulation settings of the Accelerator that prepares the loop."""
+        self.accumulation, self.sync_each_batch, self.sync_with_loader = accumulation, sync_each_batch, \
+            sync_with_loader
 
     def batch_yielded(self, last: bool, padding: int) -> None:
         self.end_of_loader, self.padding = last, padding if last else 0
@@ -73,7 +80,15 @@ def autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype) -> 
             out = forward(*args, **kwargs)
         return _to_fp32(out)
 
+    autocast_forward.__wrapped__ = forward  # type: ignore[attr-defined]
     model.forward = autocast_forward
+
+
+def remove_autocast_forward(model: nn.Module) -> None:
+    """Undo ``autocast_forward``: the model's own forward again (``unwrap_model(keep_fp32_wrapper=False)``)."""
+    forward = model.__dict__.get("forward")
+    if forward is not None and getattr(forward, "__name__", "") == "autocast_forward":
+        del model.forward
 
 
 def _to_fp32(out: Any) -> Any:
@@ -92,11 +107,12 @@ def accumulate(model: nn.Module | None, state: LoopState = STATE) -> Iterator[No
     loader's last), so DDP does no communication on the others."""
     state.micro_step += 1
     state.sync_gradients = state.accumulation <= 1 or state.micro_step % state.accumulation == 0 \
-        or state.end_of_loader
+        or (state.end_of_loader and state.sync_with_loader)
     if state.sync_gradients:
         state.micro_step = 0  # a short window at the loader's end starts the next one afresh
     no_sync = getattr(model, "no_sync", None)
-    context = no_sync() if (no_sync is not None and not state.sync_gradients) else contextlib.nullcontext()
+    skip_sync = not state.sync_gradients and not state.sync_each_batch
+    context = no_sync() if (no_sync is not None and skip_sync) else contextlib.nullcontext()
     with context:
         yield
 
@@ -157,10 +173,15 @@ class PreparedScheduler:
     Accelerate's behaviour, so a schedule sized on the whole (unsharded) loader ends when the data does.
     ``ReduceLROnPlateau`` follows its metric, not a step count: once per call."""
 
-    def __init__(self, scheduler: Any, world_size: int, state: LoopState = STATE) -> None:
+    def __init__(self, scheduler: Any, world_size: int, state: LoopState = STATE, follow_optimizer: bool = True
+                 ) -> None:
         self.scheduler, self.world_size, self._state = scheduler, world_size, state
+        self.follow_optimizer = follow_optimizer  # False: every call steps once, as the user wrote it
 
     def step(self, *args: Any, **kwargs: Any) -> None:
+        if not self.follow_optimizer:
+            self.scheduler.step(*args, **kwargs)
+            return
         if not self._state.sync_gradients:
             return
         if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):  # metric-driven: once per call
@@ -188,22 +209,28 @@ def autocast_dtype(mixed_precision: str) -> torch.dtype | None:
 
 # ---------------------------------------------------------------------------------------------------- the Accelerator's
 # HF Accelerate's constructor keywords trainstack does not take, with what to do instead
-_NOT_TAKEN = {"split_batches": "batches are split per process by prepare(); pass the per-process batch size",
-              "deepspeed_plugin": "use strategy='fsdp' (FSDP2)", "fsdp_plugin": "use strategy='fsdp' (FSDP2)",
-              "dispatch_batches": "every process reads its own shard", "even_batches": "always even: shards are padded "
-              "and gather_for_metrics drops the duplicates", "rng_types": "every RNG is seeded and checkpointed",
-              "kwargs_handlers": "pass the settings as keywords", "dynamo_backend": "torch.compile the model yourself",
-              "megatron_lm_plugin": "not supported", "project_config": "use project_dir"}
+_NOT_TAKEN = {
+    "split_batches": "set it in DataLoaderConfiguration(split_batches=...) and pass dataloader_config=",
+    "even_batches": "set it in DataLoaderConfiguration(even_batches=...) and pass dataloader_config=",
+    "dispatch_batches": "not supported: every process reads its own shard of the same order",
+    "deepspeed_plugin": "DeepSpeed is not supported: use strategy='fsdp' (FSDP2: parameters, gradients and "
+                        "optimizer state sharded)",
+    "fsdp_plugin": "use strategy='fsdp' with fsdp_blocks=(...) / fsdp_param_dtype=", "megatron_lm_plugin":
+    "Megatron-LM is not supported", "torch_tp_plugin": "tensor parallelism is not supported by the Accelerator",
+    "parallelism_config": "use strategy='fsdp'", "dynamo_backend": "use compile=True (or a dict of torch.compile "
+    "options)", "dynamo_plugin": "use compile=True (or a dict of torch.compile options)",
+    "fp8_recipe_handler": "fp8 is not supported", "deepspeed_plugins": "DeepSpeed is not supported"}
 
 
 def refuse_keywords(unknown: dict[str, Any]) -> None:
     name = next(iter(unknown))
     known = ("nprocs, compute_setup, log_setup, dtype, backend, strategy, fsdp_blocks, fsdp_min_params, "
-             "fsdp_param_dtype, hang_timeout; HF Accelerate's device_placement, mixed_precision, "
-             "gradient_accumulation_steps, cpu, log_with, project_dir")
+             "fsdp_param_dtype, hang_timeout, compile, join_process_group; HF Accelerate's device_placement, "
+             "mixed_precision, gradient_accumulation_steps, gradient_accumulation_plugin, cpu, log_with, "
+             "project_dir, project_config, dataloader_config, kwargs_handlers, rng_types, "
+             "step_scheduler_with_optimizer")
     why = f" ({_NOT_TAKEN[name]})" if name in _NOT_TAKEN else ""
     raise ConfigError(f"Accelerator got an unknown keyword {name!r}{why}. It takes: {known}.")
-
 
 
 def unscale(acc: Any) -> None:
@@ -214,20 +241,10 @@ def unscale(acc: Any) -> None:
 
 
 
-def reduce(acc: Any, tensor: torch.Tensor, reduction: str) -> torch.Tensor:
-    if reduction not in ("sum", "mean"):
-        raise ConfigError(f"reduce(reduction={reduction!r}): must be 'sum' or 'mean'.")
-    out = tensor.detach().clone()
-    if acc.is_distributed:
-        dist.all_reduce(out)
-    return out / acc.world_size if reduction == "mean" else out
-
-
-
 def open_trackers(acc: Any, project_name: str, config: dict[str, Any] | None) -> Any:
     from .writers import make_writers
 
-    trackers = make_writers(acc.log_with or "jsonl", (acc.project_dir or Path(".")) / project_name)
+    trackers = make_writers(acc.log_with or "jsonl", Path(acc.logging_dir or ".") / project_name)
     if config:
         trackers.log_hyperparams(config)
     return trackers

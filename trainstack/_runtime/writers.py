@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -349,16 +350,18 @@ class NullWriter(Writers):
         pass
 
 
-def make_writers(tool: str, folder: Path, keep_through: int | None = None, clock: Any = None,
+def make_writers(tool: str | Sequence[str], folder: Path, keep_through: int | None = None, clock: Any = None,
                  run_id: str | None = None) -> Writers:
     """The writers of ``tool`` (and metrics.jsonl) for run ``run_id``; ``keep_through``: a resumed run's checkpoint
     step, after which rows of the stopped run are dropped (metrics.jsonl, TensorBoard) or not sent twice (MLflow,
     W&B: see their writers)."""
     writers: list[Any] = [JsonlWriter(folder, keep_through)]
-    if tool == "tensorboard":
-        writers.append(TensorBoardWriter(folder, keep_through + 1 if keep_through is not None else None))
-    elif tool == "mlflow":
-        writers.append(MLflowWriter(folder, TrackerIds(folder), run_id))
-    elif tool == "wandb":
-        writers.append(WandbWriter(folder, TrackerIds(folder), run_id, writers[0].rows() if keep_through else []))
+    for name in [tool] if isinstance(tool, str) else tool:
+        if name == "tensorboard":
+            writers.append(TensorBoardWriter(folder, keep_through + 1 if keep_through is not None else None))
+        elif name == "mlflow":
+            writers.append(MLflowWriter(folder, TrackerIds(folder), run_id))
+        elif name == "wandb":
+            writers.append(WandbWriter(folder, TrackerIds(folder), run_id, writers[0].rows() if keep_through
+                                       else []))
     return Writers(folder, writers, clock)
