@@ -43,12 +43,10 @@ from . import _envvars as envvars
 from ._accelerate import ops as _accelerate_ops
 from ._accelerate.api import AccelerateAPI
 from ._accelerate.config import (
-    AutocastKwargs,
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
     ProjectConfiguration,
 )
-from ._accelerate.loader import skip_first_batches
 from ._accelerate.options import AccelerateOptions
 from ._accelerate.state import AcceleratorState, GradientState
 from ._choices import BACKENDS, COMPUTE_SETUPS, DEFAULT_COMPUTE_SETUP, LOG_SETUPS, STRATEGIES
@@ -107,7 +105,7 @@ class Accelerator(AccelerateAPI):
     device_placement: bool
     mixed_precision: str
     gradient_accumulation_steps: int
-    log_with: str | None
+    log_with: tuple[str, ...] | None
     project_dir: Path | None
     scaler: Any
     _prepared: dict[str, list[Any]]
@@ -198,7 +196,8 @@ class Accelerator(AccelerateAPI):
         plan = self.plan
         if plan.spawn or plan.world_size == 1:
             return
-        self._session = ProcessGroupSession(self._ctx(), self.backend, host_store=plan.rank_offset == 0)
+        self._session = ProcessGroupSession(self._ctx(), self.backend, host_store=plan.rank_offset == 0,
+                                            timeout_s=self.handlers.timeout_s)
         self._session.start_for_process()
 
     @property
@@ -206,8 +205,20 @@ class Accelerator(AccelerateAPI):
         """The process layout for this Accelerator in the current environment (computed once)."""
         if self._plan is None:
             self._plan = plan_processes(detect_environment(), self.nprocs)
-            _check_devices(self, self._plan)
+            self._check_devices(self._plan)
         return self._plan
+
+    def _check_devices(self, plan: ProcessPlan) -> None:
+        """One GPU per process: NCCL refuses two ranks on one device (with a raw 'Duplicate GPU detected')."""
+        if not self.use_cuda:
+            return
+        count = torch.cuda.device_count()
+        if plan.local_world_size > count:
+            raise LaunchError(
+                f"compute_setup={self.compute_setup!r} runs on the GPU here, with {plan.local_world_size} processes "
+                f"on this node but only {count} visible CUDA device(s); NCCL needs one GPU per process. HINT: lower "
+                f"nprocs (or --nproc-per-node) to {count}, request more GPUs (--gpus-per-node), or use "
+                f"compute_setup='cpu' to train on CPU processes.")
 
     def __getstate__(self) -> dict[str, Any]:
         # The plan and the identity describe the launching process; a worker works them out for itself.
@@ -298,9 +309,10 @@ class Accelerator(AccelerateAPI):
             hang_dir = self._hang_dir()
             if plan.spawn:
                 return launch(fn, args, kwargs, plan, self.backend, self._device_type, self.hang_timeout, hang_dir,
-                              keep_open, interruptible)
+                              keep_open, interruptible, timeout_s=self.handlers.timeout_s)
             ctx = self._ctx()
-            with ProcessGroupSession(ctx, self.backend, host_store=plan.rank_offset == 0), \
+            with ProcessGroupSession(ctx, self.backend, host_store=plan.rank_offset == 0,
+                                     timeout_s=self.handlers.timeout_s), \
                     watched(ctx.rank, ctx.world_size, self.hang_timeout, Path(hang_dir)):
                 return fn(*args, **kwargs)
 
@@ -321,7 +333,8 @@ class Accelerator(AccelerateAPI):
                 f"distribute() can do. HINT: call accelerator.distribute(train_fn)(...) or launch the script "
                 f"with torchrun --nproc_per_node {self.nprocs}.")
         if plan.world_size > 1:
-            ProcessGroupSession(self._ctx(), self.backend, host_store=plan.rank_offset == 0).start_for_process()
+            ProcessGroupSession(self._ctx(), self.backend, host_store=plan.rank_offset == 0,
+                                timeout_s=self.handlers.timeout_s).start_for_process()
 
     # ------------------------------------------------------------------ preparing objects
     def prepare(self, *objs: Any, compile: bool | dict[str, Any] | None = None) -> Any:
@@ -346,14 +359,6 @@ class Accelerator(AccelerateAPI):
                                                  follow_optimizer=self.step_scheduler_with_optimizer)
                 self._prepared["scheduler"].append(obj)
         return out[0] if len(out) == 1 else tuple(out)
-
-    def _check_state(self) -> None:
-        """The shared process state still describes this process (a reset state is Accelerate's error, here)."""
-        state = self.state
-        if state.num_processes != self.world_size or state.process_index != self.rank:
-            raise LaunchError(f"the process state says process {state.process_index} of {state.num_processes}, "
-                              f"this Accelerator {self.rank} of {self.world_size}: it was made in another process. "
-                              f"HINT: make the Accelerator inside the function that runs on every process.")
 
     def _wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """A step that counts, and that accumulation can skip and fp16 can scale (still a torch Optimizer)."""
@@ -470,107 +475,6 @@ class Accelerator(AccelerateAPI):
 
     seed_everything = staticmethod(seed_everything)
 
-    # ---------------------------------------------------------- HF Accelerate's loop API (docs/accelerate.md)
-    num_processes = property(lambda self: self.world_size, doc="Accelerate's name of ``world_size``.")
-    process_index = property(lambda self: self.rank, doc="Accelerate's name of ``rank``.")
-    local_process_index = property(lambda self: self.local_rank, doc="Accelerate's name of ``local_rank``.")
-    sync_gradients = property(lambda self: _loop.STATE.sync_gradients, doc="This batch ends an accumulation window.")
-    step = property(lambda self: _loop.STATE.optimizer_steps, doc="Optimizer steps taken (restored by load_state).")
-    wait_for_everyone = barrier
-
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()`` (a loss it cannot start from is a clear error), divided for accumulation, fp16-scaled."""
-        _loop.check_loss(loss, kwargs)
-        if self.gradient_accumulation_steps > 1:
-            loss = loss / self.gradient_accumulation_steps
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward(**kwargs)
-
-    def accumulate(self, *models: nn.Module) -> contextlib.AbstractContextManager[None]:
-        """``with accelerator.accumulate(model):`` around a batch: gradients sync and the prepared optimizer and
-        schedulers step only on every ``gradient_accumulation_steps``-th batch (and the loader's last)."""
-        return _loop.accumulate(models[0] if models else None)
-
-    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager[Any]:
-        """The block runs in ``mixed_precision`` (a no-op for ``"no"``); prepared models already do."""
-        dtype = _loop.autocast_dtype(self.mixed_precision)
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=dtype, **(autocast_handler or self.handlers.autocast).to_kwargs())
-
-    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Clip the gradients' total norm (unscaled first under fp16); returns the norm before clipping."""
-        _loop.unscale(self)
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
-
-    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
-        _loop.unscale(self)
-        torch.nn.utils.clip_grad_value_(parameters, clip_value)
-
-    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """All-reduce tensors over the ranks (``sum``, ``mean``, ``max``, ``min``; nested structures leaf by leaf),
-        times ``scale``; a copy, the input is untouched."""
-        return _accelerate_ops.reduce(tensor, reduction, scale)
-
-    def save_state(self, output_dir: str | os.PathLike | None = None) -> Path | None:
-        """Collective: prepared models, optimizers, schedulers, scaler, registered objects, RNGs, loader positions.
-        Without a folder: the next ``project_dir/checkpoints/checkpoint_<n>`` (``automatic_checkpoint_naming``)."""
-        return _save_state(self, self._state_folder(output_dir, saving=True))
-
-    def load_state(self, input_dir: str | os.PathLike | None = None) -> None:
-        """Every rank restores ``save_state``'s state; loaders continue at the saved batch (bitwise resume).
-        Without a folder: the newest automatically named checkpoint."""
-        _load_state(self, self._state_folder(input_dir, saving=False))
-
-    def _state_folder(self, folder: str | os.PathLike | None, saving: bool) -> Path:
-        if folder is not None:
-            return Path(folder)
-        config = self.project_configuration
-        what = "save_state()" if saving else "load_state()"
-        if not config.automatic_checkpoint_naming or config.project_dir is None:
-            raise ConfigError(f"{what} without a folder needs ProjectConfiguration(project_dir=..., "
-                              f"automatic_checkpoint_naming=True). HINT: {what[:-1]}'folder').")
-        root = Path(config.project_dir) / "checkpoints"
-        if not saving:
-            found = sorted(root.glob("checkpoint_*"), key=lambda p: int(p.name.rsplit("_", 1)[1])
-                           if p.name.rsplit("_", 1)[1].isdigit() else -1)
-            if not found:
-                raise ConfigError(f"load_state(): no checkpoint_<n> folder in {root}.")
-            return found[-1]
-        target = root / f"checkpoint_{config.iteration}"
-        if self.is_main_process and config.total_limit is not None and root.is_dir():
-            import shutil
-
-            kept = sorted((p for p in root.glob("checkpoint_*") if p.name.rsplit("_", 1)[1].isdigit()),
-                          key=lambda p: int(p.name.rsplit("_", 1)[1]))
-            for old in kept[: max(0, len(kept) + 1 - config.total_limit)]:
-                shutil.rmtree(old, ignore_errors=True)
-        config.iteration += 1
-        return target
-
-    def register_for_checkpointing(self, *objects: Any) -> None:
-        """Objects with ``state_dict``/``load_state_dict`` that save_state/load_state also carry."""
-        self._prepared["custom"].extend(_loop.checkpointable(obj) for obj in objects)
-
-    def skip_first_batches(self, loader: Any, num_batches: int = 0) -> Any:
-        """The prepared ``loader`` starting its next pass ``num_batches`` batches in (they are not loaded)."""
-        return skip_first_batches(loader, num_batches)
-
-    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
-                      init_kwargs: dict[str, Any] | None = None) -> None:
-        """Open ``log_with`` (and metrics.jsonl) in ``project_dir/project_name`` on the main process."""
-        self._trackers = _loop.open_trackers(self, project_name, config) if self.is_main_process else None
-
-    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> None:
-        """Write ``values`` at ``step`` (default: optimizer steps so far) to the trackers (main process)."""
-        if self._trackers is not None:
-            self._trackers.write(self.step if step is None else step, values)
-
-    def end_training(self) -> None:
-        """Close the trackers (flushes TensorBoard/MLflow)."""
-        if self._trackers is not None:
-            self._trackers.close()
-            self._trackers = None
-
     def __repr__(self) -> str:
         return (f"Accelerator(nprocs={self.nprocs}, compute_setup={self.compute_setup!r}, backend={self.backend!r}, "
                 f"device={self.device}, rank={self.rank}, world_size={self.world_size})")
@@ -626,93 +530,6 @@ def retarget_optimizer(optimizer: torch.optim.Optimizer, moved: dict[int, nn.Par
         state: Any = collections.defaultdict(dict)
         state.update({moved.get(id(p), p): s for p, s in optimizer.state.items()})
         optimizer.state = state
-
-
-def _check_devices(self: Accelerator, plan: ProcessPlan) -> None:
-    """One GPU per process: NCCL refuses two ranks on one device (with a raw 'Duplicate GPU detected')."""
-    if not self.use_cuda:
-        return
-    count = torch.cuda.device_count()
-    if plan.local_world_size > count:
-        raise LaunchError(
-            f"compute_setup={self.compute_setup!r} runs on the GPU here, with {plan.local_world_size} processes "
-            f"on this node but only {count} visible CUDA device(s); NCCL needs one GPU per process. HINT: lower "
-            f"nprocs (or --nproc-per-node) to {count}, request more GPUs (--gpus-per-node), or use "
-            f"compute_setup='cpu' to train on CPU processes.")
-
-
-def _state_parts(acc: Accelerator) -> dict[str, Any]:
-    parts: dict[str, Any] = {}
-    for kind in ("model", "optimizer", "scheduler", "custom"):
-        for i, obj in enumerate(acc._prepared[kind]):
-            parts[kind if i == 0 else f"{kind}_{i}"] = obj
-    if acc.scaler is not None:
-        parts["scaler"] = acc.scaler
-    return parts
-
-
-def _save_state(acc: Accelerator, folder: Path) -> Path | None:
-    from .checkpoint import SAVE_STATE, Checkpointer
-
-    _same_folder(acc, "save_state", folder)
-
-    if not _loop.STATE.sync_gradients and acc.is_main_process:
-        log.warning("save_state(%s) inside an accumulation window: its gradients so far are not saved, so a resume "
-                    "differs from the uninterrupted run. HINT: save when accelerator.sync_gradients is True.", folder)
-
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"save_state({str(folder)!r}): that is a file; save_state takes a folder (it writes "
-                          f"{folder / 'checkpoints' / 'state.pt'}). HINT: a folder name, e.g. save_state('state').")
-    _loop.check_loadable(acc._prepared["custom"])
-    loaders = [dl.state_dict() for dl in acc._prepared["loader"]]
-    counters = {"epoch": 0, "global_step": _loop.STATE.optimizer_steps, "micro_step": _loop.STATE.micro_step,
-                "loaders": loaders, "saved_by": SAVE_STATE}
-    checkpointer = Checkpointer(folder, is_main=acc.is_main_process, sharded=acc.strategy == "fsdp")
-    path = checkpointer.save(counters, _state_parts(acc), name="state")
-    acc.barrier()
-    return path
-
-
-def _same_folder(acc: Accelerator, what: str, folder: Path) -> None:
-    """Every process must name the same folder: the main process writes the state for all of them."""
-    if not acc.is_distributed:
-        return
-    everyone: list[Any] = [None] * acc.world_size
-    dist.all_gather_object(everyone, str(folder.resolve()))
-    if len(set(everyone)) > 1:
-        named = ", ".join(f"process {i}: {f}" for i, f in enumerate(everyone))
-        raise ConfigError(f"{what}: the processes named different folders ({named}); the main process writes "
-                          f"the state of all of them into one. HINT: give every process the same path (a "
-                          f"tempfile.TemporaryDirectory() differs per process: make it on the main process and "
-                          f"share its name with accelerator.broadcast).")
-
-
-def _load_state(acc: Accelerator, folder: Path) -> None:
-    from .checkpoint import Checkpointer, CheckpointError, restore_rng
-
-    _same_folder(acc, "load_state", folder)
-
-    checkpointer = Checkpointer(folder, is_main=acc.is_main_process, sharded=acc.strategy == "fsdp")
-    where = checkpointer.named("state")
-    if where is None:
-        raise CheckpointError(f"load_state({str(folder)!r}): no state saved there (save_state writes "
-                              f"{folder / 'checkpoints' / 'state.pt'}).")
-    restored = checkpointer.restore(_state_parts(acc), where, rank=acc.rank)
-    assert restored is not None
-    c = restored.counters
-    _loop.STATE.optimizer_steps, _loop.STATE.micro_step = int(c["global_step"]), int(c.get("micro_step", 0))
-    mid_pass = False
-    for dl, saved in zip(acc._prepared["loader"], c.get("loaders", []), strict=False):
-        if isinstance(saved, (list, tuple)):  # written by trainstack <= 0.x: [epoch, position]
-            saved = {"iteration": saved[0], "position": saved[1]}
-        dl.load_state_dict(saved)
-        mid_pass = mid_pass or bool(dl.skip_batches)
-    if restored.rng is not None:  # a new iterator draws from the RNG first: restore after it (as the Trainer does)
-        rng = restored.rng
-        if mid_pass:
-            _loop.STATE.pending = lambda: restore_rng(rng)
-        else:
-            restore_rng(rng)
 
 
 def _move(obj: Any, device: torch.device, data_dtype: torch.dtype | None, dtype: torch.dtype | None) -> Any:

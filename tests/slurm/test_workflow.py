@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 HERE = Path(__file__).parent
 HELLO, ARGS, SLEEPER, SLOW_TRAIN = (str(HERE / n) for n in ("_hello.py", "_args.py", "_sleeper.py",
                                                             "_slow_train.py"))
+REAL_ACCELERATE = str(HERE / "_real_accelerate.py")
 VENV = str(Path(sys.executable).parents[1])
 REPO = HERE.parents[1]
 JOB = "trainstack-test"  # every job of these tests has this name: the conftest cancels leftovers by it
@@ -239,6 +240,30 @@ def test_every_program_form_runs_with_its_arguments(env, shared_tmp):
         if record["argv"] != wanted or any(record[k] != v for k, v in expect.items()):
             failures.append(f"{name}: got {record}, wanted argv {wanted} and {expect}")
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.timeout(400)
+def test_real_accelerate_trains_on_two_nodes_under_the_custom_launcher(env, shared_tmp):
+    """The real `accelerate` package (trainstack installed beside it changes nothing): `accelerate launch` with
+    trainstack's placeholders on 2 Slurm nodes, one process each, DDP in step. (`--multi_gpu` is accelerate's
+    torchrun-based launcher; the script's Accelerator(cpu=True) trains on gloo. `accelerate launch --cpu` would
+    need mpirun for more than one process.)"""
+    work = shared_tmp / "real-accelerate"
+    work.mkdir()
+    submitted = ts({**env, "PROBE_OUT": str(work)}, "submit", "--cpu", "--time", "5", "--job-name", JOB,
+                   "--setup", "multi-node", "--nodes", "2", "--procs-per-node", "1", "--log-dir", str(work / "logs"),
+                   "--launcher", "custom", "--",
+                   "accelerate", "launch", "--multi_gpu", "--num_processes", "{num_processes}", "--num_machines",
+                   "{num_machines}", "--machine_rank", "{machine_rank}", "--main_process_ip", "{main_process_ip}",
+                   "--main_process_port", "{main_process_port}", REAL_ACCELERATE, cwd=work)
+    job_id = job_id_of(submitted.stdout)
+    state = wait_ended(env, [job_id])[job_id][0]["state"]
+    log = ts(env, "logs", job_id, check=False).stdout
+    assert state == "COMPLETED" and (work / "accelerate.json").exists(), f"{state}\n{log[-3000:]}"
+    record = json.loads((work / "accelerate.json").read_text())
+    assert record["module"] == "accelerate.accelerator" and record["processes"] == 2, record
+    assert record["ranks"] == [0, 1] and record["same_weights"] and record["batches"] == 4, record
+    assert "MULTI_CPU" in record["type"], record
 
 
 # --------------------------------------------------------------------------------------------- status/logs/cancel

@@ -17,10 +17,11 @@ from torch import nn
 
 from .._runtime import loop as _loop
 from .._runtime.watchdog import heartbeat
-from ..errors import ConfigError
+from ..errors import ConfigError, LaunchError
 from . import ops
 from .config import DataLoaderConfiguration, ProjectConfiguration
 from .loader import BatchSamplerShard, DataLoaderShard, prepare_data_loader
+from .loop import AccelerateLoop
 from .state import AcceleratorState, DistributedType, GradientState
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["AccelerateAPI"]
 
 
-class AccelerateAPI:
+class AccelerateAPI(AccelerateLoop):
     """Accelerate's names for what the state and the prepared objects know. The Accelerator sets, in its
     constructor: ``dataloader_config``, ``project_configuration``, ``rng_types``, ``handlers``,
     ``step_scheduler_with_optimizer``; and owns ``device``, ``mixed_precision``, ``use_cuda``, ``backend`` and
@@ -88,6 +89,27 @@ class AccelerateAPI:
     @property
     def gradient_state(self) -> GradientState:
         return GradientState()
+
+    num_processes = property(lambda self: self.world_size, doc="Accelerate's name of ``world_size``.")
+    process_index = property(lambda self: self.rank, doc="Accelerate's name of ``rank``.")
+    local_process_index = property(lambda self: self.local_rank, doc="Accelerate's name of ``local_rank``.")
+
+    def wait_for_everyone(self) -> None:
+        """Every process waits here for the others (a barrier; nothing on one process)."""
+        self.barrier()
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """All-reduce tensors over the ranks (``sum``, ``mean``, ``max``, ``min``; nested structures leaf by leaf),
+        times ``scale``; a copy, the input is untouched."""
+        return ops.reduce(tensor, reduction, scale)
+
+    def _check_state(self) -> None:
+        """The shared process state still describes this process (a reset state is Accelerate's error, here)."""
+        state = self.state
+        if state.num_processes != self.world_size or state.process_index != self.rank:
+            raise LaunchError(f"the process state says process {state.process_index} of {state.num_processes}, "
+                              f"this Accelerator {self.rank} of {self.world_size}: it was made in another process. "
+                              f"HINT: make the Accelerator inside the function that runs on every process.")
 
     split_batches = property(lambda self: self.dataloader_config.split_batches)
     even_batches = property(lambda self: self.dataloader_config.even_batches)

@@ -63,7 +63,7 @@ class BatchSamplerShard(BatchSampler):
         self.batch_sampler = batch_sampler
         self.num_processes, self.process_index = num_processes, process_index
         self.split_batches, self.even_batches = split_batches, even_batches
-        self.batch_size = getattr(batch_sampler, "batch_size", None)
+        self.batch_size: int | None = getattr(batch_sampler, "batch_size", None)  # type: ignore[assignment]
         self.drop_last = getattr(batch_sampler, "drop_last", False)
         self.skip = 0  # batches the next pass leaves out (a resumed pass), then back to 0
         if split_batches and (self.batch_size is None or self.batch_size % num_processes):
@@ -203,7 +203,7 @@ class _WholeBatches(torch.utils.data.TensorDataset):
         return _Collated([t[idx] for t in self.tensors])
 
 
-class _Collated(list):  # type: ignore[type-arg]
+class _Collated(list[Any]):
     """A batch already in the form ``default_collate`` would give."""
 
 
@@ -239,7 +239,7 @@ class DataLoaderShard(DataLoader):
         """The batch sampler this loader iterates (a ``BatchSampler`` given as ``sampler`` included)."""
         return self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if self.rng_types:
             synchronize_rng_states(self.rng_types, self.synchronized_generator)
         if self.synchronized_generator is not None:
@@ -294,7 +294,8 @@ class DataLoaderShard(DataLoader):
         self.end_of_dataloader, self.remainder = False, -1
         if not self._drop_last:
             try:
-                length = getattr(self.dataset, "total_dataset_length", None) or len(self.dataset)
+                data: Any = self.dataset
+                length = getattr(data, "total_dataset_length", None) or len(data)
                 self.remainder = length % self.total_batch_size
             except TypeError:  # an iterable dataset without a length
                 pass
@@ -329,7 +330,7 @@ class DataLoaderShard(DataLoader):
 
     @property
     def total_dataset_length(self) -> int:
-        data = self.dataset
+        data: Any = self.dataset
         return getattr(data, "total_length", None) or len(data)
 
     def get_sampler(self) -> Any:
@@ -364,6 +365,16 @@ class DataLoaderShard(DataLoader):
                 self.rng_types = [r for r in self.rng_types if r != "generator"] + ["generator"]
 
 
+def _kept_settings(dataloader: DataLoader) -> dict[str, Any]:
+    """The loader's settings a prepared copy keeps (the sampling ones are the shard's)."""
+    kwargs: dict[str, Any] = {k: getattr(dataloader, k, default) for k, default in _KEPT.items()
+                              if hasattr(dataloader, k)}
+    if not kwargs.get("num_workers"):
+        kwargs.pop("prefetch_factor", None)
+        kwargs["persistent_workers"] = False
+    return kwargs
+
+
 def _length(loader: DataLoader) -> float:
     """Batches per pass, or infinity for an iterable dataset without a length."""
     try:
@@ -388,8 +399,9 @@ def get_sampler(dataloader: Any) -> Any:
 
 
 _NOT_SUPPORTED = {
-    "dispatch_batches": "process 0 reading every batch and sending each process its share. HINT: leave it unset "
-                        "(False): every process reads its own shard of the same order, with the same result",
+    "dispatch_batches": "process 0 reading every batch and sending each process its share (dispatch_batches=True); "
+                        "every process reads its own shard of the same order, with the same result. HINT: leave it "
+                        "unset",
     "torch_device_mesh": "sharding data by a device mesh (tensor/context parallel ranks). HINT: prepare the loader "
                          "for the data-parallel ranks only",
 }
@@ -403,14 +415,7 @@ def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = No
                         non_blocking: bool = False, use_stateful_dataloader: bool = False,
                         torch_device_mesh: Any = None) -> DataLoaderShard:
     """This process's share of ``dataloader`` (Accelerate's ``prepare_data_loader``); see the module docstring."""
-    if dispatch_batches:
-        raise ConfigError("prepare_data_loader(dispatch_batches=True) is not supported by trainstack: "
-                          + _NOT_SUPPORTED["dispatch_batches"] + ".")
-    if torch_device_mesh is not None:
-        raise ConfigError("prepare_data_loader(torch_device_mesh=...) is not supported by trainstack: "
-                          + _NOT_SUPPORTED["torch_device_mesh"] + ".")
-    if not isinstance(dataloader, DataLoader):
-        raise ConfigError(f"prepare_data_loader() takes a torch DataLoader, got {type(dataloader).__name__}.")
+    _refuse(dataloader, dispatch_batches=dispatch_batches, torch_device_mesh=torch_device_mesh)
     state = PartialState()
     n = state.num_processes if num_processes is None else num_processes
     me = state.process_index if process_index is None else process_index
@@ -418,14 +423,8 @@ def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = No
     sampler_is_batches = isinstance(dataloader.sampler, BatchSampler)
     batch_sampler = dataloader.sampler if sampler_is_batches else dataloader.batch_sampler
     if split_batches:
-        size = dataloader.batch_size if dataloader.batch_size is not None else getattr(batch_sampler, "batch_size",
-                                                                                         None)
-        if size is None:
-            raise ConfigError("split_batches=True needs a batch size: the DataLoader's batch_size is None and its "
-                              "batch sampler has no batch_size attribute.")
-        if size > 1 and size % n:
-            raise ConfigError(f"split_batches=True needs a batch size that is a multiple of the number of processes "
-                              f"({n}); the DataLoader's is {size}. HINT: use batch_size={n * max(1, size // n)}.")
+        _check_split(dataloader.batch_size if dataloader.batch_size is not None
+                     else getattr(batch_sampler, "batch_size", None), n)
     sampler = get_sampler(dataloader)
     synchronized = None
     if isinstance(sampler, RandomSampler) and use_seedable_sampler:
@@ -434,10 +433,7 @@ def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = No
                                         data_seed=data_seed)
         if type(batch_sampler) is BatchSampler:  # a copy: the user's loader keeps its own sampler
             batch_sampler = BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
-    kwargs = {k: getattr(dataloader, k, default) for k, default in _KEPT.items() if hasattr(dataloader, k)}
-    if not kwargs.get("num_workers"):
-        kwargs.pop("prefetch_factor", None)
-        kwargs["persistent_workers"] = False
+    kwargs = _kept_settings(dataloader)
     if isinstance(dataset, IterableDataset):
         if n > 1:
             gen = getattr(dataset, "generator", None)
@@ -466,6 +462,25 @@ def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = No
     if isinstance(sampler, SeedableRandomSampler) and use_seedable_sampler:
         prepared.set_sampler(sampler)
     return prepared
+
+
+def _refuse(dataloader: Any, **options: Any) -> None:
+    for name, value in options.items():
+        if value:
+            raise ConfigError(f"prepare_data_loader({name}=...) is not supported by trainstack: "
+                              f"{_NOT_SUPPORTED[name]}.")
+    if not isinstance(dataloader, DataLoader):
+        raise ConfigError(f"prepare_data_loader() takes a torch DataLoader, got {type(dataloader).__name__}.")
+
+
+def _check_split(size: int | None, n: int) -> None:
+    """``split_batches`` cuts every batch into ``n`` equal slices."""
+    if size is None:
+        raise ConfigError("split_batches=True needs a batch size: the DataLoader's batch_size is None and its "
+                          "batch sampler has no batch_size attribute.")
+    if size > 1 and size % n:
+        raise ConfigError(f"split_batches=True needs a batch size that is a multiple of the number of processes "
+                          f"({n}); the DataLoader's is {size}. HINT: use batch_size={n * max(1, size // n)}.")
 
 
 class SkipBatchSampler(BatchSampler):
@@ -503,9 +518,6 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     if isinstance(dataloader.dataset, IterableDataset):
         raise ConfigError("skip_first_batches() of a plain DataLoader over an iterable dataset: prepare it first "
                           "(accelerator.prepare), or skip the batches in your loop.")
-    kwargs = {k: getattr(dataloader, k, default) for k, default in _KEPT.items() if hasattr(dataloader, k)}
-    if not kwargs.get("num_workers"):
-        kwargs.pop("prefetch_factor", None)
-        kwargs["persistent_workers"] = False
+    kwargs = _kept_settings(dataloader)
     return DataLoader(dataloader.dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches),
                       **kwargs)

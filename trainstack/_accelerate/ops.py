@@ -36,7 +36,7 @@ def recursively_apply(func: Callable[[torch.Tensor], Any], data: Any, *args: Any
         items = [recursively_apply(func, d, *args, **kwargs) for d in data]
         return type(data)(*items) if hasattr(data, "_fields") else type(data)(items)
     if isinstance(data, Mapping):
-        return type(data)({k: recursively_apply(func, v, *args, **kwargs) for k, v in data.items()})
+        return type(data)({k: recursively_apply(func, v, *args, **kwargs) for k, v in data.items()})  # type: ignore[call-arg]
     if isinstance(data, torch.Tensor):
         return func(data, *args, **kwargs)
     return data
@@ -51,7 +51,7 @@ def apply_to_tensors(name: str, func: Callable[[torch.Tensor], Any], data: Any) 
             items = [one(d) for d in item]
             return type(item)(*items) if hasattr(item, "_fields") else type(item)(items)
         if isinstance(item, Mapping):
-            return type(item)({k: one(v) for k, v in item.items()})
+            return type(item)({k: one(v) for k, v in item.items()})  # type: ignore[call-arg]
         from ..errors import ConfigError
 
         raise ConfigError(f"{name}() takes tensors (or lists, tuples, dicts of them), not a {type(item).__name__}. "
@@ -181,7 +181,8 @@ def send_to_device(data: Any, device: Any, non_blocking: bool = False, skip_keys
     """Every tensor of a nested structure on ``device`` (keys in ``skip_keys`` of a mapping left as they are)."""
     skip = {skip_keys} if isinstance(skip_keys, str) else set(skip_keys or ())
     if isinstance(data, Mapping):
-        return type(data)({k: v if k in skip else send_to_device(v, device, non_blocking) for k, v in data.items()})
+        moved = {k: v if k in skip else send_to_device(v, device, non_blocking) for k, v in data.items()}
+        return type(data)(moved)  # type: ignore[call-arg]
     if isinstance(data, (list, tuple)):
         items = [send_to_device(d, device, non_blocking) for d in data]
         return type(data)(*items) if hasattr(data, "_fields") else type(data)(items)
@@ -192,7 +193,7 @@ def send_to_device(data: Any, device: Any, non_blocking: bool = False, skip_keys
 
 def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
     """Process 0's tensor on every process (the others pass None)."""
-    holder = [tensor]
+    holder: list[Any] = [tensor]
     broadcast_object_list(holder)
     return holder[0]
 

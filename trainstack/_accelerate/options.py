@@ -10,7 +10,6 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .. import _envvars as envvars
 from ..errors import ConfigError
 from .config import (
     AutocastKwargs,
@@ -151,6 +150,13 @@ class Handlers:
     scaler: GradScalerKwargs = dataclasses.field(default_factory=GradScalerKwargs)
     profile: ProfileKwargs = dataclasses.field(default_factory=ProfileKwargs)
     autocast: AutocastKwargs = dataclasses.field(default_factory=AutocastKwargs)
+    process_group: InitProcessGroupKwargs = dataclasses.field(default_factory=InitProcessGroupKwargs)
+
+    @property
+    def timeout_s(self) -> float | None:
+        """The collective timeout the program chose, in seconds (None: the environment's or the default)."""
+        timeout = self.process_group.timeout
+        return timeout.total_seconds() if timeout is not None else None
 
     @classmethod
     def of(cls, handlers: Any) -> Handlers:
@@ -161,6 +167,7 @@ class Handlers:
         for handler in handlers or ():
             if isinstance(handler, InitProcessGroupKwargs):
                 _process_group(handler)
+                found.process_group = handler
                 continue
             kind = kinds.get(type(handler))
             if kind is None:
@@ -173,6 +180,4 @@ class Handlers:
 def _process_group(handler: InitProcessGroupKwargs) -> None:
     if handler.backend is not None or handler.init_method is not None:
         raise ConfigError("InitProcessGroupKwargs(backend=/init_method=): trainstack joins the group itself. HINT: "
-                          "Accelerator(backend='gloo'|'nccl'); for the collective timeout, timeout=timedelta(...).")
-    if handler.timeout is not None:
-        os.environ.setdefault(envvars.TIMEOUT_S, str(int(handler.timeout.total_seconds())))
+                          "Accelerator(backend='gloo'|'nccl'); InitProcessGroupKwargs(timeout=...) is taken.")

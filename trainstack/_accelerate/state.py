@@ -203,12 +203,11 @@ def split_for_process(inputs: Any, index: int, count: int, pad: bool) -> Any:
         return inputs.select(rows)
     share = inputs[start:min(end, length)]
     if pad and end > length:
-        last = inputs[-1:] if isinstance(inputs, torch.Tensor) else [inputs[-1]]
         missing = end - max(start, length)
         if isinstance(inputs, torch.Tensor):
-            share = torch.cat([share, *([last] * missing)])
+            share = torch.cat([share, *([inputs[-1:]] * missing)])
         else:
-            share = list(share) + list(last) * missing
+            share = list(share) + [inputs[-1]] * missing
             share = type(inputs)(share) if isinstance(inputs, tuple) else share
     return share
 
@@ -226,7 +225,8 @@ class AcceleratorState(PartialState):
         self.__dict__.update(partial.__dict__)  # who this process is: always the PartialState's view
         if mixed_precision is not None or "mixed_precision" not in self.__dict__:
             self.mixed_precision = mixed_precision or "no"
-        self.strategy = strategy if strategy != "ddp" or "strategy" not in self.__dict__ else self.strategy
+        if strategy != "ddp" or "strategy" not in self.__dict__:  # an FSDP Accelerator's state says so
+            self.strategy: str = strategy
 
     @property
     def distributed_type(self) -> DistributedType:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -231,24 +230,6 @@ def refuse_keywords(unknown: dict[str, Any]) -> None:
              "step_scheduler_with_optimizer")
     why = f" ({_NOT_TAKEN[name]})" if name in _NOT_TAKEN else ""
     raise ConfigError(f"Accelerator got an unknown keyword {name!r}{why}. It takes: {known}.")
-
-
-def unscale(acc: Any) -> None:
-    """fp16: gradients back to their true scale before clipping (once per optimizer step)."""
-    if acc.scaler is not None and STATE.sync_gradients:
-        for optimizer in acc._prepared["optimizer"]:
-            acc.scaler.unscale_(optimizer)
-
-
-
-def open_trackers(acc: Any, project_name: str, config: dict[str, Any] | None) -> Any:
-    from .writers import make_writers
-
-    trackers = make_writers(acc.log_with or "jsonl", Path(acc.logging_dir or ".") / project_name)
-    if config:
-        trackers.log_hyperparams(config)
-    return trackers
-
 
 
 def checkpointable(obj: Any) -> Any:

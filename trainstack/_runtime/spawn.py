@@ -21,7 +21,6 @@ Design choices:
 
 from __future__ import annotations
 
-import ast
 import atexit
 import datetime
 import logging
@@ -42,7 +41,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -57,6 +56,7 @@ from . import preload as _preload
 from . import ranklog as _ranklog
 from .carried import carried_header, worker_error
 from .layout import ProcessPlan, WorkerContext
+from .startup import MAIN_GUARD, check_main_guard, check_not_bootstrapping, start_method
 from .watchdog import HANG_EXIT_CODE, HANG_REPORT, watched
 
 __all__ = ["ProcessGroupSession", "launch", "check_not_bootstrapping"]
@@ -68,72 +68,11 @@ _RESULT = "result.pkl"
 _DONE = "done-{}"  # a worker that returned (rank 0 also wrote the result); exit 0 without it is a failure
 _INTERRUPTED = "interrupted"  # created by the launching process at the first Ctrl-C (interruptible launches)
 GRACE_PERIOD_S = 3.0
-_START_METHODS = ("spawn", "fork", "forkserver")
-_MAIN_GUARD = ("start the run under a main guard, so that the worker processes (which re-import your script) do "
-               "not start it again:\n\n"
-               "    def train(model, loader, accelerator):\n        ...\n\n"
-               "    if __name__ == \"__main__\":\n"
-               "        accelerator.distribute(train)(model, loader, accelerator)\n")
-_MAIN_GUARD_TRAINER = ("start training under a main guard, so that the worker processes (which re-import your "
-                       "script) do not start it again:\n\n"
-                       "    if __name__ == \"__main__\":\n"
-                       "        Trainer(model, optimizer, config, loss_fn=...).fit(train_loader)\n")
-
-
-def _guard_hint(fn: Callable) -> str:
-    return _MAIN_GUARD_TRAINER if getattr(fn, "__module__", "").startswith("trainstack") else _MAIN_GUARD
-
-
-def _main_script() -> str | None:
-    """The script ``python`` runs, when there is one on disk (not a notebook, ``python -c`` or ``python -``)."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    return path if path and os.path.isfile(path) else None
-
-
-def check_main_guard(fn: Callable) -> None:
-    """Refuse, before any worker starts, a launch made from the top level of the main script outside
-    ``if __name__ == "__main__":`` -- every worker would re-import the script and start the run again. One short
-    error in the launching process, with the fix for the API used."""
-    path = _main_script()
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") ==
-                                     "__main__"):
-        frame = frame.f_back
-    if path is None or frame is None or not os.path.samefile(frame.f_code.co_filename, path):
-        return
-    line = frame.f_lineno
-    if any(start <= line <= end for start, end in _main_guarded_lines(path)):
-        return
-    raise LaunchError(f"{os.path.basename(path)}:{line} starts the distributed run at the top level of the script, "
-                      f"outside `if __name__ == \"__main__\":`; every worker process re-imports the script and would "
-                      f"start it again. HINT: " + _guard_hint(fn))
-
-
-def _main_guarded_lines(path: str) -> list[tuple[int, int]]:
-    """Line ranges of the script's ``if __name__ == "__main__":`` blocks."""
-    try:
-        tree = ast.parse(open(path, encoding="utf-8").read(), filename=path)
-    except (OSError, SyntaxError, ValueError):
-        return [(0, sys.maxsize)]  # cannot tell: let the launch go on
-    spans = []
-    for node in tree.body:
-        if isinstance(node, ast.If) and _is_main_test(node.test):
-            spans.append((node.lineno, node.end_lineno or node.lineno))
-    return spans
-
-
-def _is_main_test(test: ast.expr) -> bool:
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
-        return False
-    sides = [test.left, test.comparators[0]]
-    names = [s.id for s in sides if isinstance(s, ast.Name)]
-    values = [s.value for s in sides if isinstance(s, ast.Constant)]
-    return names == ["__name__"] and values == ["__main__"]
-
-
-def _timeout() -> datetime.timedelta:
-    """Collective/rendezvous timeout; ``TRAINSTACK_TIMEOUT_S`` overrides the 30-minute default."""
+def _timeout(seconds: float | None = None) -> datetime.timedelta:
+    """Collective/rendezvous timeout: ``seconds`` when the program chose it (Accelerate's InitProcessGroupKwargs),
+    else ``TRAINSTACK_TIMEOUT_S``, else 30 minutes."""
+    if seconds is not None:
+        return datetime.timedelta(seconds=seconds)
     try:
         seconds = envvars.positive_number(envvars.TIMEOUT_S, 1800.0)
     except ValueError as exc:
@@ -148,10 +87,12 @@ class ProcessGroupSession:
     is still in a collective; the rank hosting the store keeps it up until all ranks have left.
     """
 
-    def __init__(self, ctx: WorkerContext, backend: str, host_store: bool = False) -> None:
+    def __init__(self, ctx: WorkerContext, backend: str, host_store: bool = False,
+                 timeout_s: float | None = None) -> None:
         self.ctx = ctx
         self.backend = backend
         self.host_store = host_store
+        self.timeout_s = timeout_s
         self.store: dist.TCPStore | None = None
 
     @property
@@ -177,7 +118,7 @@ class ProcessGroupSession:
             torch.cuda.set_device(device_id)
         if ctx.world_size == 1 or dist.is_initialized():
             return
-        timeout = _timeout()
+        timeout = _timeout(self.timeout_s)
         if ctx.environment == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             # torchrun's agent hosts the store and keeps it across worker restarts (same MASTER_PORT), so the
             # keys of the previous attempt's group are still there; with torch 2.13 a restarted gloo group then
@@ -238,6 +179,7 @@ class _WorkerSpec:
     rlimits: tuple[tuple[int, int, int], ...] = ()  # (resource, soft, hard) of the launching process
     keep_open: tuple[Any, ...] = field(default_factory=tuple)  # _SharedFd: held by every worker until it exits
     interruptible: bool = False  # the launching process turns a first Ctrl-C into a graceful stop (the Trainer)
+    timeout_s: float | None = None  # the collective timeout the program chose (None: the environment's)
     start_method: str | None = None  # the launching process's default: what the user's DataLoaders would use
 
 
@@ -384,8 +326,8 @@ def _worker(local_index: int, payload: Any, spec: _WorkerSpec, private_dir: str)
         ctx = spec.plan.context(local_index, spec.device_type, spec.gpus, port=spec.store_port)
         _set_child_environ(ctx)
         fn, args, kwargs = pickle.loads(payload) if isinstance(payload, bytes) else payload
-        with ProcessGroupSession(ctx, spec.backend), watched(ctx.rank, ctx.world_size, spec.hang_timeout,
-                                                             Path(spec.hang_dir)):
+        with ProcessGroupSession(ctx, spec.backend, timeout_s=spec.timeout_s), \
+                watched(ctx.rank, ctx.world_size, spec.hang_timeout, Path(spec.hang_dir)):
             try:
                 result = fn(*args, **kwargs)
             except Preempted:  # a graceful stop inside a worker (a Trainer run in a distributed function)
@@ -438,62 +380,6 @@ def _exit_cleanly() -> None:
     os._exit(0)
 
 
-def check_not_bootstrapping() -> None:
-    """Refuse to launch from a worker that is still importing the user's main module (no main guard).
-
-    A spawned child re-imports ``__main__``; without a guard the script's top level would start a whole new run in
-    every worker (Python's own check is bypassed because such a child looks like a notebook to us).
-    """
-    if getattr(multiprocessing.current_process(), "_inheriting", False):
-        raise LaunchError("this script started training at import time, and a worker process re-imported it. "
-                          "HINT: " + _MAIN_GUARD)
-
-
-def _autograd_threads() -> list[str]:
-    """Names of autograd's per-device worker threads in this process (started by a backward when CUDA exists)."""
-    names: list[str] = []
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:  # not Linux: nothing to inspect
-        return names
-    for tid in tasks:
-        try:
-            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as fh:
-                name = fh.read().strip()
-        except OSError:
-            continue
-        if name.startswith("pt_autograd_"):
-            names.append(name)
-    return names
-
-
-def _start_method() -> str:
-    """``forkserver`` (preloaded, see ``trainstack._runtime.preload``) or ``spawn`` for scripts; ``fork`` in
-    notebooks/REPLs where a new process cannot re-import ``__main__``."""
-    forced = os.environ.get(envvars.START_METHOD)
-    if forced:
-        if forced not in _START_METHODS:
-            raise LaunchError(f"TRAINSTACK_START_METHOD={forced!r} is not one of {', '.join(_START_METHODS)}. "
-                              f"HINT: unset it to let trainstack choose (spawn for scripts, fork in notebooks).")
-        return forced
-    if _main_script() is not None:  # a script on disk: new processes can re-import it
-        return "forkserver" if _preload.enabled() else "spawn"
-    if torch.cuda.is_initialized():
-        raise LaunchError(
-            "cannot start workers from this notebook: CUDA was already initialised in this kernel, and forked "
-            "processes cannot re-initialise it. HINT: restart the kernel and call the distributed function "
-            "before anything touches CUDA (no .cuda()/.to('cuda') at top level).")
-    threads = _autograd_threads()
-    if threads:
-        raise LaunchError(
-            f"cannot start workers from this notebook: a backward pass already ran in this kernel and started "
-            f"autograd's device threads ({', '.join(sorted(threads))}), and forked processes cannot use autograd "
-            f"after that (every worker would die with 'Unable to handle autograd's threading in combination with "
-            f"fork-based multiprocessing'). HINT: restart the kernel and call the distributed function before any "
-            f"loss.backward() in the kernel, or move the code into a script and run it with python.")
-    return "fork"
-
-
 def _ctrl_c(detail: str) -> str:
     """Where a worker stopped when a Ctrl-C (KeyboardInterrupt) ended it -- ``train at own.py:6`` -- else ''."""
     lines = [line for line in detail.splitlines() if line.strip()]
@@ -532,7 +418,7 @@ def _serialise(fn: Callable, args: tuple, kwargs: dict, method: str) -> Any:
         f"cannot send {name!r} and its arguments to the worker processes: {first}.\n"
         "Workers are new processes, so the function and every argument must be picklable: define "
         "the function at module top level (not a lambda or a function inside another function) and "
-        + _MAIN_GUARD) from None
+        + MAIN_GUARD) from None
 
 
 def _host_store(plan: ProcessPlan) -> dist.TCPStore | None:
@@ -548,7 +434,7 @@ def _host_store(plan: ProcessPlan) -> dist.TCPStore | None:
 
 def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: str, device_type: str,
            hang_timeout: float = 0.0, hang_dir: str = ".", keep_open: Sequence[int] = (),
-           interruptible: bool = False) -> Any:
+           interruptible: bool = False, timeout_s: float | None = None) -> Any:
     """Run ``fn`` in ``plan.nprocs_local`` new processes and return rank 0's result (None elsewhere).
 
     ``keep_open``: file descriptors every worker holds a duplicate of until it exits (e.g. a lock's).
@@ -557,7 +443,7 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
     """
     check_not_bootstrapping()
     check_main_guard(fn)
-    method = _start_method()
+    method = start_method()
     payload = _serialise(fn, args, kwargs, method)
     store = _host_store(plan)
     port = store.port if store is not None else plan.master_port
@@ -571,7 +457,7 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
                        hang_timeout=hang_timeout, hang_dir=hang_dir,
                        environ=dict(os.environ) if method == "forkserver" else None, umask=mask, rlimits=limits,
                        keep_open=tuple(_SharedFd(fd) for fd in keep_open) if method != "fork" else tuple(keep_open),
-                       interruptible=interruptible,
+                       interruptible=interruptible, timeout_s=timeout_s,
                        start_method=multiprocessing.get_start_method(allow_none=True) or
                        multiprocessing.get_context().get_start_method())
     # mkdtemp makes the folder 0700: reports, the result and torch's own error files live where only we can write.
@@ -589,18 +475,7 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             _reap(context)
-        if failure is not None and not interruptible and _ctrl_c(failure[1]):
-            stopped = f"rank {plan.rank_offset + failure[0]} was in {_ctrl_c(failure[1])}"
-        if stopped:  # a custom loop's Ctrl-C: one line, exit 130
-            said = (f"trainstack: interrupted (Ctrl-C): every worker stopped ({stopped}). What your loop saved "
-                    f"(save_state) is kept; load_state continues from it.")
-            print(said, file=sys.stderr, flush=True)
-            raise Interrupted(said)
-        if failure is not None:
-            index, detail, code = failure
-            if code == HANG_EXIT_CODE or detail.startswith(HANG_REPORT):
-                raise TrainingHung(plan.rank_offset + index, detail, exitcode=code)
-            raise worker_error(plan.rank_offset + index, detail, exitcode=code)
+        _raise_failure(failure, stopped, plan.rank_offset, interruptible)
         if store is not None:
             _wait_for_count(store, plan.world_size)
         result_path = os.path.join(private_dir, _RESULT)
@@ -608,6 +483,24 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
             return None
         with open(result_path, "rb") as fh:
             return pickle.load(fh)
+
+
+def _raise_failure(failure: tuple[int, str, int] | None, stopped: str, rank_offset: int, interruptible: bool
+                   ) -> None:
+    """What a launch that did not end well means: a custom loop's Ctrl-C (one line, exit 130), a hang the watchdog
+    stopped, or the first worker's failure."""
+    if failure is not None and not interruptible and _ctrl_c(failure[1]):
+        stopped = f"rank {rank_offset + failure[0]} was in {_ctrl_c(failure[1])}"
+    if stopped:
+        said = (f"trainstack: interrupted (Ctrl-C): every worker stopped ({stopped}). What your loop saved "
+                f"(save_state) is kept; load_state continues from it.")
+        print(said, file=sys.stderr, flush=True)
+        raise Interrupted(said)
+    if failure is not None:
+        index, detail, code = failure
+        if code == HANG_EXIT_CODE or detail.startswith(HANG_REPORT):
+            raise TrainingHung(rank_offset + index, detail, exitcode=code)
+        raise worker_error(rank_offset + index, detail, exitcode=code)
 
 
 def _start(payload: Any, spec: _WorkerSpec, private_dir: str, nprocs: int, method: str) -> tmp.ProcessContext:
@@ -725,7 +618,7 @@ def _describe_exit(code: int) -> str:
 def _died_while_importing(code: int) -> str:
     return (f"the worker exited with code {code} before it started: it failed while importing your script (its "
             f"traceback is printed above). A script that starts training at import time does this. HINT: "
-            + _MAIN_GUARD)
+            + MAIN_GUARD)
 
 
 def _reap(context: tmp.ProcessContext) -> None:
