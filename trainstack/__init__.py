@@ -30,7 +30,8 @@ __all__ = ["Accelerator", "Trainer", "TrainConfig", "Callback", "optimize_step",
 _LAZY = {
     "Accelerator": "accelerator", "seed_everything": "accelerator", "Trainer": "trainer",
     # HF Accelerate's and nntool's names (importable for drop-in code, not advertised)
-    "notebook_launcher": "accelerator", "set_seed": "accelerator", "slurm_fn": "slurm", "SlurmConfig": "slurm",
+    "notebook_launcher": "accelerator", "debug_launcher": "accelerator", "set_seed": "accelerator",
+    "slurm_fn": "slurm", "SlurmConfig": "slurm",
     "PartialState": "state", "AcceleratorState": "state", "DistributedType": "state",
     "DataLoaderConfiguration": "utils", "GradientAccumulationPlugin": "utils", "ProjectConfiguration": "utils",
     "DistributedDataParallelKwargs": "utils", "GradScalerKwargs": "utils", "InitProcessGroupKwargs": "utils",

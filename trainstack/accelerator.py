@@ -62,7 +62,7 @@ from .data import DictDataLoader
 from .environment import detect_environment, warn_if_outside_step
 from .errors import ConfigError, LaunchError
 
-__all__ = ["Accelerator", "notebook_launcher", "seed_everything", "set_seed"]
+__all__ = ["Accelerator", "notebook_launcher", "debug_launcher", "seed_everything", "set_seed"]
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -495,6 +495,12 @@ def notebook_launcher(function: Callable[..., Any], args: tuple = (), num_proces
         raise ConfigError(f"notebook_launcher got an unknown keyword {sorted(unknown)[0]!r}.")
     nprocs = num_processes or max(torch.cuda.device_count(), 1)
     return Accelerator(nprocs=nprocs).distribute(function)(*args)
+
+
+def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2) -> Any:
+    """HF Accelerate's ``debug_launcher``: ``function(*args)`` on ``num_processes`` CPU processes (distributed code
+    checked on a laptop), rank 0's result returned."""
+    return Accelerator(nprocs=num_processes, compute_setup="cpu").distribute(function)(*args)
 
 
 def _check_arguments(nprocs: int, compute_setup: str, log_setup: str, backend: str | None, dtype: Any,

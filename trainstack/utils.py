@@ -14,6 +14,7 @@ from ._accelerate.config import (
     ProfileKwargs,
     ProjectConfiguration,
 )
+from ._accelerate.logs import tqdm
 from ._accelerate.ops import (
     DistributedOperationException,
     broadcast,
@@ -27,6 +28,7 @@ from ._accelerate.ops import (
     reduce,
     send_to_device,
     synchronize_rng_states,
+    wait_for_everyone,
 )
 from ._accelerate.probes import (
     is_bf16_available,
@@ -53,7 +55,7 @@ __all__ = [
     "ProfileKwargs", "AutocastKwargs",
     "DistributedOperationException", "gather", "gather_object", "broadcast", "broadcast_object_list", "reduce",
     "pad_across_processes", "send_to_device", "synchronize_rng_states", "copy_tensor_to_devices",
-    "recursively_apply", "find_executable_batch_size", "set_seed",
+    "recursively_apply", "find_executable_batch_size", "set_seed", "tqdm", "wait_for_everyone",
     "is_bf16_available", "is_cuda_available", "is_datasets_available", "is_fp16_available", "is_hpu_available",
     "is_mlflow_available", "is_mps_available", "is_npu_available", "is_pytest_available",
     "is_tensorboard_available", "is_torch_xla_available", "is_transformers_available", "is_wandb_available",

@@ -62,6 +62,9 @@ class AccelerateAPI(AccelerateLoop):
 
         def prepare_batch(self, batch: Any) -> Any: ...
 
+        @property
+        def pin_memory(self) -> bool: ...
+
         def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True,
                          keep_torch_compile: bool = True) -> nn.Module: ...
 
@@ -241,7 +244,8 @@ class AccelerateAPI(AccelerateLoop):
             split_batches=config.split_batches, put_on_device=False, rng_types=list(self.rng_types),
             dispatch_batches=config.dispatch_batches, even_batches=config.even_batches,
             use_seedable_sampler=config.use_seedable_sampler, data_seed=config.data_seed,
-            non_blocking=config.non_blocking, use_stateful_dataloader=config.use_stateful_dataloader)
+            non_blocking=config.non_blocking, use_stateful_dataloader=config.use_stateful_dataloader,
+            pin_memory=self.pin_memory)
         if placement and (self.device.type != "cpu" or self.data_dtype is not None):
             prepared.place = self.prepare_batch  # to the device, floating tensors in the model's dtype
         prepared.heartbeat = heartbeat()  # each batch is progress for the hang watchdog

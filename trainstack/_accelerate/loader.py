@@ -413,8 +413,9 @@ def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = No
                         even_batches: bool = True, slice_fn_for_dispatch: Any = None,
                         use_seedable_sampler: bool = False, data_seed: int | None = None,
                         non_blocking: bool = False, use_stateful_dataloader: bool = False,
-                        torch_device_mesh: Any = None) -> DataLoaderShard:
-    """This process's share of ``dataloader`` (Accelerate's ``prepare_data_loader``); see the module docstring."""
+                        torch_device_mesh: Any = None, pin_memory: bool = False) -> DataLoaderShard:
+    """This process's share of ``dataloader`` (Accelerate's ``prepare_data_loader``); see the module docstring.
+    ``pin_memory``: page-locked batches (asynchronous host-to-GPU copies) even if the loader did not ask."""
     _refuse(dataloader, dispatch_batches=dispatch_batches, torch_device_mesh=torch_device_mesh)
     state = PartialState()
     n = state.num_processes if num_processes is None else num_processes
@@ -434,6 +435,7 @@ def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = No
         if type(batch_sampler) is BatchSampler:  # a copy: the user's loader keeps its own sampler
             batch_sampler = BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
     kwargs = _kept_settings(dataloader)
+    kwargs["pin_memory"] = kwargs.get("pin_memory") or pin_memory
     if isinstance(dataset, IterableDataset):
         if n > 1:
             gen = getattr(dataset, "generator", None)

@@ -19,7 +19,8 @@ from .state import PartialState
 
 __all__ = ["DistributedOperationException", "gather", "gather_object", "broadcast", "broadcast_object_list",
            "reduce", "pad_across_processes", "send_to_device", "synchronize_rng_states", "recursively_apply",
-           "find_executable_batch_size", "copy_tensor_to_devices", "apply_to_tensors"]
+           "find_executable_batch_size", "copy_tensor_to_devices", "apply_to_tensors",
+           "wait_for_everyone"]
 
 
 class DistributedOperationException(Exception):
@@ -175,6 +176,12 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
         out[tuple(index)] = t
         return out
     return recursively_apply(one, tensor)
+
+
+def wait_for_everyone() -> None:
+    """Every process waits here for the others (a barrier; nothing on one process)."""
+    if _active():
+        dist.barrier()
 
 
 def send_to_device(data: Any, device: Any, non_blocking: bool = False, skip_keys: Any = None) -> Any:

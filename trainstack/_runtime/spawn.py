@@ -22,6 +22,7 @@ Design choices:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import logging
 import multiprocessing
@@ -178,6 +179,7 @@ class _WorkerSpec:
     umask: int = 0o022  # the launching process's, at launch
     rlimits: tuple[tuple[int, int, int], ...] = ()  # (resource, soft, hard) of the launching process
     keep_open: tuple[Any, ...] = field(default_factory=tuple)  # _SharedFd: held by every worker until it exits
+    stdio: tuple[Any, ...] = ()  # _SharedFd of the launching process's stdout and stderr (a fork server's are older)
     interruptible: bool = False  # the launching process turns a first Ctrl-C into a graceful stop (the Trainer)
     timeout_s: float | None = None  # the collective timeout the program chose (None: the environment's)
     start_method: str | None = None  # the launching process's default: what the user's DataLoaders would use
@@ -225,6 +227,11 @@ def _take_environ(spec: _WorkerSpec) -> None:
         except (ValueError, OSError):  # e.g. a hard limit raised after the server started: not ours to raise
             pass
     tempfile.tempdir = None  # tempfile read TMPDIR once, in the server
+    for target, fd in zip((1, 2), spec.stdio, strict=False):  # print where the launching process prints now
+        with contextlib.suppress(OSError, ValueError):
+            (sys.stdout if target == 1 else sys.stderr).flush()
+        os.dup2(fd, target)
+        os.close(fd)
     threads = spec.environ.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0 and torch.get_num_threads() != int(threads):
         torch.set_num_threads(int(threads))  # torch read the variable when the server imported it
@@ -457,6 +464,7 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
                        hang_timeout=hang_timeout, hang_dir=hang_dir,
                        environ=dict(os.environ) if method == "forkserver" else None, umask=mask, rlimits=limits,
                        keep_open=tuple(_SharedFd(fd) for fd in keep_open) if method != "fork" else tuple(keep_open),
+                       stdio=tuple(_SharedFd(fd) for fd in (1, 2)) if method == "forkserver" else (),
                        interruptible=interruptible, timeout_s=timeout_s,
                        start_method=multiprocessing.get_start_method(allow_none=True) or
                        multiprocessing.get_context().get_start_method())
