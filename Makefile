@@ -54,10 +54,11 @@ test-gpu: $(VENV)/.installed  ## the GPU lane (tests/gpu; skipped without CUDA, 
 test-slurm: $(VENV)/.installed slurm-up  ## tests on the local 2-node Slurm
 	SLURM_CONF=$(SLURM_CONF_PATH) $(PY) -m pytest -m slurm $(PYTEST_ARGS)
 
-lint: $(VENV)/.installed lint-hpc  ## ruff, the import contracts and graph, the size budget, lint-hpc
+lint: $(VENV)/.installed lint-hpc  ## ruff, the import contracts and graph, the structural checks, the size ceiling, lint-hpc
 	$(PY) -m ruff check trainstack tests examples bench scripts
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) scripts/importgraph.py --fail-on-cycle --torch-free
+	$(PY) scripts/structure.py
 	$(PY) scripts/sizes.py --max-class 400 --max-function 60
 	$(PY) scripts/reference_pages.py --check
 

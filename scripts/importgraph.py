@@ -6,7 +6,8 @@
   even lazily, except the edges named in ``LAZY_ON_PURPOSE``.
 
 import-linter (`lint-imports`, contracts in `.importlinter`) checks the layers and rooms; this script adds what it
-does not: cycles through lazy imports, and the torch-free closure.
+does not: cycles through lazy imports, and the torch-free closure. Imports under ``if TYPE_CHECKING:`` are for the
+type checker only (never executed): they are no edge here, so a seam can name the type it takes.
 
     python scripts/importgraph.py [--fail-on-cycle] [--torch-free] [--print]
 """
@@ -47,7 +48,11 @@ def graph(modules: dict[str, Path]) -> dict[str, set[str]]:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         is_package = path.name == "__init__.py"
         out: set[str] = set()
+        typing_only = {id(n) for block in ast.walk(tree) if _is_type_checking(block)
+                       for stmt in block.body for n in ast.walk(stmt)}  # type: ignore[attr-defined]
         for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -62,6 +67,15 @@ def graph(modules: dict[str, Path]) -> dict[str, set[str]]:
             out.discard("trainstack")  # every submodule runs the package's __init__ first: not a design edge
         edges[name] = out
     return edges
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    """``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``)."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING" or \
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
 
 
 def _owner(target: str, modules: dict[str, Path]) -> str:

@@ -36,7 +36,7 @@ from trainstack.errors import ConfigError
     ({"plot_every": 2}, "plotting_functions is empty"),
     ({"log_folder": "x", "create_subfolder_per_run": True}, "contradict each other"),
     ({"resume": "auto", "create_subfolder_per_run": True}, "cannot find earlier checkpoints"),
-    ({"mixed_precision": "fp16", "compute_setup": "cpu"}, "needs CUDA"),
+    ({"mixed_precision": "fp4"}, "mixed_precision='fp4'"),
 ])
 def test_bad_settings_name_the_field(kwargs, needle):
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace("[", r"\[")):

@@ -3,7 +3,7 @@
 import json
 import xml.etree.ElementTree as ET
 
-from trainstack._runtime.losscurve import MAX_POINTS, loss_series, render_svg, save_loss_curve
+from trainstack._train.losscurve import MAX_POINTS, loss_series, render_svg, save_loss_curve
 
 NS = "{http://www.w3.org/2000/svg}"
 

@@ -257,7 +257,7 @@ def test_a_second_trainer_on_the_same_config_says_it_starts_a_new_run(tmp_path, 
     second = Trainer(_model(), torch.optim.SGD(_model().parameters(), lr=0.1), cfg)
     second.fit(DataLoader(TensorDataset(x, y), batch_size=8))
     out = capsys.readouterr().out
-    assert "this TrainConfig already trained a run in" in out and str(first.run_folder) in out
+    assert "an earlier run of this experiment is in" in out and str(first.run_folder) in out
     assert "resume='auto'" in out and second.run_folder != first.run_folder
 
 

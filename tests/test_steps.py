@@ -109,11 +109,11 @@ def test_make_step_picks_the_kind_and_bad_combinations_are_refused():
     assert isinstance(make_step(TrainConfig(gradient_accumulation_steps=2), sgd, mse_loss, optimize_step, True, cpu,
                                 None), AccumulatingStep)
     with pytest.raises(ConfigError, match="custom optimize_step"):
-        check_step_options(TrainConfig(grad_clip_norm=1.0), sgd, True, True, False)
+        check_step_options(TrainConfig(grad_clip_norm=1.0), sgd, True, True)
     with pytest.raises(ConfigError, match="LBFGS"):
-        check_step_options(TrainConfig(mixed_precision="bf16"), torch.optim.LBFGS(model.parameters()), False, True,
-                           False)
-    with pytest.raises(ConfigError, match="fp16"):
-        check_step_options(TrainConfig(mixed_precision="fp16", compute_setup="auto"), sgd, False, True, False)
+        check_step_options(TrainConfig(mixed_precision="bf16"), torch.optim.LBFGS(model.parameters()), False, True)
+    check_step_options(TrainConfig(mixed_precision="fp16", compute_setup="cpu"), sgd, False, True)  # fine:
+    fp16 = make_step(TrainConfig(mixed_precision="fp16"), sgd, mse_loss, optimize_step, True, cpu, None)
+    assert fp16.scaler is not None and fp16.scaler._device == "cpu"  # CPU autocast with a CPU GradScaler
     with pytest.raises(ConfigError, match="gradient-free"):
-        check_step_options(TrainConfig(nprocs=2), sgd, False, False, False)
+        check_step_options(TrainConfig(nprocs=2), sgd, False, False)

@@ -70,7 +70,8 @@ def test_max_steps_at_an_epoch_end_finishes_the_epoch_and_max_iter_still_bounds(
     ended = []
     at_end = Callback(on="train_epoch_end", callback=lambda t, c, w: ended.append(t.current_epoch))
     trainer = _fit(tmp_path, max_iter=100, max_steps=20, callbacks=[at_end])  # 10 steps per epoch
-    assert trainer.global_step == 20 and ended == [1, 2] and trainer.cursor.checkpoint()["batch_in_epoch"] == 0
+    final = torch.load(Checkpointer(trainer.run_folder).latest(), weights_only=True)  # at the epoch's end
+    assert trainer.global_step == 20 and ended == [1, 2] and final["partial_epoch"]["batch_in_epoch"] == 0
     assert _fit(tmp_path, "short", max_iter=1, max_steps=1000).global_step == 10
     with pytest.raises(ConfigError, match="max_steps=0"):
         TrainConfig(max_steps=0)

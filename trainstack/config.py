@@ -121,7 +121,7 @@ class TrainConfig:
     """Clip the global gradient norm to this value before each optimizer step."""
     mixed_precision: str = "no"
     """``no``, ``bf16`` (autocast; with fsdp, FSDP's bf16 compute with fp32 reductions) or ``fp16`` (autocast +
-    GradScaler, CUDA only)."""
+    GradScaler; on a CPU too, as torch and Accelerate allow, though slow there: prefer ``bf16`` on CPUs)."""
     compile: bool | dict[str, Any] = False
     """``torch.compile`` the model: True, or a dict of its options (``mode``, ``fullgraph``, ``dynamic``,
     ``backend``, ``options``). In place, so checkpoints keep the plain keys; the first step compiles under a long
@@ -277,8 +277,6 @@ class TrainConfig:
         if (self.fsdp_blocks or self.fsdp_min_params != 1_000_000) and self.strategy != "fsdp":
             raise ConfigError(f"TrainConfig.fsdp_blocks/fsdp_min_params only apply with strategy='fsdp' (strategy="
                               f"{self.strategy!r}).")
-        if self.mixed_precision == "fp16" and self.compute_setup == "cpu":
-            raise ConfigError("TrainConfig.mixed_precision='fp16' needs CUDA (GradScaler); on CPU use 'bf16' or 'no'.")
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (loadable with ``torch.load(weights_only=True)``): functions become their names."""

@@ -261,7 +261,7 @@ class AccelerateAPI(AccelerateLoop):
         samples the last batch repeated to even the shards out: each sample counted once."""
         state = self.gradient_state
         if not isinstance(state.active_dataloader, DataLoaderShard):  # trainstack's own loaders: per-rank padding
-            return _loop.gather_for_metrics(self, input_data)
+            return self._gather_unpadded(input_data)
         tensors_only = _only_tensors(input_data)
         if use_gather_object or not tensors_only:
             data = ops.gather_object(input_data)
@@ -272,6 +272,25 @@ class AccelerateAPI(AccelerateLoop):
             return data[:keep] if use_gather_object or not tensors_only else ops.recursively_apply(
                 lambda t: t[:keep], data)
         return data
+
+    def _gather_unpadded(self, data: Any) -> Any:
+        """Gather from every rank without the duplicates a padded shard ends with (``LoopState.padding``)."""
+        pad = _loop.STATE.padding
+
+        def one(item: Any) -> Any:
+            if isinstance(item, torch.Tensor):
+                item = item[: len(item) - pad] if pad and item.dim() > 0 else item
+                return self.gather(item if item.dim() > 0 else item.reshape(1)) if self.use_distributed else item
+            if isinstance(item, list):
+                mine = list(item[: len(item) - pad] if pad else item)
+                return ops.gather_object(mine) if self.use_distributed else mine
+            if isinstance(item, dict):
+                return type(item)({k: one(v) for k, v in item.items()})
+            if isinstance(item, tuple):
+                return type(item)(one(v) for v in item)
+            return item
+
+        return one(data)
 
     # ------------------------------------------------------------------ saving a model
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:

@@ -10,6 +10,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from .._choices import MIXED_PRECISION, TRACKING_TOOLS
 from ..errors import ConfigError
 from .config import (
     AutocastKwargs,
@@ -22,10 +23,8 @@ from .config import (
     ProjectConfiguration,
 )
 
-__all__ = ["AccelerateOptions", "TRACKERS", "MIXED_PRECISIONS"]
+__all__ = ["AccelerateOptions"]
 
-MIXED_PRECISIONS = ("no", "fp16", "bf16")
-TRACKERS = ("jsonl", "tensorboard", "mlflow", "wandb")
 RNG_TYPES = ("generator", "torch", "cuda")
 _TRACKER_PACKAGES = {"tensorboard": "torch.utils.tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
 
@@ -73,7 +72,7 @@ def _mixed_precision(value: str | None) -> str:
     where = "mixed_precision"
     if value is None:
         value, where = os.environ.get("ACCELERATE_MIXED_PRECISION", "no"), "ACCELERATE_MIXED_PRECISION"
-    if value not in MIXED_PRECISIONS:
+    if value not in MIXED_PRECISION:
         hint = " (fp8 needs Transformer Engine/torchao on Hopper GPUs: not supported)" if value == "fp8" else ""
         raise ConfigError(f"{where}={value!r}: must be 'no', 'fp16' or 'bf16'{hint}.")
     return value
@@ -115,11 +114,11 @@ def _trackers(log_with: str | Sequence[str] | None) -> tuple[str, ...] | None:
     names = [log_with] if isinstance(log_with, str) else list(log_with)
     if "all" in names:
         return ("jsonl", *[t for t, pkg in _TRACKER_PACKAGES.items() if _importable(pkg)])
-    bad = [n for n in names if n not in TRACKERS]
+    bad = [n for n in names if n not in TRACKING_TOOLS]
     if bad:
         raise ConfigError(f"log_with={log_with!r}: {bad[0]!r} is not a tracker trainstack writes; choose from "
-                          f"{', '.join(TRACKERS)} or 'all' (comet_ml, aim, clearml, dvclive, swanlab: not supported; "
-                          f"metrics.jsonl is always written).")
+                          f"{', '.join(TRACKING_TOOLS)} or 'all' (comet_ml, aim, clearml, dvclive, swanlab: not "
+                          f"supported; metrics.jsonl is always written).")
     return tuple(dict.fromkeys(names))
 
 

@@ -1,5 +1,8 @@
 """The runtime room: spawning and joining worker processes, the process layout, the preloaded fork server,
-collectives, FSDP, the hang watchdog, graceful stops, per-rank logs and the doctor.
+collectives, FSDP, torch.compile, the hang watchdog, graceful stops, per-rank logs, the metric writers, the loop
+state of hand-written loops, and the doctor.
 
-Reached through ``trainstack.accelerator`` (and ``trainstack.environment`` below it).
+Entered by the doors ``trainstack.accelerator`` and ``trainstack.data``, by the training side (``trainer``,
+``config``, ``callbacks``, ``trainstack._train``) and the Accelerate room; ``trainstack doctor`` loads
+``doctor`` lazily (an import contract in ``.importlinter`` says so).
 """

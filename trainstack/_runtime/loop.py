@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ..errors import ConfigError
@@ -258,29 +257,6 @@ def check_loadable(objects: list[Any]) -> None:
                               f"numbers, strings and containers of them. HINT: return plain values from its "
                               f"state_dict (e.g. a numpy array as a tensor, a datetime as its isoformat()).") from None
 
-
-
-def gather_for_metrics(acc: Any, data: Any) -> Any:
-    pad = STATE.padding
-
-    def one(item: Any) -> Any:
-        if isinstance(item, torch.Tensor):
-            item = item[: len(item) - pad] if pad and item.dim() > 0 else item
-            return acc.gather(item if item.dim() > 0 else item.reshape(1)) if acc.is_distributed else item
-        if isinstance(item, list):
-            mine = list(item[: len(item) - pad] if pad else item)
-            if not acc.is_distributed:
-                return mine
-            everyone: list[Any] = [None] * acc.world_size
-            dist.all_gather_object(everyone, mine)
-            return [x for part in everyone for x in part]
-        if isinstance(item, dict):
-            return type(item)({k: one(v) for k, v in item.items()})
-        if isinstance(item, tuple):
-            return type(item)(one(v) for v in item)
-        return item
-
-    return one(data)
 
 
 def check_loss(loss: Any, kwargs: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""The training room: what the Trainer's loop calls by name -- the step objects, the resume cursor, the run folder,
-evaluation and prediction, the hand-off to the launching process, the qadence switches, the tracker with its
-writers and progress bar. Reached through ``trainstack.trainer``.
+"""The training room: one ``fit()`` on one rank (``run.Run``) and what the Trainer's loop calls through it by name
+-- the step objects, the schedule, the resume cursor, the run folder, evaluation and prediction, the tracker with its
+progress bar and loss curve -- plus the hand-off to the launching process and the qadence switches. Reached through
+``trainstack.trainer``.
 """

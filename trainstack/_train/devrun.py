@@ -9,11 +9,14 @@ import itertools
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..trainer import Trainer
 
 __all__ = ["fast_dev_run", "first_batches", "refuse_after"]
 
@@ -31,9 +34,10 @@ def first_batches(loader: Any, n: int) -> Any:
                       drop_last=loader.drop_last)
 
 
-def fast_dev_run(trainer: Any, train_loader: Any, val_loader: Any) -> Any:
+def fast_dev_run(trainer: Trainer, train_loader: Any, val_loader: Any) -> Any:
     """Run ``trainer.fit`` as a smoke test and leave no trace: a temporary run folder, ``jsonl`` only, no periodic
-    checkpoints; the Trainer is spent afterwards (its model took N steps), so the real run gets a new one."""
+    checkpoints; the Trainer is spent afterwards (its model took N steps: ``refuse_after`` says so), so the real
+    run gets a new one."""
     cfg = trainer.config
     n = cfg.fast_dev_run
     val = val_loader if val_loader is not None else trainer.val_dataloader
@@ -48,7 +52,6 @@ def fast_dev_run(trainer: Any, train_loader: Any, val_loader: Any) -> Any:
         result = trainer.fit(train_loader, limited)
     finally:
         trainer.config, trainer.val_dataloader = cfg, val
-        trainer._fast_dev_ran = True
         shutil.rmtree(folder, ignore_errors=True)
     if trainer.accelerator.is_main_process and cfg.verbose:
         checked = f", a validation on {n} batch(es)" if val is not None else ""
@@ -58,10 +61,10 @@ def fast_dev_run(trainer: Any, train_loader: Any, val_loader: Any) -> Any:
     return result
 
 
-def refuse_after(trainer: Any, what: str = "fit") -> None:
+def refuse_after(fast_dev_ran: bool, what: str = "fit") -> None:
     """A Trainer whose fast_dev_run already trained its model must not go on as if it were the real run, nor look
     for checkpoints it never kept."""
-    if not getattr(trainer, "_fast_dev_ran", False):
+    if not fast_dev_ran:
         return
     if what == "load":
         raise ConfigError("this Trainer ran fast_dev_run, which keeps no checkpoints (its run folder was a "

@@ -4,7 +4,7 @@ DistributedSampler adds -- so the numbers equal a single-process evaluation of t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -16,6 +16,9 @@ from ..data import DictDataLoader, epoch_batches, prepare_eval_dataloader
 from ..errors import ConfigError
 from .steps import call_loss
 
+if TYPE_CHECKING:
+    from ..accelerator import Accelerator
+
 __all__ = ["Evaluator", "prepare_eval", "batch_size", "default_predict", "assemble"]
 
 #: ``fire(event, batch_index, loss, metrics)``: the Trainer's batch events (``val_batch_start`` ...).
@@ -25,7 +28,7 @@ Fire = Callable[[str, int, Any, Any], None]
 class Evaluator:
     """Runs one evaluation pass of ``loss_fn`` on a sharded loader and reduces it over all ranks."""
 
-    def __init__(self, accelerator: Any, loss_fn: Callable[..., Any], fire: Fire,
+    def __init__(self, accelerator: Accelerator, loss_fn: Callable[..., Any], fire: Fire,
                  amp_dtype: torch.dtype | None = None) -> None:
         self.accelerator, self.loss_fn, self.fire = accelerator, loss_fn, fire
         self.amp_dtype = amp_dtype  # evaluation runs in training's numeric regime (Lightning and Accelerate agree)
@@ -150,11 +153,11 @@ def _to_cpu(out: Any, amp_dtype: torch.dtype | None = None) -> Any:
     """Outputs on the CPU; those autocast made half precision back in float32 (as Accelerate returns them)."""
     from torch.utils._pytree import tree_map
 
-    def move(t: Any) -> Any:
-        if not isinstance(t, torch.Tensor):
-            return t
-        t = t.detach().cpu()
-        return t.float() if amp_dtype is not None and t.dtype == amp_dtype else t
+    def move(leaf: Any) -> Any:
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        leaf = leaf.detach().cpu()
+        return leaf.float() if amp_dtype is not None and leaf.dtype == amp_dtype else leaf
 
     return tree_map(move, out)
 

@@ -4,21 +4,21 @@ not the launcher's run handles), and rank 0's final state back in the user's own
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-__all__ = ["export", "absorb", "worker_state", "to_cpu", "conclude", "PREEMPTED", "INTERRUPTED", "DIVERGED"]
+if TYPE_CHECKING:
+    from ..callbacks import CallbackManager
+    from ..trainer import Trainer
+
+__all__ = ["export", "absorb", "to_cpu", "conclude", "PREEMPTED", "INTERRUPTED", "DIVERGED"]
 
 # how a stop_reason starts when the run must not read as finished
 PREEMPTED, INTERRUPTED, DIVERGED = "preempted", "interrupted", "diverged"
 
-#: What one run holds on a rank and never crosses a process boundary.
-RUN_HANDLES = ("_ddp_model", "_train_loader", "_val_loader", "step", "stopper", "checkpointer", "_lock", "_folder",
-               "schedule", "_held_warnings")
 
-
-def export(trainer: Any) -> dict[str, Any] | None:
+def export(trainer: Trainer, identity: dict[str, Any] | None) -> dict[str, Any] | None:
     """Rank 0's final state for the launching process (CPU tensors); a sharded model is gathered whole first (a
     collective: every rank calls this)."""
     from .._runtime.fsdp import full_state, is_sharded
@@ -37,11 +37,12 @@ def export(trainer: Any) -> dict[str, Any] | None:
             "global_step": trainer.global_step, "global_batch": trainer.global_batch,
             "run_folder": str(trainer.run_folder),
             "metrics": {k: float(v) for k, v in trainer.metrics.items()}, "stop_reason": trainer.stop_reason,
-            "identity": trainer._run_identity}
+            "identity": identity}
 
 
-def absorb(trainer: Any, result: dict[str, Any], callbacks: Any) -> None:
-    """Take rank 0's final state into the launching process's objects (``callbacks``: a manager over the user's)."""
+def absorb(trainer: Trainer, result: dict[str, Any], callbacks: CallbackManager) -> dict[str, Any] | None:
+    """Take rank 0's final state into the launching process's objects (``callbacks``: a manager over the user's);
+    returns the run's experiment identity."""
     from .._runtime.fsdp import fqn_optimizer_to_indexed
 
     trainer.model.load_state_dict(result["model"])
@@ -57,19 +58,16 @@ def absorb(trainer: Any, result: dict[str, Any], callbacks: Any) -> None:
     trainer.global_batch = result.get("global_batch", result["global_step"])
     trainer.run_folder = Path(result["run_folder"])
     trainer.metrics, trainer.stop_reason = result["metrics"], result["stop_reason"]
-    trainer._run_identity = result.get("identity")
+    identity = result.get("identity")
+    return identity if isinstance(identity, dict) else None
 
 
-def conclude(trainer: Any) -> None:
-    """The end of ``fit()`` in the launching process: the config remembers its run (for the note a second Trainer
-    on it prints), and a run that did not finish raises -- ``Preempted`` (a checkpoint to continue from) or
-    ``TrainingDiverged``, or ``Interrupted`` after a Ctrl-C -- so the code after ``fit()`` never runs as if it
-    had."""
+def conclude(trainer: Trainer) -> None:
+    """The end of ``fit()`` in the launching process: a run that did not finish raises -- ``Preempted`` (a
+    checkpoint to continue from) or ``TrainingDiverged``, or ``Interrupted`` after a Ctrl-C -- so the code after
+    ``fit()`` never runs as if it had."""
     from ..errors import Interrupted, Preempted, TrainingDiverged
 
-    runs = trainer.config.__dict__.setdefault("_runs", [])  # not a field
-    if trainer.run_folder is not None and trainer.run_folder not in runs:
-        runs.append(trainer.run_folder)
     reason = trainer.stop_reason
     if reason.startswith(INTERRUPTED):
         raise Interrupted(f"trainstack: {reason}; a complete checkpoint is in {trainer.run_folder}. Run again with "
@@ -79,15 +77,6 @@ def conclude(trainer: Any) -> None:
                         f"resume='auto' to continue exactly where it stopped.")
     if reason.startswith(DIVERGED):
         raise TrainingDiverged(f"trainstack: {reason[len(DIVERGED) + 2:]}")
-
-
-def worker_state(trainer: Any, fresh_tracker: Any) -> dict[str, Any]:
-    """What a spawned worker receives: the Trainer's state without this process's run handles."""
-    state = dict(trainer.__dict__)
-    for key in RUN_HANDLES:
-        state.pop(key, None)
-    state["tracker"] = fresh_tracker
-    return state
 
 
 def to_cpu(obj: Any) -> Any:

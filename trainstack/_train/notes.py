@@ -62,16 +62,17 @@ def graceful_stop(kind: str, why: str, epoch: int, step: int, path: Path | None,
 
 
 def resume_notes(config: Any, folder: Path | None, restored: bool, continues: bool, epoch: int,
-                 last_epoch: int, step: int = 0, last_step: int = 0, stopped_by: str | None = None) -> list[str]:
-    """What kind of run this is, when it is not a plain new one."""
+                 last_epoch: int, step: int = 0, last_step: int = 0, stopped_by: str | None = None,
+                 earlier: Path | None = None) -> list[str]:
+    """What kind of run this is, when it is not a plain new one (``earlier``: another run of this experiment
+    beside this new one)."""
     notes = []
     if config.resume == "auto" and not restored:
         notes.append(f"trainstack: resume='auto' found no checkpoint in {folder}; starting from scratch.")
-    earlier = [r for r in config.__dict__.get("_runs", []) if r != folder]
-    if earlier and not continues and not restored:
-        notes.append(f"trainstack: NOTE: this TrainConfig already trained a run in {earlier[-1]}; this Trainer starts "
-                     f"a NEW run in {folder}, from scratch (qadence reused the folder and continued). HINT: to "
-                     f"continue that run, TrainConfig(log_folder={str(earlier[-1])!r}, resume='auto').")
+    if earlier is not None and not continues and not restored:
+        notes.append(f"trainstack: NOTE: an earlier run of this experiment is in {earlier}; this run starts a NEW "
+                     f"one in {folder}, from scratch (qadence reused the folder and continued). HINT: to continue "
+                     f"that run, TrainConfig(log_folder={str(earlier)!r}, resume='auto').")
     if continues and epoch and not restored:
         notes.append(f"trainstack: a second fit() continues the run in {folder} at epoch {epoch} for another "
                      f"max_iter={config.max_iter} epochs.")

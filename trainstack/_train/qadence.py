@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import ConfigError
-from .steps import check_step_options
+from .steps import check_step_options, is_custom_step
+
+if TYPE_CHECKING:
+    from ..trainer import Trainer
 
 __all__ = ["check_optimizer", "grad_mode", "refuse_qadence_hooks", "QADENCE_HOOKS", "UseGrad", "set_use_grad",
            "enable_grad_opt", "disable_grad_opt"]
@@ -24,12 +27,12 @@ QADENCE_HOOKS = ("on_train_start", "on_train_end", "on_train_epoch_start", "on_t
 class UseGrad:
     """``trainer.use_grad``: this Trainer's own value once set, else the class-wide one (``Trainer.set_use_grad``)."""
 
-    def __get__(self, trainer: Any, owner: type | None = None) -> Any:
+    def __get__(self, trainer: Trainer | None, owner: type | None = None) -> Any:
         if trainer is None:
             return self
         return trainer.__dict__.get("_use_grad_instance", type(trainer)._use_grad)
 
-    def __set__(self, trainer: Any, value: bool) -> None:
+    def __set__(self, trainer: Trainer, value: bool) -> None:
         if not isinstance(value, bool):
             raise ConfigError(f"use_grad must be True or False, got {value!r}.")
         trainer.__dict__["_use_grad_instance"] = value
@@ -54,7 +57,7 @@ def set_use_grad(cls: Any, value: bool) -> None:
 
 
 @contextlib.contextmanager
-def enable_grad_opt(trainer: Any, optimizer: Any = None) -> Iterator[Any]:
+def enable_grad_opt(trainer: Trainer, optimizer: Any = None) -> Iterator[Trainer]:
     """``with trainer.enable_grad_opt(): trainer.fit(...)`` trains with gradients (optionally ``optimizer``); the
     previous mode and optimizer come back afterwards (qadence)."""
     with grad_mode(trainer, True, optimizer):
@@ -62,14 +65,14 @@ def enable_grad_opt(trainer: Any, optimizer: Any = None) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def disable_grad_opt(trainer: Any, ng_optimizer: Any = None) -> Iterator[Any]:
+def disable_grad_opt(trainer: Trainer, ng_optimizer: Any = None) -> Iterator[Trainer]:
     """``with trainer.disable_grad_opt(ng_optimizer): trainer.fit(...)`` trains gradient-free (nevergrad)."""
     with grad_mode(trainer, False, ng_optimizer):
         yield trainer
 
 
 @contextlib.contextmanager
-def grad_mode(trainer: Any, use_grad: bool, optimizer: Any) -> Iterator[None]:
+def grad_mode(trainer: Trainer, use_grad: bool, optimizer: Any) -> Iterator[None]:
     """Train with (or without) gradients, optionally with another optimizer, for the block; both come back."""
     saved = (trainer.__dict__.get("_use_grad_instance"), trainer.optimizer)
     trainer.use_grad = use_grad
@@ -77,8 +80,7 @@ def grad_mode(trainer: Any, use_grad: bool, optimizer: Any) -> Iterator[None]:
         trainer.optimizer = optimizer
     try:
         check_optimizer(trainer.optimizer, use_grad)
-        check_step_options(trainer.config, trainer.optimizer, trainer._custom_step, use_grad,
-                           trainer.accelerator.use_cuda)
+        check_step_options(trainer.config, trainer.optimizer, is_custom_step(trainer.optimize_step), use_grad)
         yield
     finally:
         if saved[0] is None:

@@ -1,12 +1,16 @@
-"""What one ``fit()`` holds on each rank, as functions of the Trainer so its class stays the loop: the set-up
-(device, data shards, step, run folder, checkpointer, reports), the resume, the counters its checkpoints record,
-the graceful and diverged stops, and the teardown."""
+"""One ``fit()`` on one rank: the objects the loop works with -- the wrapped model, the data shards, the step, the
+schedule, the resume cursor, the checkpointer, the stop agreement, the evaluator, the reports, the run folder --
+made in the worker when the run opens (``Run.open``) and released when it closes. A Run is never pickled: what
+crosses processes (the user's objects, config, callbacks, counters, metrics, the stop state) is the Trainer's."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -23,11 +27,19 @@ from . import notes, throughput
 from .evaluate import Evaluator, prepare_eval
 from .handoff import DIVERGED, INTERRUPTED, PREEMPTED
 from .live import hold_warnings
+from .metrics import EpochSums
 from .resume import EpochCursor, derived_seed
-from .runfolder import RunFolder, check_same_experiment, record_config, run_identity, standalone_checkpointer
+from .runfolder import Claim, RunFolder, check_same_experiment, record_config, run_identity
 from .schedule import NEVER, Schedule
-from .steps import AMP_DTYPES, autocast_precision, make_step, track_optimizer_steps
-from .tracker import Tracker, banner_info, run_span
+from .steps import AMP_DTYPES, Step, autocast_precision, make_step, track_optimizer_steps
+from .tracker import Span, Tracker, banner_info
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
+    from ..trainer import Trainer
+
+__all__ = ["Run", "build_scheduler", "periodic_kept", "stopped_by", "best_of",
+           "outside_counters"]
 
 
 def build_scheduler(factory: Any, optimizer: Any, total: int | None, interval: str) -> LRScheduler:
@@ -43,53 +55,7 @@ def build_scheduler(factory: Any, optimizer: Any, total: int | None, interval: s
     return LRScheduler(built, on="optimizer_step" if interval == "step" else "train_epoch_end")
 
 
-def check_validation(cfg: Any, loader: Any) -> None:
-    """Validation asked for without a loader is an error before any process starts."""
-    if (cfg.val_every or cfg.val_every_n_steps) and loader is None:
-        asked = f"val_every={cfg.val_every}" if cfg.val_every else f"val_every_n_steps={cfg.val_every_n_steps}"
-        raise ConfigError(f"TrainConfig.{asked} but no validation DataLoader was given. HINT: "
-                          f"fit(train_loader, val_loader) or Trainer(..., val_dataloader=...).")
-
-
-def start(t: Any) -> None:
-    """Everything one run needs on this rank: device, data shards, step, run folder, checkpoint, reports."""
-    acc, cfg = t.accelerator, t.config
-    acc.setup()
-    t._running = True
-    if cfg.seed is not None:
-        seed_everything(cfg.seed + acc.rank)
-    moved: dict[int, nn.Parameter] = {}
-    t._ddp_model = acc.prepare_model(t.model, moved)
-    if t.use_grad:
-        retarget_optimizer(t.optimizer, moved)
-    if t.scheduler is not None:
-        track_optimizer_steps(t.optimizer)
-    t._train_loader = prepare_train(t.train_dataloader, acc.rank, acc.world_size, cfg.seed or 0, acc.pin_memory)
-    t._val_loader = prepare_eval(t.val_dataloader, acc.rank, acc.world_size)
-    t._per_epoch = batches_per_epoch(t._train_loader, t.max_batches)
-    t._capped = bool(t.max_batches) or is_infinite(t._train_loader)
-    t.step = make_step(cfg, t.optimizer, t.loss_fn, t.optimize_step, t.use_grad, acc.device, acc.data_dtype)
-    t.evaluate = Evaluator(acc, t.loss_fn, t._fire_batch, AMP_DTYPES.get(autocast_precision(cfg)))
-    t.stopper = GracefulStop(resolve_signals(cfg.stop_signals), cfg.stop_file or os.environ.get(envvars.STOP_FILE),
-                             interrupt=True, announce=acc.is_main_process)
-    t.stopper.install()
-    t._run_identity = t._run_identity or run_identity(cfg, t.optimizer)  # before any learning-rate change
-    t._folder = RunFolder(cfg, t._run_identity, t.console_print)
-    t.run_folder = t._folder.agree(acc, t._claimed, t.run_folder if t._continues else None)
-    sharded = cfg.checkpoint_format == "sharded" or cfg.checkpoint_format == "auto" and cfg.strategy == "fsdp"
-    t.checkpointer = Checkpointer(t.run_folder, periodic_kept(cfg, t._user_callbacks()), acc.is_main_process,
-                                  sharded, cfg.async_checkpoint)
-    watchdog.start(acc.rank, acc.world_size, watchdog.resolve_timeout(cfg.hang_timeout), t.run_folder,
-                   watchdog.default_store(), armed=True)
-    if acc.compile_options is not None:  # the first step compiles: a long window, the run's own cache
-        t.compile_cache = compiling.use_cache(compiling.cache_folder(t.run_folder, t._folder.run_id))
-        watchdog.first_step_window(compiling.window())
-        t.step = compiling.FirstStep(t.step, acc, t.console_print)
-    t.callbacks = CallbackManager(t._user_callbacks(), acc.is_main_process)
-    start_reports(t, resume(t))
-
-
-def periodic_kept(cfg: Any, callbacks: list[Any]) -> int | None:
+def periodic_kept(cfg: TrainConfig, callbacks: list[Any]) -> int | None:
     """How many periodic checkpoints a run keeps: ``keep_last_checkpoints``, else 1 when a ``ModelCheckpoint``
     keeps the run's chosen files (qadence's ``SaveBestCheckpoint`` keeps qadence's rule: all), else all (None)."""
     from ..callbacks import SaveBestCheckpoint
@@ -100,120 +66,6 @@ def periodic_kept(cfg: Any, callbacks: list[Any]) -> int | None:
     return 1 if chosen else None
 
 
-def resume(t: Any) -> Restored | None:
-    """Continue from a checkpoint when asked (before the banner, so it shows where training continues), and say
-    what this run is: new, continued, or with nothing left to train."""
-    cfg = t.config
-    t.cursor, restored = EpochCursor(), None
-    t._run_start, t._run_start_step, t._val_step = t.current_epoch, t.global_step, -1
-    if cfg.resume is not None:
-        ours = t._run_identity
-        restored = t.checkpointer.restore(t._parts(), None if cfg.resume == "auto" else cfg.resume,
-                                          rank=t.accelerator.rank, check=lambda state, where: check_same_experiment(
-                                              state.get("identity"), ours, where))
-        if restored is not None:
-            apply(t, restored)
-    t._last_epoch = t._run_start + cfg.max_iter
-    t._last_step = t._run_start_step + cfg.max_steps if cfg.max_steps else NEVER
-    t._first_step, t._first_epoch = t.global_step, t.current_epoch
-    for note in notes.resume_notes(cfg, t.run_folder, restored is not None, t._continues, t.current_epoch,
-                                   t._last_epoch, t.global_step, t._last_step,
-                                   t.stop_reason if restored is not None and t.stop_training else None) \
-            + ([notes.UNBOUNDED_LOADER] if t._per_epoch is None else []):
-        t.console_print(note)
-    return restored
-
-
-def start_reports(t: Any, restored: Restored | None) -> None:
-    """Rank 0's reports (banner, bar or live lines, metrics files) and the schedule of step duties."""
-    acc, cfg = t.accelerator, t.config
-    span = run_span(t, cfg.gradient_accumulation_steps)
-    found = restored.counters.get("run_id") if restored else None
-    t.run_id = t._folder.adopt(found, t.run_folder) if found and acc.is_main_process else t._folder.run_id
-    t.run_id = acc.broadcast(t.run_id) if acc.world_size > 1 else t.run_id
-    t.tracker = Tracker(cfg, t.run_folder, acc.is_main_process, span, clock=lambda: t.global_step,
-                        keep_through=int(restored.counters["global_step"]) if restored else None, run_id=t.run_id,
-                        samples_per_batch=getattr(t.train_dataloader, "batch_size", None), world_size=acc.world_size)
-    live = t.tracker.live
-    live.peak, t._peak_source = throughput.peak_flops(acc.device, cfg.mixed_precision)
-    live.total_steps = span.total_steps
-    if acc.is_main_process:
-        live.optimizer_timer = throughput.OptimizerTimer(t.optimizer, acc.device)
-    if acc.is_main_process:  # FLOPs only where MFU shows (a peak, kernels not compiled: those hide them)
-        t.step = throughput.FlopProbe(t.step, t, cfg.gradient_accumulation_steps,
-                                      bool(live.peak) and acc.compile_options is None)
-    t._held_warnings = hold_warnings(acc.rank) if not acc.is_main_process and t.tracker.bar_on() else None
-    nothing_to_train = restored is not None and (t.stop_training or t.global_step >= t._last_step
-                                                 or t.current_epoch >= t._last_epoch)
-    if acc.is_main_process and not nothing_to_train:  # a no-op re-run leaves the record of what trained
-        record_config(cfg, t.run_folder)
-    t.schedule = Schedule({**t.tracker.periods(), "poll": cfg.stop_check_every,
-                           "val": cfg.val_every_n_steps if t._val_loader is not None else 0,
-                           "checkpoint": cfg.checkpoint_every_n_steps,
-                           "optimizer_step": t.callbacks.period("optimizer_step"),
-                           "report": notes.UNBOUNDED_REPORT if t._per_epoch is None else 0}, t._last_step)
-    t.schedule.start(t.global_step)
-    t.tracker.start(banner_info(t, span, watchdog.resolve_timeout(cfg.hang_timeout)))
-    t._started = time.monotonic()
-
-
-def close(t: Any) -> None:
-    """Release what the run holds; never raises over the error that ended the run."""
-    t._running = False
-    watchdog.stop()
-    if getattr(t, "stopper", None) is not None:
-        t.stopper.restore()
-    t.tracker.close()
-    if getattr(t, "_held_warnings", None) is not None:
-        t._held_warnings()
-    folder = getattr(t, "_folder", None)
-    if folder is not None:
-        folder.release()
-
-
-def outside_fit(t: Any) -> bool:
-    """A checkpointer for a Trainer used outside ``fit()`` (see ``standalone_checkpointer``); True outside."""
-    if getattr(t, "_running", False):
-        return False
-    t.run_folder, t.checkpointer = standalone_checkpointer(t.config, t.run_folder)
-    return True
-
-
-def stop_gracefully(t: Any, why: str) -> None:
-    """A signal, the stop file or Ctrl-C: checkpoint (committed), tell the batch script, say how to resume."""
-    kind = INTERRUPTED if why == INTERRUPT else PREEMPTED
-    t.stop_training, t.stop_reason = True, f"{kind} ({why})"
-    path = t.save_checkpoint()
-    with watchdog.phase("checkpoint"):
-        path = t.checkpointer.wait() or path  # an asynchronous save must be complete before the job ends
-    if t.accelerator.is_main_process and kind == PREEMPTED:  # tells the batch script: requeue me
-        t.stopper.confirm_saved(path or t.checkpointer.latest())
-    line = notes.graceful_stop(kind, why, t.current_epoch, t.global_step, path, t.checkpointer.last_save_seconds,
-                               t.run_folder)
-    t.tracker.print(line)
-    if t.accelerator.is_main_process:
-        jobevents.record("graceful_stop", stop=kind, why=why, step=t.global_step, line=line.split(". ")[0])
-
-
-def stop_diverged(t: Any) -> None:
-    """A non-finite loss on any rank: stop before saving, so the last finite checkpoint survives rotation."""
-    reason = notes.diverged_reason(t.metrics.get("train_loss"), t.current_epoch, t.checkpointer.latest())
-    t.stop_training, t.stop_reason = True, f"{DIVERGED}: {reason}"
-    t.tracker.print(f"trainstack: {reason}")
-
-
-# ---------------------------------------------------------------------- what a checkpoint records
-def counters(t: Any) -> dict[str, Any]:
-    """The loop's own state in a checkpoint; the parts (model, optimizer, ...) save themselves."""
-    found = best(t) or {}
-    return {"epoch": t.current_epoch, "global_step": t.global_step, "global_batch": t.global_batch,
-            "run_start_epoch": t._run_start, "run_start_step": t._run_start_step,
-            "val_step": t._val_step, "partial_epoch": t.cursor.checkpoint(),
-            "best": found or None, "best_val_loss": found["value"] if found.get("name") == "val_loss" else None,
-            "saved_at": time.time(), "identity": t._run_identity, "run_id": t.run_id,
-            "stopped_by": stopped_by(t.stop_training, t.stop_reason)}
-
-
 def stopped_by(stopping: bool, reason: str) -> str | None:
     """A stop that ends the run for good (EarlyStopping, a trainstop criterion, ``request_stop``), as checkpoints
     record it: a resume has nothing left to train. A preemption, a Ctrl-C or the step limit are not such a stop."""
@@ -222,31 +74,301 @@ def stopped_by(stopping: bool, reason: str) -> str | None:
     return reason
 
 
-def best(t: Any) -> dict[str, Any] | None:
-    """The best monitored value of the first ``ModelCheckpoint`` that has one, with its file."""
-    for cb in t.callbacks.callbacks:
+class Run:
+    """What one ``fit()`` holds on one rank. ``Run.open(trainer, claim, ...)`` builds it (device, shards, step,
+    folder, checkpointer, resume, reports); the loop asks it; ``close`` releases it."""
+
+    model: nn.Module  # the wrapped model (DDP, FSDP) the loop trains
+    train_loader: Any
+    val_loader: Any
+    per_epoch: int | None  # batches per epoch (None: until the loader ends)
+    capped: bool  # stop after per_epoch batches even if the loader has more
+    step: Step
+    evaluate: Evaluator
+    stopper: GracefulStop
+    folder: RunFolder
+    path: Path  # the run folder
+    checkpointer: Checkpointer
+    cursor: EpochCursor
+    tracker: Tracker
+    schedule: Schedule
+    run_id: str | None
+    compile_cache: Path | None = None
+    peak_source: str = ""
+
+    def __init__(self, trainer: Trainer, identity: dict[str, Any]) -> None:
+        self.trainer, self.identity = trainer, identity
+        self.accelerator, self.config = trainer.accelerator, trainer.config
+        self.running = False
+        self.run_start = self.run_start_step = 0  # where this run (not this fit) started: checkpoints record it
+        self.val_step = -1  # the step of the latest validation (never twice at one step)
+        self.first_epoch = self.first_step = 0  # where this fit() started (the summary, the first-step note)
+        self.last_epoch, self.last_step = 0, NEVER
+        self.started = time.monotonic()
+        self.held_warnings: Callable[[], None] | None = None
+        self.cursor = EpochCursor()
+        self.run_id = None
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(cls, trainer: Trainer, claim: Claim, fire: Callable[..., None],
+             parts: Callable[[Run | None], dict[str, Any]]) -> Run:
+        """Everything one run needs on this rank. ``claim``: the folder the launching process claimed (or None);
+        ``fire``: the Trainer's callback dispatch for the evaluator's batches; ``parts``: what a checkpoint of this
+        run holds, by name. A failure on the way releases what was taken."""
+        run = cls(trainer, claim.identity or run_identity(trainer.config, trainer.optimizer))  # before an lr change
+        run.parts = lambda: parts(run)
+        try:
+            run._open(claim, fire)
+        except BaseException:
+            run.close()
+            raise
+        return run
+
+    def _open(self, claim: Claim, fire: Callable[..., None]) -> None:
+        trainer, acc, cfg = self.trainer, self.accelerator, self.config
+        acc.setup()
+        self.running = True
+        if cfg.seed is not None:
+            seed_everything(cfg.seed + acc.rank)
+        self._prepare(fire)
+        self.stopper = GracefulStop(resolve_signals(cfg.stop_signals),
+                                    cfg.stop_file or os.environ.get(envvars.STOP_FILE), interrupt=True,
+                                    announce=acc.is_main_process)
+        self.stopper.install()
+        self.folder = RunFolder(cfg, self.identity, trainer.console_print)
+        self.path = self.folder.agree(acc, claim.path, claim.continuing)
+        sharded = cfg.checkpoint_format == "sharded" or cfg.checkpoint_format == "auto" and cfg.strategy == "fsdp"
+        self.checkpointer = Checkpointer(self.path, periodic_kept(cfg, trainer.callbacks.callbacks),
+                                         acc.is_main_process, sharded, cfg.async_checkpoint)
+        watchdog.start(acc.rank, acc.world_size, watchdog.resolve_timeout(cfg.hang_timeout), self.path,
+                       watchdog.default_store(), armed=True)
+        if acc.compile_options is not None:  # the first step compiles: a long window, the run's own cache
+            self.compile_cache = compiling.use_cache(compiling.cache_folder(self.path, self.folder.run_id))
+            watchdog.first_step_window(compiling.window())
+            self.step = compiling.FirstStep(self.step, acc, trainer.console_print)
+        self._start_reports(self._resume(claim.continuing is not None))
+
+    parts: Callable[[], dict[str, Any]]
+
+    def _prepare(self, fire: Callable[..., None]) -> None:
+        """The model on this rank's device (wrapped), the optimizer following it, the data shards, the step."""
+        trainer, acc, cfg = self.trainer, self.accelerator, self.config
+        moved: dict[int, nn.Parameter] = {}
+        self.model = acc.prepare_model(trainer.model, moved)
+        if trainer.use_grad:
+            retarget_optimizer(trainer.optimizer, moved)
+        if trainer.scheduler is not None:
+            track_optimizer_steps(trainer.optimizer)
+        self.train_loader = prepare_train(trainer.train_dataloader, acc.rank, acc.world_size, cfg.seed or 0,
+                                          acc.pin_memory)
+        self.val_loader = prepare_eval(trainer.val_dataloader, acc.rank, acc.world_size)
+        self.per_epoch = batches_per_epoch(self.train_loader, trainer.max_batches)
+        self.capped = bool(trainer.max_batches) or is_infinite(self.train_loader)
+        self.step = make_step(cfg, trainer.optimizer, trainer.loss_fn, trainer.optimize_step, trainer.use_grad,
+                              acc.device, acc.data_dtype)
+        self.evaluate = Evaluator(acc, trainer.loss_fn, fire, AMP_DTYPES.get(autocast_precision(cfg)))
+
+    def _resume(self, continues: bool) -> Restored | None:
+        """Continue from a checkpoint when asked (before the banner, so it shows where training continues), and say
+        what this run is: new, continued, or with nothing left to train."""
+        trainer, cfg = self.trainer, self.config
+        restored = None
+        self.run_start, self.run_start_step = trainer.current_epoch, trainer.global_step
+        if cfg.resume is not None:
+            ours = self.identity
+            restored = self.checkpointer.restore(
+                self.parts(), None if cfg.resume == "auto" else cfg.resume, rank=self.accelerator.rank,
+                check=lambda state, where: check_same_experiment(state.get("identity"), ours, where))
+            if restored is not None:
+                self.apply(restored)
+        self.last_epoch = self.run_start + cfg.max_iter
+        self.last_step = self.run_start_step + cfg.max_steps if cfg.max_steps else NEVER
+        self.first_step, self.first_epoch = trainer.global_step, trainer.current_epoch
+        earlier = self.folder.earlier_run(self.path) if restored is None and not continues else None
+        for note in notes.resume_notes(cfg, self.path, restored is not None, continues, trainer.current_epoch,
+                                       self.last_epoch, trainer.global_step, self.last_step,
+                                       trainer.stop_reason if restored is not None and trainer.stop_training else None,
+                                       earlier) + ([notes.UNBOUNDED_LOADER] if self.per_epoch is None else []):
+            trainer.console_print(note)
+        return restored
+
+    def _start_reports(self, restored: Restored | None) -> None:
+        """Rank 0's reports (banner, bar or live lines, metrics files) and the schedule of step duties."""
+        trainer, acc, cfg = self.trainer, self.accelerator, self.config
+        span = self.span(cfg.gradient_accumulation_steps)
+        found = restored.counters.get("run_id") if restored else None
+        run_id = self.folder.adopt(found, self.path) if found and acc.is_main_process else self.folder.run_id
+        self.run_id = acc.broadcast(run_id) if acc.world_size > 1 else run_id
+        self.tracker = Tracker(cfg, self.path, acc.is_main_process, span, clock=lambda: trainer.global_step,
+                               keep_through=int(restored.counters["global_step"]) if restored else None,
+                               run_id=self.run_id, samples_per_batch=getattr(trainer.train_dataloader, "batch_size",
+                                                                             None), world_size=acc.world_size)
+        live = self.tracker.live
+        live.peak, self.peak_source = throughput.peak_flops(acc.device, cfg.mixed_precision)
+        live.total_steps = span.total_steps
+        if acc.is_main_process:
+            live.optimizer_timer = throughput.OptimizerTimer(trainer.optimizer, acc.device)
+            # FLOPs only where MFU shows (a peak, kernels not compiled: those hide them)
+            self.step = throughput.FlopProbe(self.step, live, cfg.gradient_accumulation_steps, acc.world_size,
+                                             bool(live.peak) and acc.compile_options is None,
+                                             clock=lambda: trainer.global_step, done=self._plain_step)
+        self.held_warnings = hold_warnings(acc.rank) if not acc.is_main_process and self.tracker.bar_on() else None
+        nothing_to_train = restored is not None and (trainer.stop_training or trainer.global_step >= self.last_step
+                                                     or trainer.current_epoch >= self.last_epoch)
+        if acc.is_main_process and not nothing_to_train:  # a no-op re-run leaves the record of what trained
+            record_config(cfg, self.path)
+        self.schedule = Schedule.of_run(cfg, self.tracker.periods(), self.val_loader is not None,
+                                        trainer.callbacks.period("optimizer_step"),
+                                        notes.UNBOUNDED_REPORT if self.per_epoch is None else 0, self.last_step)
+        self.schedule.start(trainer.global_step)
+        self.tracker.start(banner_info(self, span, watchdog.resolve_timeout(cfg.hang_timeout)))
+        self.started = time.monotonic()
+
+    def _plain_step(self, step: Step) -> None:
+        self.step = step
+
+    # ------------------------------------------------------------------ where the run goes
+    def span(self, accumulation: int) -> Span:
+        """How far this run goes from where it starts (a resumed run: from its checkpoint's position)."""
+        trainer = self.trainer
+        batches = self.per_epoch
+        per_epoch = None if batches is None else math.ceil(batches / accumulation)
+        by_epochs = None
+        if per_epoch is not None:
+            done = math.ceil(self.cursor.batch / accumulation)
+            by_epochs = trainer.global_step + max((self.last_epoch - trainer.current_epoch) * per_epoch - done, 0)
+        capped = self.last_step != NEVER and (by_epochs is None or self.last_step < by_epochs)
+        total = self.last_step if capped else by_epochs
+        return Span(trainer.current_epoch, self.last_epoch, trainer.global_step, total, per_epoch, batches, capped)
+
+    def apply(self, restored: Restored) -> None:
+        """Take over a checkpoint's counters; a mid-epoch one continues at its batch with its partial sums."""
+        trainer, c, acc = self.trainer, restored.counters, self.accelerator
+        trainer.current_epoch, trainer.global_step = int(c["epoch"]), int(c["global_step"])
+        trainer.global_batch = int(c.get("global_batch", trainer.global_step))  # older ones counted batches only
+        self.run_start, self.run_start_step = int(c.get("run_start_epoch", 0)), int(c.get("run_start_step", 0))
+        self.val_step = int(c.get("val_step", -1))
+        self.identity = c.get("identity") or self.identity
+        if c.get("stopped_by"):  # the run ended by its own stop: nothing to train (resume_notes says so)
+            trainer.stop_training, trainer.stop_reason = True, str(c["stopped_by"])
+        loader = self.train_loader
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(trainer.current_epoch)
+        persistent = bool(getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0))
+        where = self.cursor.resume(restored, acc.world_size, getattr(loader, "samples_per_step", None),
+                                   derived_seed(self.config.seed or 0, acc.rank, trainer.global_step), persistent)
+        trainer.console_print(f"Resumed from {restored.path} (epoch {trainer.current_epoch}, step "
+                              f"{trainer.global_step}{where}).")
+
+    def epoch_means(self, sums: EpochSums, n: int) -> dict[str, Any]:
+        """The epoch's ``train_*`` means over its ``n`` batches (over every rank with ``all_reduce_metrics``)."""
+        reduce = self.accelerator.all_reduce_dict if self.config.all_reduce_metrics else None
+        return sums.means("train", n, reduce)
+
+    def log_line(self, n: int, sums: EpochSums, row: bool) -> None:
+        """The live line (rank 0) and, with ``row``, the metrics row: the epoch so far, ``n`` batches in."""
+        trainer = self.trainer
+        position = self.tracker.position(trainer.current_epoch, n)
+        self.tracker.step_line((trainer.current_epoch, trainer.global_step, position), sums, n,
+                               trainer.optimizer if trainer.use_grad else None, trainer.log_values,
+                               self.accelerator.all_reduce_dict if row else None, row)
+
+    # ------------------------------------------------------------------ what a checkpoint records
+    def counters(self) -> dict[str, Any]:
+        """The loop's own state in a checkpoint; the parts (model, optimizer, ...) save themselves."""
+        trainer = self.trainer
+        found = self.best() or {}
+        return {"epoch": trainer.current_epoch, "global_step": trainer.global_step,
+                "global_batch": trainer.global_batch, "run_start_epoch": self.run_start,
+                "run_start_step": self.run_start_step, "val_step": self.val_step,
+                "partial_epoch": self.cursor.checkpoint(), "best": found or None,
+                "best_val_loss": found["value"] if found.get("name") == "val_loss" else None,
+                "saved_at": time.time(), "identity": self.identity, "run_id": self.run_id,
+                "stopped_by": stopped_by(trainer.stop_training, trainer.stop_reason)}
+
+    def best(self) -> dict[str, Any] | None:
+        """The best monitored value of the first ``ModelCheckpoint`` that has one, with its file."""
+        return best_of(self.trainer.callbacks, self.checkpointer)
+
+    # ------------------------------------------------------------------ stopping
+    def stops_here(self, due: set[str], epoch_end: bool) -> bool:
+        """Mid-epoch stops: a graceful stop (signal, stop file, Ctrl-C), a stop any rank asked for (early stopping
+        after a validation), or the step limit. True when training stops at this step."""
+        trainer = self.trainer
+        if "poll" in due or ("val" in due and not epoch_end):
+            agreed, why = self.stopper.agree(self.accelerator.world_size, stop=trainer.stop_training)
+            if why is not None:
+                self.stop_gracefully(why)
+                return True
+            if agreed["stop"] and not epoch_end:
+                trainer.stop_training = True
+                trainer.stop_reason = trainer.stop_reason or "another rank asked to stop"
+                self.tracker.print(f"Stopping at step {trainer.global_step}: {trainer.stop_reason}.")
+        if "max_steps" in due and not epoch_end and not trainer.stop_training:
+            trainer.stop_training, trainer.stop_reason = True, f"max_steps={self.config.max_steps} reached"
+        return trainer.stop_training and not epoch_end
+
+    def stop_gracefully(self, why: str) -> None:
+        """A signal, the stop file or Ctrl-C: checkpoint (committed), tell the batch script, say how to resume."""
+        trainer = self.trainer
+        kind = INTERRUPTED if why == INTERRUPT else PREEMPTED
+        trainer.stop_training, trainer.stop_reason = True, f"{kind} ({why})"
+        path = trainer.save_checkpoint()
+        with watchdog.phase("checkpoint"):
+            path = self.checkpointer.wait() or path  # an asynchronous save must be complete before the job ends
+        if self.accelerator.is_main_process and kind == PREEMPTED:  # tells the batch script: requeue me
+            self.stopper.confirm_saved(path or self.checkpointer.latest())
+        line = notes.graceful_stop(kind, why, trainer.current_epoch, trainer.global_step, path,
+                                   self.checkpointer.last_save_seconds, self.path)
+        self.tracker.print(line)
+        if self.accelerator.is_main_process:
+            jobevents.record("graceful_stop", stop=kind, why=why, step=trainer.global_step,
+                             line=line.split(". ")[0])
+
+    def stop_diverged(self) -> None:
+        """A non-finite loss on any rank: stop before saving, so the last finite checkpoint survives rotation."""
+        trainer = self.trainer
+        reason = notes.diverged_reason(trainer.metrics.get("train_loss"), trainer.current_epoch,
+                                       self.checkpointer.latest())
+        trainer.stop_training, trainer.stop_reason = True, f"{DIVERGED}: {reason}"
+        self.tracker.print(f"trainstack: {reason}")
+
+    def close(self) -> None:
+        """Release what the run holds; never raises over the error that ended the run."""
+        self.running = False
+        watchdog.stop()
+        stopper = self.__dict__.get("stopper")
+        if stopper is not None:
+            stopper.restore()
+        tracker = self.__dict__.get("tracker")
+        if tracker is not None:
+            tracker.close()
+        if self.held_warnings is not None:
+            self.held_warnings()
+        folder = self.__dict__.get("folder")
+        if folder is not None:
+            folder.release()
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("a Run holds one process's handles (process group, files, signal handlers) and never "
+                        "crosses processes")
+
+
+def outside_counters(trainer: Trainer, checkpointer: Checkpointer, identity: dict[str, Any] | None
+                     ) -> dict[str, Any]:
+    """A checkpoint's counters written outside ``fit()`` (no run: no loop position)."""
+    found = best_of(trainer.callbacks, checkpointer) or {}
+    return {"epoch": trainer.current_epoch, "global_step": trainer.global_step, "global_batch": trainer.global_batch,
+            "best": found or None, "saved_at": time.time(), "identity": identity,
+            "stopped_by": stopped_by(trainer.stop_training, trainer.stop_reason)}
+
+
+def best_of(callbacks: CallbackManager, checkpointer: Checkpointer | None) -> dict[str, Any] | None:
+    """The best monitored value of the first ``ModelCheckpoint`` that has one, with its ``best`` file."""
+    for cb in callbacks.callbacks:
         found = cb.best() if isinstance(cb, ModelCheckpoint) else None
         if found:
-            checkpointer = getattr(t, "checkpointer", None)
             path = checkpointer.named("best") if checkpointer is not None else None
             return {**found, "path": str(path) if path else None}
     return None
-
-
-def apply(t: Any, restored: Restored) -> None:
-    """Take over a checkpoint's counters; a mid-epoch one continues at its batch with its partial sums."""
-    c, acc = restored.counters, t.accelerator
-    t.current_epoch, t.global_step = int(c["epoch"]), int(c["global_step"])
-    t.global_batch = int(c.get("global_batch", t.global_step))  # older checkpoints counted batches only
-    t._run_start, t._run_start_step = int(c.get("run_start_epoch", 0)), int(c.get("run_start_step", 0))
-    t._val_step = int(c.get("val_step", -1))
-    t._run_identity = c.get("identity") or t._run_identity
-    if c.get("stopped_by"):  # the run ended by its own stop: nothing to train (resume_notes says so)
-        t.stop_training, t.stop_reason = True, str(c["stopped_by"])
-    if hasattr(t._train_loader, "set_epoch"):
-        t._train_loader.set_epoch(t.current_epoch)
-    loader = t._train_loader
-    persistent = bool(getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0))
-    where = t.cursor.resume(restored, acc.world_size, getattr(loader, "samples_per_step", None),
-                            derived_seed(t.config.seed or 0, acc.rank, t.global_step), persistent)
-    t.console_print(f"Resumed from {restored.path} (epoch {t.current_epoch}, step {t.global_step}{where}).")

@@ -15,12 +15,16 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from .. import _envvars as envvars
 from ..checkpoint import Checkpointer, CheckpointError, check_fits, has_checkpoint
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..accelerator import Accelerator
 
 __all__ = ["choose_run_folder", "RunLock", "RunFolderBusy", "auto_chosen", "refuse_to_overwrite", "RunFolder",
            "run_identity", "standalone_checkpointer", "record_config", "check_same_experiment",
@@ -275,6 +279,17 @@ def ensure_run_id(folder: Path, echo: Callable[[str], None] = print) -> tuple[st
     return run_id, state
 
 
+@dataclass(frozen=True)
+class Claim:
+    """What the launching process hands the workers of one ``fit()`` about its run folder: the folder it claimed
+    (None: rank 0 claims it), the folder an earlier ``fit()`` of the same Trainer trained in and this one continues
+    (None: a new run), and that run's experiment identity."""
+
+    path: Path | None = None
+    continuing: Path | None = None
+    identity: dict[str, Any] | None = None
+
+
 class RunFolder:
     """Choose, claim, share and release the run folder of one ``fit()``.
 
@@ -317,7 +332,22 @@ class RunFolder:
             self.lock = lock
             return folder
 
-    def agree(self, accelerator: Any, claimed: Path | None, continuing: Path | None = None) -> Path:
+    def launch_claim(self, here: bool, continuing: Path | None, identity: dict[str, Any] | None,
+                     model: Any) -> Claim:
+        """What the launching process hands its workers. ``here``: it starts rank 0 itself (spawned workers), so it
+        claims the folder now -- a busy one is an error before any worker starts -- and checks that the checkpoint
+        to resume fits ``model``; otherwise rank 0 claims it in its own process."""
+        if not here:
+            return Claim(None, continuing, identity)
+        path = self.claim(continuing)
+        self.fits(model, path)
+        return Claim(path, continuing, identity)
+
+    def held_fds(self) -> list[int]:
+        """The lock's file descriptor while this object holds the folder (spawned workers keep a duplicate)."""
+        return [self.lock.fileno()] if self.lock is not None else []
+
+    def agree(self, accelerator: Accelerator, claimed: Path | None, continuing: Path | None = None) -> Path:
         """Collective: rank 0 claims the folder (unless its launching process did: ``claimed``) and reads (or, on
         the first start, creates) the run's id; every rank gets both, or the same error."""
         choice: tuple[str | None, str | None, str | None] = (str(claimed), None, None) if claimed is not None \
@@ -362,7 +392,20 @@ class RunFolder:
             self.lock.release()
             self.lock = None
 
-    def _same_experiment(self, folder: Path) -> bool:
+    def earlier_run(self, current: Path) -> Path | None:
+        """When trainstack chose a new folder for this run under ``root_folder``: the newest other run there with a
+        checkpoint of this experiment (a second Trainer on one config starts a new run; qadence continued)."""
+        root = Path(self.config.root_folder)
+        try:
+            if current.parent.resolve() != root.resolve() or not root.is_dir():
+                return None
+            others = sorted((p for p in root.iterdir() if p.is_dir() and p.name != current.name
+                             and has_checkpoint(p)), key=lambda p: p.stat().st_mtime, reverse=True)
+        except OSError:
+            return None
+        return next((p for p in others[:3] if self._same_experiment(p, quiet=True)), None)
+
+    def _same_experiment(self, folder: Path, quiet: bool = False) -> bool:
         """Whether ``folder``'s newest checkpoint was written by this experiment (one from before trainstack
         recorded it is taken as the same)."""
         try:
@@ -370,8 +413,8 @@ class RunFolder:
         except CheckpointError:
             return False
         differ = identity_differences(found[0].get("identity") if found else None, self.identity)
-        if not differ:
-            return True
+        if not differ or quiet:
+            return not differ
         self.echo(f"trainstack: resume='auto' passes over {folder}: another experiment ran there "
                   f"({'; '.join(differ)}).")
         return False

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
 
 __all__ = ["Schedule", "Clock", "NEVER"]
 
@@ -17,12 +21,59 @@ NEVER = sys.maxsize
 
 
 class Schedule:
-    """Duties by period (in optimizer steps), plus one absolute step (the step limit)."""
+    """Duties by period (in optimizer steps), plus one absolute step (the step limit); and the duties of an epoch's
+    end, by epoch and by step. ``Schedule.of_run`` is the one reader of the run's cadence settings."""
 
-    def __init__(self, periods: dict[str, int], last_step: int = NEVER) -> None:
+    def __init__(self, periods: dict[str, int], last_step: int = NEVER,
+                 at_epoch_end: dict[str, tuple[int, int]] | None = None, periodic_checkpoints: bool = True) -> None:
         self.periods = {name: every for name, every in periods.items() if every}
         self.last_step = last_step
+        self.at_epoch_end = {name: pair for name, pair in (at_epoch_end or {}).items() if any(pair)}
+        self.periodic_checkpoints = periodic_checkpoints  # False: best only (a final checkpoint neither)
         self.next = NEVER
+
+    @classmethod
+    def of_run(cls, config: TrainConfig, reports: dict[str, int], validates: bool, optimizer_step: int = 0,
+               unbounded_report: int = 0, last_step: int = NEVER) -> Schedule:
+        """A run's schedule: ``reports`` (the log line, bar and clock periods), validation and checkpoints as
+        ``config`` says (``val_every[_n_steps]``, ``checkpoint_every[_n_steps]``, ``checkpoint_best_only``), the
+        stop agreement, the ``optimizer_step`` callbacks, the progress report of a loader without a length."""
+        periodic = not config.checkpoint_best_only
+        steps = {**reports, "poll": config.stop_check_every,
+                 "val": config.val_every_n_steps if validates else 0,
+                 "checkpoint": config.checkpoint_every_n_steps if periodic else 0,
+                 "optimizer_step": optimizer_step, "report": unbounded_report}
+        at_end = {"val": (config.val_every, config.val_every_n_steps) if validates else (0, 0),
+                  "checkpoint": (config.checkpoint_every, config.checkpoint_every_n_steps) if periodic else (0, 0)}
+        return cls(steps, last_step, at_end, periodic)
+
+    @staticmethod
+    def check_validation(config: TrainConfig, loader: object) -> None:
+        """Validation asked for without a loader is an error before any process starts."""
+        if (config.val_every or config.val_every_n_steps) and loader is None:
+            from ..errors import ConfigError
+
+            asked = f"val_every={config.val_every}" if config.val_every else \
+                f"val_every_n_steps={config.val_every_n_steps}"
+            raise ConfigError(f"TrainConfig.{asked} but no validation DataLoader was given. HINT: "
+                              f"fit(train_loader, val_loader) or Trainer(..., val_dataloader=...).")
+
+    @staticmethod
+    def best_only(config: TrainConfig) -> bool:
+        """Whether the run keeps only its best checkpoint (``checkpoint_best_only``: a ``ModelCheckpoint`` on
+        ``val_loss`` does it)."""
+        return bool(config.checkpoint_best_only)
+
+    @property
+    def validates(self) -> bool:
+        """Whether the run validates at all (a validation loader and a validation cadence)."""
+        return "val" in self.at_epoch_end or "val" in self.periods
+
+    def due_at_epoch_end(self, epoch: int, step: int) -> set[str]:
+        """The duties of the end of epoch ``epoch`` (reached at ``step``): each is due when its epoch period divides
+        the epoch or its step period divides the step."""
+        return {name for name, (by_epoch, by_step) in self.at_epoch_end.items()
+                if by_epoch and epoch % by_epoch == 0 or by_step and step % by_step == 0}
 
     def start(self, step: int) -> None:
         """Training continues after ``step`` (0, or a resumed run's)."""

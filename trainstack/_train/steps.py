@@ -15,6 +15,7 @@ boundary, so a checkpoint never holds half a step.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -194,7 +195,7 @@ class AccumulatingStep:
         self.optimizer, self.loss_fn, self.device_type = optimizer, loss_fn, device_type
         self.accumulation, self.clip_norm = accumulation, clip_norm
         self.amp_dtype = AMP_DTYPES.get(precision)
-        self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+        self.scaler = torch.amp.GradScaler(device_type) if precision == "fp16" else None
         self.micro = 0  # batches accumulated into the current window
         self.left: int | None = None  # batches left in this pass (None: unknown)
         self.hb = heartbeat()
@@ -278,7 +279,12 @@ def _special(config: Any) -> bool:
     return config.gradient_accumulation_steps > 1 or bool(config.grad_clip_norm) or config.mixed_precision != "no"
 
 
-def check_step_options(config: Any, optimizer: Any, custom_step: bool, use_grad: bool, use_cuda: bool) -> None:
+def is_custom_step(step: Any) -> bool:
+    """Whether ``step`` is the user's own optimize_step (not trainstack's default, under either import path)."""
+    return step not in (optimize_step, sys.modules.get("trainstack.optimize_step"))
+
+
+def check_step_options(config: Any, optimizer: Any, custom_step: bool, use_grad: bool) -> None:
     """Combinations no step can honour, refused before any work starts."""
     if custom_step and _special(config):
         raise ConfigError("a custom optimize_step cannot be combined with gradient_accumulation_steps, "
@@ -286,8 +292,6 @@ def check_step_options(config: Any, optimizer: Any, custom_step: bool, use_grad:
     if _special(config) and isinstance(optimizer, torch.optim.LBFGS):
         raise ConfigError("LBFGS re-evaluates the loss in a closure, which gradient accumulation, clipping and "
                           "mixed precision cannot follow. HINT: use them with a first-order optimizer.")
-    if config.mixed_precision == "fp16" and not use_cuda:
-        raise ConfigError("mixed_precision='fp16' needs a CUDA device (GradScaler); use 'bf16' or 'no' on CPU.")
     if not use_grad and config.nprocs > 1:
         raise ConfigError("gradient-free training (use_grad=False) runs in one process; set nprocs=1.")
     if not use_grad and _special(config):

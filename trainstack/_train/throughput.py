@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .. import _envvars as envvars
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .live import LiveLog
 
 __all__ = ["PEAK_TFLOPS", "peak_flops", "FlopProbe", "OptimizerTimer", "tokens_in"]
 
@@ -72,12 +76,14 @@ class FlopProbe:
     """The training step, watched for its first calls: after the first (the warm-up: a compile, the loader's start)
     the tokens per step are read and ``live``'s clock restarts, so no rate counts the warm-up; when MFU can be shown
     (a peak is known, the kernels are not compiled) the second call runs under torch's FLOP counter -- ~1 s for a
-    small transformer, so never on the first step, never where no MFU is shown. Then it takes itself out of the
-    trainer (the loop picks the plain step up at the next epoch), costing nothing afterwards."""
+    small transformer, so never on the first step, never where no MFU is shown. Then it hands the plain step to
+    ``done`` (the loop picks it up at the next epoch), costing nothing afterwards. ``clock``: the optimizer steps
+    so far."""
 
-    def __init__(self, step: Any, trainer: Any, accumulation: int, count_flops: bool = True) -> None:
-        self._step, self._trainer, self._accumulation = step, trainer, accumulation
-        self._calls, self._count_flops = 0, count_flops
+    def __init__(self, step: Any, live: LiveLog, accumulation: int, world_size: int, count_flops: bool,
+                 clock: Callable[[], int], done: Callable[[Any], None]) -> None:
+        self._step, self._live, self._accumulation, self._world = step, live, accumulation, world_size
+        self._calls, self._count_flops, self._clock, self._done = 0, count_flops, clock, done
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._step, name)
@@ -86,7 +92,7 @@ class FlopProbe:
         if self._calls >= (2 if self._count_flops else 1):  # done (the loop holds this object until its epoch ends)
             return self._step(model, batch)
         self._calls += 1
-        live = self._trainer.tracker.live
+        live = self._live
         if self._calls == 2 and self._count_flops:
             from torch.utils.flop_counter import FlopCounterMode
 
@@ -99,10 +105,10 @@ class FlopProbe:
         if self._calls == 1:
             tokens = tokens_in(batch)
             if tokens:
-                live.tokens_per_step = tokens * self._accumulation * self._trainer.accelerator.world_size
+                live.tokens_per_step = tokens * self._accumulation * self._world
         if self._calls >= (2 if self._count_flops else 1):
-            self._trainer.step = self._step
-        live.restart(self._trainer.global_step + 1 / self._accumulation)  # this micro-batch of the step done
+            self._done(self._step)
+        live.restart(self._clock() + 1 / self._accumulation)  # this micro-batch of the step done
         return out
 
 

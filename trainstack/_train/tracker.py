@@ -10,21 +10,23 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._runtime.compiling import window
-from .._runtime.losscurve import save_loss_curve
 from .._runtime.writers import NullWriter, Writers, format_metrics, make_writers
 from .._text import size as text_size
 from ..data import DictDataLoader, is_infinite
 from .live import LiveLog, ProgressBar, banner, format_line, progress_enabled, summary
+from .losscurve import save_loss_curve
 from .metrics import MetricLog
 from .schedule import Clock
 
-__all__ = ["Tracker", "Span", "banner_info", "run_span"]
+if TYPE_CHECKING:
+    from .run import Run
+
+__all__ = ["Tracker", "Span", "banner_info"]
 
 log = logging.getLogger(__name__)
 
@@ -225,39 +227,39 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def banner_info(trainer: Any, span: Span, hang_timeout: float) -> dict[str, Any]:
+def banner_info(run: Run, span: Span, hang_timeout: float) -> dict[str, Any]:
     """What the start banner shows: the data, the processes, the batch sizes, the steps ahead, the folder."""
-    acc, cfg, loader = trainer.accelerator, trainer.config, trainer.train_dataloader
+    trainer = run.trainer
+    acc, cfg, loader = run.accelerator, run.config, trainer.train_dataloader
     per_proc = getattr(loader, "batch_size", None) or 1
     steps: Any = "unknown (the loader has no length)" if span.total_steps is None else \
         span.total_steps - span.start_step
     info: dict[str, Any] = {
-        "Num examples": _num_examples(loader), "Num epochs": span.last_epoch - trainer._run_start,
+        "Num examples": _num_examples(loader), "Num epochs": span.last_epoch - run.run_start,
         "Batches per epoch": span.batches_per_epoch if span.batches_per_epoch is not None else "until the loader ends",
         "Processes": f"{acc.world_size} ({acc.backend} on {acc.device.type})",
         "Batch size per process": per_proc,
         "Total batch size (w. parallel & accumulation)": per_proc * acc.world_size * cfg.gradient_accumulation_steps,
         "Gradient accumulation steps": cfg.gradient_accumulation_steps,
         "Total optimization steps": steps, "Model": model_summary(acc.unwrap_model(trainer.model)),
-        "Run folder": trainer.run_folder,
+        "Run folder": run.path,
         "Hang watchdog": f"armed: {hang_timeout:g} s without progress (3x for the first step, checkpoints, "
                          f"callbacks)" if hang_timeout else "off"}
     if cfg.max_steps is not None:
         info["Max steps"] = cfg.max_steps
-    keep = trainer.checkpointer.keep_last
-    info["Checkpoints"] = ("best only (checkpoint_best_only)" if cfg.checkpoint_best_only else
+    keep = run.checkpointer.keep_last
+    info["Checkpoints"] = ("best only (checkpoint_best_only)" if not run.schedule.periodic_checkpoints else
                            f"periodic ones rotated: the newest {keep} kept" if keep else "every periodic one kept") + \
         ("; a ModelCheckpoint keeps its own files" if any(type(cb).__name__ == "ModelCheckpoint"
                                                           for cb in trainer.callbacks.callbacks) else "")
-    source = getattr(trainer, "_peak_source", "")
-    info["MFU"] = f"over the {source}" if trainer.tracker.live.peak else f"n/a: {source}" if source else "n/a"
+    source = run.peak_source
+    info["MFU"] = f"over the {source}" if run.tracker.live.peak else f"n/a: {source}" if source else "n/a"
     if acc.compile_options is not None:
         info["MFU"] = "n/a: compiled kernels hide their FLOPs from the counter"
-        cache = getattr(trainer, "compile_cache", None)
         info["Compile"] = (f"torch.compile({', '.join(f'{k}={v!r}' for k, v in acc.compile_options.items())}): "
                            f"compiling... (the first step may take {window():g} s on every rank); cache: "
-                           f"{cache or 'torch default'}")
-    if is_infinite(trainer._train_loader) and not trainer.max_batches:
+                           f"{run.compile_cache or 'torch default'}")
+    if is_infinite(run.train_loader) and not trainer.max_batches:
         info["Batches per epoch"] = "1 (an endless loader; set max_batches for more)"
     if trainer.current_epoch or trainer.global_step:
         info["Continuing at"] = f"epoch {trainer.current_epoch}, step {trainer.global_step}"
@@ -273,22 +275,6 @@ def model_summary(model: Any) -> str:
     size = sum(p.numel() * p.element_size() for p in params)
     dtypes = "/".join(sorted({str(p.dtype).removeprefix("torch.") for p in params})) or "no parameters"
     return f"{type(model).__name__}: {total:,} parameters ({trainable:,} trainable), {text_size(size)} {dtypes}"
-
-
-def run_span(trainer: Any, accumulation: int) -> Span:
-    """How far this run goes from where it starts (a resumed run: from its checkpoint's position)."""
-    from .schedule import NEVER
-
-    batches = trainer._per_epoch
-    per_epoch = None if batches is None else math.ceil(batches / accumulation)
-    last_step = trainer._last_step
-    by_epochs = None
-    if per_epoch is not None:
-        done = math.ceil(trainer.cursor.batch / accumulation)
-        by_epochs = trainer.global_step + max((trainer._last_epoch - trainer.current_epoch) * per_epoch - done, 0)
-    capped = last_step != NEVER and (by_epochs is None or last_step < by_epochs)
-    total = last_step if capped else by_epochs
-    return Span(trainer.current_epoch, trainer._last_epoch, trainer.global_step, total, per_epoch, batches, capped)
 
 
 def _num_examples(loader: Any) -> Any:

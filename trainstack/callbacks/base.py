@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..trainer import Trainer
 
 __all__ = ["EVENTS", "Callback", "OptimizeResult"]
 
@@ -29,6 +32,15 @@ class OptimizeResult:
     extra: dict[str, Any] = field(default_factory=dict)
     rank: int = 0
     device: Any = "cpu"
+
+    def describe(self, iteration: int, trainer: Trainer, loss: Any = None, metrics: dict[str, Any] | None = None
+                 ) -> None:
+        """The state at ``iteration``: the trainer's model, optimizer, process; its training loss and metrics unless
+        given (a batch's own)."""
+        self.iteration, self.model, self.optimizer = iteration, trainer.model, trainer.optimizer
+        self.loss = trainer.metrics.get("train_loss") if loss is None else loss
+        self.metrics = trainer.metrics if metrics is None else metrics
+        self.rank, self.device = trainer.accelerator.rank, trainer.accelerator.device
 
 
 class Callback:

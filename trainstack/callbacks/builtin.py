@@ -148,8 +148,8 @@ class LRScheduler(Callback):
         self.scheduler = scheduler
 
     def run_callback(self, trainer: Any, config: Any, writer: Any) -> None:
-        step = getattr(trainer, "step", None)
-        if self.on == "train_batch_end" and step is not None and not step.at_boundary:
+        run = getattr(trainer, "run", None)
+        if self.on == "train_batch_end" and run is not None and not run.step.at_boundary:
             return  # half an accumulated optimizer step: the learning rate has not been used yet
         self.scheduler.step()
 

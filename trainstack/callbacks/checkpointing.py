@@ -76,7 +76,8 @@ class ModelCheckpoint(Callback):
             return self.tidy(trainer)
         if when not in self.events:
             return None
-        if when == "train_epoch_end" and (getattr(trainer, "validates", False)
+        run = getattr(trainer, "run", None)
+        if when == "train_epoch_end" and (run is not None and run.schedule.validates
                                           or trainer.opt_result.iteration % self.every_n_epochs):
             return None  # a run that validates saves after its validations
         return super().__call__(when, trainer, config, writer)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._runtime.watchdog import phase
 from .base import EVENTS, Callback
+
+if TYPE_CHECKING:
+    from ..trainer import Trainer
 
 __all__ = ["CallbackManager"]
 
@@ -30,7 +33,12 @@ class CallbackManager:
             cbs = [cb for cb in cbs if cb.called_every]
         return math.gcd(*[cb.called_every for cb in cbs]) if cbs else 0
 
-    def fire(self, event: str, trainer: Any) -> None:
+    def fire(self, event: str, trainer: Trainer, iteration: int | None = None, loss: Any = None,
+             metrics: dict[str, Any] | None = None) -> None:
+        """Call the callbacks of ``event``; with ``iteration``, ``trainer.opt_result`` first describes it (the
+        epoch, the global batch or the optimizer step; ``loss`` and ``metrics`` default to the run's)."""
+        if iteration is not None:
+            trainer.opt_result.describe(iteration, trainer, loss, metrics)
         callbacks = self.by_event[event]
         if not callbacks:
             return
