@@ -27,6 +27,7 @@ from .state import AcceleratorState, DistributedType, GradientState
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
+    from .._runtime.layout import WorkerContext
     from .config import ProfileKwargs
     from .options import Handlers
 
@@ -62,6 +63,8 @@ class AccelerateAPI(AccelerateLoop):
 
         def prepare_batch(self, batch: Any) -> Any: ...
 
+        def _ctx(self) -> WorkerContext: ...
+
         @property
         def pin_memory(self) -> bool: ...
 
@@ -74,7 +77,7 @@ class AccelerateAPI(AccelerateLoop):
         """The process's ``AcceleratorState`` (made when first asked, also after unpickling)."""
         if self._state is None:
             self._state = AcceleratorState(self.mixed_precision, cpu=not self.use_cuda, backend=self.backend,
-                                           strategy=self.strategy)
+                                           strategy=self.strategy, _context=self._ctx())
         return self._state
 
     @property

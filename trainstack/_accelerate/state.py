@@ -76,7 +76,8 @@ class PartialState:
         if self.__dict__.get("initialized") and running is not None and self.__dict__.get("ctx") is not running:
             self.__dict__.clear()  # made before this worker started (a forked parent's): describe this one
         if not self.__dict__.get("initialized"):
-            ctx = join_process_group(kwargs.get("backend"), use_cuda=False if cpu else None)
+            # an Accelerator passes who this process is (it joins, or spawns, by its own plan of nprocs)
+            ctx = kwargs.get("_context") or join_process_group(kwargs.get("backend"), use_cuda=False if cpu else None)
             self.ctx = ctx
             self.device = torch.device(ctx.device)
             self.backend = kwargs.get("backend") or ("nccl" if self.device.type == "cuda" else "gloo")
