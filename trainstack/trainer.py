@@ -426,7 +426,7 @@ class Trainer:
         step, due, tracker = self.global_step, active.schedule.due(self.global_step), active.tracker
         if due - {"log", "clock", "bar", "report"}:  # a collective duty: a checkpoint here records the position
             active.cursor.stop_at(n, getattr(active.train_loader, "samples_per_step", None),
-                                  self.accelerator.world_size, sums.loss_sum, sums.sums, tracker.live.interval())
+                                  self.accelerator.world_size, sums.loss_sum, sums.sums, tracker.live.interval)
         if "optimizer_step" in due:
             self.callbacks.fire("optimizer_step", self, step)
         if "clock" in due:

@@ -61,7 +61,7 @@ def test_a_silent_rank_and_a_time_limit_get_their_verdicts(env, shared_tmp):  # 
     wait_ended(env, [silent, late], timeout=360)
     found = {job: json.loads(ts(env, "why", "--json", job).stdout) for job in (silent, late)}
     assert found[silent]["kind"] == "collective failure" and found[silent]["rank"] == 1, found
-    assert "rank 1 stopped answering a collective" in found[silent]["summary"], found
+    assert "rank 1 (node1) stopped answering a collective" in found[silent]["summary"], found
     assert found[late]["kind"] == "time limit" and "without a graceful stop" in found[late]["summary"], found
     why = ts(env, "why", late).stdout
     assert "--signal B:USR2@" in why, why

@@ -362,7 +362,7 @@ def test_status_shows_progress_and_eta_of_a_running_trainer_job(env, shared_tmp)
             row["state"].startswith("PENDING"), row
         time.sleep(1)
     first = row["progress"]
-    assert first["total_steps"] == 400 and first["rate"].endswith("samples/s") and first["epoch"] == 1, first
+    assert first["total_steps"] == 400 and first["rate"].endswith("samples/s") and 0 < first["epoch"] < 1, first
     left = (400 - first["step"]) * 0.25
     assert 0.6 * left < first["eta_s"] + first["age_s"] < 1.6 * left, first  # about the steps left at 0.25 s each
     time.sleep(4)
@@ -407,7 +407,7 @@ def test_snapshot_runs_the_submitted_code_even_after_edits_and_a_requeue(env, sh
     out.mkdir()
     started = time.monotonic()
     sub = ts({**env, "PROBE_OUT": str(out)}, "submit", "--cpu", "--time", "5", "--job-name", JOB, "--hold",
-             "--requeue", "--max-requeues", "2", "--", "train.py", cwd=repo)
+             "--requeue", "--max-requeues", "2", "--retry-on", "exited", "--", "train.py", cwd=repo)
     submit_s = time.monotonic() - started
     assert "warning: the job runs uncommitted changes" in sub.stderr and "helper.py" in sub.stderr
     job_id = job_id_of(sub.stdout)
@@ -519,7 +519,8 @@ def test_each_sweep_task_is_requeued_on_its_own(env, shared_tmp):
         "print('task', os.environ['SLURM_ARRAY_TASK_ID'], 'restart', os.environ.get('SLURM_RESTART_COUNT', '0'))\n"
         "sys.exit(3 if first and sys.argv[-1] == 'b' else 0)\n")
     sub = ts(env, "submit", "--cpu", "--time", "5", "--job-name", JOB, "--log-dir", str(work / "logs"),
-             "--requeue", "--max-requeues", "1", "--sweep", "mode=a,b", "--", "flaky.py", cwd=work)
+             "--requeue", "--max-requeues", "1", "--retry-on", "exited", "--sweep", "mode=a,b", "--", "flaky.py",
+             cwd=work)
     job_id = job_id_of(sub.stdout)
     deadline = time.monotonic() + 120
     while "BeginTime" not in (shown := subprocess.run(["squeue", "-h", "-r", "-j", job_id, "-o", "%i %r"], env=env,

@@ -18,7 +18,7 @@ from .._text import duration
 __all__ = ["Progress", "progress_of"]
 
 _STEP = re.compile(r"\bstep (\d+)(?:/(\d+))?")
-_EPOCH = re.compile(r"^epoch (\d+)(?:\.\d+)?(?:/(\d+))?")
+_EPOCH = re.compile(r"^epoch (\d+(?:\.\d+)?)(?:/(\d+))?")
 _RATE = re.compile(r"\| ([\d,.]+) (samples|tokens|batches)/s\b")
 _ETA = re.compile(r"\| eta (?:(\d+):(\d\d):(\d\d)|([\d.]+) d)\b")
 
@@ -29,7 +29,7 @@ class Progress:
 
     step: int
     total_steps: int | None
-    epoch: int | None
+    epoch: float | None  # as the live line says it: 3 after three passes, 3.5 half-way into the fourth
     total_epochs: int | None
     rate: str  # "812 samples/s"
     eta_s: float | None  # seconds left, as of now (the line's ETA less its age)
@@ -43,7 +43,7 @@ class Progress:
             value = data.get(key)
             return kind(value) if isinstance(value, (int, float)) else None
 
-        return cls(number("step", int) or 0, number("total_steps", int), number("epoch", int),
+        return cls(number("step", int) or 0, number("total_steps", int), number("epoch", float),
                    number("total_epochs", int), str(data.get("rate") or ""), number("eta_s", float),
                    number("age_s", float) or 0.0)
 
@@ -80,6 +80,6 @@ def progress_of(metric_line: str, log: Path | None, now: float | None = None) ->
     if eta is not None:
         left = float(eta[4]) * 86400 if eta[4] else int(eta[1]) * 3600 + int(eta[2]) * 60 + int(eta[3])
         left = max(left - age, 0.0)
-    return Progress(int(step[1]), int(step[2]) if step[2] else None, int(epoch[1]) if epoch else None,
+    return Progress(int(step[1]), int(step[2]) if step[2] else None, float(epoch[1]) if epoch else None,
                     int(epoch[2]) if epoch and epoch[2] else None, f"{rate[1]} {rate[2]}/s" if rate else "", left, age)
 

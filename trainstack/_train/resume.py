@@ -9,7 +9,7 @@ skipped or repeated) and re-derives each rank's RNG. Torch-free arithmetic, unit
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ class EpochCursor:
     samples: Any = None
     base: Any = 0
     saved: dict[str, Any] | None = None
+    interval_source: Callable[[], dict[str, Any]] | None = None  # where the open log interval began, when asked
 
     def take(self, partial: dict[str, Any], saved_world: int, world: int, samples_per_step: Any) -> bool:
         """Continue a stopped epoch where it stopped; True when the layout changed (another number of processes)."""
@@ -118,15 +119,19 @@ class EpochCursor:
         return {"batch_in_epoch": n, "samples_in_epoch": samples, "world_size": world}
 
     def stop_at(self, n: int, samples_per_step: Any, world: int, loss_sum: Any, sums: dict[str, Any],
-                interval: dict[str, Any] | None = None) -> None:
-        """Record the position of a stop after ``n`` batches of this epoch, with its partial sums and where the open
-        log interval began (so a resumed run's next row averages the same steps as the uninterrupted run's)."""
-        self.saved = {**self.position(n, samples_per_step, world), "loss_sum": loss_sum, "sums": sums,
-                      "interval": interval}
+                interval: Callable[[], dict[str, Any]] | None = None) -> None:
+        """Record the position of a stop after ``n`` batches of this epoch, with its partial sums; ``interval`` says,
+        when a checkpoint is written, where the open log interval began then (a row due at this step is written
+        before the checkpoint: the resumed run's next row averages the same steps as the uninterrupted run's)."""
+        self.saved = {**self.position(n, samples_per_step, world), "loss_sum": loss_sum, "sums": sums}
+        self.interval_source = interval
 
     def checkpoint(self) -> dict[str, Any]:
         """What a checkpoint stores as the position inside the current epoch."""
-        return self.saved or {"batch_in_epoch": 0}
+        if not self.saved:
+            return {"batch_in_epoch": 0}
+        source = self.interval_source
+        return {**self.saved, "interval": source() if source is not None else None}
 
 
 def derived_seed(seed: int, rank: int, step: int) -> int:
