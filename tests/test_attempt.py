@@ -90,7 +90,8 @@ def test_the_budget_is_the_decision_and_exclusions_keep_what_fits(tmp_path, monk
     monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
     monkeypatch.setenv("SLURMD_NODENAME", "pnode1")
     assert main(["attempt", str(tmp_path), "1", "--count", "0", "--limit", "3", "--limit-option=--max-retries"]) == 0
-    assert "cannot leave out pnode1: no other node is left for 1 node(s); retrying on it" in capsys.readouterr().out
+    assert "a requeued attempt could not leave out pnode1 (no other node in the partition for 1 node(s))" in \
+        capsys.readouterr().out
     (tmp_path / "rank-0.out").write_text(fault.format(step=10) + fault.format(step=20))
     assert main(["attempt", str(tmp_path), "1", "--count", "3", "--limit", "3", "--limit-option=--max-retries"]) == 3
     assert "giving up after 3 earlier retries (--max-retries 3)" in capsys.readouterr().out

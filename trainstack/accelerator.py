@@ -406,6 +406,7 @@ class Accelerator(AccelerateAPI):
                 wrapped = DistributedDataParallel(model, device_ids=[self.device.index] if self.use_cuda else None,
                                                   **self.handlers.ddp.to_kwargs())
                 self.handlers.ddp.register_comm_hook(wrapped)
+                collectives.steady_buckets(wrapped, self.world_size)
         elif self.strategy == "fsdp" and self.is_main_process:
             print(ONE_PROCESS_NOTE, flush=True)
         compiling.compile_in_place(model, options)  # in place: DDP's module is this one, keys stay plain

@@ -5,6 +5,7 @@ Never imports torch (``trainstack generate`` must answer in well under a second)
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -92,6 +93,9 @@ HELP = {
                    "again without progress, is not retried).",
     "retry_on": "With --requeue: the crash verdicts worth a retry, comma-separated, or all / none (see `trainstack "
                 "why`).",
+    "spare_nodes": "With --requeue: K more nodes than --nodes, kept in the allocation: a crash is retried as a new "
+                   "job step in the same allocation, and a node the verdict blames (or that stopped answering) is "
+                   "replaced by a spare -- seconds, not a requeue.",
     "env": "KEY=VALUE exported in the job (repeatable).",
     "nccl_ifname": "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME, e.g. ib0 or ^docker,lo.",
     "nccl_debug": "NCCL_DEBUG level (INFO): per-process logs in the log folder.",
@@ -129,7 +133,7 @@ def _spec_option(name: str) -> Any:
 
 
 _INTS = ("nodes", "gpus_per_node", "procs_per_node", "cpus_per_task", "max_requeues", "max_retries", "max_restarts",
-         "max_parallel")
+         "max_parallel", "spare_nodes")
 
 
 def _spec_options(fn: Any) -> Any:
@@ -368,14 +372,21 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool, 
 def _attempt_rows(folder: Path | None) -> str:
     """``status --attempts``: one row per ended attempt of a requeued job (its verdicts.jsonl), then the hosts left
     out."""
-    from ._slurm.attempt import history
+    from ._slurm.attempt import describe, history, recoveries
 
     rows = history(folder) if folder is not None else []
-    if not rows:
+    if folder is None or not rows:
         return "  no attempt recorded (verdicts.jsonl is written by --requeue jobs when an attempt ends early)"
-    lines = [f"  attempt {r['attempt']}: {r['cause']} (last step {r.get('step')}, exit {r.get('status')}"
-             + (f", on {r['host']}" if r.get("host") else "") + ")"
-             + (f" -> {'retried' if r['retried'] else 'stopped'}" if "retried" in r else "") for r in rows]
+    found = {(r["attempt"], r["step_index"]): r for r in recoveries(folder)}
+    lines = []
+    for r in rows:
+        name = f"{r['attempt']}.{r['step_index']}" if r.get("step_index") else f"{r['attempt']}"
+        lines.append(f"  attempt {name}: {r['cause']} (last step {r.get('step')}, exit {r.get('status')}"
+                     + (f", on {r['host']}" if r.get("host") else "") + ")"
+                     + (f" -> {'retried' if r['retried'] else 'stopped'}" if "retried" in r else ""))
+        recovery = found.get((r["attempt"], r.get("step_index", 0)))
+        if recovery is not None:
+            lines.append(f"    {describe(recovery)}")
     return "\n".join(lines + [_retry_line(folder)]).rstrip()
 
 
@@ -400,6 +411,7 @@ def why(job_id: str, as_json: bool) -> None:
     """Why a job ended: the verdict (completed, cancelled, preempted, time limit, hang, CUDA out-of-memory, killed by
     signal 9, collective failure, node failure, a Python error on its first failing rank, unknown), the evidence
     lines from its logs and job folder, and what to do about it."""
+    from ._slurm.attempt import describe, recoveries
     from ._slurm.status import job_status, pending_note
     from ._slurm.verdict import verdict
 
@@ -409,12 +421,16 @@ def why(job_id: str, as_json: bool) -> None:
             note = pending_note(row.job, row.folder)
             if note:
                 found.kind, found.summary = "pending", note
+        recovered = recoveries(row.folder) if row.folder is not None else []
         if as_json:
-            click.echo(found.to_json())
+            click.echo(json.dumps({**json.loads(found.to_json()), "recoveries": recovered}))
             continue
         click.echo(f"job {row.job} ({row.name}): {found.line()}")
         for line in found.evidence:
             click.echo(f"  | {line}")
+        for recovery in recovered:
+            click.echo(f"  attempt {recovery['attempt']}.{recovery['step_index']} ({recovery['cause']}): "
+                       f"{describe(recovery)}")
         for hint in found.hints:
             click.echo(f"  HINT: {hint}")
 

@@ -368,6 +368,10 @@ class Trainer:
             if finished and self.accelerator.is_main_process:
                 active.stopper.confirm_finished(self.global_step)
                 jobevents.record("finished", step=self.global_step, reason=self.stop_reason)
+        except BaseException:  # how far this attempt got: a recovery counts the steps it lost
+            if self.accelerator.is_main_process:
+                jobevents.record("failed", step=self.global_step)
+            raise
         finally:
             active.close()
         self._identity = active.identity

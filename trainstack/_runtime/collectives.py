@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from ..errors import ConfigError
 
-__all__ = ["all_reduce_dict", "gather", "gather_objects", "broadcast", "active"]
+__all__ = ["all_reduce_dict", "gather", "gather_objects", "broadcast", "active", "steady_buckets"]
 
 _OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
@@ -94,3 +94,22 @@ def gather_objects(obj: Any, dst: int = 0) -> list[Any] | None:
     out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == dst else None
     dist.gather_object(obj, out, dst=dst)
     return out
+
+
+def steady_buckets(ddp: Any, world_size: int) -> bool:
+    """Fix DDP's gradient bucket layout before the first step, so a restarted process reduces gradients exactly as
+    the process it replaces did (an exact resume). DDP rebuilds its buckets after a process's first backward;
+    with three or more ranks the summation order of each element depends on its place in the bucket, so the first
+    step after a restart would round differently in the last bit. Done where all gradients share one bucket (no
+    overlap of communication with the backward is lost); True when the layout was fixed."""
+    if world_size < 3:  # two addends sum the same in either order
+        return False
+    params = [p for p in ddp.module.parameters() if p.requires_grad]
+    if sum(p.numel() * p.element_size() for p in params) > getattr(ddp, "bucket_bytes_cap", 0):
+        return False  # several buckets: their order overlaps the backward; DDP's own rebuild keeps it
+    reducer = getattr(ddp, "reducer", None)
+    try:  # every rank: the rebuild agrees the layout with rank 0
+        reducer._push_all_rebuilt_params()
+        return bool(reducer._rebuild_buckets())
+    except (AttributeError, RuntimeError):  # a torch without these internals: DDP's own behaviour
+        return False

@@ -11,6 +11,11 @@
   step and phase, the laggards named with host, pid and innermost user frame; a rank stuck holding the GIL sends
   none and is named for it), and every rank exits with code 124, so ``torchrun --max-restarts`` or a requeue
   restarts the job from its last checkpoint.
+* A rank whose watchdog thread fell silent (its process or its node gone, while the others still beat): rank 0
+  names it after ``lost_after`` seconds (three intervals, at least 15 s), records ``ranks_lost`` in the job's
+  events and exits with ``LOST_EXIT_CODE``, so the batch script tears the step down and retries without it -- long
+  before a collective timeout or Slurm's SlurmdTimeout. Rank 0 also keeps ``progress`` in the job folder (the
+  furthest step any rank reached, each interval): what a crashed attempt reached.
 * On demand (``trainstack debug JOBID``): a ``debug-request-<id>`` file in the job folder makes every rank dump its
   stacks into ``<job folder>/debug-<id>/`` and rank 0 write the summary, without stopping anything.
 """
@@ -40,6 +45,8 @@ __all__ = ["Heartbeat", "Watchdog", "heartbeat", "HANG_EXIT_CODE", "start", "sto
            "DEFAULT_TIMEOUT_S", "watched", "summarise", "where", "dump_stacks", "phase", "HANG_REPORT"]
 
 HANG_EXIT_CODE = 124
+LOST_EXIT_CODE = 75  # EX_TEMPFAIL: a peer is gone; the step is retried without it
+LOST_AFTER_MIN_S = 15.0
 _SUMMARY = "trainstack/hb/summary"  # rank 0's summary of every rank's heartbeat
 HANG_REPORT = "stopped by the hang watchdog"  # how a worker's error report starts when the watchdog ended it
 DEFAULT_TIMEOUT_S = 600.0
@@ -192,6 +199,11 @@ class Watchdog(threading.Thread):
         self._last_change = time.monotonic()
         self._started_steps: set[int] = set()
         self._answered: set[str] = set()
+        self._alive = 0  # this thread's own tick: a rank whose count stops moving is gone (or holds the GIL)
+        self._host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        self._alive_seen: dict[int, tuple[int, float, int]] = {}  # rank 0: each rank's count, when it last moved
+        # (and rank 0's own count then)
+        self.lost_after = max(3 * self.interval, LOST_AFTER_MIN_S)
 
     def stop(self) -> None:
         self._halt.set()
@@ -203,10 +215,15 @@ class Watchdog(threading.Thread):
                 self._tick()
             except Exception as exc:  # the watchdog must never take training down
                 print(f"trainstack watchdog (rank {self.rank}): {type(exc).__name__}: {exc}", file=sys.stderr)
+        if self.store is not None and self.world > 1:  # a rank that ended its run is not a lost one
+            with contextlib.suppress(Exception):
+                self.store.set(f"trainstack/hb/{self.rank}", json.dumps({"ended": True}))
 
     def _tick(self) -> None:
         hb = _HEARTBEAT
-        mine = {"step": hb.step, "phase": hb.phase, "tick": hb.tick, "beats": hb.beats}
+        self._alive += 1
+        mine = {"step": hb.step, "phase": hb.phase, "tick": hb.tick, "beats": hb.beats, "alive": self._alive,
+                "host": self._host}
         view = self._exchange(mine)
         now = time.monotonic()
         if view["seq"] != self._seq:  # some rank moved on (rank 0 counts the changes it sees)
@@ -264,7 +281,10 @@ class Watchdog(threading.Thread):
         return [self.store.get(k) if self.store.check([k]) else None for k in keys]
 
     def _summarise(self, everyone: dict[int, dict[str, Any]]) -> dict[str, Any]:
-        """Rank 0's view of every rank: the change count, whether any beats, the allowance now."""
+        """Rank 0's view of every rank: the change count, whether any beats, the allowance now; a rank gone silent
+        ends the step (``_on_lost``)."""
+        if self.rank == 0:
+            self._watch_alive(everyone)
         for rank, beat in everyone.items():
             state = (beat.get("step"), beat.get("phase"), beat.get("tick"), beat.get("beats"))
             if self._seen.get(rank) != state:
@@ -272,6 +292,43 @@ class Watchdog(threading.Thread):
                 self._changes += 1
         return {"seq": self._changes, "beating": any(b.get("beats") or b.get("step") for b in everyone.values()),
                 "allowance": self._allowance(everyone)}
+
+    def _watch_alive(self, everyone: dict[int, dict[str, Any]]) -> None:
+        """Rank 0: each rank's watchdog count; ranks whose count stood still for ``lost_after`` seconds (and three
+        of rank 0's own ticks: not a pause of the whole machine) are lost. Also the furthest step reached, into the
+        job folder's ``progress``."""
+        now, lost = time.monotonic(), []
+        for rank, beat in everyone.items() if len(everyone) > 1 else ():
+            if beat.get("ended") or "alive" not in beat:
+                self._alive_seen.pop(rank, None)
+                continue
+            count = int(beat["alive"])
+            before = self._alive_seen.get(rank)
+            if before is None or before[0] != count:
+                self._alive_seen[rank] = (count, now, self._alive)
+            elif now - before[1] > self.lost_after and self._alive - before[2] >= 3:  # rank 0 itself kept ticking
+                lost.append(rank)
+        steps = [int(b["step"]) for b in everyone.values() if isinstance(b.get("step"), int)]
+        if self.job_dir is not None and steps:
+            with contextlib.suppress(OSError):
+                tmp = self.job_dir / f".progress.{os.getpid()}"
+                tmp.write_text(json.dumps({"step": max(steps), "time": time.time()}))
+                os.replace(tmp, self.job_dir / "progress")
+        if lost:
+            self._on_lost(lost, everyone)
+
+    def _on_lost(self, lost: list[int], everyone: dict[int, dict[str, Any]]) -> None:
+        hosts = sorted({str(everyone[r].get("host")) for r in lost})
+        step = max((int(b["step"]) for b in everyone.values() if isinstance(b.get("step"), int)), default=0)
+        line = (f"trainstack: rank{'s' if len(lost) > 1 else ''} {number_ranges(lost)} ({', '.join(hosts)}) stopped "
+                f"answering at step {step}: no heartbeat for {self.lost_after:.0f} s (the process or its node is gone, "
+                f"or it holds the GIL); ending this step (exit {LOST_EXIT_CODE}) so it is retried without it")
+        print(line, file=sys.stderr, flush=True)
+        jobevents.record("ranks_lost", ranks=lost, hosts=hosts, step=step)
+        from . import ranklog as _ranklog
+
+        _ranklog.close(timeout=2.0)
+        os._exit(LOST_EXIT_CODE)
 
     # -- reports
     def _report(self, folder: Path, reason: str, reporter: int = 0, wait_s: float = 20.0) -> str | None:

@@ -7,22 +7,22 @@ is recorded and continues (a time limit only while each attempt gets further). A
 verdict is one of ``--retry-on`` (the transient classes by default: ``DEFAULT_RETRY_ON``) and it is not the
 same root cause as the previous attempt **without progress** (no later step); otherwise exit 3 with the reason
 (``--max-retries`` still bounds the count). When the verdict blames the machine (a CUDA fault, a node failure), a
-second line ``exclude: HOSTS`` names the hosts the requeued attempt should leave out -- every host blamed so far,
-as long as enough nodes remain. Torch-free, cheap: it reads the job folder (and ``sinfo`` for the node count).
+line ``blame: HOST`` names it for the next step of the allocation, and ``exclude: HOSTS`` the hosts a requeued
+attempt should leave out -- every host blamed so far, as long as enough nodes remain. ``recoveries`` reads the
+phases of each recovery back (``trainstack status --attempts``). Torch-free, cheap: it reads the job folder (and ``sinfo`` for the node count).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from .. import _jobevents as events
-from .verdict import HOST_FAULTS, KINDS, verdict
+from .verdict import HOST_FAULTS, KINDS, last_step, verdict
 
 #: Failures worth another attempt by default: the machine's or the network's, not the program's. A Python error or
 #: a CUDA out-of-memory fails the same way again; a hang or an unknown end may not (and the same-cause rule stops
@@ -32,21 +32,6 @@ DEFAULT_RETRY_ON = ("node failure", "collective failure", "killed (signal 9)", "
 #: The verdicts a crash can get (what --retry-on may name, besides ``all`` and ``none``).
 FAILURES = tuple(k for k in KINDS if k not in ("completed", "cancelled", "preempted", "running"))
 _STOPPED = {"timeout": "time limit", "preempt": "preempted"}
-
-_STEP = re.compile(r"\| step (\d+)|^Graceful stop at epoch \d+, step (\d+)", re.MULTILINE)
-
-
-def last_step(folder: Path) -> int | None:
-    """The highest optimizer step the job reached: trainstack's own records (a graceful stop, a finished run) and
-    rank 0's log (live lines, epoch lines, the graceful stop's line), or None."""
-    steps = [int(e["step"]) for e in events.read(folder) if isinstance(e.get("step"), int)]
-    try:
-        text = (folder / "rank-0.out").read_text(errors="replace")[-500_000:]
-    except OSError:
-        text = ""
-    steps += [int(m.group(1) or m.group(2)) for m in _STEP.finditer(text)]
-    return max(steps) if steps else None
-
 
 def parse_retry_on(text: str) -> tuple[str, ...]:
     """``--retry-on``: comma-separated verdict kinds, or ``all`` / ``none``; an unknown kind is a ValueError naming
@@ -64,17 +49,19 @@ def parse_retry_on(text: str) -> tuple[str, ...]:
 
 
 def decide(folder: Path, status: int, retry_on: tuple[str, ...] = DEFAULT_RETRY_ON,
-           budget: tuple[int, int | None, str] = (0, None, "--max-retries")) -> tuple[bool, str]:
+           budget: tuple[int, int | None, str] = (0, None, "--max-retries"), step_index: int = 0) -> tuple[bool, str]:
     """(retry?, the line that says why) for the attempt that just crashed with ``status``; recorded in
     ``verdicts.jsonl`` with the decision. ``budget``: (earlier retries of this kind, the limit or None, the option
-    that sets it) -- a retry the budget does not allow is recorded as not retried."""
+    that sets it) -- a retry the budget does not allow is recorded as not retried. ``step_index``: the job step of
+    this allocation that ended (0: the attempt's first)."""
     found = verdict("FAILED", folder, None, status)
     cause = f"{found.kind}: {found.summary.split(';')[0]}"
     host = found.host or _host_of_rank(found.rank, folder)
-    record = {"attempt": int(os.environ.get("SLURM_RESTART_COUNT", "0")), "kind": found.kind,
-              "summary": found.summary, "cause": cause, "rank": found.rank, "host": host,
+    exits = sorted(float(p.read_text().split()[0]) for p in folder.glob("exits/*") if _is_record(p))
+    record = {"attempt": int(os.environ.get("SLURM_RESTART_COUNT", "0")), "step_index": step_index,
+              "kind": found.kind, "summary": found.summary, "cause": cause, "rank": found.rank, "host": host,
               "blamed": host if found.kind in HOST_FAULTS else None, "step": last_step(folder), "status": status,
-              "time": time.time()}
+              "fault_time": exits[0] if exits else None, "time": time.time()}
     rows = history(folder)
     previous = rows[-1] if rows else None
     retry, line = True, f"attempt {record['attempt']} ended with {cause}; retrying"
@@ -120,6 +107,14 @@ def stopped(folder: Path, status: int, kind: str,
     return go, line
 
 
+def _is_record(path: Path) -> bool:
+    try:
+        float(path.read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return False
+    return True
+
+
 def history(folder: Path) -> list[dict]:
     """The recorded attempts of this job folder, oldest first (a torn last line is skipped)."""
     try:
@@ -135,6 +130,66 @@ def history(folder: Path) -> list[dict]:
     return rows
 
 
+#: A recovery's phases, each ending at the event named: the batch script saw the failure (``detected``), launched
+#: the next step (``relaunch``: in this allocation, or the requeued job's first), the trainer began reading the
+#: checkpoint (``restoring``), had it (``resumed``), finished its first step (``first_step``).
+PHASES = (("detect", "detected"), ("teardown", "relaunch"), ("relaunch", "restoring"), ("restore", "resumed"),
+          ("first step", "first_step"))
+
+
+def recoveries(folder: Path) -> list[dict]:
+    """Every retried crash of this job folder with its recovery: where it went on (``in allocation`` or
+    ``requeue``), the seconds of each phase in ``PHASES`` (None where an event is missing), the total from the fault
+    (the first failing task's exit) to the first resumed step, and the steps lost (the last step the attempt showed
+    less the step it resumed at)."""
+    rows, evs = history(folder), events.read(folder)
+    out = []
+    for row in rows:
+        if not row.get("retried") or row.get("summary") == "graceful stop with a checkpoint":
+            continue
+        attempt, index, ended = row.get("attempt", 0), row.get("step_index", 0), float(row.get("time", 0))
+        relaunch = _first(evs, "relaunch", ended)
+        if relaunch is None:
+            continue
+        seen = [e for e in evs if e.get("kind") == "detected" and e.get("attempt") == attempt
+                and e.get("step_index") == index and e["time"] <= ended]
+        times = {"fault": row.get("fault_time"), "detected": seen[-1]["time"] if seen else None,
+                 "relaunch": relaunch["time"]}
+        after = relaunch["time"]
+        for kind in ("restoring", "resumed", "first_step"):
+            found = _first(evs, kind, after)
+            times[kind] = found["time"] if found else None
+            after = found["time"] if found else after
+        resumed = _first(evs, "resumed", relaunch["time"])
+        start, phases, last = times["fault"] or times["detected"], {}, times["fault"]
+        for name, kind in PHASES:
+            phases[name] = round(times[kind] - last, 2) if times[kind] is not None and last is not None else None
+            last = times[kind] if times[kind] is not None else last
+        lost = max(0, row["step"] - resumed["step"]) if resumed and isinstance(row.get("step"), int) else None
+        out.append({"attempt": attempt, "step_index": index, "cause": row.get("cause"),
+                    "where": "in allocation" if relaunch.get("attempt") == attempt else "requeue",
+                    "nodes": relaunch.get("nodes"), "phases": phases,
+                    "total": round(times["first_step"] - start, 2) if times["first_step"] and start else None,
+                    "resumed_at": resumed["step"] if resumed else None, "steps_lost": lost})
+    return out
+
+
+def describe(recovery: dict) -> str:
+    """One line for a recovery: where, how long from the fault to the first resumed step, each phase, steps lost."""
+    total = f" in {recovery['total']:.1f} s" if recovery.get("total") is not None else ""
+    phases = ", ".join(f"{name} {sec:.1f} s" for name, sec in recovery["phases"].items() if sec is not None)
+    nodes = f" on {recovery['nodes']}" if recovery.get("nodes") else ""
+    where = "in the allocation" if recovery["where"] == "in allocation" else "by a requeue"
+    lost = f", {recovery['steps_lost']} step(s) lost" if recovery.get("steps_lost") is not None else ""
+    at = f"; resumed at step {recovery['resumed_at']}{lost}" if recovery.get("resumed_at") is not None else \
+        "; not resumed yet"
+    return f"recovered {where}{nodes}{total}" + (f" ({phases})" if phases else "") + at
+
+
+def _first(evs: list[dict], kind: str, after: float) -> dict | None:
+    return next((e for e in evs if e.get("kind") == kind and e["time"] >= after), None)
+
+
 def _append(folder: Path, record: dict) -> None:
     with open(folder / "verdicts.jsonl", "a") as fh:
         fh.write(json.dumps(record) + "\n")
@@ -147,8 +202,8 @@ def exclusions(folder: Path, blamed: list[str | None]) -> tuple[list[str], str]:
     need = int(os.environ.get("SLURM_NNODES", "1"))
     room = max(0, _node_count() - need) if order else 0
     keep, kept_out = order[:room], order[room:]
-    note = (f"cannot leave out {', '.join(kept_out)}: no other node is left for {need} node(s); retrying on it"
-            if kept_out else "")
+    note = (f"a requeued attempt could not leave out {', '.join(kept_out)} (no other node in the partition for "
+            f"{need} node(s))" if kept_out else "")
     return sorted(keep), note
 
 
@@ -199,6 +254,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--count", type=int, default=0, help="earlier requeues of this kind")
     parser.add_argument("--limit", default="", help="their limit (empty: none)")
     parser.add_argument("--limit-option", default="--max-retries")
+    parser.add_argument("--step", type=int, default=0, help="the job step of this allocation that ended")
     args = parser.parse_args(argv[1:])
     limit = int(args.limit) if args.limit.strip().isdigit() else None
     args.folder.mkdir(parents=True, exist_ok=True)  # a deleted job folder: the decision is still made and said
@@ -212,8 +268,11 @@ def main(argv: list[str]) -> int:
         print(f"--retry-on: {exc}", file=sys.stderr)
         return 2
     folder = args.folder
-    retry, line = decide(folder, args.status, retry_on, (args.count, limit, args.limit_option))
+    retry, line = decide(folder, args.status, retry_on, (args.count, limit, args.limit_option), args.step)
     print(line)
+    blamed = history(folder)[-1].get("blamed") if retry else None
+    if blamed:  # the next step of this allocation leaves it out
+        print(f"blame: {blamed}")
     hosts = excluded(folder) if retry else []
     if hosts:
         print(f"exclude: {','.join(hosts)}")

@@ -112,7 +112,7 @@ def build_spec(ctx: click.Context, params: dict[str, Any],
             params[key] = _profile_value(key, value, str(profile_path))
     if templates_dir is None and profile.get("templates_dir") is not None:
         templates_dir = _profile_templates(str(profile_path), profile["templates_dir"])
-    retries = [f"--{k.replace('_', '-')}" for k in ("max_retries", "retry_on") if k in ctx.params
+    retries = [f"--{k.replace('_', '-')}" for k in ("max_retries", "retry_on", "spare_nodes") if k in ctx.params
                and ctx.get_parameter_source(k) is click.core.ParameterSource.COMMANDLINE]
     if retries and not params.get("requeue"):  # retries happen by requeueing: asking for them asks for it
         click.echo(f"note: {' and '.join(retries)} imply --requeue (a failed attempt is retried by requeueing the "

@@ -32,6 +32,10 @@ CONTAINERS = ("none", "apptainer", "pyxis")
 PLACEHOLDERS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port")
 MAX_GPUS_PER_NODE = 16
 DEFAULT_CPUS_PER_GPU_PROCESS = 4
+#: In-allocation recovery (--requeue): a step whose first task failed is killed this many seconds later if it has
+#: not ended (a lost node never answers srun); a crash is retried in the allocation only with this much time left.
+TEARDOWN_GRACE_S = 3
+MIN_STEP_SECONDS = 60
 _TIME = re.compile(r"\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE")
 _UNIT_TIME = re.compile(r"\s*(?:(\d+)\s*d)?\s*(?:(\d+)\s*h)?\s*(?:(\d+)\s*m(?:in)?)?\s*(?:(\d+)\s*s)?\s*",
                         re.IGNORECASE)
@@ -96,6 +100,7 @@ class LaunchSpec:
     max_requeues: int | None = None
     max_retries: int = 3
     retry_on: str = ",".join(DEFAULT_RETRY_ON)
+    spare_nodes: int = 0
     env: dict[str, str] = field(default_factory=dict)
     nccl_ifname: str | None = None
     nccl_debug: str | None = None
@@ -122,7 +127,7 @@ class LaunchSpec:
 
     # ------------------------------------------------------------------ validation
     def _check_types(self) -> None:
-        for name, kind in (("nodes", int), ("max_retries", int), ("max_restarts", int)):
+        for name, kind in (("nodes", int), ("max_retries", int), ("max_restarts", int), ("spare_nodes", int)):
             _expect(name, getattr(self, name), kind)
         if isinstance(self.retry_on, (list, tuple)):  # a list of kinds, as a profile writes it
             object.__setattr__(self, "retry_on", ",".join(map(str, self.retry_on)))
@@ -236,6 +241,11 @@ class LaunchSpec:
             raise SpecError("--max-requeues", f"{self.max_requeues} is less than 0")
         if self.max_retries < 0:
             raise SpecError("--max-retries", f"{self.max_retries} is less than 0")
+        if self.spare_nodes < 0:
+            raise SpecError("--spare-nodes", f"{self.spare_nodes} is less than 0")
+        if self.spare_nodes and not self.requeue:
+            raise SpecError("--spare-nodes", "spare nodes take over from a failed one when a crash is retried: "
+                                             "add --requeue (the retry policy: --max-retries, --retry-on)")
         try:
             parse_retry_on(self.retry_on)
         except ValueError as exc:
@@ -394,6 +404,8 @@ class LaunchSpec:
         ctx = asdict(self)
         program = None if self.launcher == "custom" else self.parsed_program
         ctx.update(procs=self.procs, world_size=self.world_size, tasks_per_node=self.tasks_per_node,
+                   allocated_nodes=self.nodes + self.spare_nodes, recovery=self.requeue,
+                   teardown_grace=TEARDOWN_GRACE_S, min_step_seconds=MIN_STEP_SECONDS,
                    job_dir_prefix=JobPaths.prefix(self.log_dir, self.job_name), tasks=self.tasks,
                    sweep_dir=self.sweep_dir,
                    signal=self.stop_signal, port_base=PORT_BASE, port_span=PORT_SPAN, placeholders=PLACEHOLDERS,

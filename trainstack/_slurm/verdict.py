@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .. import _jobevents as events
 
-__all__ = ["Verdict", "verdict", "KINDS", "HOST_FAULTS"]
+__all__ = ["Verdict", "verdict", "KINDS", "HOST_FAULTS", "last_step"]
 
 KINDS = ("completed", "cancelled", "preempted", "time limit", "hang", "cuda out-of-memory", "cuda error",
          "killed (signal 9)", "crashed (signal)", "collective failure", "node failure", "python error", "exited",
@@ -148,6 +148,18 @@ def verdict(state: str, folder: Path | None, log: Path | None, status: int | Non
     ev = Evidence.of(folder, log, status)
     if base == "COMPLETED":  # a requeued job's log also holds the failures of its earlier attempts
         return _stopped_early(ev.combined) or Verdict("completed", "the job ended with exit code 0")
+    lost = _lost(folder, ev)
+    if lost is not None:  # the batch script asked the step's hosts after it failed: one did not answer
+        return _done(lost)
+    silent = ev.event("ranks_lost")
+    if silent is not None:  # rank 0's watchdog: their heartbeats stopped while the node still answers
+        ranks = [int(r) for r in silent.get("ranks") or []]
+        hosts = ", ".join(map(str, silent.get("hosts") or [])) or "?"
+        return _done(Verdict("collective failure", f"rank{'s' if len(ranks) > 1 else ''} "
+                             f"{', '.join(map(str, ranks))} ({hosts}) stopped answering at step {silent.get('step')}: "
+                             f"their heartbeats stopped (the process was gone or stuck holding the GIL)",
+                             ranks[0] if ranks else None, hosts.split(", ")[0] if ranks else None,
+                             _tail(ev.combined, 3)))
     hang = _hang(ev, folder)
     if hang is not None:
         return _done(Verdict("hang", hang[0], evidence=hang))
@@ -191,6 +203,44 @@ def verdict(state: str, folder: Path | None, log: Path | None, status: int | Non
                              "Slurm no longer knows which)", evidence=_tail(ev.combined)))
     return _done(Verdict("unknown", f"Slurm state {base}, exit code {''.join(ev.exit_code) or '?'}",
                          evidence=_tail(ev.combined)))
+
+
+def _lost(folder: Path | None, ev: Evidence) -> Verdict | None:
+    """A node of the step that did not answer the batch script's probe after the step failed (``lost``: one line
+    per host, ``HOST RANKS``): the node failed, whatever its surviving peers printed while waiting for it."""
+    rows = [line.split() for line in _read(folder / "lost").splitlines() if line.strip()] if folder else []
+    if not rows:
+        return None
+    silent = ev.event("ranks_lost")
+    step = silent.get("step") if silent is not None else last_step(folder)
+    at = f" at step {step:,}" if isinstance(step, int) else ""
+    parts = []
+    for host, *ranks in rows:
+        listed = ranks[0].split(",") if ranks else []
+        said = f"rank{'s' if len(listed) > 1 else ''} {', '.join(listed)}" if listed else "its ranks"
+        parts.append(f"{host} ({said} stopped answering{at})")
+    first = ev.exits[0] if ev.exits else None
+    seen = [f"first failure seen: {first.where}, exit status {first.code}"] if first else []
+    return Verdict("node failure", f"node lost: {'; '.join(parts)}", None, rows[0][0],
+                   seen + [f"{host}: no answer to a trivial job step after the step failed" for host, *_ in rows])
+
+
+_STEP = re.compile(r"\| step (\d+)|^Graceful stop at epoch \d+, step (\d+)", re.MULTILINE)
+
+
+def last_step(folder: Path | None) -> int | None:
+    """The highest optimizer step the job reached: trainstack's own records (a graceful stop, a finished run, a
+    resumed or first step) and rank 0's log (live lines, epoch lines, the graceful stop's line), or None."""
+    if folder is None:
+        return None
+    steps = [int(e["step"]) for e in events.read(folder) if isinstance(e.get("step"), int)]
+    try:  # rank 0's watchdog: the furthest step any rank reached, each interval
+        steps.append(int(json.loads(_read(folder / "progress"))["step"]))
+    except (ValueError, KeyError, TypeError):
+        pass
+    text = _read(folder / "rank-0.out")
+    steps += [int(m.group(1) or m.group(2)) for m in _STEP.finditer(text)]
+    return max(steps) if steps else None
 
 
 def _ended_without_traceback(ev: Evidence, first: Exit) -> Verdict | None:

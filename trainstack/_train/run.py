@@ -175,13 +175,18 @@ class Run:
         trainer, cfg = self.trainer, self.config
         restored = None
         self.run_start, self.run_start_step = trainer.current_epoch, trainer.global_step
+        main = self.accelerator.is_main_process
         if cfg.resume is not None:
             ours = self.identity
+            if main:  # a recovery's phases (trainstack status --attempts): the restore starts, ends, trains
+                jobevents.record("restoring")
             restored = self.checkpointer.restore(
                 self.parts(), None if cfg.resume == "auto" else cfg.resume, rank=self.accelerator.rank,
                 check=lambda state, where: check_same_experiment(state.get("identity"), ours, where))
             if restored is not None:
                 self.apply(restored)
+                if main:
+                    jobevents.record("resumed", step=trainer.global_step, source=str(restored.path))
         self.last_epoch = self.run_start + cfg.max_iter
         self.last_step = self.run_start_step + cfg.max_steps if cfg.max_steps else NEVER
         self.first_step, self.first_epoch = trainer.global_step, trainer.current_epoch
@@ -212,7 +217,8 @@ class Run:
             # FLOPs only where MFU shows (a peak, kernels not compiled: those hide them)
             self.step = throughput.FlopProbe(self.step, live, cfg.gradient_accumulation_steps, acc.world_size,
                                              bool(live.peak) and acc.compile_options is None,
-                                             clock=lambda: trainer.global_step, done=self._plain_step)
+                                             clock=lambda: trainer.global_step, done=self._plain_step,
+                                             first=self._first_step if restored is not None else None)
         self.held_warnings = hold_warnings(acc.rank) if not acc.is_main_process and self.tracker.bar_on() else None
         nothing_to_train = restored is not None and (trainer.stop_training or trainer.global_step >= self.last_step
                                                      or trainer.current_epoch >= self.last_epoch)
@@ -227,6 +233,10 @@ class Run:
 
     def _plain_step(self, step: Step) -> None:
         self.step = step
+
+    def _first_step(self) -> None:
+        """A resumed run's first step is done: the end of a recovery (trainstack status --attempts)."""
+        jobevents.record("first_step", step=self.trainer.global_step + 1)
 
     # ------------------------------------------------------------------ where the run goes
     def span(self, accumulation: int) -> Span:

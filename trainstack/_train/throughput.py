@@ -78,12 +78,14 @@ class FlopProbe:
     (a peak is known, the kernels are not compiled) the second call runs under torch's FLOP counter -- ~1 s for a
     small transformer, so never on the first step, never where no MFU is shown. Then it hands the plain step to
     ``done`` (the loop picks it up at the next epoch), costing nothing afterwards. ``clock``: the optimizer steps
-    so far."""
+    so far; ``first``: called once the first call returned (a resumed run records its first step)."""
 
     def __init__(self, step: Any, live: LiveLog, accumulation: int, world_size: int, count_flops: bool,
-                 clock: Callable[[], int], done: Callable[[Any], None]) -> None:
+                 clock: Callable[[], int], done: Callable[[Any], None],
+                 first: Callable[[], None] | None = None) -> None:
         self._step, self._live, self._accumulation, self._world = step, live, accumulation, world_size
         self._calls, self._count_flops, self._clock, self._done = 0, count_flops, clock, done
+        self._first = first
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._step, name)
@@ -106,6 +108,8 @@ class FlopProbe:
             tokens = tokens_in(batch)
             if tokens:
                 live.tokens_per_step = tokens * self._accumulation * self._world
+            if self._first is not None:
+                self._first()
         if self._calls >= (2 if self._count_flops else 1):
             self._done(self._step)
         live.restart(self._clock() + 1 / self._accumulation)  # this micro-batch of the step done

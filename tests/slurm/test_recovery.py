@@ -1,0 +1,234 @@
+"""In-allocation recovery on the real local Slurm (node1-3; partition ``spares`` holds all three): a crashed rank is
+retried as a new job step of the same allocation, a lost node is replaced by a spare, both bitwise equal to an
+uninterrupted run; a deterministic error is not retried; a lost node without a spare goes the requeue path with
+Slurm's hold released."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainstack.render import LaunchSpec
+from trainstack.submit import submit_spec, wait_for
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(420)]
+PROBE = str(Path(__file__).with_name("_recovery_train.py"))
+FAULT = str(Path(__file__).with_name("_fault.py"))
+
+
+def spec(out: Path, launcher: str = "srun", spare: int = 1, requeue: bool = True, step_sleep: float = 0.3,
+         program: list[str] | None = None, nodes: int = 2) -> LaunchSpec:
+    """4 ranks on 2 nodes (plus ``spare``), partition spares, the recovery program unless ``program``."""
+    return LaunchSpec(setup="multi-node", nodes=nodes, cpu=True, procs_per_node=2, launcher=launcher, time="10",
+                      job_name="trainstack-test", log_dir=str(out / "logs"), requeue=requeue, spare_nodes=spare,
+                      partition="spares", env={"PROBE_OUT": str(out), "STEP_SLEEP": str(step_sleep)},
+                      venv=str(Path(sys.executable).parents[1]), program=program or [PROBE])
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def reached(out: Path, step: int) -> bool:
+    try:
+        return int((out / "step").read_text() or 0) >= step
+    except (OSError, ValueError):
+        return False
+
+
+def rank_pids(out: Path, host: str) -> list[int]:
+    """The training processes on ``host`` of the current step (their pid files, newest step)."""
+    return [int(p.read_text().split()[0]) for p in sorted((out / "pids").glob(f"{host}-*"))]
+
+
+def _ancestors_to_stepd(pid: int) -> list[int]:
+    """``pid`` and its parents up to and including the slurmstepd that runs it (the step's processes on a node)."""
+    chain = []
+    while pid > 1:
+        chain.append(pid)
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        if cmd.startswith("slurmstepd"):
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return chain
+
+
+def kill_node(out: Path, host: str, conf: Path) -> float:
+    """A node lost by pid: every process of the step on ``host`` (its ranks, their launcher and wrapper, the
+    slurmstepd) and the node's slurmd, SIGKILL. Returns the time of the kill."""
+    victims = {pid for rank in rank_pids(out, host) for pid in _ancestors_to_stepd(rank)}
+    slurmd = int((conf.parent / f"slurmd-{host}.pid").read_text().strip())
+    when = time.time()
+    for pid in [slurmd, *victims]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return when
+
+
+def job_field(env: dict, job_id: str, name: str) -> str | None:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=env, capture_output=True, text=True).stdout
+    m = re.search(rf"\b{name}=(\S+)", out)
+    return m.group(1) if m else None
+
+
+def ts(env: dict, *args: str) -> str:
+    return subprocess.run([sys.executable, "-m", "trainstack", *args], env=env, capture_output=True, text=True,
+                          timeout=60).stdout
+
+
+def events(job) -> list[dict]:
+    path = job.log_path.with_suffix("") / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def first_step_after(job, when: float) -> float:
+    return next(e["time"] for e in events(job) if e["kind"] == "first_step" and e["time"] > when)
+
+
+def same_parameters(a: Path, b: Path) -> bool:
+    x, y = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+@pytest.fixture
+def cluster(slurm_env, monkeypatch):
+    for k, v in slurm_env.items():
+        monkeypatch.setenv(k, v)
+    conf = Path(slurm_env["SLURM_CONF"])
+    yield slurm_env
+    for node in ("node1", "node2", "node3"):  # a node a test killed comes back for the next test
+        if subprocess.run(["pgrep", "-f", f"slurmd -f {conf} -N {node}"], capture_output=True).returncode != 0:
+            subprocess.run(["slurmd", "-f", str(conf), "-N", node], check=False, timeout=30)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        states = subprocess.run(["sinfo", "-h", "-N", "-p", "spares", "-o", "%N %t"], env=slurm_env,
+                                capture_output=True, text=True).stdout.split("\n")
+        down = [line.split()[0] for line in states if line.strip() and line.split()[1].rstrip("*") not in
+                ("idle", "mix", "alloc")]
+        if not down:
+            break
+        for node in down:
+            subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=slurm_env, check=False)
+        time.sleep(1)
+    subprocess.run(["pkill", "-9", "-f", PROBE], check=False)
+
+
+_REFERENCE: dict[str, Path] = {}
+
+
+def reference(tmp_root: Path, launcher: str) -> Path:
+    """The uninterrupted run's final parameters (one per launcher and session)."""
+    if launcher not in _REFERENCE:
+        out = tmp_root / f"reference-{launcher}"
+        out.mkdir(mode=0o777)
+        job = submit_spec(spec(out, launcher, spare=0, requeue=False, step_sleep=0.02), wait=True, timeout=240)
+        assert job.exit_code == 0, job.log_path.read_text()
+        _REFERENCE[launcher] = out / "final.pt"
+    return _REFERENCE[launcher]
+
+
+@pytest.fixture(scope="session")
+def tmp_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("recovery")
+    root.chmod(0o777)
+    return root
+
+
+def test_a_killed_rank_resumes_in_the_allocation_bitwise(cluster, tmp_root):
+    """SIGKILL of rank 1 mid-epoch: a new step of the same allocation (Restarts=0), resumed from the last
+    checkpoint, the final parameters bitwise equal to the uninterrupted run's; status/why show the phases."""
+    ref = reference(tmp_root, "srun")
+    out = tmp_root / "crash"
+    out.mkdir(mode=0o777)
+    job = submit_spec(spec(out))
+    wait_until(lambda: reached(out, 22), 120, "step 22")
+    killed = time.time()
+    os.kill(rank_pids(out, "node1")[1], signal.SIGKILL)
+    assert wait_for(job, timeout=240) == 0, job.log_path.read_text()
+    log = job.log_path.read_text()
+    assert job_field(cluster, job.job_id, "Restarts") in ("0", None)
+    assert "retrying in this allocation as step 1" in log and "requeueing" not in log, log
+    resumed = first_step_after(job, killed) - killed
+    print(f"crash -> first resumed step {resumed:.1f} s")
+    assert resumed <= 15, resumed
+    assert same_parameters(out / "final.pt", ref)
+    attempts = ts(cluster, "status", "--attempts", job.job_id)
+    assert "killed (signal 9)" in attempts and "recovered in the allocation" in attempts, attempts
+    assert re.search(r"detect [\d.]+ s, teardown [\d.]+ s, relaunch [\d.]+ s, restore [\d.]+ s, first step", attempts)
+    found = json.loads(ts(cluster, "why", "--json", job.job_id))
+    (rec,) = found["recoveries"]
+    assert rec["where"] == "in allocation" and rec["resumed_at"] % 5 == 0 and 0 <= rec["steps_lost"] <= 5 + 5, rec
+
+
+@pytest.mark.parametrize("launcher", ["srun", "torchrun", "spawn"])
+def test_a_lost_node_is_replaced_by_a_spare_bitwise(cluster, tmp_root, launcher):
+    """Every process of the step on node2 and node2's slurmd killed: node3 takes its place in the same
+    allocation (node2 named and left out), the run ends bitwise equal to the uninterrupted one."""
+    ref = reference(tmp_root, launcher)
+    out = tmp_root / f"lost-{launcher}"
+    out.mkdir(mode=0o777)
+    job = submit_spec(spec(out, launcher))
+    wait_until(lambda: reached(out, 22) and len(rank_pids(out, "node2")) == 2, 120, "step 22")
+    killed = kill_node(out, "node2", Path(cluster["SLURM_CONF"]))
+    assert wait_for(job, timeout=300) == 0, job.log_path.read_text()
+    log = job.log_path.read_text()
+    assert "retrying in this allocation as step 1 on node1,node3" in log, log
+    resumed = first_step_after(job, killed) - killed
+    print(f"{launcher}: node lost -> first resumed step {resumed:.1f} s")
+    assert resumed <= 30, resumed
+    assert same_parameters(out / "final.pt", ref)
+    found = json.loads(ts(cluster, "why", "--json", job.job_id))
+    (rec,) = found["recoveries"]
+    assert "node lost: node2 (ranks 2, 3 stopped answering" in rec["cause"], rec
+    assert rec["nodes"] == "node1,node3", rec
+    assert job_field(cluster, job.job_id, "Restarts") in ("0", None)
+
+
+def test_a_python_error_is_not_retried(cluster, tmp_root):
+    """A deterministic error: one verdict, no second step, no requeue."""
+    out = tmp_root / "error"
+    out.mkdir(mode=0o777)
+    job = submit_spec(spec(out, program=[FAULT, "error"]))
+    assert wait_for(job, timeout=240) != 0
+    log = job.log_path.read_text()
+    assert "not retried: python error" in log and "as step 1" not in log and "requeueing" not in log, log
+
+
+def test_a_lost_node_without_a_spare_is_requeued_at_once(cluster, tmp_root):
+    """No spare: the allocation cannot run a new step, so the job is requeued without node2, and Slurm's hold on
+    the requeued job is released (no ~2 min BeginTime wait)."""
+    ref = reference(tmp_root, "srun")
+    out = tmp_root / "nospare"
+    out.mkdir(mode=0o777)
+    job = submit_spec(spec(out, spare=0))
+    wait_until(lambda: reached(out, 22) and len(rank_pids(out, "node2")) == 2, 120, "step 22")
+    killed = kill_node(out, "node2", Path(cluster["SLURM_CONF"]))
+    assert wait_for(job, timeout=300) == 0, job.log_path.read_text()
+    log = job.log_path.read_text()
+    assert "requeueing job" in log and "Slurm's hold on it released" in log, log
+    assert "leaves out node2" in log, log
+    resumed = first_step_after(job, killed) - killed
+    print(f"no spare: node lost -> requeued -> first resumed step {resumed:.1f} s")
+    assert resumed < 90, resumed  # Slurm's own hold alone is ~120 s
+    assert job_field(cluster, job.job_id, "Restarts") == "1"
+    assert same_parameters(out / "final.pt", ref)
