@@ -100,3 +100,33 @@ def test_the_budget_is_the_decision_and_exclusions_keep_what_fits(tmp_path, monk
     assert main(["attempt", str(tmp_path / "gone"), "0", "--stopped", "timeout", "--count", "1", "--limit", "1",
                  "--limit-option=--max-requeues"]) == 3  # a deleted job folder: still decided and recorded
     assert (tmp_path / "gone" / "verdicts.jsonl").exists()
+
+
+def test_a_recovery_is_read_back_with_its_phases_and_steps_lost(tmp_path, monkeypatch, capsys):
+    """A crash retried in the allocation: the decision names the blamed host for the next step (``blame:``), and
+    ``recoveries`` reads the phases from the events the batch script and the trainer recorded."""
+    from trainstack._slurm.attempt import describe, recoveries
+
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    (tmp_path / "rank-0.out").write_text("epoch 1 | step 23 | loss 0.5\n")
+    (tmp_path / "lost").write_text("node2 2,3\n")
+    (tmp_path / "exits").mkdir()
+    (tmp_path / "exits" / "rank-0").write_text("100.0 1 rank-0 node1\n")
+    assert main(["attempt", str(tmp_path), "1", "--step", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "ended with node failure: node lost: node2" in out and "blame: node2" in out, out
+    row = json.loads((tmp_path / "verdicts.jsonl").read_text())
+    assert row["step_index"] == 0 and row["fault_time"] == 100.0 and row["step"] == 23, row
+    decided = row["time"]
+    events = [("detected", 100.5, {"attempt": 0, "step_index": 0}), ("relaunch", decided + 1, {"attempt": 0,
+              "step_index": 1, "nodes": "node1,node3"}), ("restoring", decided + 4, {}),
+              ("resumed", decided + 4.5, {"step": 20}), ("first_step", decided + 5, {"step": 21})]
+    with open(tmp_path / "events.jsonl", "a") as fh:
+        for kind, when, extra in events:
+            fh.write(json.dumps({"kind": kind, "time": when, **extra}) + "\n")
+    (rec,) = recoveries(tmp_path)
+    assert rec["where"] == "in allocation" and rec["nodes"] == "node1,node3" and rec["steps_lost"] == 3, rec
+    assert rec["phases"]["detect"] == 0.5 and rec["phases"]["restore"] == 0.5 and rec["phases"]["first step"] == 0.5
+    assert rec["total"] == round(decided + 5 - 100.0, 2)
+    assert describe(rec).startswith("recovered in the allocation on node1,node3 in ") and "3 step(s) lost" in \
+        describe(rec)

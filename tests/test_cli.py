@@ -164,3 +164,12 @@ def test_status_without_slurm_says_so_and_fails(runner, tmp_path, monkeypatch):
     assert result.exit_code == 1 and "Slurm is not available here" in result.output
     one = runner.invoke(main, ["status", "123"])
     assert one.exit_code == 1 and "Slurm is not available here" in one.output and "Traceback" not in one.output
+
+
+def test_spare_nodes_imply_requeue_and_come_from_the_site_profile(runner, tmp_path, monkeypatch):
+    out = _gen(runner, "--setup", "multi-node", "--nodes", "2", "--spare-nodes", "1", "--", "train.py")
+    assert out.exit_code == 0 and "imply --requeue" in out.output and "#SBATCH --nodes=3" in out.output, out.output
+    profile = tmp_path / "site.toml"
+    profile.write_text("spare_nodes = 2\nrequeue = true\n")
+    out = _gen(runner, "--profile", str(profile), "--setup", "multi-node", "--nodes", "2", "--", "train.py")
+    assert out.exit_code == 0 and "#SBATCH --nodes=4" in out.output, out.output

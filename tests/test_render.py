@@ -151,7 +151,7 @@ def test_strict_undefined_in_site_templates(tmp_path):
 GOLDEN_SPECS = {
     "multi-node-torchrun-gpu.sbatch": dict(setup="multi-node", launcher="torchrun", nodes=2, gpus_per_node=4,
                                            cpus_per_task=32, mem="0", exclusive=True, partition="gpu",
-                                           requeue=True, signal="B:USR1@120", max_restarts=1),
+                                           requeue=True, signal="B:USR1@120", max_restarts=1, spare_nodes=1),
     "multi-gpu-srun-cpu.sbatch": dict(setup="multi-gpu", launcher="srun", cpu=True, procs_per_node=2,
                                       venv="/home/user/project/.venv"),
     "single-gpu-apptainer.sbatch": dict(container="apptainer", image="/images/trainstack.sif",
@@ -299,3 +299,28 @@ def test_pyxis_mounts_what_the_job_needs_and_reads_the_versions_inside_the_image
 def test_the_job_script_gives_the_program_its_world():
     out = render(LaunchSpec(program=["t.py"], setup="multi-node", nodes=2, gpus_per_node=4, launcher="spawn"))
     assert "export TRAINSTACK_NPROCS=8" in out
+
+
+def test_spare_nodes_allocate_more_nodes_and_each_step_runs_on_the_healthy_ones():
+    """--spare-nodes K: N+K nodes allocated and kept when one fails (--no-kill); every step on N of them (its own
+    node list, rendezvous id and port), overlapping the remains of a failed step; the recovery's phases are
+    functions a reviewer reads one by one."""
+    text = render(LaunchSpec(setup="multi-node", nodes=2, launcher="torchrun", program=["train.py"], requeue=True,
+                             spare_nodes=1))
+    assert "#SBATCH --nodes=3\n" in text and "#SBATCH --no-kill\n" in text
+    assert '--nodelist="$STEP_NODELIST" --overlap' in text and "--nnodes=2 " in text
+    assert '--rdzv-id="$SLURM_JOB_ID.$STEP"' in text
+    for phase in ("choose_nodes()", "start_step()", "wait_step()", "teardown_step()", "probe_nodes()",
+                  "seconds_left()"):
+        assert phase in text, phase
+    plain = render(LaunchSpec(setup="multi-node", nodes=2, program=["train.py"]))
+    assert "#SBATCH --nodes=2\n" in plain and "--no-kill" not in plain and "STEP_NODELIST" not in plain
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"spare_nodes": 1}, "--spare-nodes.*add --requeue"), ({"spare_nodes": -1, "requeue": True}, "less than 0"),
+    ({"spare_nodes": "two", "requeue": True}, "--spare-nodes: must be an integer"),
+])
+def test_bad_spare_nodes_name_the_option(kwargs, message):
+    with pytest.raises(SpecError, match=message):
+        LaunchSpec(program=["train.py"], **kwargs)

@@ -142,3 +142,22 @@ def test_a_clean_end_after_a_graceful_stop_without_requeue_is_a_time_limit_not_c
     assert v.kind == "time limit" and "not requeued" in v.summary
     log.write_text(log.read_text() + "trainstack: finished (restart count 0)\n")
     assert verdict("COMPLETED", None, log).kind == "completed"
+
+
+def test_a_node_that_did_not_answer_the_probe_is_lost_whatever_its_peers_printed(tmp_path):
+    """The batch script's probe after a failed step (``lost``: host and ranks) decides: node failure naming the
+    host, the ranks and the step -- not the collective errors the surviving ranks printed."""
+    folder = _job(tmp_path, {0: "epoch 1 | step 23 | loss 0.5\n" + CASCADE, 1: CASCADE, 2: "", 3: ""},
+                  extra={"lost": "node2 2,3\n", "exits/rank-0": "1700000000.5 1 rank-0 node1\n"})
+    found = verdict("FAILED", folder, None, 1)
+    assert found.kind == "node failure" and found.host == "node2", found
+    assert found.summary == "node lost: node2 (ranks 2, 3 stopped answering at step 23)", found.summary
+    assert "first failure seen: rank 0 (node1), exit status 1" in found.evidence
+
+
+def test_ranks_whose_heartbeats_stopped_on_a_node_that_answers_are_a_collective_failure(tmp_path):
+    event = json.dumps({"kind": "ranks_lost", "time": 1e10, "ranks": [2, 3], "hosts": ["node2"], "step": 40})
+    folder = _job(tmp_path, {0: "", 1: CASCADE}, extra={"events.jsonl": event + "\n"})
+    found = verdict("FAILED", folder, None, 75)
+    assert found.kind == "collective failure" and found.rank == 2 and found.host == "node2", found
+    assert found.summary.startswith("ranks 2, 3 (node2) stopped answering at step 40: their heartbeats stopped")

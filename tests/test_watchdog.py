@@ -116,3 +116,44 @@ def test_store_traffic_per_interval_grows_linearly_with_the_ranks(tmp_path):
 
     small, large = requests(2), requests(16)
     assert large <= 8 * small * 1.2, (small, large)  # linear: 8x the ranks, ~8x the requests (N² would be ~50x)
+
+
+def test_a_rank_whose_watchdog_falls_silent_is_lost_one_that_ended_is_not(tmp_path):
+    """Real TCPStore, two ranks' watchdogs ticking by hand: rank 1 stops ticking (its process or node gone) -> rank 0
+    names it after ``lost_after`` and three of its own ticks; a rank that ended its run (its watchdog stopped) is
+    never lost. Rank 0 keeps the furthest step in the job folder's ``progress``."""
+    import datetime
+    import json
+    import socket
+
+    import torch.distributed as dist
+
+    from trainstack._runtime.watchdog import Watchdog
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = dist.TCPStore("127.0.0.1", port, 1, True, timeout=datetime.timedelta(seconds=30))
+    store = dist.TCPStore("127.0.0.1", port, 1, False, timeout=datetime.timedelta(seconds=30))
+    zero, one = (Watchdog(r, 2, 600.0, tmp_path, store, job_dir=tmp_path) for r in (0, 1))
+    assert zero.lost_after == 15.0  # three intervals, at least 15 s
+    zero.lost_after = 0.2
+    lost: list[list[int]] = []
+    zero._on_lost = lambda ranks, everyone: lost.append(ranks)  # the real one exits the process
+    for _ in range(3):  # both alive
+        one._tick()
+        zero._tick()
+        time.sleep(0.1)
+    assert not lost
+    for _ in range(5):  # rank 1 silent
+        zero._tick()
+        time.sleep(0.1)
+    assert lost and lost[-1] == [1], lost
+    assert json.loads((tmp_path / "progress").read_text())["step"] == 0
+    lost.clear()
+    store.set("trainstack/hb/1", json.dumps({"ended": True}))  # what a stopping watchdog publishes
+    for _ in range(5):
+        zero._tick()
+        time.sleep(0.1)
+    assert not lost
+    del server

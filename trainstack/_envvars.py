@@ -76,6 +76,12 @@ VARIABLES: tuple[Variable, ...] = (
              "The processes the job was allocated; it wins over a program's nprocs (with a warning when they "
              "differ)."),
     Variable("TRAINSTACK_COMPUTE_SETUP", "CPU job scripts", "cpu in --cpu scripts: programs may read it."),
+    Variable("TRAINSTACK_ATTEMPT", "job scripts",
+             "How many times this job ran its program before (0 on the first run): requeues and retries in the same "
+             "allocation alike (SLURM_RESTART_COUNT counts requeues only)."),
+    Variable("TRAINSTACK_STEP", "--requeue job scripts",
+             "The job step of this allocation that runs the program (0, then 1, 2, ... after retries in the "
+             "allocation)."),
     Variable("TRAINSTACK_JOB_DIR", "job scripts",
              "This job's folder (task folder for an array task): rank logs, hang reports, debug requests."),
     Variable("TRAINSTACK_RUN_DIR", "sweep scripts",

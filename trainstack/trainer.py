@@ -20,6 +20,7 @@ Counters: ``current_epoch`` (finished epochs), ``global_step`` (optimizer steps)
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any, ClassVar
@@ -368,12 +369,8 @@ class Trainer:
             if finished and self.accelerator.is_main_process:
                 active.stopper.confirm_finished(self.global_step)
                 jobevents.record("finished", step=self.global_step, reason=self.stop_reason)
-        except BaseException:  # how far this attempt got: a recovery counts the steps it lost
-            if self.accelerator.is_main_process:
-                jobevents.record("failed", step=self.global_step)
-            raise
         finally:
-            active.close()
+            active.close(failed=sys.exc_info()[1] is not None)
         self._identity = active.identity
         return handoff.export(self, active.identity)
 

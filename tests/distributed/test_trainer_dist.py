@@ -75,6 +75,34 @@ def test_exact_resume_on_two_processes(tmp_path):
         assert torch.equal(resumed.state_dict()[k], v), k
 
 
+def _crash_mid_epoch(trainer, config, writer):
+    if trainer.global_step == 22 and trainer.accelerator.rank == 2:
+        raise RuntimeError("simulated failure on rank 2")
+
+
+def _fit_four(tmp_path, name, **kw):
+    g = torch.Generator().manual_seed(0)
+    data = DataLoader(TensorDataset(torch.randn(240, 4, generator=g), torch.randn(240, 1, generator=g)),
+                      batch_size=4, shuffle=True)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Dropout(0.1), nn.Linear(32, 1))
+    cfg = _cfg(tmp_path, name, nprocs=4, max_iter=2, checkpoint_every_n_steps=5, seed=1, **kw)
+    Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), cfg).fit(data)
+    return model
+
+
+@pytest.mark.timeout(300)
+def test_exact_resume_mid_epoch_on_four_processes(tmp_path):
+    """Four ranks: DDP's first step in a new process reduces gradients in the same bucket layout as the steps of
+    the run it continues (with 3+ ranks the summation order depends on it), so the resumed run is bitwise equal."""
+    reference = _fit_four(tmp_path, "ref")
+    with pytest.raises(WorkerError):
+        _fit_four(tmp_path, "crash", callbacks=[Callback(on="train_batch_end", callback=_crash_mid_epoch)])
+    resumed = _fit_four(tmp_path, "crash", resume="auto")
+    for k, v in reference.state_dict().items():
+        assert torch.equal(resumed.state_dict()[k], v), k
+
+
 def test_early_stopping_on_diverging_ranks_stops_everyone(tmp_path):
     # each rank monitors its own (unreduced) train loss, so their decisions differ; all must stop together
     model = _model()

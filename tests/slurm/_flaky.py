@@ -5,7 +5,7 @@ import os
 import sys
 
 print("epoch 1 | step 5 | loss 0.5", flush=True)
-first = os.environ.get("SLURM_RESTART_COUNT", "0") == "0"
+first = os.environ.get("TRAINSTACK_ATTEMPT", "0") == "0"
 if sys.argv[1] == "deterministic":
     raise ZeroDivisionError("a bug that fails the same way every time")
 if first:

@@ -5,7 +5,7 @@ import os
 import sys
 from pathlib import Path
 
-attempt = os.environ.get("SLURM_RESTART_COUNT", "0")
+attempt = os.environ.get("TRAINSTACK_ATTEMPT", "0")
 with open(Path(sys.argv[1]) / "hosts", "a") as fh:
     fh.write(f"{attempt} {os.environ.get('SLURMD_NODENAME')}\n")
 if attempt == "0":

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import ConfigError
 
@@ -96,7 +97,7 @@ def gather_objects(obj: Any, dst: int = 0) -> list[Any] | None:
     return out
 
 
-def steady_buckets(ddp: Any, world_size: int) -> bool:
+def steady_buckets(ddp: DistributedDataParallel, world_size: int) -> bool:
     """Fix DDP's gradient bucket layout before the first step, so a restarted process reduces gradients exactly as
     the process it replaces did (an exact resume). DDP rebuilds its buckets after a process's first backward;
     with three or more ranks the summation order of each element depends on its place in the bucket, so the first
@@ -107,9 +108,8 @@ def steady_buckets(ddp: Any, world_size: int) -> bool:
     params = [p for p in ddp.module.parameters() if p.requires_grad]
     if sum(p.numel() * p.element_size() for p in params) > getattr(ddp, "bucket_bytes_cap", 0):
         return False  # several buckets: their order overlaps the backward; DDP's own rebuild keeps it
-    reducer = getattr(ddp, "reducer", None)
     try:  # every rank: the rebuild agrees the layout with rank 0
-        reducer._push_all_rebuilt_params()
-        return bool(reducer._rebuild_buckets())
+        ddp.reducer._push_all_rebuilt_params()
+        return bool(ddp.reducer._rebuild_buckets())
     except (AttributeError, RuntimeError):  # a torch without these internals: DDP's own behaviour
         return False

@@ -1,5 +1,5 @@
-"""``python -m trainstack._slurm.attempt TASK_DIR STATUS [--retry-on KINDS] [--stopped KIND]``: the batch
-script's record of an ended attempt, and its retry decision after a crash.
+"""``python -m trainstack._slurm.attempt TASK_DIR STATUS [--retry-on KINDS] [--stopped KIND] [--step N]``: the
+batch script's record of an ended attempt (or job step of an allocation), and its retry decision after a crash.
 
 Records the attempt's verdict in ``TASK_DIR/verdicts.jsonl`` (one row per attempt: restart count, verdict, root
 cause, the blamed host, the last step the log shows, the decision). A graceful stop (``--stopped timeout|preempt``)
@@ -9,7 +9,8 @@ same root cause as the previous attempt **without progress** (no later step); ot
 (``--max-retries`` still bounds the count). When the verdict blames the machine (a CUDA fault, a node failure), a
 line ``blame: HOST`` names it for the next step of the allocation, and ``exclude: HOSTS`` the hosts a requeued
 attempt should leave out -- every host blamed so far, as long as enough nodes remain. ``recoveries`` reads the
-phases of each recovery back (``trainstack status --attempts``). Torch-free, cheap: it reads the job folder (and ``sinfo`` for the node count).
+phases of each recovery back (``trainstack status --attempts``). Torch-free, cheap: it reads the job folder (and
+``sinfo`` for the node count).
 """
 
 from __future__ import annotations

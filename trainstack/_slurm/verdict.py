@@ -148,18 +148,9 @@ def verdict(state: str, folder: Path | None, log: Path | None, status: int | Non
     ev = Evidence.of(folder, log, status)
     if base == "COMPLETED":  # a requeued job's log also holds the failures of its earlier attempts
         return _stopped_early(ev.combined) or Verdict("completed", "the job ended with exit code 0")
-    lost = _lost(folder, ev)
-    if lost is not None:  # the batch script asked the step's hosts after it failed: one did not answer
-        return _done(lost)
-    silent = ev.event("ranks_lost")
-    if silent is not None:  # rank 0's watchdog: their heartbeats stopped while the node still answers
-        ranks = [int(r) for r in silent.get("ranks") or []]
-        hosts = ", ".join(map(str, silent.get("hosts") or [])) or "?"
-        return _done(Verdict("collective failure", f"rank{'s' if len(ranks) > 1 else ''} "
-                             f"{', '.join(map(str, ranks))} ({hosts}) stopped answering at step {silent.get('step')}: "
-                             f"their heartbeats stopped (the process was gone or stuck holding the GIL)",
-                             ranks[0] if ranks else None, hosts.split(", ")[0] if ranks else None,
-                             _tail(ev.combined, 3)))
+    gone = _lost(folder, ev) or _silent(ev)
+    if gone is not None:
+        return _done(gone)
     hang = _hang(ev, folder)
     if hang is not None:
         return _done(Verdict("hang", hang[0], evidence=hang))
@@ -203,6 +194,19 @@ def verdict(state: str, folder: Path | None, log: Path | None, status: int | Non
                              "Slurm no longer knows which)", evidence=_tail(ev.combined)))
     return _done(Verdict("unknown", f"Slurm state {base}, exit code {''.join(ev.exit_code) or '?'}",
                          evidence=_tail(ev.combined)))
+
+
+def _silent(ev: Evidence) -> Verdict | None:
+    """Ranks rank 0's watchdog found silent (``ranks_lost``) on nodes that still answer: a collective failure."""
+    silent = ev.event("ranks_lost")
+    if silent is None:
+        return None
+    ranks = [int(r) for r in silent.get("ranks") or []]
+    hosts = ", ".join(map(str, silent.get("hosts") or [])) or "?"
+    return Verdict("collective failure", f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
+                   f"({hosts}) stopped answering at step {silent.get('step')}: their heartbeats stopped (the process "
+                   f"was gone or stuck holding the GIL)", ranks[0] if ranks else None,
+                   hosts.split(", ")[0] if ranks else None, _tail(ev.combined, 3))
 
 
 def _lost(folder: Path | None, ev: Evidence) -> Verdict | None:

@@ -344,9 +344,12 @@ class Run:
         trainer.stop_training, trainer.stop_reason = True, f"{DIVERGED}: {reason}"
         self.tracker.print(f"trainstack: {reason}")
 
-    def close(self) -> None:
-        """Release what the run holds; never raises over the error that ended the run."""
+    def close(self, failed: bool = False) -> None:
+        """Release what the run holds; never raises over the error that ended the run (``failed``: rank 0 records
+        how far it got, for the steps a recovery lost)."""
         self.running = False
+        if failed and self.accelerator.is_main_process:
+            jobevents.record("failed", step=self.trainer.global_step)
         watchdog.stop()
         stopper = self.__dict__.get("stopper")
         if stopper is not None:
