@@ -6,19 +6,20 @@ Slurm's hold released."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import ROOT
 
 from trainstack.render import LaunchSpec
 from trainstack.submit import submit_spec, wait_for
+
+sys.path.insert(0, str(ROOT / "bench"))
+from _faults import kill_node, kill_rank, rank_pids, reached, restore_nodes, wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(420)]
 PROBE = str(Path(__file__).with_name("_recovery_train.py"))
@@ -32,57 +33,6 @@ def spec(out: Path, launcher: str = "srun", spare: int = 1, requeue: bool = True
                       job_name="trainstack-test", log_dir=str(out / "logs"), requeue=requeue, spare_nodes=spare,
                       partition="spares", env={"PROBE_OUT": str(out), "STEP_SLEEP": str(step_sleep)},
                       venv=str(Path(sys.executable).parents[1]), program=program or [PROBE])
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def reached(out: Path, step: int) -> bool:
-    try:
-        return int((out / "step").read_text() or 0) >= step
-    except (OSError, ValueError):
-        return False
-
-
-def rank_pids(out: Path, host: str) -> list[int]:
-    """The training processes on ``host`` of the current step (their pid files, newest step)."""
-    return [int(p.read_text().split()[0]) for p in sorted((out / "pids").glob(f"{host}-*"))]
-
-
-def _ancestors_to_stepd(pid: int) -> list[int]:
-    """``pid`` and its parents up to and including the slurmstepd that runs it (the step's processes on a node)."""
-    chain = []
-    while pid > 1:
-        chain.append(pid)
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            break
-        if cmd.startswith("slurmstepd"):
-            break
-        pid = int(stat.rsplit(")", 1)[1].split()[1])
-    return chain
-
-
-def kill_node(out: Path, host: str, conf: Path) -> float:
-    """A node lost by pid: every process of the step on ``host`` (its ranks, their launcher and wrapper, the
-    slurmstepd) and the node's slurmd, SIGKILL. Returns the time of the kill."""
-    victims = {pid for rank in rank_pids(out, host) for pid in _ancestors_to_stepd(rank)}
-    slurmd = int((conf.parent / f"slurmd-{host}.pid").read_text().strip())
-    when = time.time()
-    for pid in [slurmd, *victims]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return when
 
 
 def job_field(env: dict, job_id: str, name: str) -> str | None:
@@ -114,22 +64,8 @@ def same_parameters(a: Path, b: Path) -> bool:
 def cluster(slurm_env, monkeypatch):
     for k, v in slurm_env.items():
         monkeypatch.setenv(k, v)
-    conf = Path(slurm_env["SLURM_CONF"])
     yield slurm_env
-    for node in ("node1", "node2", "node3"):  # a node a test killed comes back for the next test
-        if subprocess.run(["pgrep", "-f", f"slurmd -f {conf} -N {node}"], capture_output=True).returncode != 0:
-            subprocess.run(["slurmd", "-f", str(conf), "-N", node], check=False, timeout=30)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        states = subprocess.run(["sinfo", "-h", "-N", "-p", "spares", "-o", "%N %t"], env=slurm_env,
-                                capture_output=True, text=True).stdout.split("\n")
-        down = [line.split()[0] for line in states if line.strip() and line.split()[1].rstrip("*") not in
-                ("idle", "mix", "alloc")]
-        if not down:
-            break
-        for node in down:
-            subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=slurm_env, check=False)
-        time.sleep(1)
+    assert not restore_nodes(slurm_env), "a node killed by the test did not come back"  # for the next test
     subprocess.run(["pkill", "-9", "-f", PROBE], check=False)
 
 
@@ -161,9 +97,8 @@ def test_a_killed_rank_resumes_in_the_allocation_bitwise(cluster, tmp_root):
     out = tmp_root / "crash"
     out.mkdir(mode=0o777)
     job = submit_spec(spec(out))
-    wait_until(lambda: reached(out, 22), 120, "step 22")
-    killed = time.time()
-    os.kill(rank_pids(out, "node1")[1], signal.SIGKILL)
+    wait_until(lambda: reached(out) >= 22, 120, "step 22")
+    killed = kill_rank(out, "node1", 1)
     assert wait_for(job, timeout=240) == 0, job.log_path.read_text()
     log = job.log_path.read_text()
     assert job_field(cluster, job.job_id, "Restarts") in ("0", None)
@@ -188,7 +123,7 @@ def test_a_lost_node_is_replaced_by_a_spare_bitwise(cluster, tmp_root, launcher)
     out = tmp_root / f"lost-{launcher}"
     out.mkdir(mode=0o777)
     job = submit_spec(spec(out, launcher))
-    wait_until(lambda: reached(out, 22) and len(rank_pids(out, "node2")) == 2, 120, "step 22")
+    wait_until(lambda: reached(out) >= 22 and len(rank_pids(out, "node2")) == 2, 120, "step 22")
     killed = kill_node(out, "node2", Path(cluster["SLURM_CONF"]))
     assert wait_for(job, timeout=300) == 0, job.log_path.read_text()
     log = job.log_path.read_text()
@@ -221,7 +156,7 @@ def test_a_lost_node_without_a_spare_is_requeued_at_once(cluster, tmp_root):
     out = tmp_root / "nospare"
     out.mkdir(mode=0o777)
     job = submit_spec(spec(out, spare=0))
-    wait_until(lambda: reached(out, 22) and len(rank_pids(out, "node2")) == 2, 120, "step 22")
+    wait_until(lambda: reached(out) >= 22 and len(rank_pids(out, "node2")) == 2, 120, "step 22")
     killed = kill_node(out, "node2", Path(cluster["SLURM_CONF"]))
     assert wait_for(job, timeout=300) == 0, job.log_path.read_text()
     log = job.log_path.read_text()

@@ -1,0 +1,118 @@
+"""What a failure costs on the local Slurm (`make slurm-up`: node1-3 on one host), measured from outside the job: the
+seconds from the fault to the first resumed training step, and the steps lost (done before the fault, then done
+again after the resume). The program: 4 ranks on 2 nodes (tests/slurm/_recovery_train.py, a checkpoint every 5
+steps). Cases, one run each (``--repeats`` for more):
+
+* ``in-allocation crash``: rank 1 SIGKILLed; retried as a new job step of the same allocation.
+* ``spare after node loss``: every process of node2's step and its slurmd SIGKILLed, ``--spare-nodes 1``: node3
+  takes node2's place in the same allocation.
+* ``requeue after node loss``: the same without a spare: the job is requeued without node2, Slurm's hold on the
+  requeued job released.
+* ``requeue today`` (``--today REF``, ~3 min): a crash under the trainstack of git commit REF (before in-allocation
+  recovery): requeued, Slurm's hold and the queue in between.
+
+Run: `make bench-recovery` (or `python bench/recovery.py [--today 82813d8] [--launcher srun|torchrun|spawn]`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _faults import kill_node, kill_rank, rank_pids, reached, restore_nodes, wait_until  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+PROGRAM = REPO / "tests" / "slurm" / "_recovery_train.py"
+FAULT_AT = 22  # rank 0 reached this step: the last checkpoint is step 20
+
+
+def submit(out: Path, env: dict[str, str], launcher: str, spare: int, trainstack: Path = REPO) -> str:
+    """The recovery program as a --requeue job on partition spares; its job id."""
+    extra = {"PYTHONPATH": str(trainstack)} if trainstack != REPO else {}
+    args = [sys.executable, "-m", "trainstack", "submit", "--setup", "multi-node", "--nodes", "2", "--cpu",
+            "--procs-per-node", "2", "--launcher", launcher, "--time", "10", "--job-name", "bench-recovery",
+            "--log-dir", str(out / "logs"), "--requeue", "--partition", "spares", "--no-snapshot",
+            "--env", f"PROBE_OUT={out}", "--env", "STEP_SLEEP=0.3", "--venv", str(Path(sys.executable).parents[1]),
+            *[a for k, v in extra.items() for a in ("--env", f"{k}={v}")],
+            *(["--spare-nodes", str(spare)] if spare else []), str(PROGRAM)]
+    done = subprocess.run(args, cwd=out, env={**env, **extra}, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"submit failed: {done.stdout}{done.stderr}")
+    return done.stdout.split()[1]
+
+
+def measure(case: str, env: dict[str, str], launcher: str, work: Path, today: Path | None = None) -> dict:
+    """One case: submit, fault at step FAULT_AT, wait for the first step after the resume; the row."""
+    out = Path(tempfile.mkdtemp(prefix=case.replace(" ", "-") + "-", dir=work))
+    out.chmod(0o777)
+    node_loss = "node loss" in case
+    job = submit(out, env, launcher, spare=1 if case.startswith("spare") else 0, trainstack=today or REPO)
+    wait_until(lambda: reached(out) >= FAULT_AT and len(rank_pids(out, "node2")) == 2, 180, f"step {FAULT_AT}")
+    if node_loss:
+        fault = kill_node(out, "node2", Path(env["SLURM_CONF"]))
+    else:
+        fault = kill_rank(out, "node1", 1)
+    done_before = reached(out)
+    # the first resumed step (21, from the checkpoint at 20): below the step rank 0 had reached before the fault
+    wait_until(lambda: 0 <= reached(out) < done_before, 400, "the first resumed step")
+    resumed = time.time() - fault
+    resumed_at = reached(out) - 1
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job], env=env, capture_output=True, text=True).stdout
+    restarts = shown.split("Restarts=")[1].split()[0] if "Restarts=" in shown else "?"
+    subprocess.run(["scancel", job], env=env, timeout=30, check=False)
+    left = restore_nodes(env)
+    if left:
+        raise RuntimeError(f"nodes {left} did not come back after case {case!r}")
+    return {"case": case, "seconds": resumed, "lost": done_before - resumed_at, "restarts": restarts, "job": job}
+
+
+def worktree(ref: str, work: Path) -> Path:
+    """A checkout of ``ref`` (the trainstack of that commit), for the ``requeue today`` case."""
+    path = work / f"trainstack-{ref}"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), ref], check=True,
+                   capture_output=True, timeout=120)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--launcher", default="srun", choices=("srun", "torchrun", "spawn"))
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--today", metavar="REF", help="also the requeue of git commit REF (before this feature)")
+    args = parser.parse_args()
+    env = dict(os.environ)
+    env.setdefault("SLURM_CONF", "/tmp/trainstack-slurm/slurm.conf")
+    work = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
+    work.chmod(0o777)
+    cases = ["in-allocation crash", "spare after node loss", "requeue after node loss"]
+    today = worktree(args.today, work) if args.today else None
+    if today is not None:
+        cases.insert(0, "requeue today")
+    rows: dict[str, list[dict]] = {c: [] for c in cases}
+    try:
+        for _ in range(args.repeats):
+            for case in cases:
+                row = measure(case, env, args.launcher, work, today if case == "requeue today" else None)
+                rows[case].append(row)
+                print(f"{case}: {row['seconds']:.1f} s to the first resumed step, {row['lost']} step(s) lost "
+                      f"(job {row['job']}, restarts {row['restarts']})", flush=True)
+    finally:
+        if today is not None:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(today)], check=False)
+    print(f"\n4 ranks on 2 nodes ({args.launcher}), checkpoint every 5 steps, fault at step ~{FAULT_AT}; "
+          f"median of {args.repeats}\n")
+    print("| case | fault -> first resumed step | steps lost | Slurm restarts |")
+    print("|---|---|---|---|")
+    for case, found in rows.items():
+        print(f"| {case} | {statistics.median(r['seconds'] for r in found):.1f} s | "
+              f"{statistics.median(r['lost'] for r in found):.0f} | {found[-1]['restarts']} |")
+
+
+if __name__ == "__main__":
+    main()
