@@ -115,8 +115,8 @@ def build_spec(ctx: click.Context, params: dict[str, Any],
     retries = [f"--{k.replace('_', '-')}" for k in ("max_retries", "retry_on", "spare_nodes") if k in ctx.params
                and ctx.get_parameter_source(k) is click.core.ParameterSource.COMMANDLINE]
     if retries and not params.get("requeue"):  # retries happen by requeueing: asking for them asks for it
-        click.echo(f"note: {' and '.join(retries)} imply --requeue (a failed attempt is retried by requeueing the "
-                   f"job); --requeue is on", err=True)
+        click.echo(f"note: {' and '.join(retries)} imply --requeue (a failed attempt is retried in the "
+                   f"allocation, or by requeueing the job); --requeue is on", err=True)
         params["requeue"] = True
     env = params.pop("env")
     pairs = env.items() if isinstance(env, dict) else [_split_env(item) for item in env]
