@@ -128,13 +128,14 @@ def test_a_rank_whose_watchdog_falls_silent_is_lost_one_that_ended_is_not(tmp_pa
 
     import torch.distributed as dist
 
-    from trainstack._runtime.watchdog import Watchdog
+    from trainstack._runtime.watchdog import Watchdog, heartbeat
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = dist.TCPStore("127.0.0.1", port, 1, True, timeout=datetime.timedelta(seconds=30))
     store = dist.TCPStore("127.0.0.1", port, 1, False, timeout=datetime.timedelta(seconds=30))
+    heartbeat().step = 7  # this process's heartbeat: both hand-ticked ranks report it
     zero, one = (Watchdog(r, 2, 600.0, tmp_path, store, job_dir=tmp_path) for r in (0, 1))
     assert zero.lost_after == 15.0  # three intervals, at least 15 s
     zero.lost_after = 0.2
@@ -149,7 +150,7 @@ def test_a_rank_whose_watchdog_falls_silent_is_lost_one_that_ended_is_not(tmp_pa
         zero._tick()
         time.sleep(0.1)
     assert lost and lost[-1] == [1], lost
-    assert json.loads((tmp_path / "progress").read_text())["step"] == 0
+    assert json.loads((tmp_path / "progress").read_text())["step"] == 7
     lost.clear()
     store.set("trainstack/hb/1", json.dumps({"ended": True}))  # what a stopping watchdog publishes
     for _ in range(5):
