@@ -5,10 +5,14 @@ Slurm's hold released."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -167,3 +171,34 @@ def test_a_lost_node_without_a_spare_is_requeued_at_once(cluster, tmp_root):
     assert resumed < 90, resumed  # Slurm's own hold alone is ~120 s
     assert job_field(cluster, job.job_id, "Restarts") == "1"
     assert same_parameters(out / "final.pt", ref)
+
+
+def test_a_frozen_node_is_found_by_the_watchdog_not_slurms_timeout(cluster, tmp_root):
+    """node2's ranks stopped (SIGSTOP: their connections stay open, no error reaches their peers) and its slurmd
+    killed: rank 0's watchdog names ranks 2, 3 within seconds (not a collective timeout, not SlurmdTimeout),
+    ends the step, and a spare takes over; bitwise."""
+    ref = reference(tmp_root, "srun")
+    out = tmp_root / "frozen"
+    out.mkdir(mode=0o777)
+    job = submit_spec(spec(out))
+    wait_until(lambda: reached(out) >= 22 and len(rank_pids(out, "node2")) == 2, 120, "step 22")
+    conf = Path(cluster["SLURM_CONF"])
+    frozen = time.time()
+    for pid in rank_pids(out, "node2"):
+        os.kill(pid, signal.SIGSTOP)
+    os.kill(int((conf.parent / "slurmd-node2.pid").read_text().strip()), signal.SIGKILL)
+    try:
+        assert wait_for(job, timeout=300) == 0, job.log_path.read_text()
+    finally:
+        for pid in rank_pids(out, "node2"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    log = job.log_path.read_text()
+    assert re.search(r"ranks 2-3 \(node2\) stopped answering at step \d+: no heartbeat", log), log
+    assert "retrying in this allocation as step 1 on node1,node3" in log, log
+    resumed = first_step_after(job, frozen) - frozen
+    print(f"frozen node -> first resumed step {resumed:.1f} s")
+    assert resumed <= 45, resumed  # detection: three watchdog intervals (15 s), then the teardown and the probe
+    assert same_parameters(out / "final.pt", ref)
+    found = json.loads(ts(cluster, "why", "--json", job.job_id))
+    assert "node lost: node2 (ranks 2, 3 stopped answering at step" in found["recoveries"][0]["cause"], found
