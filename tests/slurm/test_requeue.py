@@ -66,12 +66,12 @@ def test_signal_checkpoint_requeue_resume(slurm_env, shared_tmp, monkeypatch, la
                           text=True, timeout=60).stdout
     if _job_field(slurm_env, job.job_id, "Reason") == "BeginTime":  # a pending requeued job says why and until when
         assert "requeued (restart 1) after time limit: graceful stop at step" in held and "holds it until" in held, held
-    assert wait_for(job, timeout=300) == 0, job.log_path.read_text()  # the script released Slurm's hold itself
+    assert wait_for(job, timeout=300) == 0, job.log_path.read_text()  # following the job releases the hold
     log = job.log_path.read_text()
     starts = [line.split() for line in (run_dir / "starts").read_text().splitlines()]
-    print(f"{launcher}: signal -> training resumed {float(starts[1][0]) - signalled:.1f}s (Slurm's hold released "
-          f"by the script), resumed at step {starts[1][1]}")
-    assert "Slurm's hold on it released" in log, log
+    print(f"{launcher}: signal -> training resumed {float(starts[1][0]) - signalled:.1f}s (the hold released "
+          f"by the follower), resumed at step {starts[1][1]}")
+    assert "without its hold" in log, log
     assert "received" not in log or "SIGUSR1 at" in log
     assert "requeueing job" in log and "restart 1 at" in log and "finished (restart count 1)" in log
     assert "Graceful stop at epoch" in log and "Resumed from" in log and starts[1][2] == "1"

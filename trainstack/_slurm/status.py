@@ -316,7 +316,9 @@ def follow_log(job_id: str, rank: int | None, echo: Callable[[str], None], poll:
     for a pending job to start); return its last row."""
     deadline = None if timeout is None else time.monotonic() + timeout
     path: Path | None = None
+    holds = RequeueHolds()
     while True:
+        holds.release(job_id)
         rows = job_status(job_id)
         row = rows[0]
         if path is None and not row.state.startswith("PENDING"):
@@ -394,13 +396,44 @@ def _exit_of(state: str) -> int:
     return code or (128 + sig if sig else 1)
 
 
+class RequeueHolds:
+    """Slurm holds a requeued job for its credential lifetime (~2 min, reason BeginTime) before it may start again;
+    a trainstack job's batch script releases it when it can, but Slurm sets the hold only once that script has
+    ended. Whoever follows the job (``submit --wait``, ``status --wait``) releases the hold on its own requeued job
+    3 s after it appears (slurmd refuses a launch whose credential is from the second of the revocation)."""
+
+    def __init__(self, after_s: float = 3.0) -> None:
+        self.after_s, self.seen = after_s, dict[str, float]()
+
+    def release(self, job_id: str) -> list[str]:
+        """Release the held, requeued jobs among ``job_id`` (every task of an array) held for ``after_s`` or more;
+        the released ones."""
+        now, released = time.monotonic(), []
+        try:
+            infos = job_infos(job_id)
+        except JobError:
+            return []
+        for info in infos:
+            label = info.label
+            if not (info.state == "PENDING" and info.reason == "BeginTime" and info.restarts):
+                self.seen.pop(label, None)
+            elif now - self.seen.setdefault(label, now) >= self.after_s:
+                done = subprocess.run(["scontrol", "update", f"JobId={label}", "StartTime=now"], capture_output=True,
+                                      text=True, timeout=30)
+                if done.returncode == 0:
+                    released.append(label)
+                self.seen.pop(label)
+        return released
+
+
 def wait_for(job_id: str, log_path: Path | None, echo: Callable[[str], None] | None = None,
              timeout: float | None = None, poll: float = 0.5) -> tuple[int, str]:
     """Follow the job's log until it (every array task) ends; return its exit code (non-zero for any failure) and
     final state. Slurm answers while it knows the job; after that, the job folder's record does."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    offset = 0
+    offset, holds = 0, RequeueHolds()
     while True:
+        holds.release(job_id)
         rows = job_status(job_id)
         if echo and log_path is not None and log_path.exists():
             with open(log_path, encoding="utf-8", errors="replace") as fh:
