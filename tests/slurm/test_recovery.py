@@ -175,7 +175,7 @@ def test_a_lost_node_without_a_spare_is_requeued_at_once(cluster, tmp_root):
 
 def test_a_frozen_node_is_found_by_the_watchdog_not_slurms_timeout(cluster, tmp_root):
     """node2's ranks stopped (SIGSTOP: their connections stay open, no error reaches their peers) and its slurmd
-    killed: rank 0's watchdog names ranks 2, 3 within seconds (not a collective timeout, not SlurmdTimeout),
+    killed: rank 0's watchdog names node2's ranks within seconds (not a collective timeout, not SlurmdTimeout),
     ends the step, and a spare takes over; bitwise."""
     ref = reference(tmp_root, "srun")
     out = tmp_root / "frozen"
@@ -194,7 +194,7 @@ def test_a_frozen_node_is_found_by_the_watchdog_not_slurms_timeout(cluster, tmp_
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     log = job.log_path.read_text()
-    assert re.search(r"ranks 2-3 \(node2\) stopped answering at step \d+: no heartbeat", log), log
+    assert re.search(r"ranks? 2(-3)? \(node2\) stopped answering at step \d+: no heartbeat", log), log
     assert "retrying in this allocation as step 1 on node1,node3" in log, log
     resumed = first_step_after(job, frozen) - frozen
     print(f"frozen node -> first resumed step {resumed:.1f} s")

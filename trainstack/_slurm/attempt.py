@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from .. import _jobevents as events
-from .verdict import HOST_FAULTS, KINDS, last_step, verdict
+from .verdict import HOST_FAULTS, KINDS, exit_records, last_step, verdict
 
 #: Failures worth another attempt by default: the machine's or the network's, not the program's. A Python error or
 #: a CUDA out-of-memory fails the same way again; a hang or an unknown end may not (and the same-cause rule stops
@@ -58,11 +58,11 @@ def decide(folder: Path, status: int, retry_on: tuple[str, ...] = DEFAULT_RETRY_
     found = verdict("FAILED", folder, None, status)
     cause = f"{found.kind}: {found.summary.split(';')[0]}"
     host = found.host or _host_of_rank(found.rank, folder)
-    exits = sorted(float(p.read_text().split()[0]) for p in folder.glob("exits/*") if _is_record(p))
+    exits = exit_records(folder)  # first first
     record = {"attempt": int(os.environ.get("SLURM_RESTART_COUNT", "0")), "step_index": step_index,
               "kind": found.kind, "summary": found.summary, "cause": cause, "rank": found.rank, "host": host,
               "blamed": host if found.kind in HOST_FAULTS else None, "step": last_step(folder), "status": status,
-              "fault_time": exits[0] if exits else None, "time": time.time()}
+              "fault_time": exits[0].time if exits else None, "time": time.time()}
     rows = history(folder)
     previous = rows[-1] if rows else None
     retry, line = True, f"attempt {record['attempt']} ended with {cause}; retrying"
@@ -108,14 +108,6 @@ def stopped(folder: Path, status: int, kind: str,
     return go, line
 
 
-def _is_record(path: Path) -> bool:
-    try:
-        float(path.read_text().split()[0])
-    except (OSError, IndexError, ValueError):
-        return False
-    return True
-
-
 def history(folder: Path) -> list[dict]:
     """The recorded attempts of this job folder, oldest first (a torn last line is skipped)."""
     try:
@@ -156,12 +148,12 @@ def recoveries(folder: Path) -> list[dict]:
                 and e.get("step_index") == index and e["time"] <= ended]
         times = {"fault": row.get("fault_time"), "detected": seen[-1]["time"] if seen else None,
                  "relaunch": relaunch["time"]}
-        after = relaunch["time"]
-        for kind in ("restoring", "resumed", "first_step"):
+        after, resumed = relaunch["time"], None
+        for kind in ("restoring", "resumed", "first_step"):  # each after the one before
             found = _first(evs, kind, after)
             times[kind] = found["time"] if found else None
             after = found["time"] if found else after
-        resumed = _first(evs, "resumed", relaunch["time"])
+            resumed = found if kind == "resumed" else resumed
         start, phases, last = times["fault"] or times["detected"], {}, times["fault"]
         for name, kind in PHASES:
             phases[name] = round(times[kind] - last, 2) if times[kind] is not None and last is not None else None

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .. import _jobevents as events
 
-__all__ = ["Verdict", "verdict", "KINDS", "HOST_FAULTS", "last_step"]
+__all__ = ["Verdict", "verdict", "KINDS", "HOST_FAULTS", "last_step", "exit_records"]
 
 KINDS = ("completed", "cancelled", "preempted", "time limit", "hang", "cuda out-of-memory", "cuda error",
          "killed (signal 9)", "crashed (signal)", "collective failure", "node failure", "python error", "exited",
@@ -132,7 +132,7 @@ class Evidence:
         code = [str(status)] if status is not None else \
             (_read(folder / "exit_code").strip().splitlines()[-1:] if folder else [])
         return cls(since, _rank_texts(folder), combined[at + 1:] if at >= 0 else combined, code,
-                   _exits(folder) or _srun_exits(combined), events.read(folder, since))
+                   exit_records(folder) or _srun_exits(combined), events.read(folder, since))
 
     def event(self, kind: str) -> dict | None:
         found = [e for e in self.events if e.get("kind") == kind]
@@ -345,7 +345,7 @@ def attempt_start(folder: Path | None) -> float:
         return 0.0
 
 
-def _exits(folder: Path | None) -> list[Exit]:
+def exit_records(folder: Path | None) -> list[Exit]:
     """The failing tasks of the current step, first first."""
     out = []
     for path in sorted(folder.glob("exits/*")) if folder is not None and folder.is_dir() else []:
