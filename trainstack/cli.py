@@ -5,6 +5,7 @@ Never imports torch (``trainstack generate`` must answer in well under a second)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -423,7 +424,7 @@ def why(job_id: str, as_json: bool) -> None:
                 found.kind, found.summary = "pending", note
         recovered = recoveries(row.folder) if row.folder is not None else []
         if as_json:
-            click.echo(json.dumps({**json.loads(found.to_json()), "recoveries": recovered}))
+            click.echo(json.dumps({**dataclasses.asdict(found), "recoveries": recovered}))
             continue
         click.echo(f"job {row.job} ({row.name}): {found.line()}")
         for line in found.evidence:
