@@ -23,7 +23,7 @@ from typing import IO, Any
 from .errors import TrainstackError
 
 __all__ = ["atomic_write", "private_dir", "check_private", "load_private_pickle", "UntrustedFileError", "temp_path",
-           "TEMP_RE", "create_new", "open_append", "fsync_path"]
+           "TEMP_RE", "create_new", "open_append", "fsync_path", "untrusted_folder"]
 
 #: Temp files of every writer here: ``.<final name>.tmp-<pid or rank>[<suffix>]``.
 TEMP_RE = re.compile(r"^\..+\.tmp-\d+(\.[A-Za-z0-9]+)?$")
@@ -132,3 +132,33 @@ def load_private_pickle(path: str | os.PathLike) -> Any:
 #: writes).
 WRITE_FAILURES = {errno.ENOSPC: "the disk is full", errno.EACCES: "permission denied", errno.EPERM: "permission denied",
                   errno.EROFS: "the file system is read-only", errno.EDQUOT: "the disk quota is exceeded"}
+
+
+def untrusted_folder(folder: Path) -> str:
+    """Why ``folder`` (a compile cache) cannot be trusted, or '' (a missing one is created 0700 here). It must be this
+    user's, in a folder nobody else can rename it from (not writable by others, unless sticky), and either private
+    (0700: nothing in it is reachable by others) or, found open, holding nothing anyone else could have written --
+    then it is made private."""
+    uid = os.getuid()
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        parent, st = folder.parent.stat(), folder.lstat()
+    except OSError as exc:
+        return f"it cannot be created ({exc.strerror})"
+    if parent.st_mode & 0o022 and not parent.st_mode & stat.S_ISVTX:
+        return f"the folder holding it, {folder.parent}, is writable by other users (mode {parent.st_mode & 0o7777:o})"
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != uid:
+        return f"{folder} is a symbolic link or belongs to uid {st.st_uid}, not to you"
+    if st.st_mode & 0o077:  # found open: everything in it must be ours and unwritable by others
+        for item in (folder, *folder.rglob("*")):
+            try:
+                mine = item.lstat()
+            except OSError:
+                continue  # removed meanwhile
+            if mine.st_uid != uid:
+                return f"{item} belongs to uid {mine.st_uid}, not to you"
+            if mine.st_mode & 0o022 and not stat.S_ISLNK(mine.st_mode):
+                return f"{item} is writable by other users (mode {mine.st_mode & 0o7777:o})"
+        folder.chmod(0o700)
+    return ""

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -36,6 +36,9 @@ from ._checkpoint.failures import why_failed, why_unreadable
 from ._checkpoint.rng import capture_rng, gather_rng, restore_rng
 from ._files import TEMP_RE, create_new, fsync_path, temp_path
 from .errors import TrainstackError
+
+if TYPE_CHECKING:
+    from ._checkpoint.memory import MemoryCheckpoints
 
 __all__ = ["CheckpointError", "Checkpointer", "Restored", "atomic_save", "capture_rng", "restore_rng",
            "checkpoint_name", "has_checkpoint", "load_file", "find", "consolidate", "describe", "load_checkpoint",
@@ -58,6 +61,12 @@ class UnreadableCheckpoint(CheckpointError):
 
 def checkpoint_name(epoch: int, global_step: int) -> str:
     return f"ckpt-e{epoch:05d}-s{global_step:09d}.pt"
+
+
+def step_of(path: str | os.PathLike) -> int:
+    """The global step in a periodic checkpoint's name (``ckpt-e<epoch>-s<step>``); -1 for any other name."""
+    m = _PATTERN.match(Path(path).name)
+    return int(m.group(2)) if m else -1
 
 
 def has_checkpoint(run_folder: str | os.PathLike) -> bool:
@@ -137,6 +146,7 @@ class Restored:
     rng: dict[str, Any] | None
     path: Path
     world_size: int
+    source: str = ""  # in words, when not the file itself: "memory at step 40 (...)"
 
 
 _RESERVED = ("format_version", "rng", "world_size", "config")
@@ -395,13 +405,17 @@ class Checkpointer:
         return None
 
     def _restored(self, parts: Mapping[str, Any], state: dict[str, Any], where: Path, rank: int) -> Restored:
-        for name, part in parts.items():
-            if part is not None and state.get(name) is not None:
-                _load_part(name, part, state, where)
+        _load_parts(parts, state, where)
         rngs = state.get("rng") or []
         counters = {k: v for k, v in state.items() if k not in _RESERVED and k not in parts}
         world = int(state.get("world_size") or len(rngs) or 1)
         return Restored(counters, rngs[rank] if rank < len(rngs) and len(rngs) == world else None, where, world)
+
+
+def _load_parts(parts: Mapping[str, Any], state: Mapping[str, Any], where: Path) -> None:
+    for name, part in parts.items():
+        if part is not None and state.get(name) is not None:
+            _load_part(name, part, state, where)
 
 
 def _load_part(name: str, part: Any, state: Mapping[str, Any], where: Path) -> None:
@@ -421,6 +435,59 @@ def _load_part(name: str, part: Any, state: Mapping[str, Any], where: Path) -> N
         raise CheckpointError(f"{where} does not fit this run's {name}: {first.rstrip('.')}. HINT: a checkpoint only "
                               f"loads into the same model and optimizer it was written from; start a new run "
                               f"(another log_folder, or resume=None) after changing them.") from exc
+
+
+# ---------------------------------------------------------------------------------------------------- memory
+def open_memory(run_folder: Path, rank: int, world: int, model: torch.nn.Module, optimizer: Any
+                ) -> MemoryCheckpoints:
+    """Collective: this rank's memory checkpoints of the run in ``run_folder`` (``ConfigError`` before training
+    when a node's memory file system cannot hold them)."""
+    from ._checkpoint.memory import MemoryCheckpoints, estimate_bytes
+
+    memory = MemoryCheckpoints.open(Path(run_folder), rank, world, estimate_bytes(model, optimizer))
+    memory.record_folder()
+    return memory
+
+
+def memory_state(counters: Mapping[str, Any], parts: Mapping[str, Any]) -> dict[str, Any]:
+    """This rank's whole resume state (a sharded model's own shard): what a memory checkpoint stages."""
+    state: dict[str, Any] = {"format_version": FORMAT_VERSION, **counters}
+    for name, part in parts.items():
+        state[name] = _state_of(part)
+    if parts.get("optimizer") is not None:
+        state["optimizer_class"] = type(parts["optimizer"]).__name__
+    state["rng"] = capture_rng()
+    return state
+
+
+def restore_memory(memory: MemoryCheckpoints, parts: Mapping[str, Any], newer_than: int, world: int,
+                   check: Callable[[Mapping[str, Any], Path], None] | None = None) -> tuple[Restored | None, list[str]]:
+    """Collective: load the newest complete memory set newer than step ``newer_than`` into ``parts``; the
+    ``Restored`` (None: no such set) and the copies passed over, in words."""
+    found = memory.restore(newer_than)
+    if found is None:
+        return None, list(memory.last_passed_over)
+    from ._checkpoint.memory import unstaged
+
+    state = dict(found.state)
+    if check is not None:
+        check(state, found.path)
+    model, optimizer = parts.get("model"), parts.get("optimizer")
+    if model is not None and state.get("model") is not None:
+        state["model"] = unstaged(state["model"], _state_of(model))
+    if optimizer is not None and state.get("optimizer") is not None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        like = {"state": {i: {k: params[int(i)] for k in entry} for i, entry in state["optimizer"]["state"].items()
+                          if int(i) < len(params)}}
+        state["optimizer"] = unstaged(state["optimizer"], like)
+    _load_parts(parts, state, found.path)
+    counters = {k: v for k, v in state.items() if k not in _RESERVED and k not in parts}
+    others = sorted({s for s in found.sources if s != "own memory"})
+    moved = [r for r, s in enumerate(found.sources) if s != "own memory"]
+    how = "every rank from its own memory" if not moved else \
+        f"rank(s) {', '.join(map(str, moved))} from {' and '.join(others)}"
+    source = f"memory at step {found.step} ({how})"
+    return Restored(counters, state.get("rng"), found.path, world, source), found.passed_over
 
 
 def _load_shards(folder: Path, parts: Mapping[str, Any], state: Mapping[str, Any]) -> None:

@@ -61,6 +61,10 @@ class TrainConfig:
     checkpoint_every_n_steps: int = 0
     """Also checkpoint every N optimizer steps, mid-epoch (0: only every ``checkpoint_every`` epochs); a resume from
     such a checkpoint continues bitwise at its batch."""
+    memory_checkpoint_every_n_steps: int = 0
+    """Also keep every rank's resume state in node memory (``/dev/shm``) every N optimizer steps, with a copy on a
+    rank of another node (0: off). A restart (``resume="auto"``) continues from the newest complete set when it is
+    newer than the durable checkpoint: a failure loses at most N steps. Written off the training thread."""
     write_every: int = 0
     """Write metrics to the tracker every N epochs (0: only at the end). metrics.jsonl is always written."""
     checkpoint_every: int = 0
@@ -171,7 +175,8 @@ class TrainConfig:
         self.root_folder = _as_path("root_folder", self.root_folder)
         self.log_folder = _as_path("log_folder", self.log_folder)
         for name in ("max_iter", "print_every", "write_every", "checkpoint_every", "plot_every", "val_every",
-                     "log_every_n_steps", "val_every_n_steps", "checkpoint_every_n_steps"):
+                     "log_every_n_steps", "val_every_n_steps", "checkpoint_every_n_steps",
+                     "memory_checkpoint_every_n_steps"):
             _check_int(name, getattr(self, name), minimum=0)
         if self.max_steps is not None:
             _check_int("max_steps", self.max_steps, minimum=1)
@@ -267,6 +272,10 @@ class TrainConfig:
         if self.create_subfolder_per_run and self.log_folder != Path("./"):
             raise ConfigError(f"TrainConfig.log_folder={str(self.log_folder)!r} and create_subfolder_per_run=True "
                               f"contradict each other: pick one run folder or a new subfolder of root_folder per run.")
+        if self.memory_checkpoint_every_n_steps and self.resume != "auto":
+            raise ConfigError(f"TrainConfig.memory_checkpoint_every_n_steps={self.memory_checkpoint_every_n_steps} "
+                              f"but resume={self.resume!r}: only a restart with resume='auto' reads memory "
+                              f"checkpoints. HINT: set resume='auto', or memory_checkpoint_every_n_steps=0.")
         if self.resume == "auto" and self.create_subfolder_per_run:
             raise ConfigError("TrainConfig.resume='auto' cannot find earlier checkpoints when "
                               "create_subfolder_per_run=True makes a new folder every time. HINT: set one of them.")

@@ -445,6 +445,8 @@ class Trainer:
             self._validate(active, tracker.position(self.current_epoch, n))
         if not epoch_end and "checkpoint" in due:
             self.save_checkpoint()
+        if not epoch_end and "memory" in due:
+            active.save_memory()
         if active.stops_here(due, epoch_end):  # the epoch's partial metrics become the run's
             self.metrics = active.epoch_means(sums, n)
             return True
@@ -470,6 +472,8 @@ class Trainer:
             return
         if "checkpoint" in due:
             self.save_checkpoint()
+        if "memory" in due:
+            active.save_memory()
         if preempt and epoch < active.last_epoch and step < active.last_step:
             active.stop_gracefully(preempt)
         elif agreed["stop"]:

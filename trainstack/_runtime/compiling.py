@@ -20,7 +20,6 @@ from __future__ import annotations
 import collections.abc
 import datetime
 import os
-import stat
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,10 +29,11 @@ import torch
 from torch import nn
 
 from .. import _envvars as envvars
+from .._files import untrusted_folder
 from ..errors import ConfigError
 
 __all__ = ["compile_options", "unwrap_compiled", "plan", "compile_in_place", "use_cache", "cache_folder", "window",
-           "FirstStep", "CACHE_FOLDER", "untrusted"]
+           "FirstStep", "CACHE_FOLDER"]
 
 #: The cache's folder name under a run or job folder.
 CACHE_FOLDER = "compile-cache"
@@ -113,7 +113,7 @@ def cache_folder(run_folder: Path | None, run_id: str | None = None) -> Path | N
     folder)."""
     if os.environ.get(envvars.COMPILE_CACHE):
         given = Path(os.environ[envvars.COMPILE_CACHE])
-        problem = untrusted(given)
+        problem = untrusted_folder(given)
         if problem:
             raise ConfigError(f"TRAINSTACK_COMPILE_CACHE={given}: {problem}; a warm start runs the code in it, so a "
                               f"cache someone else can write runs their code as you. HINT: point it at a folder only "
@@ -123,7 +123,7 @@ def cache_folder(run_folder: Path | None, run_id: str | None = None) -> Path | N
     home = Path(run_folder) if run_folder is not None else Path(job) if job else None
     if home is None:
         return None
-    problem = untrusted(home / CACHE_FOLDER)
+    problem = untrusted_folder(home / CACHE_FOLDER)
     if not problem:
         return home / CACHE_FOLDER
     private = _user_cache_root() / (run_id or home.resolve().name)
@@ -131,36 +131,6 @@ def cache_folder(run_folder: Path | None, run_id: str | None = None) -> Path | N
         print(f"trainstack: the compile cache goes to {private}, not {home / CACHE_FOLDER}: {problem} (a warm start "
               f"runs the code in it; others must not be able to change it).", flush=True)
     return private
-
-
-def untrusted(folder: Path) -> str:
-    """Why ``folder`` (a compile cache) cannot be trusted, or '' (a missing one is created 0700 here). It must be this
-    user's, in a folder nobody else can rename it from (not writable by others, unless sticky), and either private
-    (0700: nothing in it is reachable by others) or, found open, holding nothing anyone else could have written --
-    then it is made private."""
-    uid = os.getuid()
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        folder.mkdir(mode=0o700, exist_ok=True)
-        parent, st = folder.parent.stat(), folder.lstat()
-    except OSError as exc:
-        return f"it cannot be created ({exc.strerror})"
-    if parent.st_mode & 0o022 and not parent.st_mode & stat.S_ISVTX:
-        return f"the folder holding it, {folder.parent}, is writable by other users (mode {parent.st_mode & 0o7777:o})"
-    if stat.S_ISLNK(st.st_mode) or st.st_uid != uid:
-        return f"{folder} is a symbolic link or belongs to uid {st.st_uid}, not to you"
-    if st.st_mode & 0o077:  # found open: everything in it must be ours and unwritable by others
-        for item in (folder, *folder.rglob("*")):
-            try:
-                mine = item.lstat()
-            except OSError:
-                continue  # removed meanwhile
-            if mine.st_uid != uid:
-                return f"{item} belongs to uid {mine.st_uid}, not to you"
-            if mine.st_mode & 0o022 and not stat.S_ISLNK(mine.st_mode):
-                return f"{item} is writable by other users (mode {mine.st_mode & 0o7777:o})"
-        folder.chmod(0o700)
-    return ""
 
 
 def _user_cache_root() -> Path:

@@ -45,7 +45,8 @@ def fast_dev_run(trainer: Trainer, train_loader: Any, val_loader: Any) -> Any:
     folder = Path(tempfile.mkdtemp(prefix="trainstack-fast-dev-run-"))
     trainer.config = dataclasses.replace(
         cfg, fast_dev_run=0, max_iter=n, max_steps=n, val_every=0, val_every_n_steps=n if val is not None else 0,
-        checkpoint_every=0, checkpoint_every_n_steps=0, checkpoint_best_only=False, resume=None,
+        checkpoint_every=0, checkpoint_every_n_steps=0, memory_checkpoint_every_n_steps=0, checkpoint_best_only=False,
+        resume=None,
         log_folder=folder, root_folder=folder, create_subfolder_per_run=False, tracking_tool="jsonl",
         write_every=0, plot_every=0, log_every_n_steps=1, print_every=0)
     try:

@@ -45,6 +45,8 @@ def format_line(head: str, values: dict[str, float]) -> str:
             parts.append(f"data {100 * value:.0f}%")
         elif name == "optimizer_share":
             parts.append(f"optim {100 * value:.0f}%")
+        elif name == "memory_checkpoint_share":
+            parts.append(f"mem-ckpt {100 * value:.1f}%")
         elif name == "mfu":
             parts.append(f"mfu {100 * value:.3g}%")
         elif name == "eta_s":
@@ -70,8 +72,9 @@ class LiveLog:
         self.peak: float | None = None  # one device's peak FLOP/s: MFU only with it
         self.total_steps: int | None = None  # for the ETA
         self.data_wait = 0.0  # seconds this rank waited for the loader's next batch (timed())
+        self.memory_stall = 0.0  # seconds training waited for memory checkpoints (Run.save_memory)
         self.optimizer_timer: Any = None  # seconds inside optimizer.step (throughput.OptimizerTimer), rank 0
-        self._waited = self._optimized = 0.0
+        self._waited = self._optimized = self._stalled = 0.0
         self._warned = self._lined = False
         self._sums: Any = None
         self._loss: Any = None
@@ -84,7 +87,7 @@ class LiveLog:
         """The next interval's rates count from ``step`` and now (a run's start, a resumed one's, after the first
         step's warm-up): never the steps before this run, nor a compile, as throughput."""
         self._step, self._time = step, time.monotonic()
-        self._waited = self.data_wait
+        self._waited, self._stalled = self.data_wait, self.memory_stall
         self._optimized = self.optimizer_timer.seconds() or 0.0 if self.optimizer_timer is not None else 0.0
 
     def epoch_start(self, sums: Any, n: int, interval: dict[str, Any] | None = None) -> None:
@@ -117,10 +120,12 @@ class LiveLog:
             out["data_wait"] = min((self.data_wait - self._waited) / seconds, 1.0)
             self._loader_bound(out["data_wait"], first=not self._lined)
             self._lined = True
+            if self.memory_stall:
+                out["memory_checkpoint_share"] = min((self.memory_stall - self._stalled) / seconds, 1.0)
         optimized = self.optimizer_timer.seconds() if self.optimizer_timer is not None else None
         if step > self._step and optimized is not None:
             out["optimizer_share"] = min(max(optimized - self._optimized, 0.0) / seconds, 1.0)
-        self._waited, self._optimized = self.data_wait, optimized or 0.0
+        self._waited, self._optimized, self._stalled = self.data_wait, optimized or 0.0, self.memory_stall
         self._loss, self._metrics, self._n, self._step, self._time = sums.loss_sum, dict(sums.sums), n, step, now
         return out
 
@@ -136,6 +141,8 @@ class LiveLog:
         optimized = self.optimizer_timer.seconds() if self.optimizer_timer is not None else None
         if optimized is not None:
             split["optimizer"] = min(max(optimized, 0.0) / seconds, 1.0 - split["data wait"])
+        if self.memory_stall:
+            split["memory checkpoints"] = min(self.memory_stall / seconds, max(1.0 - sum(split.values()), 0.0))
         split["forward/backward and the rest"] = 1.0 - sum(split.values())
         return format_line("", rates).lstrip(" |").replace(" | ", ", ") + " | time: " + \
             ", ".join(f"{name} {100 * share:.0f}%" for name, share in split.items())

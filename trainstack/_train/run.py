@@ -20,7 +20,7 @@ from .._runtime import compiling, watchdog
 from .._runtime.preemption import INTERRUPT, GracefulStop, resolve_signals
 from ..accelerator import retarget_optimizer, seed_everything
 from ..callbacks import CallbackManager, LRScheduler, ModelCheckpoint
-from ..checkpoint import Checkpointer, Restored
+from ..checkpoint import Checkpointer, Restored, memory_state, open_memory, restore_memory, step_of
 from ..data import batches_per_epoch, is_infinite, prepare_train
 from ..errors import ConfigError
 from . import notes, throughput
@@ -35,6 +35,7 @@ from .steps import AMP_DTYPES, Step, autocast_precision, make_step, track_optimi
 from .tracker import Span, Tracker, banner_info
 
 if TYPE_CHECKING:
+    from .._checkpoint.memory import MemoryCheckpoints
     from ..config import TrainConfig
     from ..trainer import Trainer
 
@@ -93,6 +94,7 @@ class Run:
     tracker: Tracker
     schedule: Schedule
     run_id: str | None
+    memory: MemoryCheckpoints | None = None  # memory checkpoints (memory_checkpoint_every_n_steps)
     compile_cache: Path | None = None
     peak_source: str = ""
 
@@ -141,6 +143,8 @@ class Run:
         sharded = cfg.checkpoint_format == "sharded" or cfg.checkpoint_format == "auto" and cfg.strategy == "fsdp"
         self.checkpointer = Checkpointer(self.path, periodic_kept(cfg, trainer.callbacks.callbacks),
                                          acc.is_main_process, sharded, cfg.async_checkpoint)
+        if cfg.memory_checkpoint_every_n_steps:
+            self.memory = open_memory(self.path, acc.rank, acc.world_size, self.model, trainer.optimizer)
         watchdog.start(acc.rank, acc.world_size, watchdog.resolve_timeout(cfg.hang_timeout), self.path,
                        watchdog.default_store(), armed=True)
         if acc.compile_options is not None:  # the first step compiles: a long window, the run's own cache
@@ -180,13 +184,16 @@ class Run:
             ours = self.identity
             if main:  # a recovery's phases (trainstack status --attempts): the restore starts, ends, trains
                 jobevents.record("restoring")
-            restored = self.checkpointer.restore(
-                self.parts(), None if cfg.resume == "auto" else cfg.resume, rank=self.accelerator.rank,
-                check=lambda state, where: check_same_experiment(state.get("identity"), ours, where))
+            check = lambda state, where: check_same_experiment(state.get("identity"), ours, where)  # noqa: E731
+            restored = self._from_memory(check) if self.memory is not None else None
+            if restored is None:
+                restored = self.checkpointer.restore(self.parts(), None if cfg.resume == "auto" else cfg.resume,
+                                                     rank=self.accelerator.rank, check=check)
             if restored is not None:
                 self.apply(restored)
                 if main:
-                    jobevents.record("resumed", step=trainer.global_step, source=str(restored.path))
+                    jobevents.record("resumed", step=trainer.global_step, source=restored.source or
+                                     str(restored.path), memory=bool(restored.source))
         self.last_epoch = self.run_start + cfg.max_iter
         self.last_step = self.run_start_step + cfg.max_steps if cfg.max_steps else NEVER
         self.first_step, self.first_epoch = trainer.global_step, trainer.current_epoch
@@ -197,6 +204,29 @@ class Run:
                                        earlier) + ([notes.UNBOUNDED_LOADER] if self.per_epoch is None else []):
             trainer.console_print(note)
         return restored
+
+    def _from_memory(self, check: Callable[[Any, Path], None]) -> Restored | None:
+        """The newest complete memory set newer than the durable checkpoint (collective); None: the durable one
+        (the copies passed over said, on rank 0)."""
+        assert self.memory is not None
+        newest = self.checkpointer.latest()
+        durable = step_of(newest) if newest is not None else -1
+        restored, passed_over = restore_memory(self.memory, self.parts(), durable, self.accelerator.world_size, check)
+        if passed_over:
+            then = "the next source was used" if restored is not None else \
+                f"resuming from the durable checkpoint{f' {newest.name}' if newest else ''}"
+            self.trainer.console_print(f"trainstack: memory checkpoints passed over: {'; '.join(passed_over)}; "
+                                       f"{then}.")
+        return restored
+
+    def save_memory(self) -> None:
+        """A memory checkpoint of this step (every rank): staged here, written and copied by its own thread; the
+        time training waited goes to the live lines."""
+        assert self.memory is not None
+        start = time.perf_counter()
+        with watchdog.phase("checkpoint"):
+            self.memory.save(self.trainer.global_step, memory_state(self.counters(), self.parts()))
+        self.tracker.live.memory_stall += time.perf_counter() - start
 
     def _start_reports(self, restored: Restored | None) -> None:
         """Rank 0's reports (banner, bar or live lines, metrics files) and the schedule of step duties."""
@@ -268,7 +298,7 @@ class Run:
         persistent = bool(getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0))
         where = self.cursor.resume(restored, acc.world_size, getattr(loader, "samples_per_step", None),
                                    derived_seed(self.config.seed or 0, acc.rank, trainer.global_step), persistent)
-        trainer.console_print(f"Resumed from {restored.path} (epoch {trainer.current_epoch}, step "
+        trainer.console_print(f"Resumed from {restored.source or restored.path} (epoch {trainer.current_epoch}, step "
                               f"{trainer.global_step}{where}).")
 
     def epoch_means(self, sums: EpochSums, n: int) -> dict[str, Any]:
@@ -351,6 +381,8 @@ class Run:
         if failed and self.accelerator.is_main_process:
             jobevents.record("failed", step=self.trainer.global_step)
         watchdog.stop()
+        if self.memory is not None:
+            self.memory.close(finished=not failed)
         stopper = self.__dict__.get("stopper")
         if stopper is not None:
             stopper.restore()

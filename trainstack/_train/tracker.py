@@ -252,6 +252,11 @@ def banner_info(run: Run, span: Span, hang_timeout: float) -> dict[str, Any]:
                            f"periodic ones rotated: the newest {keep} kept" if keep else "every periodic one kept") + \
         ("; a ModelCheckpoint keeps its own files" if any(type(cb).__name__ == "ModelCheckpoint"
                                                           for cb in trainer.callbacks.callbacks) else "")
+    if run.memory is not None:
+        memory = run.memory
+        peer = f"each rank's copy also on a rank of the next node (rank 0's: {memory.nodes[memory.peers[0]]})" \
+            if memory.peers[0] is not None else "one node: no copy on another node"
+        info["Memory checkpoints"] = f"every {cfg.memory_checkpoint_every_n_steps} steps in {memory.folder}; {peer}"
     source = run.peak_source
     info["MFU"] = f"over the {source}" if run.tracker.live.peak else f"n/a: {source}" if source else "n/a"
     if acc.compile_options is not None:

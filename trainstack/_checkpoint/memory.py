@@ -1,0 +1,507 @@
+"""Memory checkpoints: every rank's full resume state every N steps in node-local memory (``/dev/shm``), with a copy
+on a rank of another node -- a restart loses seconds of work, not everything since the last durable checkpoint.
+
+    /dev/shm/trainstack-<uid>/                                  0700, this user's (refused otherwise)
+        job-<SLURM_JOB_ID or "local">-<run folder hash>/<node>/
+            r00002-s000000040.pt      rank 2's state at step 40 (its own copy, or the copy it sent this node)
+            r00002-s000000040.json    the manifest, written last: owner, step, world size, bytes, sha256
+
+A save copies the state to CPU memory on the training thread (the stall), then a thread of its own serializes it,
+writes it here and swaps copies with the peer over a gloo group of its own; once every rank holds both copies of
+step S, older sets are removed: at most the set being written and the newest complete one. A restart's ranks agree
+on the newest step that every rank has a verified copy of -- its own, else one another rank holds, sent over --
+newer than the durable checkpoint; never a mixed set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import queue
+import re
+import shutil
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import _envvars as envvars
+from .._files import untrusted_folder
+from ..errors import ConfigError
+
+__all__ = ["MemoryCheckpoints", "Found", "memory_root", "node_name", "staged", "unstaged", "FOLDERS_FILE"]
+
+log = logging.getLogger(__name__)
+
+#: In the job folder: the memory folders this job used, one a line (the batch script frees them on every node).
+FOLDERS_FILE = "memory-folders"
+_NAME = re.compile(r"^r(\d{5})-s(\d{9})\.json$")
+_LOCAL = "__trainstack_local_shard__"  # a DTensor's local shard, in a staged state
+_SETS = 2  # the set being written and the newest complete one
+
+
+def memory_root() -> Path:
+    """Where memory checkpoints live: ``$TRAINSTACK_MEMORY_DIR`` (default ``/dev/shm``) / ``trainstack-<uid>``."""
+    return Path(os.environ.get(envvars.MEMORY_DIR) or "/dev/shm") / f"trainstack-{os.getuid()}"
+
+
+def node_name() -> str:
+    """The node this process runs on, as memory checkpoints name it (``TRAINSTACK_NODE_NAME`` wins: tests and
+    containers whose hostname is not the node's)."""
+    return os.environ.get(envvars.NODE_NAME) or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def _job_key(run_folder: Path) -> str:
+    job = os.environ.get("SLURM_JOB_ID") or "local"
+    digest = hashlib.sha1(str(Path(run_folder).resolve()).encode()).hexdigest()[:10]
+    return f"job-{job}-{digest}"
+
+
+# ---------------------------------------------------------------------------------------------------- staging
+def staged(obj: Any) -> Any:
+    """A copy of ``obj`` (a state dict, nested) in CPU memory that training can no longer change; a DTensor becomes
+    its local shard (rebuilt by ``unstaged`` on the same layout)."""
+    if isinstance(obj, torch.Tensor):
+        if _is_dtensor(obj):
+            return {_LOCAL: staged(obj.to_local())}
+        return obj.detach().to("cpu", copy=True) if obj.device.type != "cpu" else obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: staged(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [staged(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(staged(v) for v in obj)
+    return obj
+
+
+def unstaged(obj: Any, like: Any) -> Any:
+    """``obj`` with every local shard made a DTensor again, laid out as the matching DTensor of ``like`` (the live
+    state of the same structure: a model's state dict, an optimizer's with its parameters)."""
+    if isinstance(obj, dict) and set(obj) == {_LOCAL}:
+        if not _is_dtensor(like):
+            raise ValueError("a sharded tensor of the memory checkpoint has no sharded counterpart in this run")
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(obj[_LOCAL].to(like.device), like.device_mesh, like.placements, run_check=False,
+                                  shape=like.size(), stride=like.stride())
+    if isinstance(obj, dict):
+        return {k: unstaged(v, like.get(k) if isinstance(like, dict) else None) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [unstaged(v, like[i] if isinstance(like, (list, tuple)) and i < len(like) else None)
+                 for i, v in enumerate(obj)]
+        return items if isinstance(obj, list) else tuple(items)
+    return obj
+
+
+def _is_dtensor(t: Any) -> bool:
+    return type(t).__name__ == "DTensor"
+
+
+# ---------------------------------------------------------------------------------------------------- the files
+@dataclass(frozen=True)
+class Copy:
+    """A memory checkpoint file on this node, as its manifest describes it."""
+
+    owner: int
+    step: int
+    world: int
+    size: int
+    sha256: str
+    path: Path
+
+
+@dataclass
+class Found:
+    """What a restart restored: this rank's state, the step, and where each rank's copy came from (in words)."""
+
+    state: dict[str, Any]
+    step: int
+    path: Path
+    sources: list[str]  # per rank: "own memory" or "a copy on <node>"
+    passed_over: list[str]  # copies tried and refused (corrupt, missing), in words
+
+
+class _Node:
+    """The memory folder of one node: write a copy (payload, then manifest), list, read, prune."""
+
+    def __init__(self, folder: Path, rank: int) -> None:
+        self.folder, self.rank = folder, rank
+
+    def write(self, owner: int, step: int, world: int, payload: bytes) -> Path:
+        stem = self.folder / f"r{owner:05d}-s{step:09d}"
+        manifest = {"owner": owner, "step": step, "world": world, "size": len(payload),
+                    "sha256": hashlib.sha256(payload).hexdigest(), "written_at": time.time()}
+        self._atomic(stem.with_suffix(".pt"), payload)
+        self._atomic(stem.with_suffix(".json"), json.dumps(manifest).encode())  # last: the copy now counts
+        return stem.with_suffix(".pt")
+
+    def _atomic(self, path: Path, data: bytes) -> None:
+        tmp = path.with_name(f".{path.name}.tmp-w{self.rank}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        os.replace(tmp, path)
+
+    def copies(self, world: int) -> list[Copy]:
+        """The complete copies here (a manifest, written last) of a run of ``world`` processes."""
+        out = []
+        try:
+            names = os.listdir(self.folder)
+        except OSError:
+            return []
+        for name in names:
+            if not _NAME.match(name):
+                continue
+            try:
+                m = json.loads((self.folder / name).read_text())
+                copy = Copy(int(m["owner"]), int(m["step"]), int(m["world"]), int(m["size"]), str(m["sha256"]),
+                            self.folder / name.replace(".json", ".pt"))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # a torn or foreign manifest: not a copy
+            if copy.world == world:
+                out.append(copy)
+        return out
+
+    def prune(self, owners: list[int], keep_step: int) -> None:
+        """Remove this rank's written copies (of ``owners``) older than ``keep_step``."""
+        for copy in self.copies_of(owners):
+            if copy.step < keep_step:
+                copy.path.with_suffix(".json").unlink(missing_ok=True)  # first: the copy stops counting
+                copy.path.unlink(missing_ok=True)
+
+    def copies_of(self, owners: list[int]) -> list[Copy]:
+        found = []
+        for name in os.listdir(self.folder) if self.folder.is_dir() else []:
+            m = _NAME.match(name)
+            if m and int(m.group(1)) in owners:
+                path = self.folder / name.replace(".json", ".pt")
+                found.append(Copy(int(m.group(1)), int(m.group(2)), 0, 0, "", path))
+        return found
+
+    def remove_temp(self) -> None:
+        """What a killed writer of this rank left (``.*.tmp-w<rank>``)."""
+        for name in os.listdir(self.folder) if self.folder.is_dir() else []:
+            if name.startswith(".") and name.endswith(f".tmp-w{self.rank}"):
+                (self.folder / name).unlink(missing_ok=True)
+
+    def used_bytes(self) -> int:
+        total = 0
+        for name in os.listdir(self.folder) if self.folder.is_dir() else []:
+            try:
+                total += (self.folder / name).stat().st_size
+            except OSError:
+                pass
+        return total
+
+
+def _read(copy: Copy) -> tuple[bytes, str]:
+    """The copy's bytes (padded or cut to its manifest's size) and '' -- or why it cannot be used."""
+    try:
+        data = copy.path.read_bytes()
+    except OSError as exc:
+        return b"\0" * copy.size, f"unreadable ({exc.strerror or exc})"
+    why = ""
+    if len(data) != copy.size:
+        why = f"truncated ({len(data)} of {copy.size} bytes)"
+    elif hashlib.sha256(data).hexdigest() != copy.sha256:
+        why = "its checksum does not match"
+    return (data + b"\0" * copy.size)[: copy.size], why
+
+
+# ---------------------------------------------------------------------------------------------------- the writer
+class MemoryCheckpoints:
+    """One rank's memory checkpoints for one run: ``open`` (collective: the peer, the space check), ``save`` every N
+    steps (the stall: a CPU copy), ``restore`` at a start (collective), ``close``."""
+
+    def __init__(self, folder: Path, node: str, rank: int, world: int, group: Any, peers: list[int | None],
+                 nodes: list[str]) -> None:
+        self.folder, self.node, self.rank, self.world, self.group = folder, node, rank, world, group
+        self.peers = peers  # per rank: the rank on another node that keeps its copy (None: one node only)
+        self.nodes = nodes  # per rank: its node
+        self.peer = peers[rank]
+        self.senders = [r for r, p in enumerate(peers) if p == rank and r != rank]
+        self.files = _Node(folder / node, rank)
+        self.stall_seconds = 0.0  # the training thread's time in save() and waiting for the previous save
+        self.saves = 0
+        self.committed_step: int | None = None  # the newest step every rank holds both copies of
+        self.error: str = ""  # why the last save failed on this rank ('' when it did not)
+        self.last_passed_over: list[str] = []  # the copies the last restore refused, in words
+        self._queue: queue.Queue[tuple[int, Any] | None] = queue.Queue(maxsize=1)
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def open(cls, run_folder: Path, rank: int, world: int, state_bytes: int) -> MemoryCheckpoints:
+        """Collective: the folder (private, refused otherwise), the peer of every rank (the same local index on the
+        next node), and the space check: every node must hold two sets of its ranks' states and of the copies
+        sent to it, else a ``ConfigError`` naming the node, the sizes and the fix, before training starts."""
+        root = memory_root()
+        problem = untrusted_folder(root)
+        if problem:
+            raise ConfigError(f"memory checkpoints cannot use {root}: {problem}; others could change or read the "
+                              f"states in it. HINT: remove it, or set {envvars.MEMORY_DIR} to a folder only you can "
+                              f"write.")
+        folder = root / _job_key(run_folder)
+        node = node_name()
+        group = dist.new_group(backend="gloo") if world > 1 else None
+        folder.mkdir(mode=0o700, exist_ok=True)
+        (folder / node).mkdir(mode=0o700, exist_ok=True)
+        mine = {"node": node, "bytes": state_bytes, "free": shutil.disk_usage(folder / node).free,
+                "used": _Node(folder / node, rank).used_bytes()}
+        everyone = _all_gather(mine, group, world)
+        nodes = [e["node"] for e in everyone]
+        peers = _peers(nodes)
+        _check_space(everyone, peers, root)
+        return cls(folder, node, rank, world, group, peers, nodes)
+
+    # -------------------------------------------------------------- saving
+    def save(self, step: int, state: dict[str, Any]) -> float:
+        """Stage ``state`` (this rank's resume state at ``step``) and hand it to the writer thread; returns the
+        seconds training waited (for the previous save, and for the CPU copy)."""
+        start = time.perf_counter()
+        self.wait()
+        copy = staged(state)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="trainstack-memory-checkpoints", daemon=True)
+            self._thread.start()
+        self._idle.clear()
+        self._queue.put((step, copy))
+        waited = time.perf_counter() - start
+        self.stall_seconds += waited
+        self.saves += 1
+        return waited
+
+    def wait(self) -> None:
+        """Until the save in flight is written and copied."""
+        self._idle.wait()
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                self._round(*item)
+            except Exception as exc:  # a dead peer, a full /dev/shm: the durable checkpoints still count
+                self.error = f"{type(exc).__name__}: {exc}"
+                log.warning("memory checkpoint at step %d failed on rank %d: %s", item[0], self.rank, self.error)
+            finally:
+                self._idle.set()
+
+    def _round(self, step: int, copy: dict[str, Any]) -> None:
+        """Write this rank's copy, swap copies with the peer, and once every rank holds both, drop older sets."""
+        buffer = io.BytesIO()
+        torch.save(copy, buffer)
+        payload = buffer.getvalue()
+        ok = 1
+        try:
+            self.files.write(self.rank, step, self.world, payload)
+        except OSError as exc:
+            ok, self.error = 0, f"cannot write {self.files.folder}: {exc.strerror or exc}"
+        received = self._swap(payload)
+        for sender, data in received.items():
+            try:
+                self.files.write(sender, step, self.world, data)
+            except OSError as exc:
+                ok, self.error = 0, f"cannot write {self.files.folder}: {exc.strerror or exc}"
+        flag = torch.tensor([ok], dtype=torch.int32)
+        if self.group is not None:
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        if int(flag.item()) == 1:
+            self.committed_step = step
+            self.files.prune([self.rank, *self.senders], step)
+            self.error = ""
+
+    def _swap(self, payload: bytes) -> dict[int, bytes]:
+        """Send this rank's payload to its peer and receive the payloads of the ranks whose peer it is."""
+        if self.peer is None or self.group is None:
+            return {}
+        size = torch.tensor([len(payload)], dtype=torch.int64)
+        sizes = {s: torch.zeros(1, dtype=torch.int64) for s in self.senders}
+        works = [dist.isend(size, self.peer, group=self.group)]
+        works += [dist.irecv(t, s, group=self.group) for s, t in sizes.items()]
+        for w in works:
+            w.wait()
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        inbox = {s: torch.empty(int(t.item()), dtype=torch.uint8) for s, t in sizes.items()}
+        works = [dist.isend(data, self.peer, group=self.group)]
+        works += [dist.irecv(t, s, group=self.group) for s, t in inbox.items()]
+        for w in works:
+            w.wait()
+        return {s: t.numpy().tobytes() for s, t in inbox.items()}
+
+    # -------------------------------------------------------------- restoring
+    def restore(self, newer_than: int) -> Found | None:
+        """Collective: the newest step after ``newer_than`` (the durable checkpoint's) that every rank has a
+        verified copy of; this rank's state from it (its own copy, else one another rank holds, sent over). None
+        when there is no such set (every rank then says why in ``passed_over``)."""
+        mine = self.files.copies(self.world)
+        inventories = _all_gather([(c.owner, c.step, c.size, c.sha256) for c in mine], self.group, self.world)
+        held: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
+        for holder, listing in enumerate(inventories):
+            for owner, step, size, sha in listing:
+                held.setdefault((owner, step), []).append((holder, size, sha))
+        passed_over: list[str] = []
+        steps = sorted({step for _, step in held if step > newer_than}, reverse=True)
+        for step in steps:
+            holders = {o: sorted(held.get((o, step), []), key=lambda h, o=o: (h[0] != o, h[0]))
+                       for o in range(self.world)}
+            while True:
+                missing = [o for o, h in holders.items() if not h]
+                if missing:
+                    passed_over.append(f"step {step}: no copy left of rank(s) {', '.join(map(str, missing))}")
+                    break
+                plan = {o: h[0] for o, h in holders.items()}
+                data, why = self._fetch(step, plan)
+                verdicts = _all_gather(why, self.group, self.world)
+                if not any(verdicts):
+                    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+                    sources = ["own memory" if plan[o][0] == o else f"a copy on {self.nodes[plan[o][0]]}"
+                               for o in range(self.world)]
+                    self.last_passed_over = passed_over
+                    return Found(state, step, self.files.folder / f"r{self.rank:05d}-s{step:09d}.pt", sources,
+                                 passed_over)
+                for owner, reason in enumerate(verdicts):
+                    if reason:
+                        holder = plan[owner][0]
+                        where = "its own memory" if holder == owner else f"the copy on {self.nodes[holder]}"
+                        passed_over.append(f"rank {owner}'s step {step} in {where}: {reason}")
+                        holders[owner] = holders[owner][1:]
+        self.last_passed_over = passed_over
+        return None
+
+    def _fetch(self, step: int, plan: dict[int, tuple[int, int, str]]) -> tuple[bytes, str]:
+        """Every copy in ``plan`` to its owner (read here, or sent by its holder, in rank order); this rank's bytes
+        and why they cannot be used ('' when verified)."""
+        data, why = b"", ""
+        here = {c.owner: c for c in self.files.copies(self.world) if c.step == step}
+        for owner in range(self.world):
+            holder, size, sha = plan[owner]
+            if holder == owner == self.rank:
+                copy = here.get(owner)
+                data, why = _read(copy) if copy is not None else (b"", "gone")
+            elif holder == self.rank:  # send it over, whatever it holds: the owner checks it
+                copy = here.get(owner)
+                payload = _read(copy)[0] if copy is not None else b"\0" * size
+                dist.send(torch.frombuffer(bytearray(payload), dtype=torch.uint8), owner, group=self.group)
+            elif owner == self.rank:
+                inbox = torch.empty(size, dtype=torch.uint8)
+                dist.recv(inbox, holder, group=self.group)
+                data = inbox.numpy().tobytes()
+                why = "" if hashlib.sha256(data).hexdigest() == sha else "its checksum does not match"
+        return data, why
+
+    # -------------------------------------------------------------- the end
+    def record_folder(self) -> None:
+        """Tell the batch script (the job folder's ``memory-folders``) to free this folder on every node at the
+        job's end, also when the training processes are killed."""
+        job = os.environ.get(envvars.JOB_DIR)
+        if not job or self.rank != 0:
+            return
+        listing = Path(job) / FOLDERS_FILE
+        try:
+            known = listing.read_text().splitlines() if listing.exists() else []
+            if str(self.folder) not in known:
+                with open(listing, "a") as fh:
+                    fh.write(f"{self.folder}\n")
+        except OSError:
+            pass
+
+    def close(self, finished: bool) -> None:
+        """Stop the writer; a finished run frees what this rank wrote (a failed one keeps it for the restart)."""
+        if self._thread is not None:
+            if finished:
+                self.wait()
+            try:
+                self._queue.put_nowait(None)  # a round in flight on a failed run is left to die with the process
+            except queue.Full:
+                pass
+        if finished:
+            for copy in self.files.copies_of([self.rank, *self.senders]):
+                copy.path.with_suffix(".json").unlink(missing_ok=True)
+                copy.path.unlink(missing_ok=True)
+            for folder in (self.files.folder, self.folder):
+                try:
+                    folder.rmdir()  # the last rank of the node (of the job) removes the folder
+                except OSError:
+                    pass
+
+
+def _all_gather(obj: Any, group: Any, world: int) -> list[Any]:
+    if world == 1 or group is None:
+        return [obj]
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def _peers(nodes: list[str]) -> list[int | None]:
+    """Per rank, the rank that keeps its copy: the same local index on the next node (None on one node)."""
+    order = list(dict.fromkeys(nodes))
+    if len(order) < 2:
+        return [None] * len(nodes)
+    ranks = {n: [r for r, m in enumerate(nodes) if m == n] for n in order}
+    out: list[int | None] = []
+    for rank, node in enumerate(nodes):
+        nxt = ranks[order[(order.index(node) + 1) % len(order)]]
+        out.append(nxt[ranks[node].index(rank) % len(nxt)])
+    return out
+
+
+def _check_space(everyone: list[dict[str, Any]], peers: list[int | None], root: Path) -> None:
+    """Every node holds two sets of its ranks' states and of the copies sent to it: else a clear error."""
+    need: dict[str, int] = {}
+    for rank, e in enumerate(everyone):
+        need[e["node"]] = need.get(e["node"], 0) + _SETS * e["bytes"]
+        peer = peers[rank]
+        if peer is not None:
+            node = everyone[peer]["node"]
+            need[node] = need.get(node, 0) + _SETS * e["bytes"]
+    for node, bytes_needed in need.items():
+        first = next(e for e in everyone if e["node"] == node)
+        room = first["free"] + first["used"]
+        if bytes_needed > room:
+            per_rank = max(e["bytes"] for e in everyone)
+            raise ConfigError(f"memory checkpoints need {_size(bytes_needed)} in {root.parent} on node {node} (two "
+                              f"sets of its ranks' states and of the copies other nodes send it; one rank's state "
+                              f"is {_size(per_rank)}) but only {_size(room)} is free there. HINT: give the job a "
+                              f"larger /dev/shm (docker --shm-size, the site's tmpfs limit), point "
+                              f"{envvars.MEMORY_DIR} at a larger memory file system, or turn them off "
+                              f"(memory_checkpoint_every_n_steps=0).")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def estimate_bytes(model: torch.nn.Module, optimizer: Any) -> int:
+    """This rank's resume state, before the optimizer has any: the parameters and buffers (local shards), and the
+    optimizer's per-parameter state (two tensors like each parameter for Adam-like optimizers, one for SGD with
+    momentum)."""
+    def local(t: torch.Tensor) -> int:
+        t = t.to_local() if _is_dtensor(t) else t
+        return t.numel() * t.element_size()
+
+    params = sum(local(p) for p in model.parameters())
+    buffers = sum(local(b) for b in model.buffers())
+    kind = type(optimizer).__name__.lower() if optimizer is not None else ""
+    per_param = 0 if optimizer is None else 1 if kind == "sgd" else 2
+    return params * (1 + per_param) + buffers + (1 << 16)
+
