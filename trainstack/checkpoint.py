@@ -485,7 +485,7 @@ def restore_memory(memory: MemoryCheckpoints, parts: Mapping[str, Any], newer_th
     others = sorted({s for s in found.sources if s != "own memory"})
     moved = [r for r, s in enumerate(found.sources) if s != "own memory"]
     how = "every rank from its own memory" if not moved else \
-        f"rank(s) {', '.join(map(str, moved))} from {' and '.join(others)}"
+        f"rank{'s' if len(moved) > 1 else ''} {', '.join(map(str, moved))} from {' and '.join(others)}"
     source = f"memory at step {found.step} ({how})"
     return Restored(counters, state.get("rng"), found.path, world, source), found.passed_over
 

@@ -212,11 +212,14 @@ class Run:
         newest = self.checkpointer.latest()
         durable = step_of(newest) if newest is not None else -1
         restored, passed_over = restore_memory(self.memory, self.parts(), durable, self.accelerator.world_size, check)
-        if passed_over:
-            then = "the next source was used" if restored is not None else \
-                f"resuming from the durable checkpoint{f' {newest.name}' if newest else ''}"
-            self.trainer.console_print(f"trainstack: memory checkpoints passed over: {'; '.join(passed_over)}; "
-                                       f"{then}.")
+        if restored is not None and passed_over:
+            self.trainer.console_print(f"trainstack: memory checkpoints passed over: {'; '.join(passed_over)}; the "
+                                       f"next source was used.")
+        elif restored is None and (passed_over or newest is not None):
+            why = f": {'; '.join(passed_over)}" if passed_over else ""
+            where = f"the durable checkpoint {newest.name}" if newest is not None else "the start"
+            self.trainer.console_print(f"trainstack: no complete memory checkpoint set newer than the durable "
+                                       f"checkpoint{why}; resuming from {where}.")
         return restored
 
     def save_memory(self) -> None:

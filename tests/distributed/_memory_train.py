@@ -1,0 +1,88 @@
+"""Trained by test_memory_checkpoints.py under torchrun: memory checkpoints every MEM steps, ranks grouped into
+"nodes" of NODE_SIZE (TRAINSTACK_NODE_NAME), a fault at step CRASH_AT on rank CRASH_RANK (default 3; once), and every rank's final
+local state saved for a bitwise comparison.
+
+Faults (CRASH_MODE): ``exit`` (the process dies), ``node`` (node n1 is lost with its memory: its folder removed),
+``both`` (every node's memory lost), ``corrupt`` (rank 1's newest own copy truncated, then the process dies).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+RANK = int(os.environ.get("RANK", "0"))
+os.environ["TRAINSTACK_NODE_NAME"] = f"n{RANK // int(os.environ.get('NODE_SIZE', '2'))}"
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from trainstack import TrainConfig, Trainer  # noqa: E402
+from trainstack.callbacks import Callback  # noqa: E402
+
+OUT = Path(sys.argv[1])
+
+
+def memory_folders() -> list[Path]:
+    root = Path(os.environ.get("TRAINSTACK_MEMORY_DIR", "/dev/shm")) / f"trainstack-{os.getuid()}"
+    return sorted(root.glob("job-*"))
+
+
+def fault(trainer, *_args) -> None:
+    step = trainer.global_step
+    if os.environ.get("SLOW"):
+        time.sleep(float(os.environ["SLOW"]))  # steps longer than a memory round: the kill moments are spread
+    if RANK == 0:
+        with open(OUT / "progress", "a") as fh:
+            fh.write(f"step {step}\n")
+    marker = OUT / "faulted"
+    if step != int(os.environ.get("CRASH_AT", "0")) or RANK != int(os.environ.get("CRASH_RANK", "3")) \
+            or marker.exists():
+        return
+    marker.touch()
+    mode = os.environ.get("CRASH_MODE", "exit")
+    for job in memory_folders():
+        if mode == "node":
+            shutil.rmtree(job / "n1", ignore_errors=True)
+        elif mode == "both":
+            shutil.rmtree(job, ignore_errors=True)
+        elif mode == "corrupt":
+            newest = sorted((job / "n0").glob("r00001-s*.pt"))[-1]
+            newest.write_bytes(newest.read_bytes()[:100])
+    os._exit(9)
+
+
+def started(trainer, *_args) -> None:
+    if RANK == 0:
+        with open(OUT / "progress", "a") as fh:
+            fh.write(f"start {trainer.global_step}\n")
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "pids").mkdir(exist_ok=True)
+    (OUT / "pids" / f"rank-{RANK}").write_text(str(os.getpid()))
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(384, 8, generator=g)
+    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4, shuffle=True)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Dropout(0.1), nn.ReLU(), nn.Linear(32, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), 1e-2)
+    config = TrainConfig(max_iter=100, max_steps=int(os.environ.get("STEPS", "20")), log_folder=OUT / "run",
+                         resume="auto", seed=1, strategy=os.environ.get("STRATEGY", "ddp"),
+                         memory_checkpoint_every_n_steps=int(os.environ.get("MEM", "3")),
+                         checkpoint_every_n_steps=int(os.environ.get("DURABLE", "0")), log_every_n_steps=0,
+                         callbacks=[Callback(on="train_batch_end", callback=fault),
+                                    Callback(on="train_start", callback=started)])
+    trained, _ = Trainer(model, optimizer, config, loss_fn="mse").fit(loader)
+    local = {k: (v.to_local() if hasattr(v, "to_local") else v).detach().clone()
+             for k, v in trained.state_dict().items()}
+    torch.save(local, OUT / f"final-rank{RANK}.pt")
+
+
+if __name__ == "__main__":
+    main()

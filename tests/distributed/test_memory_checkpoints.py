@@ -1,0 +1,183 @@
+"""Memory checkpoints under torchrun restarts: a rank killed, a node lost with its memory, both copies lost, a
+corrupt copy, kill -9 at random moments, FSDP2 -- each resumed run ends bitwise equal to an uninterrupted one."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import ROOT, small_tmpfs, torchrun_exe
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
+
+SCRIPT = str(Path(__file__).with_name("_memory_train.py"))
+
+
+def _torchrun(run_py, out: Path, nprocs: int = 4, restarts: int = 1, check: bool = True, **env: object):
+    return run_py([torchrun_exe(), "--standalone", "--nproc_per_node", str(nprocs), "--max-restarts",
+                   str(restarts), "--monitor-interval", "0.2", SCRIPT, str(out)], timeout=240, check=check,
+                  env={"TRAINSTACK_MEMORY_DIR": str(out.parent / "shm"), **{k: str(v) for k, v in env.items()}})
+
+
+def _same_final(a: Path, b: Path, nprocs: int) -> None:
+    for rank in range(nprocs):
+        mine, ref = torch.load(a / f"final-rank{rank}.pt"), torch.load(b / f"final-rank{rank}.pt")
+        different = [k for k in ref if not torch.equal(mine[k], ref[k])]
+        assert not different, f"rank {rank}: {different} differ from the uninterrupted run"
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """Uninterrupted runs, one per layout, made on first use."""
+    made: dict[tuple[str, int], Path] = {}
+
+    def reference(run_py, strategy: str = "ddp", nprocs: int = 4) -> Path:
+        if (strategy, nprocs) not in made:
+            out = tmp_path_factory.mktemp(f"ref-{strategy}-{nprocs}") / "out"
+            _torchrun(run_py, out, nprocs, STRATEGY=strategy)
+            made[strategy, nprocs] = out
+        return made[strategy, nprocs]
+
+    return reference
+
+
+def _resumed_at(output: str) -> tuple[int, str]:
+    found = re.search(r"Resumed from memory at step (\d+) \(([^)]*)\)", output)
+    assert found, output[-3000:]
+    return int(found.group(1)), found.group(2)
+
+
+def test_a_killed_rank_resumes_from_its_own_memory_bitwise(run_py, tmp_path, references):
+    out = tmp_path / "out"
+    proc = _torchrun(run_py, out, CRASH_AT=8)
+    assert _resumed_at(proc.stdout) == (6, "every rank from its own memory")
+    _same_final(out, references(run_py), 4)
+    assert not list((tmp_path / "shm").glob("trainstack-*/job-*")), "a finished run frees its memory"
+
+
+def test_a_node_lost_with_its_memory_restores_from_the_peer_copies(run_py, tmp_path, references):
+    out = tmp_path / "out"
+    proc = _torchrun(run_py, out, CRASH_AT=8, CRASH_MODE="node")
+    assert _resumed_at(proc.stdout) == (6, "ranks 2, 3 from a copy on n0")
+    _same_final(out, references(run_py), 4)
+
+
+def test_both_copies_lost_resume_from_the_durable_checkpoint_and_say_so(run_py, tmp_path, references):
+    out = tmp_path / "out"
+    proc = _torchrun(run_py, out, CRASH_AT=8, CRASH_MODE="both", DURABLE=4)
+    assert "no complete memory checkpoint set newer than the durable checkpoint; resuming from the durable " \
+           "checkpoint ckpt-e00000-s000000004" in proc.stdout, proc.stdout[-3000:]
+    assert "Resumed from memory" not in proc.stdout
+    _same_final(out, references(run_py), 4)
+
+
+def test_a_truncated_copy_is_passed_over_for_the_next_source_named(run_py, tmp_path, references):
+    out = tmp_path / "out"
+    proc = _torchrun(run_py, out, CRASH_AT=8, CRASH_MODE="corrupt")
+    assert "rank 1's step 6 in its own memory: truncated (100 of" in proc.stdout, proc.stdout[-3000:]
+    assert _resumed_at(proc.stdout) == (6, "rank 1 from a copy on n1")
+    _same_final(out, references(run_py), 4)
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_fsdp2_resumes_from_memory_bitwise(run_py, tmp_path, references, nprocs):
+    out = tmp_path / "out"
+    proc = _torchrun(run_py, out, nprocs, CRASH_AT=8, CRASH_MODE="node" if nprocs == 4 else "exit",
+                     STRATEGY="fsdp", NODE_SIZE=nprocs // 2, CRASH_RANK=nprocs - 1)
+    step, how = _resumed_at(proc.stdout)
+    assert step == 6 and (how == "ranks 2, 3 from a copy on n0" if nprocs == 4 else True), how
+    _same_final(out, references(run_py, "fsdp", nprocs), nprocs)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_kill9_at_ten_random_moments_loses_at_most_n_steps_each_time(tmp_path, references, run_py):
+    """One run, ten SIGKILLs of a random rank at a random moment (mid-step, mid-staging, mid-copy); torchrun
+    restarts the group each time; the end is bitwise the uninterrupted run's, and each restart lost <= N steps."""
+    reference, out, n = references(run_py), tmp_path / "out", 3
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRAINSTACK_MEMORY_DIR": str(tmp_path / "shm"), "STEPS": "400",
+           "SLOW": "0.02"}
+    rng = random.Random(1234)
+    # the reference ran 20 steps: this one runs 400, compared with its own uninterrupted twin below
+    twin = tmp_path / "twin"
+    _torchrun(run_py, twin, STEPS=400, SLOW=0.02)
+    log = open(tmp_path / "torchrun.log", "w")  # a file, not a pipe nobody reads while the run goes on
+    child = subprocess.Popen([torchrun_exe(), "--standalone", "--nproc_per_node", "4", "--max-restarts", "10",
+                              "--monitor-interval", "0.2", SCRIPT, str(out)], cwd=ROOT, env=env, text=True,
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    kills: list[tuple[int, bool]] = []
+    progress = out / "progress"
+
+    def attempt_trains(count: int) -> bool:  # the attempt after `count` kills has started and taken a step
+        text = progress.read_text() if progress.exists() else ""
+        return text.count("start") == count + 1 and not text.rstrip().split("\n")[-1].startswith("start")
+
+    try:
+        for _ in range(10):
+            deadline = time.monotonic() + 90
+            while not attempt_trains(len(kills)) and time.monotonic() < deadline and child.poll() is None:
+                time.sleep(0.02)
+            if not attempt_trains(len(kills)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                pytest.fail(f"attempt {len(kills)} did not train; kills so far {kills}; progress "
+                            f"{progress.read_text().split()[-40:]}\n{(tmp_path / 'torchrun.log').read_text()[-3000:]}")
+            pids = {r: int((out / "pids" / f"rank-{r}").read_text()) for r in range(4)}
+            time.sleep(rng.uniform(0.0, 0.5))
+            rank = rng.randrange(4)
+            copying = any(p.name.startswith(".") for p in (tmp_path / "shm").rglob("*"))
+            os.kill(pids[rank], signal.SIGKILL)
+            kills.append((rank, copying))
+        child.wait(timeout=400)
+        output = (tmp_path / "torchrun.log").read_text()
+    finally:
+        log.close()
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert child.returncode == 0, output[-4000:]
+    lines = (out / "progress").read_text().split()
+    reached, lost = 0, []
+    for word, value in zip(lines[::2], lines[1::2]):
+        if word == "start" and reached:
+            lost.append(reached - int(value))
+        reached = int(value)
+    assert len(lost) == 10, (lost, kills)
+    assert all(0 <= k <= n for k in lost), f"steps lost per restart {lost} (N={n}); kills (rank, mid-copy) {kills}"
+    _same_final(out, twin, 4)
+    del reference
+
+
+def test_a_memory_file_system_too_small_is_a_clear_error_before_training(run_py, tmp_path):
+    with small_tmpfs(tmp_path / "small", "64k"):
+        proc = _torchrun(run_py, tmp_path / "out", 2, restarts=0, check=False,
+                         TRAINSTACK_MEMORY_DIR=tmp_path / "small")
+    assert proc.returncode != 0
+    assert re.search(r"memory checkpoints need [\d.]+ KiB in .*small on node n0 .* but only [\d.]+ KiB is free",
+                     proc.stdout), proc.stdout[-3000:]
+    assert "step 1" not in (tmp_path / "out" / "progress").read_text() if (tmp_path / "out" / "progress").exists() \
+        else True
+
+
+def test_a_memory_folder_others_can_write_into_is_refused(run_py, tmp_path):
+    root = tmp_path / "shm" / f"trainstack-{os.getuid()}"
+    root.mkdir(parents=True)
+    planted = root / "job-planted"
+    planted.mkdir()
+    os.chown(planted, 65534, 65534)
+    root.chmod(0o777)
+    proc = _torchrun(run_py, tmp_path / "out", 2, restarts=0, check=False)
+    assert proc.returncode != 0
+    assert f"memory checkpoints cannot use {root}: {root} is writable by other users (mode 777)" in proc.stdout, \
+        proc.stdout[-3000:]
+    assert planted.exists(), "nothing of another user's is touched"
