@@ -45,6 +45,7 @@ if __name__ == "__main__":
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Dropout(0.1), nn.Linear(32, 1))
     cfg = TrainConfig(max_iter=4, seed=1, checkpoint_every_n_steps=5, resume="auto", verbose=False,
+                      memory_checkpoint_every_n_steps=int(os.environ.get("MEMORY_EVERY", "0")),
                       root_folder=OUT / "runs", backend="gloo", compute_setup="cpu",
                       callbacks=[Callback(on="train_batch_end", callback=slow),
                                  Callback(on="train_start", callback=leave_pid),

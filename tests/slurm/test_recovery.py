@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,11 +32,12 @@ FAULT = str(Path(__file__).with_name("_fault.py"))
 
 
 def spec(out: Path, launcher: str = "srun", spare: int = 1, requeue: bool = True, step_sleep: float = 0.3,
-         program: list[str] | None = None, nodes: int = 2) -> LaunchSpec:
+         program: list[str] | None = None, nodes: int = 2, memory_every: int = 0) -> LaunchSpec:
     """4 ranks on 2 nodes (plus ``spare``), partition spares, the recovery program unless ``program``."""
     return LaunchSpec(setup="multi-node", nodes=nodes, cpu=True, procs_per_node=2, launcher=launcher, time="10",
                       job_name="trainstack-test", log_dir=str(out / "logs"), requeue=requeue, spare_nodes=spare,
-                      partition="spares", env={"PROBE_OUT": str(out), "STEP_SLEEP": str(step_sleep)},
+                      partition="spares", env={"PROBE_OUT": str(out), "STEP_SLEEP": str(step_sleep),
+                                               "MEMORY_EVERY": str(memory_every)},
                       venv=str(Path(sys.executable).parents[1]), program=program or [PROBE])
 
 
@@ -141,6 +143,44 @@ def test_a_lost_node_is_replaced_by_a_spare_bitwise(cluster, tmp_root, launcher)
     assert "node lost: node2 (ranks 2, 3 stopped answering" in rec["cause"], rec
     assert rec["nodes"] == "node1,node3", rec
     assert job_field(cluster, job.job_id, "Restarts") in ("0", None)
+
+
+def memory_folders(job_id: str) -> list[Path]:
+    return list(Path("/dev/shm").glob(f"trainstack-*/job-{job_id}-*"))
+
+
+def test_a_lost_node_with_its_memory_restores_its_ranks_from_the_peer_copies(cluster, tmp_root):
+    """Memory checkpoints every 2 steps (durable every 5): node2 lost together with its /dev/shm folder; node3
+    takes its place and ranks 2, 3 restore from their copies on node1 -- newer than the durable checkpoint, bitwise
+    equal to the uninterrupted run; the job's memory is freed at its end."""
+    ref = reference(tmp_root, "srun")
+    out = tmp_root / "lost-memory"
+    out.mkdir(mode=0o777)
+    job = submit_spec(spec(out, memory_every=2))
+    wait_until(lambda: reached(out) >= 23 and len(rank_pids(out, "node2")) == 2, 120, "step 23")
+    for folder in memory_folders(job.job_id):  # node2's memory is lost with it
+        shutil.rmtree(folder / "node2", ignore_errors=True)
+    kill_node(out, "node2", Path(cluster["SLURM_CONF"]))
+    assert wait_for(job, timeout=300) == 0, job.log_path.read_text()
+    (resumed,) = [e for e in events(job) if e["kind"] == "resumed"]
+    assert re.fullmatch(r"memory at step \d+ \(ranks 2, 3 from a copy on node1\)", resumed["source"]), resumed
+    assert resumed["step"] > 20 and resumed["step"] % 2 == 0, resumed  # newer than the durable checkpoint (20)
+    assert same_parameters(out / "final.pt", ref)
+    (rec,) = json.loads(ts(cluster, "why", "--json", job.job_id))["recoveries"]
+    print(f"node lost with its memory -> {rec}")
+    assert rec["resumed_from"] == "memory" and 0 <= rec["steps_lost"] <= 2 + 1, rec
+    assert not memory_folders(job.job_id), "the finished job's memory checkpoints are freed"
+
+
+def test_the_batch_script_frees_the_memory_of_killed_processes(cluster, tmp_root):
+    """No retries: rank 0 SIGKILLed, the job fails, and the batch script frees every node's memory folder."""
+    out = tmp_root / "memory-freed"
+    out.mkdir(mode=0o777)
+    job = submit_spec(spec(out, spare=0, requeue=False, memory_every=2))
+    wait_until(lambda: reached(out) >= 6 and memory_folders(job.job_id), 120, "step 6")
+    kill_rank(out, "node1", 0)
+    assert wait_for(job, timeout=120) != 0
+    assert not memory_folders(job.job_id), "a failed job's memory checkpoints are freed by its batch script"
 
 
 def test_a_python_error_is_not_retried(cluster, tmp_root):

@@ -163,7 +163,9 @@ def recoveries(folder: Path) -> list[dict]:
                     "where": "in allocation" if relaunch.get("attempt") == attempt else "requeue",
                     "nodes": relaunch.get("nodes"), "phases": phases,
                     "total": round(times["first_step"] - start, 2) if times["first_step"] and start else None,
-                    "resumed_at": resumed["step"] if resumed else None, "steps_lost": lost})
+                    "resumed_at": resumed["step"] if resumed else None, "steps_lost": lost,
+                    "resumed_from": ("memory" if resumed.get("memory") else "durable checkpoint") if resumed
+                    else None})
     return out
 
 
@@ -174,7 +176,8 @@ def describe(recovery: dict) -> str:
     nodes = f" on {recovery['nodes']}" if recovery.get("nodes") else ""
     where = "in the allocation" if recovery["where"] == "in allocation" else "by a requeue"
     lost = f", {recovery['steps_lost']} step(s) lost" if recovery.get("steps_lost") is not None else ""
-    at = f"; resumed at step {recovery['resumed_at']}{lost}" if recovery.get("resumed_at") is not None else \
+    source = " from memory" if recovery.get("resumed_from") == "memory" else ""
+    at = f"; resumed{source} at step {recovery['resumed_at']}{lost}" if recovery.get("resumed_at") is not None else \
         "; not resumed yet"
     return f"recovered {where}{nodes}{total}" + (f" ({phases})" if phases else "") + at
 
