@@ -33,9 +33,12 @@ import torch
 import torch.distributed as dist
 
 from ._checkpoint.failures import why_failed, why_unreadable
+from ._checkpoint.parts import state_of as _state_of
+from ._checkpoint.parts import unwrap as _unwrap
 from ._checkpoint.rng import capture_rng, gather_rng, restore_rng
+from ._checkpoint.sharded import load_checked as _load_shards
 from ._files import TEMP_RE, create_new, fsync_path, temp_path
-from .errors import TrainstackError
+from .errors import CheckpointError, UnreadableCheckpoint
 
 if TYPE_CHECKING:
     from ._checkpoint.memory import MemoryCheckpoints
@@ -49,14 +52,6 @@ FORMAT_VERSION = 1
 _PATTERN = re.compile(r"^ckpt-e(\d+)-s(\d+)(\.pt)?$")
 BEST = "best.pt"
 BEST_SHARDED = "best"
-
-
-class CheckpointError(TrainstackError, OSError):
-    """Saving or loading a checkpoint failed; the previous checkpoint is untouched."""
-
-
-class UnreadableCheckpoint(CheckpointError):
-    """A checkpoint that cannot be read at all (damaged, truncated, foreign): ``resume="auto"`` falls back past it."""
 
 
 def checkpoint_name(epoch: int, global_step: int) -> str:
@@ -121,22 +116,6 @@ def remove_checkpoint(path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- contents
-def _unwrap(model: Any) -> Any:
-    from torch.nn.parallel import DataParallel, DistributedDataParallel
-
-    while isinstance(model, (DistributedDataParallel, DataParallel)):
-        model = model.module
-    return model
-
-
-def _state_of(part: Any) -> Any:
-    if part is None:
-        return None
-    if isinstance(part, torch.nn.Module):
-        return _unwrap(part).state_dict()
-    return part.state_dict()
-
-
 @dataclass
 class Restored:
     """What ``Checkpointer.restore`` found: the counters, this rank's RNG state (None when the checkpoint was
@@ -444,20 +423,9 @@ def open_memory(run_folder: Path, rank: int, world: int, model: torch.nn.Module,
     when a node's memory file system cannot hold them)."""
     from ._checkpoint.memory import MemoryCheckpoints, estimate_bytes
 
-    memory = MemoryCheckpoints.open(Path(run_folder), rank, world, estimate_bytes(model, optimizer))
+    memory = MemoryCheckpoints.open(Path(run_folder), rank, world, estimate_bytes(model, optimizer), FORMAT_VERSION)
     memory.record_folder()
     return memory
-
-
-def memory_state(counters: Mapping[str, Any], parts: Mapping[str, Any]) -> dict[str, Any]:
-    """This rank's whole resume state (a sharded model's own shard): what a memory checkpoint stages."""
-    state: dict[str, Any] = {"format_version": FORMAT_VERSION, **counters}
-    for name, part in parts.items():
-        state[name] = _state_of(part)
-    if parts.get("optimizer") is not None:
-        state["optimizer_class"] = type(parts["optimizer"]).__name__
-    state["rng"] = capture_rng()
-    return state
 
 
 def restore_memory(memory: MemoryCheckpoints, parts: Mapping[str, Any], newer_than: int, world: int,
@@ -467,59 +435,12 @@ def restore_memory(memory: MemoryCheckpoints, parts: Mapping[str, Any], newer_th
     found = memory.restore(newer_than)
     if found is None:
         return None, list(memory.last_passed_over)
-    from ._checkpoint.memory import unstaged
-
-    state = dict(found.state)
     if check is not None:
-        check(state, found.path)
-    model, optimizer = parts.get("model"), parts.get("optimizer")
-    if model is not None and state.get("model") is not None:
-        state["model"] = unstaged(state["model"], _state_of(model))
-    if optimizer is not None and state.get("optimizer") is not None:
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        like = {"state": {i: {k: params[int(i)] for k in entry} for i, entry in state["optimizer"]["state"].items()
-                          if int(i) < len(params)}}
-        state["optimizer"] = unstaged(state["optimizer"], like)
+        check(found.state, found.path)
+    state = found.laid_out(parts)
     _load_parts(parts, state, found.path)
     counters = {k: v for k, v in state.items() if k not in _RESERVED and k not in parts}
-    others = sorted({s for s in found.sources if s != "own memory"})
-    moved = [r for r, s in enumerate(found.sources) if s != "own memory"]
-    how = "every rank from its own memory" if not moved else \
-        f"rank{'s' if len(moved) > 1 else ''} {', '.join(map(str, moved))} from {' and '.join(others)}"
-    source = f"memory at step {found.step} ({how})"
-    return Restored(counters, state.get("rng"), found.path, world, source), found.passed_over
-
-
-def _load_shards(folder: Path, parts: Mapping[str, Any], state: Mapping[str, Any]) -> None:
-    from ._checkpoint import sharded as _dcp
-
-    model, optimizer = parts.get("model"), parts.get("optimizer")
-    if optimizer is not None and state.get("optimizer_class") not in (None, type(optimizer).__name__):
-        raise CheckpointError(f"{folder} holds the state of a {state['optimizer_class']} optimizer, but this run uses "
-                              f"{type(optimizer).__name__}. HINT: resume with the same optimizer, or start a new run "
-                              f"(another log_folder, or resume=None).")
-    if model is None:
-        return
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    try:
-        _dcp.load_into(folder, model, optimizer)
-    except (Exception, CheckpointException) as exc:  # DCP's own exception is a BaseException
-        lines = [line.strip() for line in _dcp_messages(exc) if line.strip()] or [type(exc).__name__]
-        detail = next((line for line in lines if "size" in line.lower() or "missing" in line.lower()), None)
-        if detail is None:  # not a shape or key difference: the shards themselves cannot be read
-            raise UnreadableCheckpoint(f"checkpoint {folder} is unreadable: {lines[0][:300]}") from None
-        raise CheckpointError(f"{folder} does not fit this run's model: {detail[:300]}. HINT: a checkpoint only "
-                              f"loads into the same model and optimizer it was written from; start a new run "
-                              f"(another log_folder, or resume=None) after changing them.") from None
-
-
-def _dcp_messages(exc: BaseException) -> list[str]:
-    """The lines of an error, and of every rank's failure inside DCP's CheckpointException."""
-    lines = str(exc).splitlines()
-    for failure in getattr(exc, "failures", {}).values():
-        lines += str(failure).splitlines()
-    return lines
+    return Restored(counters, state.get("rng"), found.path, world, found.source()), found.passed_over
 
 
 def load_file(path: str | os.PathLike) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["TrainstackError", "ConfigError", "UnknownField", "LaunchError", "WorkerError", "TrainingHung",
-           "TrainingDiverged", "Preempted", "Interrupted"]
+__all__ = ["TrainstackError", "CheckpointError", "UnreadableCheckpoint", "ConfigError", "UnknownField", "LaunchError",
+           "WorkerError", "TrainingHung", "TrainingDiverged", "Preempted", "Interrupted"]
 
 
 class TrainstackError(Exception):
@@ -63,3 +63,11 @@ class Interrupted(Preempted):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.code = 130
+
+
+class CheckpointError(TrainstackError, OSError):
+    """Saving or loading a checkpoint failed; the previous checkpoint is untouched."""
+
+
+class UnreadableCheckpoint(CheckpointError):
+    """A checkpoint that cannot be read at all (damaged, truncated, foreign): ``resume="auto"`` falls back past it."""

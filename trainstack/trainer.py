@@ -445,8 +445,7 @@ class Trainer:
             self._validate(active, tracker.position(self.current_epoch, n))
         if not epoch_end and "checkpoint" in due:
             self.save_checkpoint()
-        if not epoch_end and "memory" in due:
-            active.save_memory()
+        active.save_memory(due if not epoch_end else set())
         if active.stops_here(due, epoch_end):  # the epoch's partial metrics become the run's
             self.metrics = active.epoch_means(sums, n)
             return True
@@ -472,8 +471,7 @@ class Trainer:
             return
         if "checkpoint" in due:
             self.save_checkpoint()
-        if "memory" in due:
-            active.save_memory()
+        active.save_memory(due)
         if preempt and epoch < active.last_epoch and step < active.last_step:
             active.stop_gracefully(preempt)
         elif agreed["stop"]:
@@ -531,7 +529,6 @@ class Trainer:
         """What a spawned worker receives: configuration and state, never this process's run."""
         return {**self.__dict__, "_run": None}
 
-    # ------------------------------------------------------------------ helpers
     def _fire(self, event: str, iteration: int, loss: Any = None, metrics: dict | None = None) -> None:
         """A batch event of the evaluator, for this Trainer's callbacks."""
         self.callbacks.fire(event, self, iteration, loss, metrics)

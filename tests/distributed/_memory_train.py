@@ -1,6 +1,6 @@
 """Trained by test_memory_checkpoints.py under torchrun: memory checkpoints every MEM steps, ranks grouped into
-"nodes" of NODE_SIZE (TRAINSTACK_NODE_NAME), a fault at step CRASH_AT on rank CRASH_RANK (default 3; once), and every rank's final
-local state saved for a bitwise comparison.
+"nodes" of NODE_SIZE (TRAINSTACK_NODE_NAME), a fault at step CRASH_AT on rank CRASH_RANK (default 3; once), and
+every rank's final local state saved for a bitwise comparison.
 
 Faults (CRASH_MODE): ``exit`` (the process dies), ``node`` (node n1 is lost with its memory: its folder removed),
 ``both`` (every node's memory lost), ``corrupt`` (rank 1's newest own copy truncated, then the process dies).

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import ROOT, small_tmpfs, torchrun_exe
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
@@ -148,7 +147,7 @@ def test_kill9_at_ten_random_moments_loses_at_most_n_steps_each_time(tmp_path, r
     assert child.returncode == 0, output[-4000:]
     lines = (out / "progress").read_text().split()
     reached, lost = 0, []
-    for word, value in zip(lines[::2], lines[1::2]):
+    for word, value in zip(lines[::2], lines[1::2], strict=True):
         if word == "start" and reached:
             lost.append(reached - int(value))
         reached = int(value)

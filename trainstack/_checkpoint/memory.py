@@ -26,6 +26,7 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ import torch.distributed as dist
 from .. import _envvars as envvars
 from .._files import untrusted_folder
 from ..errors import ConfigError
+from .parts import state_of
+from .rng import capture_rng
 
 __all__ = ["MemoryCheckpoints", "Found", "memory_root", "node_name", "staged", "unstaged", "FOLDERS_FILE"]
 
@@ -71,7 +74,7 @@ def staged(obj: Any) -> Any:
     its local shard (rebuilt by ``unstaged`` on the same layout)."""
     if isinstance(obj, torch.Tensor):
         if _is_dtensor(obj):
-            return {_LOCAL: staged(obj.to_local())}
+            return {_LOCAL: staged(obj.to_local())}  # type: ignore[attr-defined]
         return obj.detach().to("cpu", copy=True) if obj.device.type != "cpu" else obj.detach().clone()
     if isinstance(obj, dict):
         return {k: staged(v) for k, v in obj.items()}
@@ -127,6 +130,27 @@ class Found:
     path: Path
     sources: list[str]  # per rank: "own memory" or "a copy on <node>"
     passed_over: list[str]  # copies tried and refused (corrupt, missing), in words
+
+    def source(self) -> str:
+        """``memory at step 40 (ranks 2, 3 from a copy on node1)``."""
+        moved = [r for r, s in enumerate(self.sources) if s != "own memory"]
+        others = sorted({s for s in self.sources if s != "own memory"})
+        how = "every rank from its own memory" if not moved else \
+            f"rank{'s' if len(moved) > 1 else ''} {', '.join(map(str, moved))} from {' and '.join(others)}"
+        return f"memory at step {self.step} ({how})"
+
+    def laid_out(self, parts: dict[str, Any] | Any) -> dict[str, Any]:
+        """The state with every local shard a DTensor again, laid out as this run's model and optimizer."""
+        state = dict(self.state)
+        model, optimizer = parts.get("model"), parts.get("optimizer")
+        if model is not None and state.get("model") is not None:
+            state["model"] = unstaged(state["model"], state_of(model))
+        if optimizer is not None and state.get("optimizer") is not None:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            like = {"state": {i: {k: params[int(i)] for k in entry}
+                              for i, entry in state["optimizer"]["state"].items() if int(i) < len(params)}}
+            state["optimizer"] = unstaged(state["optimizer"], like)
+        return state
 
 
 class _Node:
@@ -226,7 +250,8 @@ class MemoryCheckpoints:
     steps (the stall: a CPU copy), ``restore`` at a start (collective), ``close``."""
 
     def __init__(self, folder: Path, node: str, rank: int, world: int, group: Any, peers: list[int | None],
-                 nodes: list[str]) -> None:
+                 nodes: list[str], format_version: int = 1) -> None:
+        self.format_version = format_version
         self.folder, self.node, self.rank, self.world, self.group = folder, node, rank, world, group
         self.peers = peers  # per rank: the rank on another node that keeps its copy (None: one node only)
         self.nodes = nodes  # per rank: its node
@@ -244,7 +269,8 @@ class MemoryCheckpoints:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def open(cls, run_folder: Path, rank: int, world: int, state_bytes: int) -> MemoryCheckpoints:
+    def open(cls, run_folder: Path, rank: int, world: int, state_bytes: int, format_version: int = 1
+             ) -> MemoryCheckpoints:
         """Collective: the folder (private, refused otherwise), the peer of every rank (the same local index on the
         next node), and the space check: every node must hold two sets of its ranks' states and of the copies
         sent to it, else a ``ConfigError`` naming the node, the sizes and the fix, before training starts."""
@@ -265,9 +291,19 @@ class MemoryCheckpoints:
         nodes = [e["node"] for e in everyone]
         peers = _peers(nodes)
         _check_space(everyone, peers, root)
-        return cls(folder, node, rank, world, group, peers, nodes)
+        return cls(folder, node, rank, world, group, peers, nodes, format_version)
 
     # -------------------------------------------------------------- saving
+    def state(self, counters: dict[str, Any], parts: dict[str, Any]) -> dict[str, Any]:
+        """This rank's whole resume state (a sharded model's own shard): what a memory checkpoint stages."""
+        state: dict[str, Any] = {"format_version": self.format_version, **counters}
+        for name, part in parts.items():
+            state[name] = state_of(part)
+        if parts.get("optimizer") is not None:
+            state["optimizer_class"] = type(parts["optimizer"]).__name__
+        state["rng"] = capture_rng()
+        return state
+
     def save(self, step: int, state: dict[str, Any]) -> float:
         """Stage ``state`` (this rank's resume state at ``step``) and hand it to the writer thread; returns the
         seconds training waited (for the previous save, and for the CPU copy)."""
@@ -334,13 +370,15 @@ class MemoryCheckpoints:
         works = [dist.isend(size, self.peer, group=self.group)]
         works += [dist.irecv(t, s, group=self.group) for s, t in sizes.items()]
         for w in works:
-            w.wait()
+            if w is not None:
+                w.wait()
         data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         inbox = {s: torch.empty(int(t.item()), dtype=torch.uint8) for s, t in sizes.items()}
         works = [dist.isend(data, self.peer, group=self.group)]
         works += [dist.irecv(t, s, group=self.group) for s, t in inbox.items()]
         for w in works:
-            w.wait()
+            if w is not None:
+                w.wait()
         return {s: t.numpy().tobytes() for s, t in inbox.items()}
 
     # -------------------------------------------------------------- restoring
@@ -357,8 +395,7 @@ class MemoryCheckpoints:
         passed_over: list[str] = []
         steps = sorted({step for _, step in held if step > newer_than}, reverse=True)
         for step in steps:
-            holders = {o: sorted(held.get((o, step), []), key=lambda h, o=o: (h[0] != o, h[0]))
-                       for o in range(self.world)}
+            holders = {o: sorted(held.get((o, step), []), key=_own_first(o)) for o in range(self.world)}
             while True:
                 missing = [o for o, h in holders.items() if not h]
                 if missing:
@@ -440,6 +477,11 @@ class MemoryCheckpoints:
                     pass
 
 
+def _own_first(owner: int) -> Callable[[tuple[int, int, str]], tuple[bool, int]]:
+    """Holders of a rank's copy in the order they are asked: the rank itself, then by rank."""
+    return lambda holder: (holder[0] != owner, holder[0])
+
+
 def _all_gather(obj: Any, group: Any, world: int) -> list[Any]:
     if world == 1 or group is None:
         return [obj]
@@ -496,7 +538,7 @@ def estimate_bytes(model: torch.nn.Module, optimizer: Any) -> int:
     optimizer's per-parameter state (two tensors like each parameter for Adam-like optimizers, one for SGD with
     momentum)."""
     def local(t: torch.Tensor) -> int:
-        t = t.to_local() if _is_dtensor(t) else t
+        t = t.to_local() if _is_dtensor(t) else t  # type: ignore[attr-defined]
         return t.numel() * t.element_size()
 
     params = sum(local(p) for p in model.parameters())

@@ -31,9 +31,10 @@ import torch
 import torch.distributed as dist
 
 from .._files import fsync_path, temp_path
+from ..errors import CheckpointError, UnreadableCheckpoint
 
-__all__ = ["MARKER", "EXTRAS", "write", "finish", "read_extras", "load_into", "is_complete", "tensors", "Pending",
-           "size_on_disk", "read_metadata", "verify", "DamagedCheckpoint"]
+__all__ = ["MARKER", "EXTRAS", "load_checked", "write", "finish", "read_extras", "load_into", "is_complete", "tensors",
+           "Pending", "size_on_disk", "read_metadata", "verify", "DamagedCheckpoint"]
 
 MARKER = "COMMITTED"
 EXTRAS = "trainstack.pt"
@@ -295,3 +296,34 @@ def _single_process() -> Iterator[None]:
 
 def size_on_disk(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def load_checked(folder: Path, parts: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+    """Load a sharded checkpoint's model and optimizer into ``parts`` (resharded), or say in words why not."""
+    model, optimizer = parts.get("model"), parts.get("optimizer")
+    if optimizer is not None and state.get("optimizer_class") not in (None, type(optimizer).__name__):
+        raise CheckpointError(f"{folder} holds the state of a {state['optimizer_class']} optimizer, but this run uses "
+                              f"{type(optimizer).__name__}. HINT: resume with the same optimizer, or start a new run "
+                              f"(another log_folder, or resume=None).")
+    if model is None:
+        return
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        load_into(folder, model, optimizer)
+    except (Exception, CheckpointException) as exc:  # DCP's own exception is a BaseException
+        lines = [line.strip() for line in _messages(exc) if line.strip()] or [type(exc).__name__]
+        detail = next((line for line in lines if "size" in line.lower() or "missing" in line.lower()), None)
+        if detail is None:  # not a shape or key difference: the shards themselves cannot be read
+            raise UnreadableCheckpoint(f"checkpoint {folder} is unreadable: {lines[0][:300]}") from None
+        raise CheckpointError(f"{folder} does not fit this run's model: {detail[:300]}. HINT: a checkpoint only "
+                              f"loads into the same model and optimizer it was written from; start a new run "
+                              f"(another log_folder, or resume=None) after changing them.") from None
+
+
+def _messages(exc: BaseException) -> list[str]:
+    """The lines of an error, and of every rank's failure inside DCP's CheckpointException."""
+    lines = str(exc).splitlines()
+    for failure in getattr(exc, "failures", {}).values():
+        lines += str(failure).splitlines()
+    return lines

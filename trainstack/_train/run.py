@@ -20,7 +20,7 @@ from .._runtime import compiling, watchdog
 from .._runtime.preemption import INTERRUPT, GracefulStop, resolve_signals
 from ..accelerator import retarget_optimizer, seed_everything
 from ..callbacks import CallbackManager, LRScheduler, ModelCheckpoint
-from ..checkpoint import Checkpointer, Restored, memory_state, open_memory, restore_memory, step_of
+from ..checkpoint import Checkpointer, Restored, open_memory, restore_memory, step_of
 from ..data import batches_per_epoch, is_infinite, prepare_train
 from ..errors import ConfigError
 from . import notes, throughput
@@ -35,7 +35,7 @@ from .steps import AMP_DTYPES, Step, autocast_precision, make_step, track_optimi
 from .tracker import Span, Tracker, banner_info
 
 if TYPE_CHECKING:
-    from .._checkpoint.memory import MemoryCheckpoints
+    from ..checkpoint import MemoryCheckpoints
     from ..config import TrainConfig
     from ..trainer import Trainer
 
@@ -222,13 +222,14 @@ class Run:
                                        f"checkpoint{why}; resuming from {where}.")
         return restored
 
-    def save_memory(self) -> None:
-        """A memory checkpoint of this step (every rank): staged here, written and copied by its own thread; the
-        time training waited goes to the live lines."""
-        assert self.memory is not None
+    def save_memory(self, due: set[str]) -> None:
+        """A memory checkpoint of this step when ``due`` (every rank): staged here, written and copied by its own
+        thread; the time training waited goes to the live lines."""
+        if "memory" not in due or self.memory is None:
+            return
         start = time.perf_counter()
         with watchdog.phase("checkpoint"):
-            self.memory.save(self.trainer.global_step, memory_state(self.counters(), self.parts()))
+            self.memory.save(self.trainer.global_step, self.memory.state(self.counters(), self.parts()))
         self.tracker.live.memory_stall += time.perf_counter() - start
 
     def _start_reports(self, restored: Restored | None) -> None:

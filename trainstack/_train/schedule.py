@@ -36,8 +36,9 @@ class Schedule:
     def of_run(cls, config: TrainConfig, reports: dict[str, int], validates: bool, optimizer_step: int = 0,
                unbounded_report: int = 0, last_step: int = NEVER) -> Schedule:
         """A run's schedule: ``reports`` (the log line, bar and clock periods), validation and checkpoints as
-        ``config`` says (``val_every[_n_steps]``, ``checkpoint_every[_n_steps]``, ``checkpoint_best_only``, ``memory_checkpoint_every_n_steps``), the
-        stop agreement, the ``optimizer_step`` callbacks, the progress report of a loader without a length."""
+        ``config`` says (``val_every[_n_steps]``, ``checkpoint_every[_n_steps]``, ``checkpoint_best_only``,
+        ``memory_checkpoint_every_n_steps``), the stop agreement, the ``optimizer_step`` callbacks, the progress
+        report of a loader without a length."""
         periodic = not config.checkpoint_best_only
         steps = {**reports, "poll": config.stop_check_every,
                  "val": config.val_every_n_steps if validates else 0,
