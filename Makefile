@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 SLURM_CONF_PATH := /tmp/trainstack-slurm/slurm.conf
 
 .PHONY: help venv install run test test-slow test-fast test-dist test-slurm test-gpu lint lint-hpc typecheck bench bench-smoke \
-        bench-peers bench-gpu bench-slurm bench-recovery bench-compile bench-startup image-test docs docs-serve slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
+        bench-peers bench-gpu bench-slurm bench-recovery bench-memory bench-compile bench-startup image-test docs docs-serve slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
         apptainer-build nccl-check clean
 
 help:  ## list targets
@@ -164,6 +164,9 @@ bench-slurm: $(VENV)/.installed slurm-up  ## local Slurm: snapshot size/time, su
 
 bench-recovery: $(VENV)/.installed slurm-up  ## local Slurm: fault -> first resumed step (crash, spare, requeue)
 	$(PY) bench/recovery.py $(BENCH_ARGS)
+
+bench-memory: $(VENV)/.installed  ## memory checkpoints: the stall per save vs a synchronous durable save
+	$(PY) bench/memory_checkpoints.py $(BENCH_ARGS)
 
 bench-gpu: $(VENV)/.installed  ## one GPU: raw vs Accelerator vs Trainer.fit vs peers (steps/s, syncs/step, memory)
 	$(PY) bench/gpu.py $(BENCH_ARGS)

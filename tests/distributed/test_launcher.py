@@ -254,3 +254,25 @@ def test_a_carried_error_is_read_only_from_a_well_formed_header_and_pickles():
                    "trainstack-error: not json\nrest", "plain traceback"):
         plain = worker_error(0, forged)
         assert type(plain) is WorkerError and "worker rank 0 failed" in str(plain), forged
+
+
+@pytest.mark.timeout(120)
+def test_a_second_fit_in_the_same_torchrun_worker_gets_a_group_of_its_own(run_py, tmp_path):
+    """Two fit() calls in one torchrun worker (train, then fine-tune): the second process group must not meet the
+    first one's keys in torchrun's agent store (it hung: one rank joined the old group, the other waited)."""
+    from helpers import torchrun_exe
+
+    script = tmp_path / "two_fits.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, torch
+        from trainstack import TrainConfig, Trainer
+        for i in range(2):
+            x = torch.randn(32, 4)
+            loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x), batch_size=8)
+            model = torch.nn.Linear(4, 4)
+            Trainer(model, torch.optim.SGD(model.parameters(), 0.1),
+                    TrainConfig(max_iter=1, log_folder=f"{sys.argv[1]}/fit{i}", verbose=False)).fit(loader)
+            print(f"fit {i} done on rank {os.environ['RANK']}", flush=True)
+    """))
+    proc = run_py([torchrun_exe(), "--standalone", "--nproc_per_node", "2", str(script), str(tmp_path)], timeout=90)
+    assert all(f"fit 1 done on rank {r}" in proc.stdout for r in (0, 1)), proc.stdout[-3000:]

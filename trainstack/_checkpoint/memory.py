@@ -15,10 +15,12 @@ newer than the durable checkpoint; never a mixed set.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import logging
+import mmap
 import os
 import queue
 import re
@@ -69,19 +71,25 @@ def _job_key(run_folder: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- staging
-def staged(obj: Any) -> Any:
+def staged(obj: Any, buffers: dict[str, torch.Tensor] | None = None, key: str = "") -> Any:
     """A copy of ``obj`` (a state dict, nested) in CPU memory that training can no longer change; a DTensor becomes
-    its local shard (rebuilt by ``unstaged`` on the same layout)."""
+    its local shard (rebuilt by ``unstaged`` on the same layout). ``buffers`` (by position in the state) are reused
+    when they fit: copying into memory already mapped is several times faster than into fresh pages; from a GPU
+    into pinned memory, one synchronization for the whole state."""
     if isinstance(obj, torch.Tensor):
         if _is_dtensor(obj):
-            return {_LOCAL: staged(obj.to_local())}  # type: ignore[attr-defined]
-        return obj.detach().to("cpu", copy=True) if obj.device.type != "cpu" else obj.detach().clone()
+            return {_LOCAL: staged(obj.to_local(), buffers, key)}  # type: ignore[attr-defined]
+        if buffers is None:
+            return obj.detach().to("cpu", copy=True)
+        buf = buffers.get(key)
+        if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
+            buf = buffers[key] = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=obj.device.type == "cuda")
+        return buf.copy_(obj.detach(), non_blocking=obj.device.type == "cuda")
     if isinstance(obj, dict):
-        return {k: staged(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [staged(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(staged(v) for v in obj)
+        return {k: staged(v, buffers, f"{key}/{k}") for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [staged(v, buffers, f"{key}/{i}") for i, v in enumerate(obj)]
+        return items if isinstance(obj, list) else tuple(items)
     return obj
 
 
@@ -106,6 +114,76 @@ def unstaged(obj: Any, like: Any) -> Any:
 
 def _is_dtensor(t: Any) -> bool:
     return type(t).__name__ == "DTensor"
+
+
+# ---------------------------------------------------------------------------------------------------- the format
+_MAGIC = b"TSMEM001"
+_TENSOR = "__trainstack_tensor__"
+_ALIGN = 64
+
+
+def packed(state: Any) -> list[memoryview]:
+    """A staged state as the chunks of one file: magic, header length, the header (the state with every tensor a
+    numbered placeholder, and the tensors' dtypes, shapes and offsets, ``torch.save``d), then each tensor's raw
+    bytes. Writing, hashing and sending raw bytes releases the GIL: only the small header is pickled, so training
+    keeps its thread while a copy is written."""
+    tensors: list[torch.Tensor] = []
+
+    def strip(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            tensors.append(obj.contiguous())
+            return {_TENSOR: len(tensors) - 1}
+        if isinstance(obj, dict):
+            return {k: strip(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            items = [strip(v) for v in obj]
+            return items if isinstance(obj, list) else tuple(items)
+        return obj
+
+    skeleton = strip(state)
+    raw = [t.reshape(-1).view(torch.uint8).numpy().data for t in tensors]
+    table, offset = [], 0
+    for t, chunk in zip(tensors, raw, strict=True):
+        table.append((str(t.dtype).removeprefix("torch."), list(t.shape), offset, chunk.nbytes))
+        offset += _padded(chunk.nbytes)
+    header = io.BytesIO()
+    torch.save({"skeleton": skeleton, "table": table}, header)
+    head = header.getvalue()
+    start = _padded(len(_MAGIC) + 8 + len(head))
+    first = _MAGIC + len(head).to_bytes(8, "little") + head
+    chunks = [memoryview(first + b"\0" * (start - len(first)))]
+    for chunk in raw:
+        chunks += [chunk, memoryview(b"\0" * (_padded(chunk.nbytes) - chunk.nbytes))]
+    return chunks
+
+
+def unpacked(data: bytes | memoryview) -> dict[str, Any]:
+    """The state ``packed`` wrote (tensors copied out of ``data``); ``ValueError`` for anything else."""
+    view = memoryview(data)
+    if bytes(view[:8]) != _MAGIC:
+        raise ValueError("not a trainstack memory checkpoint")
+    size = int.from_bytes(view[8:16], "little")
+    header = torch.load(io.BytesIO(view[16:16 + size]), map_location="cpu", weights_only=True)
+    start = _padded(16 + size)
+    buffer = torch.frombuffer(view, dtype=torch.uint8) if view.nbytes else torch.empty(0, dtype=torch.uint8)
+    tensors = [buffer[start + off:start + off + n].view(getattr(torch, dtype)).reshape(shape).clone()
+               for dtype, shape, off, n in header["table"]]
+
+    def fill(obj: Any) -> Any:
+        if isinstance(obj, dict) and set(obj) == {_TENSOR}:
+            return tensors[obj[_TENSOR]]
+        if isinstance(obj, dict):
+            return {k: fill(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            items = [fill(v) for v in obj]
+            return items if isinstance(obj, list) else tuple(items)
+        return obj
+
+    return fill(header["skeleton"])
+
+
+def _padded(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
 # ---------------------------------------------------------------------------------------------------- the files
@@ -159,13 +237,34 @@ class _Node:
     def __init__(self, folder: Path, rank: int) -> None:
         self.folder, self.rank = folder, rank
 
-    def write(self, owner: int, step: int, world: int, payload: bytes) -> Path:
+    def write(self, owner: int, step: int, world: int, chunks: list[memoryview], sha256: str | None = None
+              ) -> tuple[Path, str]:
+        """Write a copy from its ``chunks`` (hashed on the way), then its manifest: only then does it count. With
+        ``sha256`` (a copy received from its owner), bytes that do not hash to it are refused (``OSError``)."""
         stem = self.folder / f"r{owner:05d}-s{step:09d}"
-        manifest = {"owner": owner, "step": step, "world": world, "size": len(payload),
-                    "sha256": hashlib.sha256(payload).hexdigest(), "written_at": time.time()}
-        self._atomic(stem.with_suffix(".pt"), payload)
+        path, digest = stem.with_suffix(".pt"), hashlib.sha256()
+        tmp = path.with_name(f".{path.name}.tmp-w{self.rank}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        size = 0
+        try:
+            for chunk in chunks:
+                digest.update(chunk)
+                size += chunk.nbytes
+                while chunk.nbytes:  # os.write releases the GIL; a large chunk may be written in parts
+                    chunk = chunk[os.write(fd, chunk):]
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(fd)
+        if sha256 is not None and digest.hexdigest() != sha256:
+            tmp.unlink(missing_ok=True)
+            raise OSError(f"the copy of rank {owner} arrived damaged (checksum)")
+        os.replace(tmp, path)
+        manifest = {"owner": owner, "step": step, "world": world, "size": size, "sha256": digest.hexdigest(),
+                    "written_at": time.time()}
         self._atomic(stem.with_suffix(".json"), json.dumps(manifest).encode())  # last: the copy now counts
-        return stem.with_suffix(".pt")
+        return path, digest.hexdigest()
 
     def _atomic(self, path: Path, data: bytes) -> None:
         tmp = path.with_name(f".{path.name}.tmp-w{self.rank}")
@@ -230,18 +329,18 @@ class _Node:
         return total
 
 
-def _read(copy: Copy) -> tuple[bytes, str]:
+def _read(copy: Copy) -> tuple[bytearray, str]:
     """The copy's bytes (padded or cut to its manifest's size) and '' -- or why it cannot be used."""
     try:
-        data = copy.path.read_bytes()
+        data = bytearray(copy.path.read_bytes())  # writable: tensors are made from it
     except OSError as exc:
-        return b"\0" * copy.size, f"unreadable ({exc.strerror or exc})"
+        return bytearray(copy.size), f"unreadable ({exc.strerror or exc})"
     why = ""
     if len(data) != copy.size:
         why = f"truncated ({len(data)} of {copy.size} bytes)"
     elif hashlib.sha256(data).hexdigest() != copy.sha256:
         why = "its checksum does not match"
-    return (data + b"\0" * copy.size)[: copy.size], why
+    return (data + bytearray(copy.size))[: copy.size], why
 
 
 # ---------------------------------------------------------------------------------------------------- the writer
@@ -258,7 +357,10 @@ class MemoryCheckpoints:
         self.peer = peers[rank]
         self.senders = [r for r, p in enumerate(peers) if p == rank and r != rank]
         self.files = _Node(folder / node, rank)
-        self.stall_seconds = 0.0  # the training thread's time in save() and waiting for the previous save
+        self.stall_seconds = 0.0  # the training thread's time in save(), waiting for the previous save included
+        self.waited_seconds = 0.0  # of which waiting for the previous save (the interval was shorter than a round)
+        self.staging: list[float] = []  # each save's CPU copy, in seconds (the first also maps the buffers)
+        self._buffers: dict[str, torch.Tensor] = {}  # the staging copies, reused from save to save
         self.saves = 0
         self.committed_step: int | None = None  # the newest step every rank holds both copies of
         self.error: str = ""  # why the last save failed on this rank ('' when it did not)
@@ -306,10 +408,15 @@ class MemoryCheckpoints:
 
     def save(self, step: int, state: dict[str, Any]) -> float:
         """Stage ``state`` (this rank's resume state at ``step``) and hand it to the writer thread; returns the
-        seconds training waited (for the previous save, and for the CPU copy)."""
+        seconds training waited (for the previous save -- ``waited_seconds`` -- and for the CPU copy)."""
         start = time.perf_counter()
         self.wait()
-        copy = staged(state)
+        staging = time.perf_counter()
+        self.waited_seconds += staging - start
+        copy = staged(state, self._buffers)
+        if any(t.is_pinned() for t in self._buffers.values()):
+            torch.cuda.synchronize()  # the non-blocking copies from the GPU have landed
+        self.staging.append(time.perf_counter() - staging)
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="trainstack-memory-checkpoints", daemon=True)
             self._thread.start()
@@ -339,18 +446,14 @@ class MemoryCheckpoints:
 
     def _round(self, step: int, copy: dict[str, Any]) -> None:
         """Write this rank's copy, swap copies with the peer, and once every rank holds both, drop older sets."""
-        buffer = io.BytesIO()
-        torch.save(copy, buffer)
-        payload = buffer.getvalue()
-        ok = 1
+        ok, path, sha = 1, None, ""
         try:
-            self.files.write(self.rank, step, self.world, payload)
+            path, sha = self.files.write(self.rank, step, self.world, packed(copy))
         except OSError as exc:
             ok, self.error = 0, f"cannot write {self.files.folder}: {exc.strerror or exc}"
-        received = self._swap(payload)
-        for sender, data in received.items():
+        for sender, (data, digest) in self._swap(path, sha).items():
             try:
-                self.files.write(sender, step, self.world, data)
+                self.files.write(sender, step, self.world, [data], digest)
             except OSError as exc:
                 ok, self.error = 0, f"cannot write {self.files.folder}: {exc.strerror or exc}"
         flag = torch.tensor([ok], dtype=torch.int32)
@@ -361,25 +464,34 @@ class MemoryCheckpoints:
             self.files.prune([self.rank, *self.senders], step)
             self.error = ""
 
-    def _swap(self, payload: bytes) -> dict[int, bytes]:
-        """Send this rank's payload to its peer and receive the payloads of the ranks whose peer it is."""
+    def _swap(self, path: Path | None, sha: str) -> dict[int, tuple[memoryview, str]]:
+        """Send this rank's copy (mapped from its file: no copy of the bytes) to its peer with its checksum, and
+        receive the copies of the ranks whose peer it is. A rank whose own write failed sends nothing usable (size
+        0): its peer keeps no copy of it this time."""
         if self.peer is None or self.group is None:
             return {}
-        size = torch.tensor([len(payload)], dtype=torch.int64)
-        sizes = {s: torch.zeros(1, dtype=torch.int64) for s in self.senders}
-        works = [dist.isend(size, self.peer, group=self.group)]
-        works += [dist.irecv(t, s, group=self.group) for s, t in sizes.items()]
+        with contextlib.ExitStack() as stack:
+            data = torch.empty(0, dtype=torch.uint8)
+            if path is not None and path.stat().st_size:
+                fh = stack.enter_context(open(path, "rb"))
+                mapped = stack.enter_context(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY))
+                data = torch.frombuffer(mapped, dtype=torch.uint8)
+            head = torch.frombuffer(bytearray(data.numel().to_bytes(8, "little") + bytes.fromhex(sha or "0" * 64)),
+                                    dtype=torch.uint8)
+            heads = {s: torch.zeros(40, dtype=torch.uint8) for s in self.senders}
+            self._exchange(head, heads)
+            inbox = {s: torch.empty(int.from_bytes(bytes(t[:8].tolist()), "little"), dtype=torch.uint8)
+                     for s, t in heads.items()}
+            self._exchange(data, inbox)
+            del data  # before the mapping closes
+        return {s: (t.numpy().data, bytes(heads[s][8:].tolist()).hex()) for s, t in inbox.items() if t.numel()}
+
+    def _exchange(self, out: torch.Tensor, inbox: dict[int, torch.Tensor]) -> None:
+        works = [dist.isend(out, self.peer, group=self.group)] if self.peer is not None and out.numel() else []
+        works += [dist.irecv(t, s, group=self.group) for s, t in inbox.items() if t.numel()]
         for w in works:
             if w is not None:
                 w.wait()
-        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        inbox = {s: torch.empty(int(t.item()), dtype=torch.uint8) for s, t in sizes.items()}
-        works = [dist.isend(data, self.peer, group=self.group)]
-        works += [dist.irecv(t, s, group=self.group) for s, t in inbox.items()]
-        for w in works:
-            if w is not None:
-                w.wait()
-        return {s: t.numpy().tobytes() for s, t in inbox.items()}
 
     # -------------------------------------------------------------- restoring
     def restore(self, newer_than: int) -> Found | None:
@@ -405,7 +517,7 @@ class MemoryCheckpoints:
                 data, why = self._fetch(step, plan)
                 verdicts = _all_gather(why, self.group, self.world)
                 if not any(verdicts):
-                    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+                    state = unpacked(data)
                     sources = ["own memory" if plan[o][0] == o else f"a copy on {self.nodes[plan[o][0]]}"
                                for o in range(self.world)]
                     self.last_passed_over = passed_over

@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
+import itertools
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -65,6 +66,7 @@ __all__ = ["ProcessGroupSession", "launch", "check_not_bootstrapping"]
 log = logging.getLogger(__name__)
 
 _EXITED_KEY = "trainstack/exited"
+_GROUPS = itertools.count()  # the process groups this process made under torchrun's agent store, for their prefixes
 _RESULT = "result.pkl"
 _DONE = "done-{}"  # a worker that returned (rank 0 also wrote the result); exit 0 without it is a failure
 _INTERRUPTED = "interrupted"  # created by the launching process at the first Ctrl-C (interruptible launches)
@@ -124,9 +126,11 @@ class ProcessGroupSession:
             # torchrun's agent hosts the store and keeps it across worker restarts (same MASTER_PORT), so the
             # keys of the previous attempt's group are still there; with torch 2.13 a restarted gloo group then
             # fails in connectFullMesh about 2 times in 3. A per-attempt key prefix keeps attempts apart.
+            # Each group of this process (a second fit() in the same worker) gets its own prefix as well: the
+            # first group's keys would otherwise connect the second one's ranks to a group that no longer exists.
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
             agent_store = dist.TCPStore(ctx.master_addr, ctx.master_port, is_master=False, timeout=timeout)
-            store: dist.Store = dist.PrefixStore(f"trainstack/attempt_{attempt}", agent_store)
+            store: dist.Store = dist.PrefixStore(f"trainstack/attempt_{attempt}/group_{next(_GROUPS)}", agent_store)
         else:
             self.store = dist.TCPStore(ctx.master_addr, ctx.master_port, is_master=self.host_store,
                                        timeout=timeout, wait_for_workers=False)

@@ -1,0 +1,102 @@
+"""The memory checkpoints' own rules, on one process: who keeps whose copy, the space check, the files (written
+manifest last, verified, pruned), the staged copy. The multi-process behaviour is in
+tests/distributed/test_memory_checkpoints.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainstack._checkpoint import memory
+from trainstack.errors import ConfigError
+
+
+def test_each_rank_keeps_its_copy_on_the_same_local_index_of_the_next_node():
+    assert memory._peers(["a", "a", "b", "b"]) == [2, 3, 0, 1]
+    assert memory._peers(["a", "b", "c"]) == [1, 2, 0]
+    assert memory._peers(["a", "a"]) == [None, None]  # one node: no copy on another one
+    assert memory._peers(["a", "a", "b"]) == [2, 2, 0]  # an uneven node: every rank still has a peer elsewhere
+
+
+def test_a_node_that_cannot_hold_two_sets_is_named_with_the_sizes():
+    everyone = [{"node": "a", "bytes": 100 << 20, "free": 1 << 30, "used": 0},
+                {"node": "b", "bytes": 100 << 20, "free": 300 << 20, "used": 0}]
+    memory._check_space(everyone, [None, None], Path("/dev/shm/x"))  # own copies only: 200 MiB each fits
+    with pytest.raises(ConfigError, match=r"need 400\.0 MiB in /dev/shm on node b .* one rank's state is 100\.0 "
+                                          r"MiB\) but only 300\.0 MiB is free there\. HINT: give the job a larger"):
+        memory._check_space(everyone, [1, 0], Path("/dev/shm/x"))
+
+
+def test_copies_count_once_their_manifest_is_written_and_are_verified(tmp_path):
+    node = memory._Node(tmp_path, rank=0)
+    path, sha = node.write(owner=1, step=6, world=4, chunks=[memoryview(b"state" * 50)] * 2)
+    (copy,) = node.copies(world=4)
+    assert (copy.owner, copy.step, copy.size, copy.sha256) == (1, 6, 500, sha) and copy.path == path
+    with pytest.raises(OSError, match="arrived damaged"):
+        node.write(owner=2, step=6, world=4, chunks=[memoryview(b"other")], sha256=sha)
+    assert [c.owner for c in node.copies(world=4)] == [1]  # the damaged one left nothing
+    assert node.copies(world=2) == []  # another world size: not this run's layout
+    assert memory._read(copy) == (b"state" * 100, "")
+    path.write_bytes(b"x" + path.read_bytes()[1:])
+    assert memory._read(copy)[1] == "its checksum does not match"
+    path.write_bytes(b"state")
+    data, why = memory._read(copy)
+    assert why == "truncated (5 of 500 bytes)" and len(data) == 500  # padded: a sender keeps the protocol aligned
+    path.with_suffix(".json").unlink()
+    assert node.copies(world=4) == []  # no manifest: a torn write does not count
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+def test_pruning_keeps_the_newest_set_of_the_owners_this_rank_wrote(tmp_path):
+    node = memory._Node(tmp_path, rank=0)
+    for step in (3, 6):
+        for owner in (0, 2, 5):
+            node.write(owner, step, 8, [memoryview(b"s")])
+    node.prune([0, 2], keep_step=6)
+    assert sorted((c.owner, c.step) for c in node.copies(8)) == [(0, 6), (2, 6), (5, 3), (5, 6)]
+
+
+def test_a_packed_state_unpacks_to_equal_tensors_of_every_dtype():
+    state = {"model": {"w": torch.randn(3, 5), "b": torch.tensor(2.5, dtype=torch.bfloat16)},
+             "optimizer": {"state": {0: {"step": torch.tensor(4.0), "m": torch.zeros(0)}},
+                           "param_groups": [{"lr": 0.1}]},
+             "rng": {"torch": torch.get_rng_state(), "python": (3, (1, 2), None)}, "flags": torch.tensor([True, False]),
+             "epoch": 2, "name": "x"}
+    data = b"".join(bytes(c) for c in memory.packed(state))
+    back = memory.unpacked(bytearray(data))
+    assert back["epoch"] == 2 and back["name"] == "x" and back["rng"]["python"] == (3, (1, 2), None)
+    for a, b in [(state["model"]["w"], back["model"]["w"]), (state["model"]["b"], back["model"]["b"]),
+                 (state["flags"], back["flags"]), (state["rng"]["torch"], back["rng"]["torch"]),
+                 (state["optimizer"]["state"][0]["m"], back["optimizer"]["state"][0]["m"])]:
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    with pytest.raises(ValueError, match="not a trainstack memory checkpoint"):
+        memory.unpacked(bytearray(b"PK\x03\x04" + bytes(60)))
+
+
+def test_a_staged_state_is_a_copy_training_cannot_change():
+    weight = torch.ones(3)
+    state = {"model": {"w": weight}, "step": 4, "rng": (1, [2, 3])}
+    buffers: dict = {}
+    copy = memory.staged(state, buffers)
+    weight.add_(1)
+    assert torch.equal(copy["model"]["w"], torch.ones(3)) and copy["step"] == 4 and copy["rng"] == (1, [2, 3])
+    assert torch.equal(memory.unstaged(copy, state)["model"]["w"], torch.ones(3))
+    again = memory.staged(state, buffers)
+    assert again["model"]["w"] is buffers["/model/w"] and torch.equal(again["model"]["w"], torch.full((3,), 2.0))
+
+
+def test_the_source_says_which_ranks_came_from_which_node():
+    found = memory.Found({}, 40, Path("x"), ["own memory", "own memory", "a copy on node1", "a copy on node1"], [])
+    assert found.source() == "memory at step 40 (ranks 2, 3 from a copy on node1)"
+    found.sources = ["own memory"] * 2
+    assert found.source() == "memory at step 40 (every rank from its own memory)"
+
+
+def test_the_memory_root_is_the_users_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINSTACK_MEMORY_DIR", str(tmp_path))
+    assert memory.memory_root() == tmp_path / f"trainstack-{os.getuid()}"
+    monkeypatch.setenv("TRAINSTACK_NODE_NAME", "n7")
+    assert memory.node_name() == "n7"
