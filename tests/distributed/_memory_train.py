@@ -1,9 +1,10 @@
 """Trained by test_memory_checkpoints.py under torchrun: memory checkpoints every MEM steps, ranks grouped into
-"nodes" of NODE_SIZE (TRAINSTACK_NODE_NAME), a fault at step CRASH_AT on rank CRASH_RANK (default 3; once), and
+"nodes" of NODE_SIZE (TRAINSTACK_NODE_NAME), faults at the steps FAULTS names on rank CRASH_RANK (default 3), and
 every rank's final local state saved for a bitwise comparison.
 
-Faults (CRASH_MODE): ``exit`` (the process dies), ``node`` (node n1 is lost with its memory: its folder removed),
-``both`` (every node's memory lost), ``corrupt`` (rank 1's newest own copy truncated, then the process dies).
+FAULTS, ``step:kind,...``, each once: ``exit`` (the process dies), ``node`` (node n1 is lost with its memory: its
+folder removed), ``both`` (every node's memory lost), ``corrupt`` (rank 1's newest own copy truncated, then the
+process dies).
 """
 
 from __future__ import annotations
@@ -39,12 +40,12 @@ def fault(trainer, *_args) -> None:
     if RANK == 0:
         with open(OUT / "progress", "a") as fh:
             fh.write(f"step {step}\n")
-    marker = OUT / "faulted"
-    if step != int(os.environ.get("CRASH_AT", "0")) or RANK != int(os.environ.get("CRASH_RANK", "3")) \
-            or marker.exists():
+    faults = dict(item.split(":") for item in os.environ.get("FAULTS", "").split(",") if item)
+    mode = faults.get(str(step))
+    marker = OUT / f"faulted-{step}"
+    if mode is None or RANK != int(os.environ.get("CRASH_RANK", "3")) or marker.exists():
         return
     marker.touch()
-    mode = os.environ.get("CRASH_MODE", "exit")
     for job in memory_folders():
         if mode == "node":
             shutil.rmtree(job / "n1", ignore_errors=True)

@@ -507,7 +507,8 @@ class MemoryCheckpoints:
         passed_over: list[str] = []
         steps = sorted({step for _, step in held if step > newer_than}, reverse=True)
         for step in steps:
-            holders = {o: sorted(held.get((o, step), []), key=_own_first(o)) for o in range(self.world)}
+            holders = {o: self._one_per_node(sorted(held.get((o, step), []), key=_own_first(o)))
+                       for o in range(self.world)}
             while True:
                 missing = [o for o, h in holders.items() if not h]
                 if missing:
@@ -531,6 +532,16 @@ class MemoryCheckpoints:
                         holders[owner] = holders[owner][1:]
         self.last_passed_over = passed_over
         return None
+
+    def _one_per_node(self, holders: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+        """The ranks of one node see the same file: it is one copy, asked of the first of them."""
+        seen: set[str] = set()
+        out = []
+        for holder in holders:
+            if self.nodes[holder[0]] not in seen:
+                seen.add(self.nodes[holder[0]])
+                out.append(holder)
+        return out
 
     def _fetch(self, step: int, plan: dict[int, tuple[int, int, str]]) -> tuple[bytes, str]:
         """Every copy in ``plan`` to its owner (read here, or sent by its holder, in rank order); this rank's bytes
