@@ -157,7 +157,7 @@ def packed(state: Any) -> list[memoryview]:
     return chunks
 
 
-def unpacked(data: bytes | memoryview) -> dict[str, Any]:
+def unpacked(data: bytes | bytearray | memoryview) -> dict[str, Any]:
     """The state ``packed`` wrote (tensors copied out of ``data``); ``ValueError`` for anything else."""
     view = memoryview(data)
     if bytes(view[:8]) != _MAGIC:
@@ -543,24 +543,24 @@ class MemoryCheckpoints:
                 out.append(holder)
         return out
 
-    def _fetch(self, step: int, plan: dict[int, tuple[int, int, str]]) -> tuple[bytes, str]:
+    def _fetch(self, step: int, plan: dict[int, tuple[int, int, str]]) -> tuple[bytearray, str]:
         """Every copy in ``plan`` to its owner (read here, or sent by its holder, in rank order); this rank's bytes
         and why they cannot be used ('' when verified)."""
-        data, why = b"", ""
+        data, why = bytearray(), ""
         here = {c.owner: c for c in self.files.copies(self.world) if c.step == step}
         for owner in range(self.world):
             holder, size, sha = plan[owner]
             if holder == owner == self.rank:
                 copy = here.get(owner)
-                data, why = _read(copy) if copy is not None else (b"", "gone")
+                data, why = _read(copy) if copy is not None else (bytearray(), "gone")
             elif holder == self.rank:  # send it over, whatever it holds: the owner checks it
                 copy = here.get(owner)
-                payload = _read(copy)[0] if copy is not None else b"\0" * size
-                dist.send(torch.frombuffer(bytearray(payload), dtype=torch.uint8), owner, group=self.group)
+                payload = _read(copy)[0] if copy is not None else bytearray(size)
+                dist.send(torch.frombuffer(payload, dtype=torch.uint8), owner, group=self.group)
             elif owner == self.rank:
                 inbox = torch.empty(size, dtype=torch.uint8)
                 dist.recv(inbox, holder, group=self.group)
-                data = inbox.numpy().tobytes()
+                data = bytearray(inbox.numpy().data)
                 why = "" if hashlib.sha256(data).hexdigest() == sha else "its checksum does not match"
         return data, why
 
