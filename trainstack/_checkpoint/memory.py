@@ -589,6 +589,11 @@ class MemoryCheckpoints:
                 self._queue.put_nowait(None)  # a round in flight on a failed run is left to die with the process
             except queue.Full:
                 pass
+            if finished:
+                self._thread.join(timeout=60)
+        if finished and self.group is not None and dist.is_initialized():
+            dist.destroy_process_group(self.group)  # not left to the interpreter's teardown (it can abort a rank)
+            self.group = None
         if finished:
             for copy in self.files.copies_of([self.rank, *self.senders]):
                 copy.path.with_suffix(".json").unlink(missing_ok=True)
