@@ -162,3 +162,16 @@ def test_from_cli_help_lists_every_option_and_exits(capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "--max_iter 3 " in out and "--gradient_accumulation_steps 1 " in out and "--callbacks" not in out
+
+
+@pytest.mark.parametrize(("field", "value"), [("root_folder", "s3://bucket/runs"), ("log_folder", "gs://b/run"),
+                                              ("resume", "s3://bucket/runs/ckpt-e00001-s000000010.pt"),
+                                              ("log_folder", Path("hf://datasets/x"))])
+def test_a_url_is_refused_never_made_a_local_folder(field, value, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    scheme = str(value).split(":")[0]
+    with pytest.raises(ConfigError, match=rf"TrainConfig\.{field}=.* is a {scheme}:// URL.* would become a local "
+                                          rf"folder named '{scheme}:'\. HINT: give a path on a local or shared file"):
+        TrainConfig(**{field: value})
+    assert not list(tmp_path.iterdir()), "nothing was created"
+    assert TrainConfig(log_folder="runs/s3:x").log_folder == Path("runs/s3:x")  # a colon inside a path is a path

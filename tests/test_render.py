@@ -324,3 +324,10 @@ def test_spare_nodes_allocate_more_nodes_and_each_step_runs_on_the_healthy_ones(
 def test_bad_spare_nodes_name_the_option(kwargs, message):
     with pytest.raises(SpecError, match=message):
         LaunchSpec(program=["train.py"], **kwargs)
+
+
+def test_a_url_as_the_job_folder_is_refused_with_the_option_named():
+    from trainstack.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--log-dir: 's3://bucket/logs' is a s3:// URL; .* a folder named 's3:'"):
+        LaunchSpec(setup="single-gpu", program=["train.py"], log_dir="s3://bucket/logs")

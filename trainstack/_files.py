@@ -23,7 +23,24 @@ from typing import IO, Any
 from .errors import TrainstackError
 
 __all__ = ["atomic_write", "private_dir", "check_private", "load_private_pickle", "UntrustedFileError", "temp_path",
-           "TEMP_RE", "create_new", "open_append", "fsync_path", "untrusted_folder"]
+           "TEMP_RE", "create_new", "open_append", "fsync_path", "untrusted_folder",
+           "url_scheme"]
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_URL_AS_PATH = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/")  # Path("s3://b") is already PosixPath("s3:/b")
+
+
+def url_scheme(value: object) -> str | None:
+    """The scheme of a URL-like path (``s3://bucket/runs`` -> ``s3``, also once made a ``Path``), else None:
+    trainstack's folders are file system paths, and ``Path("s3://b")`` would silently become a folder ``s3:``."""
+    if isinstance(value, str):
+        m = _URL.match(value)
+    elif isinstance(value, os.PathLike):
+        m = _URL_AS_PATH.match(os.fspath(value)) if isinstance(os.fspath(value), str) else None
+    else:
+        m = None
+    return m.group(1) if m else None
+
 
 #: Temp files of every writer here: ``.<final name>.tmp-<pid or rank>[<suffix>]``.
 TEMP_RE = re.compile(r"^\..+\.tmp-\d+(\.[A-Za-z0-9]+)?$")

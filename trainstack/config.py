@@ -29,6 +29,7 @@ from ._choices import (
     STRATEGIES,
     TRACKING_TOOLS,
 )
+from ._files import url_scheme
 from ._runtime.compiling import compile_options
 from .errors import ConfigError, UnknownField
 
@@ -88,7 +89,8 @@ class TrainConfig:
     """Log the final model to the tracker (MLflow)."""
     root_folder: Path = Path("./qml_logs")
     """Parent folder of the per-run folders: a run without ``log_folder`` writes into
-    ``<root_folder>/<date>-<time>-<pid>`` (``qml_logs`` is the name qadence users know)."""
+    ``<root_folder>/<date>-<time>-<pid>`` (``qml_logs`` is the name qadence users know). A file system path: an
+    ``s3://`` (any URL) is refused rather than made a local folder named ``s3:``; mount the bucket instead."""
     create_subfolder_per_run: bool = False
     """Create a new run folder on every ``fit`` even when one could be reused."""
     log_folder: Path = Path("./")
@@ -243,6 +245,8 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.grad_clip_norm={self.grad_clip_norm!r} must be a number > 0 or None.")
         if self.resume not in (None, False, "auto") and not isinstance(self.resume, (str, os.PathLike)):
             raise ConfigError(f"TrainConfig.resume={self.resume!r} must be 'auto', a checkpoint path, or None.")
+        if self.resume not in (None, False, "auto"):
+            _not_a_url("resume", self.resume)
         if self.resume is False:  # type: ignore[comparison-overlap]  # qadence-style "off"
             self.resume = None
 
@@ -399,8 +403,19 @@ class TrainConfig:
 
 def _as_path(name: str, value: Any) -> Path:
     if isinstance(value, (str, os.PathLike)):
+        _not_a_url(name, value)
         return Path(value)
     raise ConfigError(f"TrainConfig.{name}={value!r} must be a path (str or pathlib.Path).")
+
+
+def _not_a_url(name: str, value: str | os.PathLike) -> None:
+    """An ``s3://`` (any URL) path is refused, never reinterpreted as a local folder named ``s3:``."""
+    scheme = url_scheme(value)
+    if scheme:
+        raise ConfigError(f"TrainConfig.{name}={str(value)!r} is a {scheme}:// URL, but run folders and checkpoints "
+                          f"are written to a file system: it would become a local folder named '{scheme}:'. HINT: "
+                          f"give a path on a local or shared file system (a bucket mounted with mountpoint-s3, "
+                          f"s3fs-fuse or goofys works) and copy the finished run to {scheme}:// from there.")
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .._choices import PORT_BASE, PORT_SPAN
+from .._files import url_scheme
 from ..errors import ConfigError
 from .attempt import DEFAULT_RETRY_ON, parse_retry_on
 from .jobfolder import JobPaths, safe_name
@@ -120,6 +121,7 @@ class LaunchSpec:
 
     def __post_init__(self) -> None:
         self._check_types()
+        self._check_folders()
         self._check_shape()
         self._check_resources()
         self._check_retries()
@@ -151,6 +153,14 @@ class LaunchSpec:
             raise SpecError("--sweep", f"must map names to lists of values, got {self.sweep!r}")
         if self.max_parallel is not None:
             _expect("max_parallel", self.max_parallel, int)
+
+    def _check_folders(self) -> None:
+        for name in ("log_dir", "chdir", "venv"):
+            scheme = url_scheme(getattr(self, name))
+            if scheme:
+                raise SpecError(_opt(name), f"{getattr(self, name)!r} is a {scheme}:// URL; the job writes and reads "
+                                            f"it as a folder on the nodes' file system (it would become a folder "
+                                            f"named '{scheme}:'): give a shared file system path")
 
     def _check_shape(self) -> None:
         for name, allowed in (("setup", SETUPS), ("launcher", LAUNCHERS), ("container", CONTAINERS)):
