@@ -25,7 +25,6 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ._checkpoint.failures import why_failed, why_unreadable
+from ._checkpoint.parts import Restored, load_parts, model_config
 from ._checkpoint.parts import state_of as _state_of
 from ._checkpoint.parts import unwrap as _unwrap
 from ._checkpoint.rng import capture_rng, gather_rng, restore_rng
@@ -116,19 +116,7 @@ def remove_checkpoint(path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- contents
-@dataclass
-class Restored:
-    """What ``Checkpointer.restore`` found: the counters, this rank's RNG state (None when the checkpoint was
-    written by another number of processes) and the file."""
-
-    counters: dict[str, Any]
-    rng: dict[str, Any] | None
-    path: Path
-    world_size: int
-    source: str = ""  # in words, when not the file itself: "memory at step 40 (...)"
-
-
-_RESERVED = ("format_version", "rng", "world_size", "config")
+_RESERVED = ("format_version", "rng", "world_size", "config", "model_config")
 SAVE_STATE = "save_state"  # `saved_by` of Accelerator.save_state's checkpoints: they may hold no model
 
 
@@ -179,6 +167,7 @@ class Checkpointer:
         state["rng"] = gather_rng()
         state["world_size"] = len(state["rng"])
         state["config"] = config
+        state["model_config"] = model_config(parts.get("model"))
         if name is None:
             self.saved_step = step
         periodic = checkpoint_name(int(counters["epoch"]), step)
@@ -384,39 +373,23 @@ class Checkpointer:
         return None
 
     def _restored(self, parts: Mapping[str, Any], state: dict[str, Any], where: Path, rank: int) -> Restored:
-        _load_parts(parts, state, where)
+        load_parts(parts, state, where)
         rngs = state.get("rng") or []
         counters = {k: v for k, v in state.items() if k not in _RESERVED and k not in parts}
         world = int(state.get("world_size") or len(rngs) or 1)
         return Restored(counters, rngs[rank] if rank < len(rngs) and len(rngs) == world else None, where, world)
 
 
-def _load_parts(parts: Mapping[str, Any], state: Mapping[str, Any], where: Path) -> None:
-    for name, part in parts.items():
-        if part is not None and state.get(name) is not None:
-            _load_part(name, part, state, where)
-
-
-def _load_part(name: str, part: Any, state: Mapping[str, Any], where: Path) -> None:
-    saved = state[name]
-    if name == "optimizer" and state.get("optimizer_class") not in (None, type(part).__name__):
-        raise CheckpointError(f"{where} holds the state of a {state['optimizer_class']} optimizer, but this run uses "
-                              f"{type(part).__name__}. HINT: resume with the same optimizer, or start a new run "
-                              f"(another log_folder, or resume=None).")
-    try:
-        if isinstance(part, torch.nn.Module):
-            _unwrap(part).load_state_dict(saved)
-        else:
-            part.load_state_dict(saved)
-    except (RuntimeError, KeyError, ValueError) as exc:
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
-        first = " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]  # torch: a heading, then the details
-        raise CheckpointError(f"{where} does not fit this run's {name}: {first.rstrip('.')}. HINT: a checkpoint only "
-                              f"loads into the same model and optimizer it was written from; start a new run "
-                              f"(another log_folder, or resume=None) after changing them.") from exc
-
-
 # ---------------------------------------------------------------------------------------------------- memory
+def restore_memory(memory: MemoryCheckpoints, parts: Mapping[str, Any], newer_than: int, world: int,
+                   check: Callable[[Mapping[str, Any], Path], None] | None = None) -> tuple[Restored | None, list[str]]:
+    """Collective: load the newest complete memory set newer than step ``newer_than`` into ``parts``; the
+    ``Restored`` (None: no such set) and the copies passed over, in words."""
+    from ._checkpoint.memory import restore_memory as restore
+
+    return restore(memory, parts, newer_than, world, check, _RESERVED)
+
+
 def open_memory(run_folder: Path, rank: int, world: int, model: torch.nn.Module, optimizer: Any
                 ) -> MemoryCheckpoints:
     """Collective: this rank's memory checkpoints of the run in ``run_folder`` (``ConfigError`` before training
@@ -426,21 +399,6 @@ def open_memory(run_folder: Path, rank: int, world: int, model: torch.nn.Module,
     memory = MemoryCheckpoints.open(Path(run_folder), rank, world, estimate_bytes(model, optimizer), FORMAT_VERSION)
     memory.record_folder()
     return memory
-
-
-def restore_memory(memory: MemoryCheckpoints, parts: Mapping[str, Any], newer_than: int, world: int,
-                   check: Callable[[Mapping[str, Any], Path], None] | None = None) -> tuple[Restored | None, list[str]]:
-    """Collective: load the newest complete memory set newer than step ``newer_than`` into ``parts``; the
-    ``Restored`` (None: no such set) and the copies passed over, in words."""
-    found = memory.restore(newer_than)
-    if found is None:
-        return None, list(memory.last_passed_over)
-    if check is not None:
-        check(found.state, found.path)
-    state = found.laid_out(parts)
-    _load_parts(parts, state, found.path)
-    counters = {k: v for k, v in state.items() if k not in _RESERVED and k not in parts}
-    return Restored(counters, state.get("rng"), found.path, world, found.source()), found.passed_over
 
 
 def load_file(path: str | os.PathLike) -> dict[str, Any]:
@@ -557,6 +515,37 @@ def _on_newest(path: str | os.PathLike, read: Any, which: str | None = None) -> 
         raise UnreadableCheckpoint(f"checkpoint {path} is damaged: {error}") from None
     assert error is not None
     raise error
+
+
+def export(path: str | os.PathLike, output: str | os.PathLike, fmt: str = "safetensors", which: str | None = None,
+           max_shard_size: str = "5GB", force: bool = False) -> list[Path]:
+    """Write the consolidated weights of any checkpoint (sharded by any number of processes, or a file; a run
+    folder: its newest, ``which="best"``/``"last"``) as safetensors into the folder ``output`` -- shards and an
+    index above ``max_shard_size`` --, or with ``fmt="hf"`` as a folder ``from_pretrained`` loads (config +
+    weights; the checkpoint must come from a ``transformers`` model). Nothing is left half-written."""
+    from ._checkpoint.export import parse_size, require, save_pretrained, write_safetensors
+
+    out = Path(output)
+    try:
+        limit = parse_size(max_shard_size)
+    except ValueError as exc:
+        raise CheckpointError(f"--max-shard-size: {exc}") from None
+    if out.exists():
+        if not force:
+            raise CheckpointError(f"{out} exists. HINT: choose a new folder, or pass --force to replace it.")
+        shutil.rmtree(out) if out.is_dir() else out.unlink()
+    require("safetensors", "export")
+    state = consolidate(path, which)
+    where = find(path, which)
+    if fmt == "safetensors":
+        return write_safetensors(state, out, limit)
+    config = load_file(where).get("model_config")
+    if not config:
+        raise CheckpointError(f"{where} holds no Hugging Face model config: --format hf needs a checkpoint of a "
+                              f"transformers model (PreTrainedModel) trained with this trainstack. HINT: use --format "
+                              f"safetensors, or the model's own save_pretrained.")
+    require("transformers", "hf")
+    return save_pretrained(config, state, out, max_shard_size)
 
 
 def consolidate(path: str | os.PathLike, which: str | None = None) -> dict[str, torch.Tensor]:

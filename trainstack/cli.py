@@ -540,7 +540,7 @@ def fetch(job_id: str, host: str, what: str, output: str | None) -> None:
 
 @main.group()
 def checkpoint() -> None:
-    """Inspect checkpoints and turn them into one plain state dict."""
+    """Inspect checkpoints, turn them into one plain state dict, export them (safetensors, Hugging Face)."""
 
 
 _WHICH = [click.option("--best", "which", flag_value="best", help="A run folder's best checkpoint (ModelCheckpoint, "
@@ -595,6 +595,26 @@ def checkpoint_consolidate(path: str, output: str, which: str | None, force: boo
     state = consolidate(path, which)
     atomic_save(state, Path(output))
     click.echo(f"wrote {output}: {len(state)} tensors, {sum(t.numel() for t in state.values()):,} parameters")
+
+
+@checkpoint.command("export")
+@click.argument("path", type=click.Path(exists=True))
+@click.option("-o", "--output", required=True, type=click.Path(), help="The folder to write (it must not exist).")
+@click.option("--format", "fmt", type=click.Choice(["safetensors", "hf"]), default="safetensors", show_default=True,
+              help="safetensors: the plain module's weights; hf: a folder transformers' from_pretrained loads "
+                   "(config + weights; the checkpoint of a transformers model).")
+@click.option("--max-shard-size", default="5GB", show_default=True,
+              help="Above this size the weights are split into shards with an index (model.safetensors.index.json).")
+@_which
+@click.option("--force", is_flag=True, help="Replace --output if it exists.")
+def checkpoint_export(path: str, output: str, fmt: str, max_shard_size: str, which: str | None, force: bool) -> None:
+    """Export a checkpoint's consolidated weights (sharded by any number of processes, or a file; a run folder: its
+    newest, --best or --last) for inference stacks: safetensors, or a Hugging Face folder."""
+    from .checkpoint import export
+
+    files = export(path, output, fmt, which, max_shard_size, force)
+    size = sum(f.stat().st_size for f in files)
+    click.echo(f"wrote {output}: {', '.join(f.name for f in files)} ({size / 1e6:,.1f} MB)")
 
 
 @main.command()

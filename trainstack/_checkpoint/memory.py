@@ -28,7 +28,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,10 +39,11 @@ import torch.distributed as dist
 from .. import _envvars as envvars
 from .._files import untrusted_folder
 from ..errors import ConfigError
-from .parts import state_of
+from .parts import Restored, load_parts, state_of
 from .rng import capture_rng
 
-__all__ = ["MemoryCheckpoints", "Found", "memory_root", "node_name", "staged", "unstaged", "FOLDERS_FILE"]
+__all__ = ["MemoryCheckpoints", "restore_memory", "Found", "memory_root", "node_name", "staged", "unstaged",
+           "FOLDERS_FILE"]
 
 log = logging.getLogger(__name__)
 
@@ -675,3 +676,18 @@ def estimate_bytes(model: torch.nn.Module, optimizer: Any) -> int:
     per_param = 0 if optimizer is None else 1 if kind == "sgd" else 2
     return params * (1 + per_param) + buffers + (1 << 16)
 
+
+def restore_memory(memory: MemoryCheckpoints, parts: Mapping[str, Any], newer_than: int, world: int,
+                   check: Callable[[Mapping[str, Any], Path], None] | None = None, reserved: tuple[str, ...] = ()
+                   ) -> tuple[Restored | None, list[str]]:
+    """Collective: load the newest complete memory set newer than step ``newer_than`` into ``parts``; the
+    ``Restored`` (None: no such set) and the copies passed over, in words."""
+    found = memory.restore(newer_than)
+    if found is None:
+        return None, list(memory.last_passed_over)
+    if check is not None:
+        check(found.state, found.path)
+    state = found.laid_out(parts)
+    load_parts(parts, state, found.path)
+    counters = {k: v for k, v in state.items() if k not in reserved and k not in parts}
+    return Restored(counters, state.get("rng"), found.path, world, found.source()), found.passed_over

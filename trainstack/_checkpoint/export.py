@@ -1,0 +1,120 @@
+"""A consolidated state dict written as safetensors, the way inference stacks read it: ``model.safetensors``, or
+above a size, shards ``model-00001-of-0000N.safetensors`` with ``model.safetensors.index.json`` (Hugging Face's
+layout and names). Written into a temp folder renamed into place: a killed export leaves no half folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._files import temp_path
+from ..errors import CheckpointError
+
+__all__ = ["write_safetensors", "save_pretrained", "require", "parse_size", "INDEX", "SINGLE"]
+
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``5GB``, ``500MB``, ``2GiB``, ``1000`` -> bytes (powers of 1024: safetensors shards are compared in bytes)."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ValueError(f"{text!r} is not a size (e.g. 5GB, 500MB)")
+    return int(float(m.group(1)) * 1024 ** "_KMGT".index(m.group(2).upper() or "_"))
+
+
+def _standalone(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors that share memory (tied weights, views): each gets its own contiguous copy."""
+    seen: set[tuple[int, int]] = set()
+    out = {}
+    for name, t in state.items():
+        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) if t.numel() else (id(t), 0)
+        shared = key in seen or not t.is_contiguous() or t.storage_offset() or \
+            t.untyped_storage().nbytes() != t.numel() * t.element_size()
+        seen.add(key)
+        out[name] = t.detach().contiguous().clone() if shared else t.detach()
+    return out
+
+
+def write_safetensors(state: dict[str, torch.Tensor], folder: Path, max_shard_bytes: int,
+                      metadata: dict[str, str] | None = None, extra: dict[str, str] | None = None) -> list[Path]:
+    """Write ``state`` into ``folder`` (which must not exist): one file, or shards of at most ``max_shard_bytes``
+    (a tensor larger than that gets a shard of its own) with their index; ``extra`` files (name -> text) beside
+    them. Returns the files written."""
+    from safetensors.torch import save_file
+
+    state = _standalone({k: v.to("cpu") for k, v in state.items()})
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in state.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    tmp = temp_path(folder)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        names = [SINGLE] if len(shards) == 1 else \
+            [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+        for name, shard in zip(names, shards, strict=True):
+            save_file(shard, tmp / name, metadata={"format": "pt", **(metadata or {})})
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
+                     "weight_map": {k: name for name, shard in zip(names, shards, strict=True) for k in shard}}
+            (tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+            names.append(INDEX)
+        for name, text in (extra or {}).items():
+            (tmp / name).write_text(text)
+            names.append(name)
+        os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return [folder / name for name in names]
+
+
+def require(module: str, extra: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise CheckpointError(f"exporting needs the {module} package. HINT: pip install 'trainstack[{extra}]'.")
+
+
+def save_pretrained(config: dict[str, Any], state: dict[str, torch.Tensor], out: Path, max_shard_size: str
+                     ) -> list[Path]:
+    """The model rebuilt from its config (no download), the weights loaded, ``save_pretrained`` into a temp folder
+    renamed into place."""
+    import transformers
+
+    architecture = (config.get("architectures") or [None])[0]
+    cls = getattr(transformers, architecture, None) if architecture else None
+    if cls is None:
+        raise CheckpointError(f"the checkpoint's model class {architecture!r} is not in transformers "
+                              f"{transformers.__version__}. HINT: use --format safetensors.")
+    hf_config = transformers.AutoConfig.for_model(**config)
+    model = cls(hf_config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    if unexpected or [k for k in missing if k not in tied]:
+        raise CheckpointError(f"the weights do not fit {architecture}: missing {missing[:5]}, unexpected "
+                              f"{unexpected[:5]}")
+    tmp = temp_path(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return sorted(out.iterdir())
