@@ -131,17 +131,12 @@ def packed(state: Any) -> list[memoryview]:
     tensors: list[torch.Tensor] = []
 
     def strip(obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
-            tensors.append(obj.contiguous())
-            return {_TENSOR: len(tensors) - 1}
-        if isinstance(obj, dict):
-            return {k: strip(v) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            items = [strip(v) for v in obj]
-            return items if isinstance(obj, list) else tuple(items)
-        return obj
+        if not isinstance(obj, torch.Tensor):
+            return None
+        tensors.append(obj.contiguous())
+        return {_TENSOR: len(tensors) - 1}
 
-    skeleton = strip(state)
+    skeleton = _walk(state, strip)
     raw = [t.reshape(-1).view(torch.uint8).numpy().data for t in tensors]
     table, offset = [], 0
     for t, chunk in zip(tensors, raw, strict=True):
@@ -170,17 +165,21 @@ def unpacked(data: bytes | bytearray | memoryview) -> dict[str, Any]:
     tensors = [buffer[start + off:start + off + n].view(getattr(torch, dtype)).reshape(shape).clone()
                for dtype, shape, off, n in header["table"]]
 
-    def fill(obj: Any) -> Any:
-        if isinstance(obj, dict) and set(obj) == {_TENSOR}:
-            return tensors[obj[_TENSOR]]
-        if isinstance(obj, dict):
-            return {k: fill(v) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            items = [fill(v) for v in obj]
-            return items if isinstance(obj, list) else tuple(items)
-        return obj
+    return _walk(header["skeleton"], lambda obj: tensors[obj[_TENSOR]] if isinstance(obj, dict)
+                 and set(obj) == {_TENSOR} else None)
 
-    return fill(header["skeleton"])
+
+def _walk(obj: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``obj`` (nested dicts, lists, tuples) with ``leaf(x)`` in place of every part it returns a value for."""
+    found = leaf(obj)
+    if found is not None:
+        return found
+    if isinstance(obj, dict):
+        return {k: _walk(v, leaf) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [_walk(v, leaf) for v in obj]
+        return items if isinstance(obj, list) else tuple(items)
+    return obj
 
 
 def _padded(n: int) -> int:
