@@ -43,7 +43,7 @@ def fault(trainer, *_args) -> None:
     faults = dict(item.split(":") for item in os.environ.get("FAULTS", "").split(",") if item)
     mode = faults.get(str(step))
     marker = OUT / f"faulted-{step}"
-    if mode is None or RANK != int(os.environ.get("CRASH_RANK", "3")) or marker.exists():
+    if mode is None or mode == "midsave" or RANK != int(os.environ.get("CRASH_RANK", "3")) or marker.exists():
         return
     marker.touch()
     for job in memory_folders():
@@ -57,6 +57,23 @@ def fault(trainer, *_args) -> None:
     os._exit(9)
 
 
+def die_inside_a_save(step: int) -> None:
+    """The ``midsave`` fault: rank CRASH_RANK dies inside the writer thread at the memory save of ``step``, before
+    its copy is written anywhere -- that step's set is left incomplete."""
+    from trainstack._checkpoint.memory import MemoryCheckpoints
+
+    original = MemoryCheckpoints._round
+
+    def dying(self, at: int, copy) -> None:
+        marker = OUT / f"faulted-{at}"
+        if at == step and RANK == int(os.environ.get("CRASH_RANK", "3")) and not marker.exists():
+            marker.touch()
+            os._exit(9)
+        original(self, at, copy)
+
+    MemoryCheckpoints._round = dying
+
+
 def started(trainer, *_args) -> None:
     if RANK == 0:
         with open(OUT / "progress", "a") as fh:
@@ -65,6 +82,9 @@ def started(trainer, *_args) -> None:
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
+    for item in os.environ.get("FAULTS", "").split(","):
+        if item.endswith(":midsave"):
+            die_inside_a_save(int(item.split(":")[0]))
     (OUT / "pids").mkdir(exist_ok=True)
     (OUT / "pids" / f"rank-{RANK}").write_text(str(os.getpid()))
     torch.manual_seed(0)

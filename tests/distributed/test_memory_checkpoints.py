@@ -54,16 +54,21 @@ def _resumed(output: str) -> list[tuple[int, str]]:
 
 
 def test_each_fault_resumes_from_the_newest_complete_copies_bitwise(run_py, tmp_path, references):
-    """One run, four faults on rank 3 (memory every 3 steps, durable every 10), torchrun restarting the group:
+    """One run, five faults on rank 3 (memory every 3 steps, durable every 10), torchrun restarting the group:
     step 5, the process dies -> every rank from its own memory (step 3); step 10, rank 1's newest copy truncated ->
     passed over, named, rank 1 from its peer's copy (step 9); step 14, node n1 lost with its memory -> ranks 2, 3
-    from their copies on n0 (step 12); step 20, both nodes' memory lost -> the durable checkpoint (step 10), said.
+    from their copies on n0 (step 12); step 15, rank 3 dies inside its memory save before writing it -> step 15's
+    set is incomplete, passed over, named: step 12 again; step 20, both nodes' memory lost -> the durable checkpoint
+    (step 10), said.
     (A memory set no newer than the durable checkpoint is not used: the durable one is the same state.)
     The end is bitwise the uninterrupted run's; the finished run frees its memory."""
     out = tmp_path / "out"
-    proc = _torchrun(run_py, out, restarts=4, FAULTS="5:exit,10:corrupt,14:node,20:both", DURABLE=10)
+    proc = _torchrun(run_py, out, restarts=5, FAULTS="5:exit,10:corrupt,14:node,15:midsave,20:both", DURABLE=10)
     assert _resumed(proc.stdout) == [(3, "every rank from its own memory"), (9, "rank 1 from a copy on n1"),
-                                     (12, "ranks 2, 3 from a copy on n0")], proc.stdout[-3000:]
+                                     (12, "ranks 2, 3 from a copy on n0"), (12, "ranks 2, 3 from a copy on n0")], \
+        proc.stdout[-3000:]
+    assert "memory checkpoints passed over: step 15: no copy left of rank(s) 3; the next source was used" \
+        in proc.stdout, proc.stdout[-3000:]
     assert re.search(r"memory checkpoints passed over: rank 1's step 9 in its own memory: truncated \(100 of \d+ "
                      r"bytes\); the next source was used", proc.stdout), proc.stdout[-3000:]
     assert "no complete memory checkpoint set newer than the durable checkpoint; resuming from the durable " \
@@ -138,6 +143,7 @@ def test_kill9_at_ten_random_moments_loses_at_most_n_steps_each_time(tmp_path, r
             lost.append(reached - int(value))
         reached = int(value)
     assert len(lost) == 10, (lost, kills)
+    print(f"steps lost per restart {lost} (N={n}); kills (rank, a copy being written) {kills}")
     assert all(0 <= k <= n for k in lost), f"steps lost per restart {lost} (N={n}); kills (rank, mid-copy) {kills}"
     _same_final(out, twin, 4)
 
