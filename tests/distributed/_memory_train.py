@@ -46,6 +46,9 @@ def fault(trainer, *_args) -> None:
     if mode is None or mode == "midsave" or RANK != int(os.environ.get("CRASH_RANK", "3")) or marker.exists():
         return
     marker.touch()
+    run = trainer.run
+    if run is not None and run.memory is not None:
+        run.memory.wait()  # the last save's set is complete on every rank (its round ends with an all-reduce)
     for job in memory_folders():
         if mode == "node":
             shutil.rmtree(job / "n1", ignore_errors=True)
