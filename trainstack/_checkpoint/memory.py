@@ -357,12 +357,10 @@ class MemoryCheckpoints:
         self.peer = peers[rank]
         self.senders = [r for r, p in enumerate(peers) if p == rank and r != rank]
         self.files = _Node(folder / node, rank)
-        self.stall_seconds = 0.0  # the training thread's time in save(), waiting for the previous save included
-        self.waited_seconds = 0.0  # of which waiting for the previous save (the interval was shorter than a round)
+        self.waited_seconds = 0.0  # training waited for the previous save (the interval was shorter than a round)
         self.staging: list[float] = []  # each save's CPU copy, in seconds (the first also maps the buffers)
         self._buffers: dict[str, torch.Tensor] = {}  # the staging copies, reused from save to save
         self.saves = 0
-        self.committed_step: int | None = None  # the newest step every rank holds both copies of
         self.error: str = ""  # why the last save failed on this rank ('' when it did not)
         self.last_passed_over: list[str] = []  # the copies the last restore refused, in words
         self._queue: queue.Queue[tuple[int, Any] | None] = queue.Queue(maxsize=1)
@@ -422,10 +420,8 @@ class MemoryCheckpoints:
             self._thread.start()
         self._idle.clear()
         self._queue.put((step, copy))
-        waited = time.perf_counter() - start
-        self.stall_seconds += waited
         self.saves += 1
-        return waited
+        return time.perf_counter() - start
 
     def wait(self) -> None:
         """Until the save in flight is written and copied."""
@@ -460,7 +456,6 @@ class MemoryCheckpoints:
         if self.group is not None:
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
         if int(flag.item()) == 1:
-            self.committed_step = step
             self.files.prune([self.rank, *self.senders], step)
             self.error = ""
 
