@@ -217,9 +217,10 @@ class Run:
                                        f"next source was used.")
         elif restored is None and (passed_over or newest is not None):
             why = f": {'; '.join(passed_over)}" if passed_over else ""
-            where = f"the durable checkpoint {newest.name}" if newest is not None else "the start"
-            self.trainer.console_print(f"trainstack: no complete memory checkpoint set newer than the durable "
-                                       f"checkpoint{why}; resuming from {where}.")
+            than, where = (" newer than the durable checkpoint", f"the durable checkpoint {newest.name}") \
+                if newest is not None else ("", "the start")
+            self.trainer.console_print(f"trainstack: no complete memory checkpoint set{than}{why}; resuming from "
+                                       f"{where}.")
         return restored
 
     def save_memory(self, due: set[str]) -> None:
