@@ -44,11 +44,9 @@ def _standalone(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_safetensors(state: dict[str, torch.Tensor], folder: Path, max_shard_bytes: int,
-                      metadata: dict[str, str] | None = None, extra: dict[str, str] | None = None) -> list[Path]:
+def write_safetensors(state: dict[str, torch.Tensor], folder: Path, max_shard_bytes: int) -> list[Path]:
     """Write ``state`` into ``folder`` (which must not exist): one file, or shards of at most ``max_shard_bytes``
-    (a tensor larger than that gets a shard of its own) with their index; ``extra`` files (name -> text) beside
-    them. Returns the files written."""
+    (a tensor larger than that gets a shard of its own) with their index. Returns the files written."""
     from safetensors.torch import save_file
 
     state = _standalone({k: v.to("cpu") for k, v in state.items()})
@@ -68,15 +66,12 @@ def write_safetensors(state: dict[str, torch.Tensor], folder: Path, max_shard_by
         names = [SINGLE] if len(shards) == 1 else \
             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
         for name, shard in zip(names, shards, strict=True):
-            save_file(shard, tmp / name, metadata={"format": "pt", **(metadata or {})})
+            save_file(shard, tmp / name, metadata={"format": "pt"})
         if len(shards) > 1:
             index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
                      "weight_map": {k: name for name, shard in zip(names, shards, strict=True) for k in shard}}
             (tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n")
             names.append(INDEX)
-        for name, text in (extra or {}).items():
-            (tmp / name).write_text(text)
-            names.append(name)
         os.replace(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
