@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -231,6 +232,27 @@ def _run_fabric(model, data, spec, device, steps, probe):
         opt.step()
 
 
+def hand_flops(spec: dict) -> float:
+    """One training step's FLOPs by hand (3x the forward: the backward costs two forwards): 2 per multiply-add of
+    every Linear, plus attention's two (seq x seq x d) products per layer, full (as torch's counter counts them)."""
+    if spec["kind"] == "mlp":
+        weights = sum(a * b for a, b in zip(spec["dims"], spec["dims"][1:], strict=False))
+        return 3 * 2 * spec["batch"] * weights
+    layers, d, seq = spec["layers"], spec["d"], spec["seq"]
+    per_token = 2 * (12 * layers * d * d + d * spec["vocab"]) + 4 * layers * seq * d
+    return 3 * spec["batch"] * seq * per_token
+
+
+def mfu_by_hand(spec: dict, device: str, steps_per_s: float) -> float | None:
+    """MFU by hand: ``hand_flops`` x the measured steps/s / the peak trainstack uses (None without a peak)."""
+    import torch
+
+    from trainstack._train.throughput import peak_flops
+
+    peak, _ = peak_flops(torch.device(device), spec["precision"])  # a CPU has one only from TRAINSTACK_PEAK_TFLOPS
+    return hand_flops(spec) * steps_per_s / peak if peak else None
+
+
 def worker(system: str, workload: str, device: str, steps: int, out: str, smoke: bool, start: float) -> None:
     spec = _spec(workload, smoke)
     model, data = _model(spec), _data(spec, steps)
@@ -243,7 +265,9 @@ def worker(system: str, workload: str, device: str, steps: int, out: str, smoke:
         _run_trainer(model, data, spec, device, steps, probe, out)
     else:
         run(model, data, spec, device, steps, probe)
-    Path(out, "result.json").write_text(json.dumps(probe.report(start)))
+    report = probe.report(start)
+    report["mfu_hand"] = mfu_by_hand(spec, device, report["steps_per_s"])
+    Path(out, "result.json").write_text(json.dumps(report))
 
 
 # ------------------------------------------------------------------------------------------------ driver side
@@ -254,26 +278,30 @@ def measure(system: str, workload: str, device: str, steps: int, smoke: bool) ->
                                out, "1" if smoke else "0", repr(start)], capture_output=True, text=True, timeout=1200)
         if proc.returncode != 0:
             raise RuntimeError(f"{system}/{workload} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-        return {"system": system, "workload": workload, **json.loads(Path(out, "result.json").read_text())}
+        said = re.findall(r"mfu ([0-9.]+)%", proc.stdout)  # the Trainer's end summary: its MFU over the run
+        return {"system": system, "workload": workload, **json.loads(Path(out, "result.json").read_text()),
+                "mfu_reported": float(said[-1]) / 100 if said else None}
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| workload | system | steps/s | ratio vs raw | host syncs/step | peak GPU MB | startup s |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| workload | system | steps/s | ratio vs raw | host syncs/step | peak GPU MB | startup s | MFU by hand |"
+             " MFU reported |", "|---|---|---|---|---|---|---|---|---|"]
     for workload in dict.fromkeys(r["workload"] for r in rows):
         group = [r for r in rows if r["workload"] == workload]
         med = {}
         for system in dict.fromkeys(r["system"] for r in group):
             runs = [r for r in group if r["system"] == system]
             med[system] = {k: statistics.median([r[k] for r in runs]) if runs[0][k] is not None else None
-                           for k in ("steps_per_s", "syncs_per_step", "peak_mem_mb", "startup_s")}
+                           for k in ("steps_per_s", "syncs_per_step", "peak_mem_mb", "startup_s", "mfu_hand",
+                                     "mfu_reported")}
         raw = med.get("raw")
         for system, m in med.items():
             ratio = f"{m['steps_per_s'] / raw['steps_per_s']:.3f}" if raw else "-"
             syncs = "-" if m["syncs_per_step"] is None else f"{m['syncs_per_step']:.2f}"
             mem = "-" if m["peak_mem_mb"] is None else f"{m['peak_mem_mb']:.0f}"
+            hand, said = (("-" if m[k] is None else f"{100 * m[k]:.1f}%") for k in ("mfu_hand", "mfu_reported"))
             lines.append(f"| {workload} | {system} | {m['steps_per_s']:.1f} | {ratio} | {syncs} | {mem} | "
-                         f"{m['startup_s']:.2f} |")
+                         f"{m['startup_s']:.2f} | {hand} | {said} |")
     return "\n".join(lines)
 
 

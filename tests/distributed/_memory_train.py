@@ -1,6 +1,7 @@
 """Trained by test_memory_checkpoints.py under torchrun: memory checkpoints every MEM steps, ranks grouped into
-"nodes" of NODE_SIZE (TRAINSTACK_NODE_NAME), faults at the steps FAULTS names on rank CRASH_RANK (default 3), and
-every rank's final local state saved for a bitwise comparison.
+"nodes" of NODE_SIZE (TRAINSTACK_NODE_NAME), durable checkpoints every DURABLE steps (CHECKPOINT_FORMAT; ASYNC:
+in the background), faults at the steps FAULTS names on rank CRASH_RANK (default 3), and every rank's final local
+state saved for a bitwise comparison.
 
 FAULTS, ``step:kind,...``, each once: ``exit`` (the process dies), ``node`` (node n1 is lost with its memory: its
 folder removed), ``both`` (every node's memory lost), ``corrupt`` (rank 1's newest own copy truncated, then the
@@ -100,6 +101,8 @@ def main() -> None:
                          resume="auto", seed=1, strategy=os.environ.get("STRATEGY", "ddp"),
                          memory_checkpoint_every_n_steps=int(os.environ.get("MEM", "3")),
                          checkpoint_every_n_steps=int(os.environ.get("DURABLE", "0")), log_every_n_steps=0,
+                         checkpoint_format=os.environ.get("CHECKPOINT_FORMAT", "auto"),
+                         async_checkpoint=bool(os.environ.get("ASYNC")),
                          callbacks=[Callback(on="train_batch_end", callback=fault),
                                     Callback(on="train_start", callback=started)])
     trained, _ = Trainer(model, optimizer, config, loss_fn="mse").fit(loader)

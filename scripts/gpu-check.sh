@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The whole GPU lane in one call: on a CUDA machine it runs in <= GPU_CHECK_BUDGET seconds (default 480) and writes
+# one report. Without CUDA (CI) it is a dry run: the same parts, the GPU ones skipped with their reason.
+#
+#   scripts/gpu-check.sh [REPORT]          # default: $OUT/gpu-check.md where OUT is set, else ./gpu-check.md
+#
+# Parts, most important first, each under its own limit and the overall budget: facts (device, driver, torch,
+# CUDA, NCCL, the packages trainstack needs), trainstack doctor, python -m trainstack.nccl_check, the GPU tests
+# (tests/gpu: host syncs, exact resume no/bf16/fp16, memory + sharded checkpoints on CUDA, the examples), the GPU
+# bench (bench/gpu.py: steps/s vs a raw loop, syncs/step, peak memory, start-up, MFU by hand vs reported), compile
+# cold vs warm (bench/compile.py --device cuda), and an fp8 probe. Packages the machine lacks travel as wheels in
+# WHEELS (default .whl, `make gpu-wheels` fills it) and are installed to a private folder first.
+# shellcheck disable=SC2317  # facts and fp8_probe run through `timeout bash -c` (exported functions)
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+export PY=${PYTHON:-python3}
+REPORT=${1:-${OUT:-.}/gpu-check.md}
+LOG="${REPORT%.md}.log"
+BUDGET=${GPU_CHECK_BUDGET:-480}
+WHEELS=${WHEELS:-.whl}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+mkdir -p "$(dirname "$REPORT")"
+: >"$LOG"
+ROWS=()
+
+if ls "$WHEELS"/*.whl >/dev/null 2>&1 && ! "$PY" -c "import hostlist" 2>/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/trainstack-site "$WHEELS"/*.whl >>"$LOG" 2>&1
+  export PYTHONPATH="$PYTHONPATH:/tmp/trainstack-site"
+fi
+if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  GPU=1
+else
+  GPU=0
+fi
+
+# part NAME LIMIT NEEDS_GPU CMD...: runs CMD under min(LIMIT, what is left of the budget), its output to the log
+# and its tail to the report; a row of the summary table either way.
+part() {
+  local name="$1" limit="$2" gpu="$3" started=$SECONDS rc=0 status
+  shift 3
+  local left=$((BUDGET - SECONDS))
+  {
+    echo
+    echo "## $name"
+    echo
+  } >>"$REPORT.parts"
+  if [[ $gpu == 1 && $GPU == 0 ]]; then
+    ROWS+=("| $name | skipped: no CUDA device here | 0 |")
+    echo "skipped: no CUDA device here" >>"$REPORT.parts"
+    return 0
+  fi
+  if ((left < 10)); then
+    ROWS+=("| $name | skipped: the ${BUDGET} s budget is spent | 0 |")
+    echo "skipped: the budget is spent" >>"$REPORT.parts"
+    return 0
+  fi
+  ((limit > left)) && limit=$left
+  echo "=== $name (limit ${limit} s): $*" | tee -a "$LOG"
+  if declare -F "$1" >/dev/null; then  # one of the functions below: timeout runs programs, so through bash
+    timeout -k 10 "$limit" bash -c "$1" >"$REPORT.out" 2>&1 || rc=$?
+  else
+    timeout -k 10 "$limit" "$@" >"$REPORT.out" 2>&1 || rc=$?
+  fi
+  cat "$REPORT.out" >>"$LOG"
+  case $rc in
+    0) status=passed ;;
+    124 | 137) status="TIMED OUT after ${limit} s" ;;
+    *) status="FAILED (exit $rc)" ;;
+  esac
+  ROWS+=("| $name | $status | $((SECONDS - started)) |")
+  echo "$name: $status in $((SECONDS - started)) s"
+  {
+    echo '```'
+    tail -n 60 "$REPORT.out"
+    echo '```'
+  } >>"$REPORT.parts"
+}
+
+facts() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,ecc.errors.uncorrected.volatile.total \
+    --format=csv 2>&1 || echo "nvidia-smi: not here"
+  "$PY" - <<'EOF'
+import importlib.metadata as md, platform, torch
+print("python", platform.python_version(), "| torch", torch.__version__, "| CUDA", torch.version.cuda)
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"device {p.name}, capability {p.major}.{p.minor}, {p.total_memory / 2**30:.0f} GiB,"
+          f" NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")
+for name in ("click", "jinja2", "rich", "python-hostlist", "numpy", "cloudpickle", "safetensors", "transformers",
+             "accelerate", "lightning", "torchao", "pytest", "pytest-timeout", "pytest-xdist"):
+    try:
+        print(f"  {name} {md.version(name)}")
+    except md.PackageNotFoundError:
+        print(f"  {name}: MISSING")
+EOF
+}
+
+fp8_probe() {
+  "$PY" - <<'EOF'
+import importlib.util, torch
+major, minor = torch.cuda.get_device_capability()
+print(f"compute capability {major}.{minor}: fp8 tensor cores {'yes' if (major, minor) >= (8, 9) else 'no'}")
+print("torchao:", "installed" if importlib.util.find_spec("torchao") else "not installed")
+a = torch.randn(256, 256, device="cuda").to(torch.float8_e4m3fn)
+b = torch.randn(256, 256, device="cuda").to(torch.float8_e4m3fn).t()
+one = torch.ones((), device="cuda")
+out = torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+print("torch._scaled_mm (float8 e4m3 x e4m3 -> bf16):", tuple(out.shape), out.dtype)
+EOF
+}
+
+export -f facts fp8_probe
+XDIST=()
+"$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 3)
+part facts 30 0 facts
+part "trainstack doctor" 60 0 "$PY" -m trainstack doctor --compute-setup "$([[ $GPU == 1 ]] && echo gpu || echo cpu)"
+part "nccl_check" 90 1 "$PY" -m trainstack.nccl_check --compute-setup gpu --nprocs 1
+part "test-gpu (tests/gpu)" 200 0 "$PY" -m pytest tests/gpu -m gpu -rs -p no:cacheprovider "${XDIST[@]}" --durations=10
+part "bench-gpu (raw vs trainstack vs peers)" 150 1 "$PY" bench/gpu.py --reps 1 --steps 120
+part "compile cold vs warm" 110 1 "$PY" bench/compile.py --device cuda --reps 1 --steps 60
+part "fp8 probe" 30 1 fp8_probe
+
+{
+  echo "# trainstack GPU check ($(date -u +%Y-%m-%dT%H:%MZ), ${SECONDS} s of a ${BUDGET} s budget)"
+  echo
+  echo "| part | result | seconds |"
+  echo "|---|---|---|"
+  printf '%s\n' "${ROWS[@]}"
+  cat "$REPORT.parts"
+} >"$REPORT"
+rm -f "$REPORT.parts" "$REPORT.out"
+echo "report: $REPORT (full output: $LOG)"
+grep -q "FAILED\|TIMED OUT" "$REPORT" && exit 1
+exit 0
