@@ -94,7 +94,8 @@ def worker_trainer(steps: int, out: Path, device: str) -> None:
 def measure(system: str, steps: int, cache: Path, device: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="ts-compile-") as tmp:
         out = Path(tmp) / "stamps.json"
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))  # wheels carried there too
+        env = {**os.environ, "PYTHONPATH": path, "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
                "TRAINSTACK_COMPILE_CACHE": str(cache), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
         proc = subprocess.run([sys.executable, __file__, "--worker", system, str(steps), str(out), device], env=env,
                               capture_output=True, text=True, timeout=900)

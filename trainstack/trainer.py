@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -501,14 +500,13 @@ class Trainer:
 
     def _finish(self, active: Run) -> None:
         """The end of a finished run: the final checkpoint, the user's train_end callbacks, the last reports."""
+        active.tracker.live.stop()  # the steps are done: the summary's throughput ends here
         if active.schedule.periodic_checkpoints:
             self.save_checkpoint()
         self.callbacks.fire("train_end", self, self.current_epoch)
         with watchdog.phase("callback"):
             active.tracker.train_end(self.current_epoch, self.model)
-        active.tracker.summary(time.monotonic() - active.started, (self.current_epoch, self.global_step),
-                               (active.first_epoch, active.first_step), active.best(), self.stop_reason,
-                               self.metrics)
+        active.summarize(self.stop_reason, self.metrics)
 
     # ------------------------------------------------------------------ state
     def _active(self) -> Run | None:

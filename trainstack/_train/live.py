@@ -3,7 +3,7 @@ Slurm log), and the end-of-run summary.
 
 A live line reads ``epoch 2/10 | step 150/400 | loss 0.4123 | lr 1.00e-03 | 812 samples/s | <logged values>``:
 the loss and the loss function's metrics averaged over the steps since the previous line (from the epoch's sums
-on the device: the ``.item()`` host sync happens here, once per line), the learning rate of every param group,
+on the device: fetched here in one transfer, the one host sync of a line), the learning rate of every param group,
 and the throughput over the interval.
 """
 
@@ -82,11 +82,14 @@ class LiveLog:
         self._n = 0
         self._step: float = 0
         self._time = time.monotonic()
+        self._steady: tuple[float, float] | None = None  # (step, time) of the last restart: the run's steady part
+        self._ended: float | None = None
 
     def restart(self, step: float) -> None:
         """The next interval's rates count from ``step`` and now (a run's start, a resumed one's, after the first
-        step's warm-up): never the steps before this run, nor a compile, as throughput."""
+        step's warm-up and the FLOP-counted step): never the steps before this run, nor a compile, as throughput."""
         self._step, self._time = step, time.monotonic()
+        self._steady = (step, self._time)
         self._waited, self._stalled = self.data_wait, self.memory_stall
         self._optimized = self.optimizer_timer.seconds() or 0.0 if self.optimizer_timer is not None else 0.0
 
@@ -110,9 +113,10 @@ class LiveLog:
             self._sums, self._loss, self._metrics, self._n = sums, None, {}, 0
         batches = n - self._n
         if batches > 0 and sums.loss_sum is not None:
-            out["loss"] = float(sums.loss_sum - (self._loss if self._loss is not None else 0)) / batches
-            for name, total in sums.sums.items():
-                out[name] = float(total - self._metrics.get(name, 0)) / batches
+            names = ["loss", *sums.sums]
+            deltas = [sums.loss_sum - (self._loss if self._loss is not None else 0),
+                      *(total - self._metrics.get(name, 0) for name, total in sums.sums.items())]
+            out.update((name, value / batches) for name, value in zip(names, host_floats(deltas), strict=True))
         out.update(learning_rates(optimizer))
         seconds = max(now - self._time, 1e-9)
         if step > self._step:
@@ -130,12 +134,20 @@ class LiveLog:
         return out
 
 
-    def run_line(self, seconds: float, steps: int) -> str:
-        """The whole run's throughput and step-time split for the end summary (empty before a step):
-        ``812 samples/s, mfu 41% | time: data wait 3%, optimizer 12%, forward/backward and the rest 85%``."""
+    def stop(self) -> None:
+        """The last step is done: the run's throughput ends here (the final checkpoint is not a step)."""
+        self._ended = time.monotonic()
+
+    def run_line(self, seconds: float, steps: int, last_step: int) -> str:
+        """The run's throughput (its steady part: from after the warm-up and FLOP-counted steps to the last step's
+        end, validations and checkpoints between included) and the whole run's step-time split, for the end summary
+        (empty before a step): ``812 samples/s, mfu 41% | time: data wait 3%, optimizer 12%, the rest 85%``."""
         if seconds <= 0 or steps <= 0:
             return ""
-        rates = self._rates(steps / seconds, 0)
+        rate = steps / seconds
+        if self._steady is not None and self._ended is not None and last_step > self._steady[0]:
+            rate = (last_step - self._steady[0]) / max(self._ended - self._steady[1], 1e-9)
+        rates = self._rates(rate, 0)
         rates.pop("eta_s", None), rates.pop("max_mem_gb", None)
         split = {"data wait": min(self.data_wait / seconds, 1.0)}
         optimized = self.optimizer_timer.seconds() if self.optimizer_timer is not None else None
@@ -195,6 +207,17 @@ def timed(batches: Any, live: LiveLog) -> Any:
 def _cuda_in_use() -> bool:
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def host_floats(values: list[Any]) -> list[float]:
+    """Device scalars as Python floats in one transfer: one host sync per line, however many metrics it shows."""
+    torch = sys.modules.get("torch")  # a tensor here means torch is imported; this module never imports it
+    tensors = [v for v in values if torch is not None and isinstance(v, torch.Tensor)]
+    if len(tensors) < 2 or len({t.device for t in tensors}) > 1:
+        return [float(v) for v in values]
+    wide = torch.float32 if tensors[0].device.type == "mps" else torch.float64  # MPS has no float64
+    fetched = iter(torch.stack([t.detach().reshape(()).to(wide) for t in tensors]).tolist())
+    return [next(fetched) if isinstance(v, torch.Tensor) else float(v) for v in values]
 
 
 def learning_rates(optimizer: Any) -> dict[str, float]:

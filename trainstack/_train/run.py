@@ -332,6 +332,12 @@ class Run:
                 "saved_at": time.time(), "identity": self.identity, "run_id": self.run_id,
                 "stopped_by": stopped_by(trainer.stop_training, trainer.stop_reason)}
 
+    def summarize(self, reason: str, final: dict[str, Any] | None) -> None:
+        """The end-of-run summary of a finished run (rank 0): its steps, time, throughput, best and final values."""
+        trainer = self.trainer
+        self.tracker.summary(time.monotonic() - self.started, (trainer.current_epoch, trainer.global_step),
+                             (self.first_epoch, self.first_step), self.best(), reason, final)
+
     def best(self) -> dict[str, Any] | None:
         """The best monitored value of the first ``ModelCheckpoint`` that has one, with its file."""
         return best_of(self.trainer.callbacks, self.checkpointer)

@@ -176,7 +176,7 @@ class Tracker:
         if not (self.is_main and self.config.verbose):
             return
         self._stop_bar()
-        line = self.live.run_line(seconds, end[1] - start[1])
+        line = self.live.run_line(seconds, end[1] - start[1], end[1])
         print(summary(seconds, end, start, best, self.folder, reason, line, final), flush=True)
 
     def _stop_bar(self) -> None:
