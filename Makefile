@@ -13,7 +13,7 @@ NPROCS ?= 2
 PYTEST_ARGS ?=
 SLURM_CONF_PATH := /tmp/trainstack-slurm/slurm.conf
 
-.PHONY: help venv install run test test-slow test-fast test-dist test-slurm test-gpu lint lint-hpc typecheck bench bench-smoke \
+.PHONY: help venv install run test test-slow test-fast test-dist test-slurm test-gpu gpu-check gpu-wheels lint lint-hpc typecheck bench bench-smoke \
         bench-peers bench-gpu bench-slurm bench-recovery bench-memory bench-compile bench-startup image-test docs docs-serve slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
         apptainer-build nccl-check clean
 
@@ -47,6 +47,12 @@ test-fast: $(VENV)/.installed  ## unit tests only (no process spawning, no Slurm
 
 test-dist: $(VENV)/.installed  ## multi-process gloo tests
 	$(PY) -m pytest -m distributed $(PYTEST_ARGS)
+
+gpu-check:  ## the whole GPU lane in one call, one report (scripts/gpu-check.sh; a dry run without CUDA)
+	PYTHON=$(if $(wildcard $(PY)),$(PY),python3) scripts/gpu-check.sh $(GPU_CHECK_REPORT)
+
+gpu-wheels: $(VENV)/.installed  ## wheels a stock PyTorch GPU image lacks, into .whl/ for scripts/gpu-check.sh
+	$(PY) -m pip wheel -q --no-deps -w .whl "python-hostlist>=1.23"
 
 test-gpu: $(VENV)/.installed  ## the GPU lane (tests/gpu; skipped without CUDA, part of make test when CUDA is present)
 	$(PY) -m pytest tests/gpu -m gpu -rs $(PYTEST_ARGS)

@@ -213,7 +213,7 @@ def host_floats(values: list[Any]) -> list[float]:
     """Device scalars as Python floats in one transfer: one host sync per line, however many metrics it shows."""
     torch = sys.modules.get("torch")  # a tensor here means torch is imported; this module never imports it
     tensors = [v for v in values if torch is not None and isinstance(v, torch.Tensor)]
-    if len(tensors) < 2 or len({t.device for t in tensors}) > 1:
+    if torch is None or len(tensors) < 2 or len({t.device for t in tensors}) > 1:
         return [float(v) for v in values]
     wide = torch.float32 if tensors[0].device.type == "mps" else torch.float64  # MPS has no float64
     fetched = iter(torch.stack([t.detach().reshape(()).to(wide) for t in tensors]).tolist())
