@@ -37,11 +37,12 @@ from ._checkpoint.parts import state_of as _state_of
 from ._checkpoint.parts import unwrap as _unwrap
 from ._checkpoint.rng import capture_rng, gather_rng, restore_rng
 from ._checkpoint.sharded import load_checked as _load_shards
-from ._files import TEMP_RE, create_new, fsync_path, temp_path
+from ._files import TEMP_RE, create_new, fsync_path, temp_path, url_scheme
 from .errors import CheckpointError, UnreadableCheckpoint
 
 if TYPE_CHECKING:
     from ._checkpoint.memory import MemoryCheckpoints
+    from ._checkpoint.store import Uploads
 
 __all__ = ["CheckpointError", "Checkpointer", "Restored", "atomic_save", "capture_rng", "restore_rng",
            "checkpoint_name", "has_checkpoint", "load_file", "find", "consolidate", "describe", "load_checkpoint",
@@ -135,8 +136,9 @@ class Checkpointer:
     """
 
     def __init__(self, run_folder: str | os.PathLike, keep_last: int | None = None, is_main: bool = True,
-                 sharded: bool = False, async_save: bool = False) -> None:
+                 sharded: bool = False, async_save: bool = False, uploads: Uploads | None = None) -> None:
         self.folder = Path(run_folder) / "checkpoints"
+        self.uploads = uploads  # rank 0's uploads to a checkpoint store (``_checkpoint.store``), if there is one
         self.keep_last = keep_last
         self.is_main = is_main
         self.sharded = sharded
@@ -198,11 +200,14 @@ class Checkpointer:
         if isinstance(out, _dcp.Pending):
             self._pending = out
             return None
-        self._committed(named)
+        self._committed(named, out)
         return out if self.is_main else None
 
-    def wait(self) -> Path | None:
-        """Finish an asynchronous save in flight (collective: every rank calls it); its path on rank 0."""
+    def wait(self, uploads: bool = True) -> Path | None:
+        """Finish an asynchronous save in flight (collective: every rank calls it); its path on rank 0. With
+        ``uploads``, the upload to the checkpoint store in flight too."""
+        if uploads and self.uploads is not None:
+            self.uploads.wait()
         if self._pending is None:
             return None
         from ._checkpoint import sharded as _dcp
@@ -212,7 +217,7 @@ class Checkpointer:
             path = _dcp.finish(pending, self.is_main)
         except _save_errors() as exc:
             self._failed_save(pending.final, exc)
-        self._committed(named=False)
+        self._committed(False, pending.final)
         return path if self.is_main else None
 
     def _failed_save(self, final: Path, exc: BaseException) -> None:
@@ -226,16 +231,18 @@ class Checkpointer:
                               f"checkpoint is kept. HINT: free space or choose another root_folder/log_folder.") \
             from (exc if isinstance(exc, Exception) else None)
 
-    def _committed(self, named: bool) -> None:
+    def _committed(self, named: bool, path: Path) -> None:
         if self.is_main and not named:
             self._rotate()
+            if self.uploads is not None:
+                self.uploads.submit(path)
 
     def write(self, state: Mapping[str, Any], name: str) -> Path:
         """Write one prepared state atomically under ``name`` (this process only), then rotate."""
         path = self.folder / name
         self.last_save_seconds = atomic_save(dict(state), path)
         if _PATTERN.match(name):
-            self._rotate()
+            self._committed(False, path)
         return path
 
     # -------------------------------------------------------------- other names: best, last, top-k
@@ -481,6 +488,10 @@ def find(path: str | os.PathLike, which: str | None = None) -> Path:
     ``checkpoints`` folder (likewise) or a checkpoint itself."""
     from ._checkpoint.sharded import is_complete
 
+    if url_scheme(path):  # a checkpoint store (or one checkpoint in it): read from a downloaded copy
+        from ._checkpoint.store import local_copy
+
+        return local_copy(str(path), which)
     path = Path(path)
     if which is None and (path.is_file() or is_complete(path) or _PATTERN.match(path.name)
                           or path.name in (BEST, BEST_SHARDED)):

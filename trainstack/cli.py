@@ -555,8 +555,17 @@ def _which(fn: Any) -> Any:
     return fn
 
 
+def _checkpoint_path(path: str) -> None:
+    """A checkpoint, run folder or checkpoint-store URL (s3://...): a local one must exist here."""
+    from ._files import url_scheme
+
+    if not url_scheme(path) and not Path(path).exists():
+        raise click.BadParameter(f"{path!r} does not exist here (with --host it is read on the login node)",
+                                 param_hint="'PATH'")
+
+
 @checkpoint.command("inspect")
-@click.argument("path", type=click.Path())
+@click.argument("path")
 @_which
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_hosted
@@ -567,9 +576,7 @@ def checkpoint_inspect(path: str, which: str | None, as_json: bool) -> None:
 
     from .checkpoint import describe
 
-    if not Path(path).exists():
-        raise click.BadParameter(f"{path!r} does not exist here (with --host it is read on the login node)",
-                                 param_hint="'PATH'")
+    _checkpoint_path(path)
     info = describe(path, which)
     if as_json:
         click.echo(json.dumps(info, indent=2))
@@ -580,7 +587,7 @@ def checkpoint_inspect(path: str, which: str | None, as_json: bool) -> None:
 
 
 @checkpoint.command("consolidate")
-@click.argument("path", type=click.Path(exists=True))
+@click.argument("path")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The .pt file to write.")
 @_which
 @click.option("--force", is_flag=True, help="Overwrite --output if it exists.")
@@ -590,6 +597,7 @@ def checkpoint_consolidate(path: str, output: str, which: str | None, force: boo
     newest, --best or --last)."""
     from .checkpoint import atomic_save, consolidate
 
+    _checkpoint_path(path)
     if Path(output).exists() and not force:
         raise click.BadParameter(f"{output} exists; pass --force to overwrite it", param_hint="'-o'")
     state = consolidate(path, which)
@@ -598,7 +606,7 @@ def checkpoint_consolidate(path: str, output: str, which: str | None, force: boo
 
 
 @checkpoint.command("export")
-@click.argument("path", type=click.Path(exists=True))
+@click.argument("path")
 @click.option("-o", "--output", required=True, type=click.Path(), help="The folder to write (it must not exist).")
 @click.option("--format", "fmt", type=click.Choice(["safetensors", "hf"]), default="safetensors", show_default=True,
               help="safetensors: the plain module's weights; hf: a folder transformers' from_pretrained loads "
@@ -612,6 +620,7 @@ def checkpoint_export(path: str, output: str, fmt: str, max_shard_size: str, whi
     newest, --best or --last) for inference stacks: safetensors, or a Hugging Face folder."""
     from .checkpoint import export
 
+    _checkpoint_path(path)
     files = export(path, output, fmt, which, max_shard_size, force)
     size = sum(f.stat().st_size for f in files)
     click.echo(f"wrote {output}: {', '.join(f.name for f in files)} ({size / 1e6:,.1f} MB)")

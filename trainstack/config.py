@@ -153,10 +153,15 @@ class TrainConfig:
     batches and the final checkpoint, in a throw-away run folder that is deleted afterwards (True: 1; 0: off)."""
     resume: str | Path | None = None
     """``"auto"``: continue from the latest complete checkpoint of the run folder; a path: that checkpoint."""
+    checkpoint_store: str | None = None
+    """A URL (``s3://bucket/prefix``, ``gs://...``, any fsspec URL) the periodic checkpoints are also committed to:
+    each is saved in the run folder as always, then uploaded off the training thread and committed with a marker;
+    ``resume="auto"`` downloads the newest committed one when the run folder has none as new. Metrics and logs
+    stay in the run folder. With ``create_subfolder_per_run`` the run folder's name is appended to the URL."""
     keep_last_checkpoints: int | None = None
-    """Keep only the newest N periodic (resume) checkpoints. None: the newest 1 when a ``ModelCheckpoint`` keeps its
-    own best files (Lightning's count: its top-k plus ``last``), else all. A callback's named files are kept
-    separately."""
+    """Keep only the newest N periodic (resume) checkpoints (in the run folder and in ``checkpoint_store``). None:
+    the newest 1 when a ``ModelCheckpoint`` keeps its own best files (Lightning's count: its top-k plus ``last``),
+    else all. A callback's named files are kept separately."""
     stop_signals: tuple[str, ...] | None = None
     """Signals that request a graceful stop (checkpoint, then exit 0). None: ``TRAINSTACK_STOP_SIGNALS`` or SIGUSR2."""
     stop_file: Path | None = None
@@ -249,6 +254,10 @@ class TrainConfig:
             _not_a_url("resume", self.resume)
         if self.resume is False:  # type: ignore[comparison-overlap]  # qadence-style "off"
             self.resume = None
+        if self.checkpoint_store is not None and not url_scheme(self.checkpoint_store):
+            raise ConfigError(f"TrainConfig.checkpoint_store={self.checkpoint_store!r} must be a URL such as "
+                              f"s3://bucket/prefix. HINT: checkpoints already go to the run folder "
+                              f"(log_folder/root_folder) on a local or shared file system.")
 
     def _check_callables(self) -> None:
         from .callbacks import Callback  # lazily: the callbacks package is only needed when a config is checked
@@ -414,8 +423,8 @@ def _not_a_url(name: str, value: str | os.PathLike) -> None:
     if scheme:
         raise ConfigError(f"TrainConfig.{name}={str(value)!r} is a {scheme}:// URL, but run folders and checkpoints "
                           f"are written to a file system: it would become a local folder named '{scheme}:'. HINT: "
-                          f"give a path on a local or shared file system (a bucket mounted with mountpoint-s3, "
-                          f"s3fs-fuse or goofys works) and copy the finished run to {scheme}:// from there.")
+                          f"give a path on a local or shared file system for the run folder and "
+                          f"checkpoint_store={str(value)!r} to commit the checkpoints there too.")
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

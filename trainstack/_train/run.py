@@ -35,6 +35,7 @@ from .steps import AMP_DTYPES, Step, autocast_precision, make_step, track_optimi
 from .tracker import Span, Tracker, banner_info
 
 if TYPE_CHECKING:
+    from .._checkpoint.store import Store, Uploads
     from ..checkpoint import MemoryCheckpoints
     from ..config import TrainConfig
     from ..trainer import Trainer
@@ -95,6 +96,8 @@ class Run:
     schedule: Schedule
     run_id: str | None
     memory: MemoryCheckpoints | None = None  # memory checkpoints (memory_checkpoint_every_n_steps)
+    store: Store | None = None  # the checkpoint store (checkpoint_store) and rank 0's uploads to it
+    uploads: Uploads | None = None
     compile_cache: Path | None = None
     peak_source: str = ""
 
@@ -141,8 +144,10 @@ class Run:
         self.folder = RunFolder(cfg, self.identity, trainer.console_print)
         self.path = self.folder.agree(acc, claim.path, claim.continuing)
         sharded = cfg.checkpoint_format == "sharded" or cfg.checkpoint_format == "auto" and cfg.strategy == "fsdp"
-        self.checkpointer = Checkpointer(self.path, periodic_kept(cfg, trainer.callbacks.callbacks),
-                                         acc.is_main_process, sharded, cfg.async_checkpoint)
+        kept = periodic_kept(cfg, trainer.callbacks.callbacks)
+        self.store, self.uploads = self._open_store(kept)
+        self.checkpointer = Checkpointer(self.path, kept, acc.is_main_process, sharded, cfg.async_checkpoint,
+                                         self.uploads)
         if cfg.memory_checkpoint_every_n_steps:
             self.memory = open_memory(self.path, acc.rank, acc.world_size, self.model, trainer.optimizer)
         watchdog.start(acc.rank, acc.world_size, watchdog.resolve_timeout(cfg.hang_timeout), self.path,
@@ -154,6 +159,31 @@ class Run:
         self._start_reports(self._resume(claim.continuing is not None))
 
     parts: Callable[[], dict[str, Any]]
+
+    def _open_store(self, kept: int | None) -> tuple[Store | None, Uploads | None]:
+        """The checkpoint store, checked reachable and writable on every rank before training; rank 0 uploads."""
+        cfg = self.config
+        if cfg.checkpoint_store is None:
+            return None, None
+        from .._checkpoint.store import Store, Uploads
+
+        url = cfg.checkpoint_store.rstrip("/") + (f"/{self.path.name}" if cfg.create_subfolder_per_run else "")
+        store = Store(url)
+        store.check()
+        main = self.accelerator.is_main_process
+        return store, Uploads(store, kept, self.trainer.console_print) if main else None
+
+    def _pull_newer(self, store: Store) -> None:
+        """``resume="auto"`` with a checkpoint store: rank 0 downloads the store's newest committed checkpoint when
+        the run folder has none as new (another machine, a lost disk); every rank then sees it."""
+        if self.accelerator.is_main_process:
+            newest, local = store.newest(), self.checkpointer.latest()
+            if newest is not None and (local is None or step_of(local) < newest[0]):
+                start = time.perf_counter()
+                store.download(newest[1], self.checkpointer.folder)
+                self.trainer.console_print(f"trainstack: downloaded checkpoint {newest[1]} from {store.url} in "
+                                           f"{time.perf_counter() - start:.1f} s (the run folder had none as new).")
+        self.accelerator.barrier()
 
     def _prepare(self, fire: Callable[..., None]) -> None:
         """The model on this rank's device (wrapped), the optimizer following it, the data shards, the step."""
@@ -185,6 +215,8 @@ class Run:
             if main:  # a recovery's phases (trainstack status --attempts): the restore starts, ends, trains
                 jobevents.record("restoring")
             check = lambda state, where: check_same_experiment(state.get("identity"), ours, where)  # noqa: E731
+            if cfg.resume == "auto" and self.store is not None:
+                self._pull_newer(self.store)
             restored = self._from_memory(check) if self.memory is not None else None
             if restored is None:
                 restored = self.checkpointer.restore(self.parts(), None if cfg.resume == "auto" else cfg.resume,
@@ -392,6 +424,12 @@ class Run:
         if failed and self.accelerator.is_main_process:
             jobevents.record("failed", step=self.trainer.global_step)
         watchdog.stop()
+        if self.uploads is not None:  # the newest committed checkpoint reaches the store, even after a failure
+            self.uploads.wait()
+            if self.uploads.uploaded and not failed:
+                up = self.uploads
+                self.trainer.console_print(f"Checkpoints committed to {up.store.url}: newest {up.uploaded} (its "
+                                           f"upload: {up.seconds:.1f} s).")
         if self.memory is not None:
             self.memory.close(finished=not failed)
         stopper = self.__dict__.get("stopper")

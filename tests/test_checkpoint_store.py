@@ -1,0 +1,165 @@
+"""Checkpoints committed to an object store: a real S3-compatible server (moto's server mode) on 127.0.0.1, started
+and stopped by pid; training under torchrun (2 gloo processes) commits there, a save killed mid-upload leaves the
+previous checkpoint the newest, a run on "another machine" (an empty run folder) resumes from the store bitwise --
+sharded FSDP checkpoints at another world size too -- and inspect/consolidate/export read the URL."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import torchrun_exe
+
+pytest.importorskip("s3fs")
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
+
+SCRIPT = str(Path(__file__).with_name("_store_train.py"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """moto's S3 server on a free port of 127.0.0.1 for this module; its environment for the clients."""
+    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
+    if exe is None:
+        pytest.skip("moto[server] is not installed (pip install 'moto[server]')")
+    port = _free_port()
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            if time.monotonic() > deadline or proc.poll() is not None:
+                pytest.fail(f"moto_server did not start on port {port}")
+            time.sleep(0.1)
+        yield {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture
+def bucket(s3_server, monkeypatch):
+    """A fresh bucket; the S3 environment set for this process and what it starts."""
+    for key, value in s3_server.items():
+        monkeypatch.setenv(key, value)
+    import s3fs
+
+    name = f"ts-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem(skip_instance_cache=True).mkdir(name)
+    return name
+
+
+def _torchrun(run_py, out: Path, store: str, nprocs: int = 2, check: bool = True, **env: object):
+    return run_py([torchrun_exe(), "--standalone", "--nproc_per_node", str(nprocs), "--max-restarts", "0",
+                   "--monitor-interval", "0.2", SCRIPT, str(out)], timeout=240, check=check,
+                  env={"STORE": store, **{k: str(v) for k, v in env.items()}})
+
+
+def _committed(url: str) -> list[str]:
+    from trainstack._checkpoint.store import Store
+
+    return [name for _, name in Store(url).committed()]
+
+
+def _same(a: Path, b: Path, ranks: int = 1) -> None:
+    for rank in range(ranks):
+        mine, ref = torch.load(a / f"final-rank{rank}.pt"), torch.load(b / f"final-rank{rank}.pt")
+        assert [k for k in ref if not torch.equal(mine[k], ref[k])] == []
+
+
+def test_a_save_killed_mid_upload_keeps_the_previous_and_another_machine_resumes_bitwise(run_py, tmp_path, bucket):
+    """File checkpoints every 4 steps to s3://; rank 0 killed while uploading step 8's (objects up, no marker):
+    step 4 stays the newest committed; a run with an empty run folder downloads it and ends equal to an
+    uninterrupted run, bit for bit; keep_last_checkpoints=1 holds in the store."""
+    _torchrun(run_py, tmp_path / "ref", f"s3://{bucket}/ref")
+    store = f"s3://{bucket}/cut"
+    cut = _torchrun(run_py, tmp_path / "cut", store, check=False, DIE_UPLOADING=8, KEEP=1)
+    assert cut.returncode != 0
+    import s3fs
+
+    listed = [p.rsplit("/", 1)[-1] for p in s3fs.S3FileSystem(skip_instance_cache=True).ls(f"{bucket}/cut")]
+    assert "ckpt-e00000-s000000008.pt" in listed and "ckpt-e00000-s000000008.pt.committed" not in listed, listed
+    assert _committed(store) == ["ckpt-e00000-s000000004.pt"]
+    resumed = _torchrun(run_py, tmp_path / "elsewhere", store, KEEP=1)
+    assert "downloaded checkpoint ckpt-e00000-s000000004.pt from s3://" in resumed.stdout, resumed.stdout[-3000:]
+    assert "Resumed from" in resumed.stdout and "step 4" in resumed.stdout
+    assert "Checkpoints committed to s3://" in resumed.stdout
+    _same(tmp_path / "elsewhere", tmp_path / "ref", ranks=2)
+    assert _committed(store) == ["ckpt-e00000-s000000012.pt"]  # keep_last_checkpoints=1, in the store too
+
+
+def test_sharded_fsdp_checkpoints_on_s3_resume_at_another_world_size(run_py, tmp_path, bucket):
+    """FSDP2 on 2 processes, sharded (DCP) checkpoints written asynchronously and committed to s3://; killed while
+    uploading step 8's; one process on an empty run folder resumes from step 4's shards in the store; the CLI
+    inspects, consolidates and exports the URL."""
+    store = f"s3://{bucket}/fsdp"
+    cut = _torchrun(run_py, tmp_path / "cut", store, check=False, STRATEGY="fsdp", ASYNC=1, DIE_UPLOADING=8)
+    assert cut.returncode != 0 and _committed(store) == ["ckpt-e00000-s000000004"]
+    resumed = _torchrun(run_py, tmp_path / "one", store, nprocs=1, STRATEGY="fsdp")
+    assert "downloaded checkpoint ckpt-e00000-s000000004 from" in resumed.stdout, resumed.stdout[-3000:]
+    assert "step 4" in resumed.stdout and _committed(store)[-1] == "ckpt-e00000-s000000012"
+
+    inspect = run_py([sys.executable, "-m", "trainstack", "checkpoint", "inspect", store], timeout=120).stdout
+    assert "sharded" in inspect and "12" in inspect, inspect
+    out = tmp_path / "whole.pt"
+    run_py([sys.executable, "-m", "trainstack", "checkpoint", "consolidate", f"{store}/ckpt-e00000-s000000012", "-o",
+            str(out)], timeout=120)
+    final = torch.load(tmp_path / "one" / "final-rank0.pt")
+    whole = torch.load(out)
+    assert whole.keys() == final.keys() and all(torch.equal(whole[k], final[k]) for k in final)
+    run_py([sys.executable, "-m", "trainstack", "checkpoint", "export", store, "-o", str(tmp_path / "st")],
+           timeout=120)
+    from safetensors.torch import load_file
+
+    exported = load_file(str(tmp_path / "st" / "model.safetensors"))
+    assert all(torch.equal(exported[k], final[k]) for k in final)
+
+
+def test_an_unreachable_store_is_a_clear_error_before_training(tmp_path, bucket):
+    from torch import nn
+
+    from trainstack import TrainConfig, Trainer
+    from trainstack.errors import ConfigError
+
+    model = nn.Linear(2, 1)
+    cfg = TrainConfig(max_iter=1, log_folder=tmp_path / "run", checkpoint_store=f"s3://{bucket}-missing/x",
+                      compute_setup="cpu")
+    with pytest.raises(ConfigError, match=rf"checkpoint store s3://{bucket}-missing/x is not reachable"):
+        Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg, loss_fn="mse").fit(
+            [(torch.randn(4, 2), torch.randn(4, 1))])
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+
+
+def test_a_url_without_its_client_or_a_plain_path_is_refused_clearly():
+    from trainstack import TrainConfig
+    from trainstack._checkpoint.store import Store
+    from trainstack.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"checkpoint_store='runs/ckpts' must be a URL"):
+        TrainConfig(checkpoint_store="runs/ckpts")
+    if shutil.which("gcsfs") is None:
+        with contextlib.suppress(ModuleNotFoundError):
+            import gcsfs  # noqa: F401
+            return
+        with pytest.raises(ConfigError, match=r"gs:// needs gcsfs.*pip install gcsfs"):
+            Store("gs://bucket/x")

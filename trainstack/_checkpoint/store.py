@@ -1,0 +1,232 @@
+"""Durable checkpoints in an object store (``s3://``, ``gs://``, any fsspec URL), committed like local ones.
+
+A checkpoint is first committed in the run folder as always (the local disk absorbs the save's stall); rank 0 then
+uploads it off the training thread and commits it there::
+
+    s3://bucket/exp/ckpt-e00002-s000000040.pt            a file checkpoint, or
+    s3://bucket/exp/ckpt-e00002-s000000040/...           a sharded (DCP) folder's objects
+    s3://bucket/exp/ckpt-e00002-s000000040.committed     written last: every object and its size
+
+A checkpoint counts only with its ``.committed`` marker: a save killed mid-upload leaves objects without one, and the
+previous checkpoint stays the newest (the next upload of the same name replaces them). Removing deletes the marker
+first. ``resume="auto"`` downloads the newest committed checkpoint when the run folder has none as new (another
+machine, a lost disk); each object's size is checked against the marker. Credentials and endpoints come from the
+store's own client configuration (for S3: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_ENDPOINT_URL``,
+``~/.aws``; fsspec's ``FSSPEC_S3_*`` variables).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import re
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .._files import temp_path, url_scheme
+from ..errors import CheckpointError, ConfigError
+
+log = logging.getLogger("trainstack")
+
+__all__ = ["Store", "Uploads", "COMMITTED"]
+
+COMMITTED = ".committed"
+_NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)(\.pt)?$")
+#: The extra (pip) that brings a protocol's fsspec implementation.
+_EXTRAS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
+
+
+class Store:
+    """One run's checkpoint location behind a URL: list what is committed, upload, download, remove."""
+
+    def __init__(self, url: str) -> None:
+        import fsspec
+
+        self.url = str(url).rstrip("/")
+        scheme = url_scheme(self.url) or "file"
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        except ImportError as exc:
+            package = _EXTRAS.get(scheme, f"the fsspec implementation of {scheme}://")
+            raise ConfigError(f"checkpoint store {self.url}: {scheme}:// needs {package}, which is not installed "
+                              f"({exc}). HINT: pip install {package} (for S3: pip install 'trainstack[s3]').") \
+                from None
+        except ValueError as exc:
+            raise ConfigError(f"checkpoint store {self.url}: {exc}. HINT: a URL such as s3://bucket/prefix.") \
+                from None
+
+    def check(self) -> None:
+        """Reachable and writable, before training starts: a clear error naming the URL, not one at step 1000."""
+        probe = posixpath.join(self.root, f".trainstack-probe-{time.time_ns()}")
+        try:
+            if _local(self.fs):  # object stores have no folders, and a bucket is never made here
+                self.fs.makedirs(self.root, exist_ok=True)
+            self.fs.pipe_file(probe, b"ok")
+            self.fs.rm_file(probe)
+        except Exception as exc:  # noqa: BLE001 -- botocore, gcsfs, ... each raise their own
+            raise ConfigError(f"checkpoint store {self.url} is not reachable or not writable: "
+                              f"{type(exc).__name__}: {exc}. HINT: check the bucket exists, the credentials "
+                              f"(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws) and the endpoint "
+                              f"(AWS_ENDPOINT_URL for an S3-compatible server).") from None
+
+    def _path(self, name: str) -> str:
+        return posixpath.join(self.root, name)
+
+    # ------------------------------------------------------------------ listing
+    def committed(self) -> list[tuple[tuple[int, int], str]]:
+        """Committed periodic checkpoints as ``((step, epoch), name)``, oldest first."""
+        self.fs.invalidate_cache(self.root)
+        try:
+            entries = self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return []
+        found = []
+        for entry in entries:
+            base = posixpath.basename(entry.rstrip("/"))
+            if base.endswith(COMMITTED):
+                name = base[: -len(COMMITTED)]
+                m = _NAME.match(name)
+                if m:
+                    found.append(((int(m.group(2)), int(m.group(1))), name))
+        return sorted(found)
+
+    def newest(self) -> tuple[int, str] | None:
+        """(step, name) of the newest committed checkpoint, or None."""
+        found = self.committed()
+        return (found[-1][0][0], found[-1][1]) if found else None
+
+    def manifest(self, name: str) -> dict[str, Any]:
+        try:
+            return json.loads(self.fs.cat_file(self._path(name + COMMITTED)))
+        except FileNotFoundError:
+            raise CheckpointError(f"{self.url}/{name} is not a committed checkpoint (no {name}{COMMITTED}).") \
+                from None
+
+    # ------------------------------------------------------------------ writing
+    def upload(self, local: Path) -> None:
+        """Upload the committed local checkpoint ``local`` (a file or a sharded folder), then its marker."""
+        name = local.name
+        files = sorted(p for p in local.rglob("*") if p.is_file()) if local.is_dir() else [local]
+        objects = {("" if p == local else p.relative_to(local).as_posix()): p.stat().st_size for p in files}
+        target = self._path(name)
+        self.fs.rm_file(self._path(name + COMMITTED)) if self.fs.exists(self._path(name + COMMITTED)) else None
+        if _local(self.fs):
+            self.fs.makedirs(self.root, exist_ok=True)
+        if local.is_dir():
+            self.fs.put([str(p) for p in files], [posixpath.join(target, rel) for rel in objects])
+        else:
+            self.fs.put_file(str(local), target)
+        manifest = {"name": name, "objects": objects, "sharded": local.is_dir(), "committed_at": time.time()}
+        self.fs.pipe_file(self._path(name + COMMITTED), json.dumps(manifest).encode())
+
+    def remove(self, name: str) -> None:
+        """The marker first: a removal cut short never leaves a checkpoint that looks whole."""
+        marker = self._path(name + COMMITTED)
+        if self.fs.exists(marker):
+            self.fs.rm_file(marker)
+        if self.fs.exists(self._path(name)):
+            self.fs.rm(self._path(name), recursive=True)
+
+    def rotate(self, keep_last: int | None) -> None:
+        if keep_last:
+            for _, name in self.committed()[:-keep_last]:
+                self.remove(name)
+
+    # ------------------------------------------------------------------ reading
+    def download(self, name: str, folder: Path) -> Path:
+        """The committed checkpoint ``name`` as ``folder/name``: downloaded to a temp name, sizes checked against the
+        marker, then renamed into place (a copy that is already there is kept)."""
+        final = folder / name
+        manifest = self.manifest(name)
+        if final.exists():
+            return final
+        folder.mkdir(parents=True, exist_ok=True)
+        temp = temp_path(final, owner=0)
+        shutil.rmtree(temp, ignore_errors=True) if temp.is_dir() else temp.unlink(missing_ok=True)
+        objects: dict[str, int] = manifest["objects"]
+        if manifest.get("sharded"):
+            temp.mkdir()
+            for rel in objects:
+                (temp / rel).parent.mkdir(parents=True, exist_ok=True)
+            self.fs.get([posixpath.join(self._path(name), rel) for rel in objects],
+                        [str(temp / rel) for rel in objects])
+            sizes = {rel: (temp / rel).stat().st_size for rel in objects}
+        else:
+            self.fs.get_file(self._path(name), str(temp))
+            sizes = {"": temp.stat().st_size}
+        wrong = {rel: (sizes.get(rel), size) for rel, size in objects.items() if sizes.get(rel) != size}
+        if wrong:
+            raise CheckpointError(f"{self.url}/{name}: downloaded objects differ from its marker (got, expected "
+                                  f"bytes): {wrong}. HINT: the store holds a damaged copy; pass an older one.")
+        try:
+            temp.rename(final)
+        except OSError:  # another node's copy won the rename (a shared run folder): keep it
+            shutil.rmtree(temp, ignore_errors=True) if temp.is_dir() else temp.unlink(missing_ok=True)
+        return final
+
+
+def _local(fs: Any) -> bool:
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
+    return "file" in protocols or "local" in protocols
+
+
+class Uploads:
+    """Rank 0's uploads, one at a time, off the training thread: the newest committed local checkpoint goes to the
+    store, then the store keeps ``keep_last``. A failed upload is said (the local copy stays committed) and the next
+    save uploads again; training never stops for the store."""
+
+    def __init__(self, store: Store, keep_last: int | None, say: Any) -> None:
+        self.store, self.keep_last, self._say = store, keep_last, say
+        self._thread: threading.Thread | None = None
+        self.uploaded: str | None = None  # the newest checkpoint committed in the store by this run
+        self.failed: str | None = None  # why the last upload failed, or None
+        self.seconds = 0.0  # the last upload's duration
+
+    def submit(self, local: Path) -> None:
+        self.wait()
+        self._thread = threading.Thread(target=self._upload, args=(local,), name="trainstack-upload", daemon=True)
+        self._thread.start()
+
+    def _upload(self, local: Path) -> None:
+        start = time.perf_counter()
+        try:
+            self.store.upload(local)
+            self.store.rotate(self.keep_last)
+        except Exception as exc:  # noqa: BLE001 -- any client's error: said, training goes on
+            self.failed = f"{type(exc).__name__}: {exc}"
+            self._say(f"trainstack: WARNING: could not upload checkpoint {local.name} to {self.store.url}: "
+                      f"{self.failed}. The local copy in {local.parent} is committed; the next save uploads again.")
+            return
+        self.seconds, self.uploaded, self.failed = time.perf_counter() - start, local.name, None
+
+    def wait(self) -> None:
+        """The upload in flight is done (committed in the store, or its failure said)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+def local_copy(url: str, which: str | None = None) -> Path:
+    """For ``checkpoint inspect/consolidate/export URL``: the checkpoint a URL names -- one checkpoint's URL, or a
+    store's newest committed one (``which``: a checkpoint's name) -- downloaded to a temp folder removed at exit."""
+    import atexit
+    import tempfile
+
+    base = posixpath.basename(url.rstrip("/"))
+    store, name = (Store(url.rstrip("/").rsplit("/", 1)[0]), base) if _NAME.match(base) else (Store(url), which)
+    if name in ("best", "last"):
+        raise CheckpointError(f"{url}: a checkpoint store holds the periodic checkpoints only, not '{name}'. HINT: "
+                              f"name one (trainstack checkpoint inspect {url}/ckpt-...) or leave --best/--last out.")
+    if name is None:
+        newest = store.newest()
+        if newest is None:
+            raise CheckpointError(f"no committed checkpoint in {url}. HINT: give the URL a run's checkpoint_store "
+                                  f"committed to (its ckpt-*.committed markers are what count).")
+        name = newest[1]
+    folder = Path(tempfile.mkdtemp(prefix="trainstack-store-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return store.download(name, folder)
