@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 SLURM_CONF_PATH := /tmp/trainstack-slurm/slurm.conf
 
 .PHONY: help venv install run test test-slow test-fast test-dist test-slurm test-gpu gpu-check gpu-wheels lint lint-hpc typecheck bench bench-smoke \
-        bench-peers bench-gpu bench-slurm bench-recovery bench-memory bench-compile bench-startup image-test docs docs-serve slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
+        bench-peers bench-gpu bench-slurm bench-recovery bench-memory bench-store bench-compile bench-startup image-test docs docs-serve slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
         apptainer-build nccl-check clean
 
 help:  ## list targets
@@ -173,6 +173,9 @@ bench-recovery: $(VENV)/.installed slurm-up  ## local Slurm: fault -> first resu
 
 bench-memory: $(VENV)/.installed  ## memory checkpoints: the stall per save vs a synchronous durable save
 	$(PY) bench/memory_checkpoints.py $(BENCH_ARGS)
+
+bench-store: $(VENV)/.installed  ## checkpoints in an object store (a local S3 server) vs local disk: save/restore
+	$(PY) bench/checkpoint_store.py $(BENCH_ARGS)
 
 bench-gpu: $(VENV)/.installed  ## one GPU: raw vs Accelerator vs Trainer.fit vs peers (steps/s, syncs/step, memory)
 	$(PY) bench/gpu.py $(BENCH_ARGS)

@@ -44,9 +44,29 @@ def run_folder(tmp_path_factory) -> Path:
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=8)
     model = Tied()
     Trainer(model, torch.optim.AdamW(model.parameters(), 1e-2), TrainConfig(max_iter=1, log_folder=folder,
-                                                                             verbose=False),
+                                                                             verbose=False,
+                                                                             export_final_model="safetensors"),
             loss_fn=_lm_loss).fit(loader)
     return folder
+
+
+def test_the_run_exports_its_final_model_when_asked(run_folder):
+    exported = safetensors_torch.load_file(str(run_folder / "export" / "model.safetensors"))
+    assert exported.keys() == consolidate(run_folder).keys()  # the tied head kept once, as the export CLI does
+    assert all(torch.equal(exported[k], v) for k, v in consolidate(run_folder).items())
+
+
+def test_a_final_export_that_cannot_be_written_is_refused_before_training(tmp_path):
+    from trainstack.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"export_final_model='onnx' must be 'safetensors', 'hf' or None"):
+        TrainConfig(export_final_model="onnx")
+    model = Tied()
+    with pytest.raises(ConfigError, match=r"export_final_model='hf' needs a transformers model.*a Tied"):
+        Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                TrainConfig(max_iter=1, log_folder=tmp_path / "run", verbose=False, export_final_model="hf"),
+                loss_fn=_lm_loss).fit([(torch.randint(0, 50, (2, 9)),)])
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -104,11 +124,12 @@ def test_a_transformers_model_trained_by_trainstack_exports_to_a_folder_from_pre
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=8)
     folder = tmp_path / "run"
     trained, _ = Trainer(model, torch.optim.AdamW(model.parameters(), 1e-3),
-                         TrainConfig(max_iter=1, log_folder=folder, verbose=False),
+                         TrainConfig(max_iter=1, log_folder=folder, verbose=False, export_final_model="hf"),
                          loss_fn=lambda m, batch: m(input_ids=batch[0], labels=batch[0]).loss).fit(loader)
     proc = _cli(str(folder), "-o", str(tmp_path / "hf"), "--format", "hf")
     assert proc.returncode == 0, proc.stderr
-    loaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf")
-    trained.eval(), loaded.eval()
-    with torch.no_grad():
-        assert torch.equal(trained(input_ids=ids[:4]).logits, loaded(input_ids=ids[:4]).logits)
+    trained.eval()
+    for exported in (tmp_path / "hf", folder / "export"):  # the CLI's, and the run's own at its end
+        loaded = transformers.GPT2LMHeadModel.from_pretrained(exported).eval()
+        with torch.no_grad():
+            assert torch.equal(trained(input_ids=ids[:4]).logits, loaded(input_ids=ids[:4]).logits), exported

@@ -31,22 +31,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from ._checkpoint.export import check_exportable, export_model
 from ._checkpoint.failures import why_failed, why_unreadable
 from ._checkpoint.parts import Restored, load_parts, model_config
 from ._checkpoint.parts import state_of as _state_of
 from ._checkpoint.parts import unwrap as _unwrap
 from ._checkpoint.rng import capture_rng, gather_rng, restore_rng
 from ._checkpoint.sharded import load_checked as _load_shards
+from ._checkpoint.store import Store, Uploads
 from ._files import TEMP_RE, create_new, fsync_path, temp_path, url_scheme
 from .errors import CheckpointError, UnreadableCheckpoint
 
 if TYPE_CHECKING:
     from ._checkpoint.memory import MemoryCheckpoints
-    from ._checkpoint.store import Uploads
 
 __all__ = ["CheckpointError", "Checkpointer", "Restored", "atomic_save", "capture_rng", "restore_rng",
            "checkpoint_name", "has_checkpoint", "load_file", "find", "consolidate", "describe", "load_checkpoint",
-           "write_checkpoint"]
+           "write_checkpoint", "Store", "Uploads", "export_model", "check_exportable"]
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1

@@ -153,6 +153,10 @@ class TrainConfig:
     batches and the final checkpoint, in a throw-away run folder that is deleted afterwards (True: 1; 0: off)."""
     resume: str | Path | None = None
     """``"auto"``: continue from the latest complete checkpoint of the run folder; a path: that checkpoint."""
+    export_final_model: str | None = None
+    """At the end of a finished run, the trained model's whole weights (gathered under FSDP) into ``<run
+    folder>/export``: ``"safetensors"`` (``model.safetensors``, sharded with an index above 5 GB) or ``"hf"`` (a
+    folder ``transformers``' ``from_pretrained`` loads: config + weights; a ``transformers`` model only)."""
     checkpoint_store: str | None = None
     """A URL (``s3://bucket/prefix``, ``gs://...``, any fsspec URL) the periodic checkpoints are also committed to:
     each is saved in the run folder as always, then uploaded off the training thread and committed with a marker;
@@ -254,6 +258,9 @@ class TrainConfig:
             _not_a_url("resume", self.resume)
         if self.resume is False:  # type: ignore[comparison-overlap]  # qadence-style "off"
             self.resume = None
+        if self.export_final_model not in (None, "safetensors", "hf"):
+            raise ConfigError(f"TrainConfig.export_final_model={self.export_final_model!r} must be 'safetensors', "
+                              f"'hf' or None.")
         if self.checkpoint_store is not None and not url_scheme(self.checkpoint_store):
             raise ConfigError(f"TrainConfig.checkpoint_store={self.checkpoint_store!r} must be a URL such as "
                               f"s3://bucket/prefix. HINT: checkpoints already go to the run folder "

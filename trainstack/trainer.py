@@ -506,7 +506,7 @@ class Trainer:
         self.callbacks.fire("train_end", self, self.current_epoch)
         with watchdog.phase("callback"):
             active.tracker.train_end(self.current_epoch, self.model)
-        active.summarize(self.stop_reason, self.metrics)
+        active.finish(self.stop_reason, self.metrics)
 
     # ------------------------------------------------------------------ state
     def _active(self) -> Run | None:

@@ -122,8 +122,13 @@ def test_sigkill_during_a_sharded_save_keeps_the_previous_checkpoint(tmp_path):
     assert Checkpointer(folder).latest().name == "ckpt-e00004-s000000060"
 
 
-def test_consolidate_and_inspect(tmp_path):
-    fsdp = ft.fit(tmp_path / "run", 2)
+def test_consolidate_inspect_and_the_final_export(tmp_path):
+    fsdp = ft.fit(tmp_path / "run", 2, export_final_model="safetensors")  # gathered from both ranks' shards
+    from safetensors.torch import load_file
+
+    exported = load_file(str(tmp_path / "run" / "export" / "model.safetensors"))
+    assert exported.keys() == fsdp.state_dict().keys()
+    assert all(torch.equal(exported[k], v) for k, v in fsdp.state_dict().items())
     out = tmp_path / "model.pt"
     result = CliRunner().invoke(main, ["checkpoint", "consolidate", str(tmp_path / "run"), "-o", str(out)])
     assert result.exit_code == 0, result.output

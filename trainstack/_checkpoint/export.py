@@ -16,7 +16,8 @@ import torch
 from .._files import temp_path
 from ..errors import CheckpointError
 
-__all__ = ["write_safetensors", "save_pretrained", "require", "parse_size", "INDEX", "SINGLE"]
+__all__ = ["write_safetensors", "save_pretrained", "export_model", "check_exportable", "require", "parse_size", "INDEX",
+           "SINGLE"]
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -113,3 +114,39 @@ def save_pretrained(config: dict[str, Any], state: dict[str, torch.Tensor], out:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return sorted(out.iterdir())
+
+
+def export_model(model: Any, folder: Path, fmt: str, is_main: bool, max_shard_size: str = "5GB") -> list[Path]:
+    """Collective: the live model's whole state dict (gathered from its shards under FSDP, no wrapper prefixes)
+    written by rank 0 into ``folder`` (replaced) as safetensors or a Hugging Face folder."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from .parts import model_config
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = {k: v for k, v in full.items() if isinstance(v, torch.Tensor)}
+    if not is_main:
+        return []
+    old = temp_path(folder, owner=1)
+    if folder.exists():
+        os.replace(folder, old)  # the new export appears whole, the old one goes after
+    try:
+        config = model_config(model) if fmt == "hf" else None
+        files = save_pretrained(config, state, folder, max_shard_size) if config else \
+            write_safetensors(state, folder, parse_size(max_shard_size))
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
+    return files
+
+
+def check_exportable(how: str | None, model: Any) -> None:
+    """``TrainConfig.export_final_model`` can be written for ``model``: decided before training, not after it."""
+    from ..errors import ConfigError
+    from .parts import model_config
+
+    if how is None:
+        return
+    require("safetensors", "export")
+    if how == "hf" and model_config(model) is None:
+        raise ConfigError(f"TrainConfig.export_final_model='hf' needs a transformers model (PreTrainedModel); this "
+                          f"one is a {type(model).__name__}. HINT: export_final_model='safetensors'.")

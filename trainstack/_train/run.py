@@ -20,7 +20,17 @@ from .._runtime import compiling, watchdog
 from .._runtime.preemption import INTERRUPT, GracefulStop, resolve_signals
 from ..accelerator import retarget_optimizer, seed_everything
 from ..callbacks import CallbackManager, LRScheduler, ModelCheckpoint
-from ..checkpoint import Checkpointer, Restored, open_memory, restore_memory, step_of
+from ..checkpoint import (
+    Checkpointer,
+    Restored,
+    Store,
+    Uploads,
+    check_exportable,
+    export_model,
+    open_memory,
+    restore_memory,
+    step_of,
+)
 from ..data import batches_per_epoch, is_infinite, prepare_train
 from ..errors import ConfigError
 from . import notes, throughput
@@ -35,7 +45,6 @@ from .steps import AMP_DTYPES, Step, autocast_precision, make_step, track_optimi
 from .tracker import Span, Tracker, banner_info
 
 if TYPE_CHECKING:
-    from .._checkpoint.store import Store, Uploads
     from ..checkpoint import MemoryCheckpoints
     from ..config import TrainConfig
     from ..trainer import Trainer
@@ -144,6 +153,7 @@ class Run:
         self.folder = RunFolder(cfg, self.identity, trainer.console_print)
         self.path = self.folder.agree(acc, claim.path, claim.continuing)
         sharded = cfg.checkpoint_format == "sharded" or cfg.checkpoint_format == "auto" and cfg.strategy == "fsdp"
+        check_exportable(cfg.export_final_model, trainer.model)
         kept = periodic_kept(cfg, trainer.callbacks.callbacks)
         self.store, self.uploads = self._open_store(kept)
         self.checkpointer = Checkpointer(self.path, kept, acc.is_main_process, sharded, cfg.async_checkpoint,
@@ -165,8 +175,6 @@ class Run:
         cfg = self.config
         if cfg.checkpoint_store is None:
             return None, None
-        from .._checkpoint.store import Store, Uploads
-
         url = cfg.checkpoint_store.rstrip("/") + (f"/{self.path.name}" if cfg.create_subfolder_per_run else "")
         store = Store(url)
         store.check()
@@ -364,9 +372,16 @@ class Run:
                 "saved_at": time.time(), "identity": self.identity, "run_id": self.run_id,
                 "stopped_by": stopped_by(trainer.stop_training, trainer.stop_reason)}
 
-    def summarize(self, reason: str, final: dict[str, Any] | None) -> None:
-        """The end-of-run summary of a finished run (rank 0): its steps, time, throughput, best and final values."""
+    def finish(self, reason: str, final: dict[str, Any] | None) -> None:
+        """The end of a finished run (every rank): the final model exported when asked, then the summary (rank 0):
+        its steps, time, throughput, best and final values."""
         trainer = self.trainer
+        if self.config.export_final_model:
+            start, folder = time.perf_counter(), self.path / "export"
+            files = export_model(self.model, folder, self.config.export_final_model, self.accelerator.is_main_process)
+            if files:
+                trainer.console_print(f"Exported the final model to {folder} ({self.config.export_final_model}: "
+                                      f"{', '.join(f.name for f in files)}, {time.perf_counter() - start:.1f} s).")
         self.tracker.summary(time.monotonic() - self.started, (trainer.current_epoch, trainer.global_step),
                              (self.first_epoch, self.first_step), self.best(), reason, final)
 
