@@ -58,3 +58,11 @@ def test_compile_bench_runs(run_py):
     """bench/compile.py (make bench-compile): raw compiled loop vs Trainer(compile=True), cold vs warm first step."""
     out = run_py([sys.executable, str(ROOT / "bench/compile.py"), "--smoke"], timeout=500).stdout
     assert "| trainer | warm |" in out and "| raw | cold |" in out and "first step cold" in out, out
+
+
+def test_checkpoint_store_bench_runs(run_py):
+    """bench/checkpoint_store.py (make bench-store): local vs s3:// save and restore against a local S3 server."""
+    pytest.importorskip("s3fs")
+    out = run_py([sys.executable, str(ROOT / "bench/checkpoint_store.py"), "--width", "256", "--layers", "2",
+                  "--reps", "1"], timeout=300).stdout
+    assert "| file |" in out and "| sharded |" in out, out
