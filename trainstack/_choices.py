@@ -8,7 +8,9 @@ BACKENDS = (None, "nccl", "gloo", "mpi")
 LOG_SETUPS = ("cpu", "auto")
 MIXED_PRECISION = ("no", "bf16", "fp16")
 TRACKING_TOOLS = ("jsonl", "tensorboard", "mlflow", "wandb")
-STRATEGIES = ("ddp", "fsdp")
+STRATEGIES = ("ddp", "fsdp", "hsdp")
+#: The strategies that shard with FSDP2 (``hsdp``: over a 2-D mesh, replicated across its first dimension).
+SHARDING = ("fsdp", "hsdp")
 CHECKPOINT_FORMATS = ("auto", "file", "sharded")
 
 #: Defaults shared by TrainConfig and Accelerator (qadence differs between its two; we do not).

@@ -31,7 +31,7 @@ import os
 import random
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -56,11 +56,15 @@ from ._runtime import layout as _layout
 from ._runtime import loop as _loop
 from ._runtime import preload as _preload
 from ._runtime.layout import ProcessPlan, WorkerContext, plan_processes
+from ._runtime.parallel import Layout, Parallelism, lay_out, plan_layout
 from ._runtime.spawn import ProcessGroupSession, launch
 from ._runtime.watchdog import heartbeat, resolve_timeout, watched
 from .data import DictDataLoader
 from .environment import detect_environment, warn_if_outside_step
 from .errors import ConfigError, LaunchError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["Accelerator", "notebook_launcher", "debug_launcher", "seed_everything", "set_seed"]
 
@@ -99,7 +103,8 @@ class Accelerator(AccelerateAPI):
         log_setup: where reduced metrics live: ``"cpu"`` or ``"auto"`` (the compute device).
         dtype: model dtype; floating batch tensors are cast to it (complex dtypes use the real counterpart).
         backend: ``None`` picks nccl on GPU and gloo on CPU; ``"nccl"``, ``"gloo"`` or ``"mpi"`` explicitly.
-        strategy: ``"ddp"`` (a model copy per process) or ``"fsdp"`` (FSDP2, see docs/how-to/fsdp.md).
+        strategy: ``"ddp"``, ``"fsdp"`` or ``"hsdp"``; with ``hsdp_replicas``, ``tensor_parallel_size``,
+            ``parallelize_fn`` and ``activation_checkpointing`` as TrainConfig's (docs/how-to/fsdp.md).
     """
 
     device_placement: bool
@@ -122,7 +127,9 @@ class Accelerator(AccelerateAPI):
                  gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
                  project_config: ProjectConfiguration | None = None, kwargs_handlers: Sequence[Any] | None = None,
                  rng_types: Sequence[str] | None = None, step_scheduler_with_optimizer: bool = True,
-                 join_process_group: bool = True, **unknown: Any) -> None:
+                 join_process_group: bool = True, hsdp_replicas: int | None = None, tensor_parallel_size: int = 1,
+                 parallelize_fn: Callable[..., Any] | None = None,
+                 activation_checkpointing: str | Callable[[nn.Module], bool] | None = None, **unknown: Any) -> None:
         if unknown:
             _loop.refuse_keywords(unknown)
         compute_setup = "cpu" if cpu else compute_setup
@@ -131,13 +138,16 @@ class Accelerator(AccelerateAPI):
         self.compile_options = compiling.compile_options(compile, "Accelerator(compile=)")
         self.strategy, self.fsdp_blocks = strategy, tuple(fsdp_blocks) if fsdp_blocks else None
         self.fsdp_min_params, self.fsdp_param_dtype = fsdp_min_params, fsdp_param_dtype
+        self.parallelism = Parallelism(hsdp_replicas, tensor_parallel_size, parallelize_fn, activation_checkpointing)
+        self.parallelism.check_strategy(strategy)
+        self.device_mesh: DeviceMesh | None = None  # the mesh the last prepared model was laid out on
         self.nprocs = nprocs
         self.compute_setup = compute_setup
         self.log_setup = log_setup
         self.dtype = dtype
         self.data_dtype = _DATA_DTYPE.get(dtype, dtype) if dtype is not None else None
-        self.use_cuda = self._resolve_cuda(compute_setup)
-        self.backend = self._resolve_backend(backend)
+        self.use_cuda = _resolve_cuda(compute_setup)
+        self.backend = _resolve_backend(backend, self.use_cuda, compute_setup)
         self._plan: ProcessPlan | None = None
         self._home: WorkerContext | None = None
         self._device: tuple[WorkerContext, torch.device] | None = None
@@ -166,28 +176,6 @@ class Accelerator(AccelerateAPI):
         _preload.start_for(nprocs)  # workers will fork from it: its torch import overlaps the script's set-up
 
     # ------------------------------------------------------------------ set-up
-    @staticmethod
-    def _resolve_cuda(compute_setup: str) -> bool:
-        if compute_setup == "cpu":
-            return False
-        available = torch.cuda.is_available()
-        if compute_setup == "gpu" and not available:
-            raise ConfigError("compute_setup='gpu' but no CUDA device is visible. HINT: use compute_setup='cpu' "
-                              "(or 'auto'), or check CUDA_VISIBLE_DEVICES and the driver (trainstack doctor).")
-        return available
-
-    def _resolve_backend(self, backend: str | None) -> str:
-        if backend is None:
-            return "nccl" if self.use_cuda else "gloo"
-        if backend == "nccl" and not self.use_cuda:
-            raise ConfigError(
-                f"backend='nccl' needs CUDA GPUs, but compute_setup={self.compute_setup!r} runs on the CPU here "
-                f"(no CUDA device is visible). HINT: use backend='gloo' (or backend=None to choose automatically) "
-                f"on CPU-only machines, e.g. --backend gloo --compute_setup cpu.")
-        if backend == "mpi" and not dist.is_mpi_available():
-            raise ConfigError("backend='mpi' but this torch build has no MPI support. HINT: use 'gloo' or 'nccl'.")
-        return backend
-
     def _join_now(self) -> None:
         """Join the launcher's process group (torchrun, srun per process) at construction; nothing to join when
         this process will spawn the workers or is one of them."""
@@ -384,9 +372,17 @@ class Accelerator(AccelerateAPI):
             return self.prepare_data_loader(obj)
         return obj
 
+    @property
+    def layout(self) -> Layout:
+        """This world as data-parallel replicas x shards x tensor-parallel ranks (``strategy``, ``hsdp_replicas``,
+        ``tensor_parallel_size``; HSDP's replicas default to the nodes)."""
+        p = self.parallelism
+        return plan_layout(self.strategy, self.world_size, self.num_nodes, p.hsdp_replicas, p.tensor_parallel_size)
+
     def prepare_model(self, model: nn.Module, moved: dict[int, nn.Parameter] | None = None) -> nn.Module:
-        """To the device and dtype, compiled in place when asked, then DDP (a wrapper) or FSDP (``fully_shard`` in
-        place) when world > 1; ``moved`` collects old parameter id -> new parameter (optimizers follow)."""
+        """To the device and dtype; the parallelize hook (tensor parallelism) and activation checkpointing; compiled
+        in place when asked; then DDP (a wrapper) or FSDP/HSDP (``fully_shard`` in place over the mesh) when
+        world > 1; ``moved`` collects old parameter id -> new parameter (optimizers follow)."""
         from ._runtime.fsdp import ONE_PROCESS_NOTE, is_sharded, shard
 
         model, options = compiling.plan(model, self.compile_options)
@@ -394,12 +390,16 @@ class Accelerator(AccelerateAPI):
             return model
         before = {name: id(p) for name, p in model.named_parameters()}
         model = model.to(device=self.device, dtype=self.dtype) if self.dtype else model.to(self.device)
+        layout = self.layout
+        model, self.device_mesh = lay_out(model, layout, self.parallelism, self.strategy, self.device.type,
+                                          self.is_main_process, (self.fsdp_blocks, self.fsdp_min_params))
         wrapped = model
         if self.world_size > 1 and dist.is_initialized():
             if not any(p.requires_grad for p in model.parameters()):
                 log.warning("Model has no trainable parameters; not wrapping it for data parallelism.")
-            elif self.strategy == "fsdp":
-                wrapped = shard(model, self.world_size, self.device.type, self.fsdp_blocks, self.fsdp_min_params,
+            elif self.strategy in ("fsdp", "hsdp"):
+                assert self.device_mesh is not None
+                wrapped = shard(model, layout.fsdp_mesh(self.device_mesh), self.fsdp_blocks, self.fsdp_min_params,
                                 self.fsdp_param_dtype, compile_options=options)
                 options = None  # compiled block by block before sharding
             else:
@@ -407,7 +407,7 @@ class Accelerator(AccelerateAPI):
                                                   **self.handlers.ddp.to_kwargs())
                 self.handlers.ddp.register_comm_hook(wrapped)
                 collectives.steady_buckets(wrapped, self.world_size)
-        elif self.strategy == "fsdp" and self.is_main_process:
+        elif self.strategy != "ddp" and self.is_main_process:
             print(ONE_PROCESS_NOTE, flush=True)
         compiling.compile_in_place(model, options)  # in place: DDP's module is this one, keys stay plain
         if moved is not None:
@@ -504,6 +504,29 @@ def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes
     return Accelerator(nprocs=num_processes, compute_setup="cpu").distribute(function)(*args)
 
 
+def _resolve_cuda(compute_setup: str) -> bool:
+    if compute_setup == "cpu":
+        return False
+    available = torch.cuda.is_available()
+    if compute_setup == "gpu" and not available:
+        raise ConfigError("compute_setup='gpu' but no CUDA device is visible. HINT: use compute_setup='cpu' "
+                          "(or 'auto'), or check CUDA_VISIBLE_DEVICES and the driver (trainstack doctor).")
+    return available
+
+
+def _resolve_backend(backend: str | None, use_cuda: bool, compute_setup: str) -> str:
+    if backend is None:
+        return "nccl" if use_cuda else "gloo"
+    if backend == "nccl" and not use_cuda:
+        raise ConfigError(
+            f"backend='nccl' needs CUDA GPUs, but compute_setup={compute_setup!r} runs on the CPU here "
+            f"(no CUDA device is visible). HINT: use backend='gloo' (or backend=None to choose automatically) "
+            f"on CPU-only machines, e.g. --backend gloo --compute_setup cpu.")
+    if backend == "mpi" and not dist.is_mpi_available():
+        raise ConfigError("backend='mpi' but this torch build has no MPI support. HINT: use 'gloo' or 'nccl'.")
+    return backend
+
+
 def _check_arguments(nprocs: int, compute_setup: str, log_setup: str, backend: str | None, dtype: Any,
                      strategy: str, fsdp_blocks: Any) -> None:
     """The constructor's arguments, each checked with a message naming it."""
@@ -519,7 +542,8 @@ def _check_arguments(nprocs: int, compute_setup: str, log_setup: str, backend: s
         raise ConfigError(f"dtype={dtype!r}: must be a torch.dtype such as torch.float32, or None.")
     if strategy not in STRATEGIES:
         raise ConfigError(f"strategy={strategy!r}: must be one of {STRATEGIES} (ddp: a full copy per process; "
-                          f"fsdp: parameters, gradients and optimizer state sharded across processes).")
+                          f"fsdp: parameters, gradients and optimizer state sharded across processes; hsdp: "
+                          f"sharded within a node, replicated across nodes).")
     if fsdp_blocks is not None and (isinstance(fsdp_blocks, str) or not all(isinstance(b, str)
                                                                             for b in fsdp_blocks)):
         raise ConfigError(f"fsdp_blocks={fsdp_blocks!r}: must be a tuple of module class names, e.g. "

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from typing import Any, overload
 
 import torch
+from torch import nn
 
 from ._choices import (
     BACKENDS,
@@ -26,11 +27,13 @@ from ._choices import (
     DEFAULT_COMPUTE_SETUP,
     LOG_SETUPS,
     MIXED_PRECISION,
+    SHARDING,
     STRATEGIES,
     TRACKING_TOOLS,
 )
 from ._files import url_scheme
 from ._runtime.compiling import compile_options
+from ._runtime.parallel import Parallelism
 from .errors import ConfigError, UnknownField
 
 __all__ = ["TrainConfig"]
@@ -134,15 +137,30 @@ class TrainConfig:
     window; the compile cache lives in the run folder, so a requeued run starts warm."""
     strategy: str = "ddp"
     """``ddp``: every process holds the whole model. ``fsdp``: FSDP2 shards parameters, gradients and optimizer
-    state across the processes (for models that outgrow one device)."""
+    state across the processes (for models that outgrow one device). ``hsdp``: FSDP2 shards within a node and
+    replicates across nodes (``hsdp_replicas``): the shards' collectives stay on the node's fast links."""
     fsdp_blocks: tuple[str, ...] | None = None
-    """With fsdp: the module classes to shard one by one (e.g. ``("TransformerEncoderLayer",)``); None: every
-    submodule holding at least ``fsdp_min_params`` parameters."""
+    """With fsdp/hsdp (and for ``activation_checkpointing``): the module classes to shard (checkpoint) one by one
+    (e.g. ``("TransformerEncoderLayer",)``); None: every submodule holding at least ``fsdp_min_params``
+    parameters."""
     fsdp_min_params: int = 1_000_000
-    """With fsdp and no ``fsdp_blocks``: the size of a block."""
+    """With fsdp/hsdp and no ``fsdp_blocks``: the size of a block."""
+    hsdp_replicas: int | None = None
+    """With hsdp: how many full copies of the model (the data-parallel processes of each copy shard it). None: one
+    per node."""
+    activation_checkpointing: str | Callable[[nn.Module], bool] | None = None
+    """Recompute each block's activations in the backward instead of keeping them (memory for compute):
+    ``"full"`` (every block: ``fsdp_blocks``, else the blocks of ``fsdp_min_params``), ``"selective"`` (every
+    second block), a function ``(module) -> bool`` choosing the modules, or None."""
+    tensor_parallel_size: int = 1
+    """Processes per tensor-parallel group (the mesh's innermost dimension ``tp``, inside a node; they read the same
+    batches). > 1 needs ``parallelize_fn`` and strategy fsdp or hsdp."""
+    parallelize_fn: Callable[..., Any] | None = None
+    """Your hook ``fn(model, mesh, tp_mesh)``, called before trainstack shards the model: apply a tensor-parallel
+    plan (``parallelize_module(model, tp_mesh, plan)``) or any change of your own; it may return a new model."""
     checkpoint_format: str = "auto"
     """``file`` (one file, rank 0 writes), ``sharded`` (a DCP folder, every rank writes its shard; resumes on any
-    number of processes) or ``auto`` (sharded for fsdp, file for ddp)."""
+    number of processes) or ``auto`` (sharded for fsdp/hsdp, file for ddp)."""
     async_checkpoint: bool = False
     """Sharded checkpoints only: write in the background; training waits only while the state is copied."""
     max_batches: int | None = None
@@ -300,12 +318,15 @@ class TrainConfig:
             raise ConfigError("TrainConfig.resume='auto' cannot find earlier checkpoints when "
                               "create_subfolder_per_run=True makes a new folder every time. HINT: set one of them.")
         if self.async_checkpoint and self.checkpoint_format == "file" or self.async_checkpoint and \
-                self.checkpoint_format == "auto" and self.strategy == "ddp":
+                self.checkpoint_format == "auto" and self.strategy not in SHARDING:
             raise ConfigError("TrainConfig.async_checkpoint=True needs sharded checkpoints: set checkpoint_format="
-                              "'sharded' (or strategy='fsdp').")
-        if (self.fsdp_blocks or self.fsdp_min_params != 1_000_000) and self.strategy != "fsdp":
-            raise ConfigError(f"TrainConfig.fsdp_blocks/fsdp_min_params only apply with strategy='fsdp' (strategy="
-                              f"{self.strategy!r}).")
+                              "'sharded' (or strategy='fsdp'/'hsdp').")
+        if (self.fsdp_blocks or self.fsdp_min_params != 1_000_000) and self.strategy not in SHARDING \
+                and self.activation_checkpointing is None:
+            raise ConfigError(f"TrainConfig.fsdp_blocks/fsdp_min_params only apply with strategy='fsdp' or 'hsdp' "
+                              f"(strategy={self.strategy!r}) or activation_checkpointing.")
+        Parallelism(self.hsdp_replicas, self.tensor_parallel_size, self.parallelize_fn,
+                    self.activation_checkpointing).check_strategy(self.strategy)
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (loadable with ``torch.load(weights_only=True)``): functions become their names."""

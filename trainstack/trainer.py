@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from . import _jobevents as jobevents
+from ._choices import SHARDING
 from ._runtime import compiling, watchdog
 from ._runtime.watchdog import heartbeat
 from ._train import devrun, handoff, notes, qadence, run
@@ -64,7 +65,7 @@ def _accelerator_for(config: TrainConfig, model: nn.Module, compiled_by_user: bo
     """The runtime a TrainConfig asks for (the Trainer runs its own hang watchdog, with heartbeats from its loop);
     FSDP blocks the model does not have are an error here, before any process starts. A model the user compiled
     is compiled again in place (default options) unless ``compile`` says how."""
-    if config.strategy == "fsdp" and config.fsdp_blocks:
+    if config.fsdp_blocks:
         from ._runtime.fsdp import check_blocks
 
         check_blocks(model, config.fsdp_blocks)
@@ -72,7 +73,9 @@ def _accelerator_for(config: TrainConfig, model: nn.Module, compiled_by_user: bo
         nprocs=config.nprocs, compute_setup=config.compute_setup, log_setup=config.log_setup, dtype=config.dtype,
         backend=config.backend, strategy=config.strategy, fsdp_blocks=config.fsdp_blocks,
         fsdp_min_params=config.fsdp_min_params, hang_timeout=0, compile=config.compile or compiled_by_user,
-        fsdp_param_dtype=torch.bfloat16 if config.strategy == "fsdp" and config.mixed_precision == "bf16" else None,
+        fsdp_param_dtype=torch.bfloat16 if config.strategy in SHARDING and config.mixed_precision == "bf16" else None,
+        hsdp_replicas=config.hsdp_replicas, tensor_parallel_size=config.tensor_parallel_size,
+        parallelize_fn=config.parallelize_fn, activation_checkpointing=config.activation_checkpointing,
         join_process_group=False)  # fit() joins (and leaves) the group around the run it distributes
 
 

@@ -50,8 +50,17 @@ def recording_loss(model: nn.Module, batch) -> torch.Tensor:
 
 
 def touch_stop_at_step_3(trainer, config, writer) -> None:
-    if trainer.global_step == 3 and trainer.accelerator.rank == 0:
+    if trainer.global_step == int(os.environ.get("FSDP_STOP_STEP", "3")) and trainer.accelerator.rank == 0:
         Path(os.environ["FSDP_STOP"]).touch()
+
+
+def dump_mesh(trainer, config, writer) -> None:
+    """Every rank writes the ranks of its mesh groups (HSDP: replicate and shard), for the layout test."""
+    mesh = trainer.accelerator.device_mesh
+    import torch.distributed as dist
+
+    groups = {name: dist.get_process_group_ranks(mesh[name].get_group()) for name in mesh.mesh_dim_names}
+    Path(f"{os.environ['FSDP_MESH']}-rank{dist.get_rank()}.json").write_text(json.dumps(groups))
 
 
 def dump_state_at_start(trainer, config, writer) -> None:
@@ -72,7 +81,7 @@ def dump_state_at_start(trainer, config, writer) -> None:
 def config(folder: Path, nprocs: int, strategy: str = "fsdp", **kw) -> TrainConfig:
     base = {"nprocs": nprocs, "compute_setup": "cpu", "max_iter": 2, "log_folder": folder, "verbose": False,
             "strategy": strategy, "seed": 3, "checkpoint_every": 1, "stop_check_every": 1}
-    if strategy == "fsdp":
+    if strategy in ("fsdp", "hsdp"):
         base |= {"fsdp_blocks": ("Block",)}
     return TrainConfig(**(base | kw))
 

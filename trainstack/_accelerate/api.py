@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
     from .._runtime.layout import WorkerContext
+    from .._runtime.parallel import Layout
     from .config import ProfileKwargs
     from .options import Handlers
 
@@ -67,6 +68,9 @@ class AccelerateAPI(AccelerateLoop):
 
         @property
         def pin_memory(self) -> bool: ...
+
+        @property
+        def layout(self) -> Layout: ...
 
         def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True,
                          keep_torch_compile: bool = True) -> nn.Module: ...
@@ -242,8 +246,9 @@ class AccelerateAPI(AccelerateLoop):
         """This process's share of ``data_loader``, in the loader's own order (see ``trainstack.data_loader``)."""
         config = self.dataloader_config
         placement = self.device_placement if device_placement is None else device_placement
+        layout = self.layout  # the ranks of a tensor-parallel group read the same batches
         prepared = prepare_data_loader(
-            data_loader, None, self.state.num_processes, self.state.process_index,
+            data_loader, None, layout.data_world, layout.data_rank(self.state.process_index),
             split_batches=config.split_batches, put_on_device=False, rng_types=list(self.rng_types),
             dispatch_batches=config.dispatch_batches, even_batches=config.even_batches,
             use_seedable_sampler=config.use_seedable_sampler, data_seed=config.data_seed,

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .._choices import SHARDING
 from .._runtime import loop as _loop
 from ..errors import ConfigError
 from .loader import skip_first_batches
@@ -130,7 +131,7 @@ class AccelerateLoop:
         _loop.check_loadable(self._prepared["custom"])
         counters = {"epoch": 0, "global_step": _loop.STATE.optimizer_steps, "micro_step": _loop.STATE.micro_step,
                     "loaders": [dl.state_dict() for dl in self._prepared["loader"]], "saved_by": SAVE_STATE}
-        checkpointer = Checkpointer(folder, is_main=self.is_main_process, sharded=self.strategy == "fsdp")
+        checkpointer = Checkpointer(folder, is_main=self.is_main_process, sharded=self.strategy in SHARDING)
         path = checkpointer.save(counters, self._state_parts(), name="state")
         self.barrier()
         return path
@@ -142,7 +143,7 @@ class AccelerateLoop:
 
         folder = self._state_folder(input_dir, saving=False)
         self._same_folder("load_state", folder)
-        checkpointer = Checkpointer(folder, is_main=self.is_main_process, sharded=self.strategy == "fsdp")
+        checkpointer = Checkpointer(folder, is_main=self.is_main_process, sharded=self.strategy in SHARDING)
         where = checkpointer.named("state")
         if where is None:
             raise CheckpointError(f"load_state({str(folder)!r}): no state saved there (save_state writes "

@@ -231,7 +231,7 @@ class AcceleratorState(PartialState):
 
     @property
     def distributed_type(self) -> DistributedType:
-        if self.strategy == "fsdp" and self.num_processes > 1:
+        if self.strategy in ("fsdp", "hsdp") and self.num_processes > 1:
             return DistributedType.FSDP
         return PartialState.distributed_type.fget(self)  # type: ignore[attr-defined]
 

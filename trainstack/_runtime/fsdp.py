@@ -8,14 +8,17 @@ submodules holding at least ``fsdp_min_params`` parameters each (a size-based po
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from ..errors import ConfigError
 
-__all__ = ["ONE_PROCESS_NOTE", "shard", "is_sharded", "module_classes", "check_blocks", "full_state",
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = ["ONE_PROCESS_NOTE", "shard", "pick_blocks", "is_sharded", "module_classes", "check_blocks", "full_state",
            "fqn_optimizer_to_indexed"]
 
 
@@ -60,23 +63,26 @@ def _blocks_by_size(model: nn.Module, min_params: int) -> list[nn.Module]:
     return picked
 
 
-ONE_PROCESS_NOTE = ("trainstack: strategy='fsdp' on one process: nothing to shard, the model is trained whole "
-                    "(checkpoints are still sharded DCP folders, which resume on any number of processes).")
+def pick_blocks(model: nn.Module, blocks: Sequence[str] | None, min_params: int) -> list[nn.Module]:
+    """The model's blocks: its modules of the classes ``blocks`` names, else by size (``min_params``)."""
+    return _blocks_by_name(model, blocks) if blocks else _blocks_by_size(model, min_params)
 
 
-def shard(model: nn.Module, world_size: int, device_type: str, blocks: Sequence[str] | None = None,
-          min_params: int = 1_000_000, param_dtype: torch.dtype | None = None,
-          compile_options: dict | None = None) -> nn.Module:
-    """``fully_shard`` each block, then the root (in place; the same object is returned); with
-    ``compile_options``, each block is compiled (in place) before it is sharded, as torchtitan does -- the root
-    itself when there is no block."""
-    from torch.distributed.device_mesh import init_device_mesh
+ONE_PROCESS_NOTE = ("trainstack: strategy='fsdp' (or 'hsdp') on one process: nothing to shard, the model is trained "
+                    "whole (checkpoints are still sharded DCP folders, which resume on any number of processes).")
+
+
+def shard(model: nn.Module, mesh: DeviceMesh, blocks: Sequence[str] | None = None, min_params: int = 1_000_000,
+          param_dtype: torch.dtype | None = None, compile_options: dict | None = None) -> nn.Module:
+    """``fully_shard`` each block, then the root, over ``mesh`` (1-D: FSDP; 2-D: HSDP, replicated across its first
+    dimension, sharded across its second) -- in place; the same object is returned. With ``compile_options``,
+    each block is compiled (in place) before it is sharded, as torchtitan does -- the root itself when there is no
+    block."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(device_type, (world_size,))
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype \
         else MixedPrecisionPolicy()
-    picked = _blocks_by_name(model, blocks) if blocks else _blocks_by_size(model, min_params)
+    picked = pick_blocks(model, blocks, min_params)
     if compile_options is not None:
         from .compiling import compile_in_place
 

@@ -70,7 +70,8 @@ class Evaluator:
         loader sharded without duplicates."""
         acc = self.accelerator
         model = acc.prepare_model(model) if acc.world_size == 1 else model.to(acc.device)
-        return self("test", model, prepare_eval(loader, acc.rank, acc.world_size))
+        layout = acc.layout
+        return self("test", model, prepare_eval(loader, layout.data_rank(acc.rank), layout.data_world))
 
     def predict(self, model: nn.Module, loader: Any, predict_fn: Callable[[nn.Module, Any], Any]) -> Any:
         """``Trainer.predict`` on this rank: ``predict_fn(model, batch)`` over this rank's share of the dataset (every
@@ -80,7 +81,8 @@ class Evaluator:
         if isinstance(loader, DictDataLoader):
             raise ConfigError("predict() takes one DataLoader, not a dict of them: call it once per loader.")
         model = acc.prepare_model(model) if acc.world_size == 1 else model.to(acc.device)
-        shard = prepare_eval_dataloader(loader, acc.rank, acc.world_size, ordered=True)
+        layout = acc.layout
+        shard = prepare_eval_dataloader(loader, layout.data_rank(acc.rank), layout.data_world, ordered=True)
         was_training, outputs, batch, hb = model.training, [], None, heartbeat()
         model.eval()
         hb.phase = "predict"

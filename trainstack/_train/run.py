@@ -16,6 +16,7 @@ from torch import nn
 
 from .. import _envvars as envvars
 from .. import _jobevents as jobevents
+from .._choices import SHARDING
 from .._runtime import compiling, watchdog
 from .._runtime.preemption import INTERRUPT, GracefulStop, resolve_signals
 from ..accelerator import retarget_optimizer, seed_everything
@@ -152,7 +153,7 @@ class Run:
         self.stopper.install()
         self.folder = RunFolder(cfg, self.identity, trainer.console_print)
         self.path = self.folder.agree(acc, claim.path, claim.continuing)
-        sharded = cfg.checkpoint_format == "sharded" or cfg.checkpoint_format == "auto" and cfg.strategy == "fsdp"
+        sharded = cfg.checkpoint_format == "sharded" or cfg.checkpoint_format == "auto" and cfg.strategy in SHARDING
         check_exportable(cfg.export_final_model, trainer.model)
         kept = periodic_kept(cfg, trainer.callbacks.callbacks)
         self.store, self.uploads = self._open_store(kept)
@@ -202,9 +203,10 @@ class Run:
             retarget_optimizer(trainer.optimizer, moved)
         if trainer.scheduler is not None:
             track_optimizer_steps(trainer.optimizer)
-        self.train_loader = prepare_train(trainer.train_dataloader, acc.rank, acc.world_size, cfg.seed or 0,
-                                          acc.pin_memory)
-        self.val_loader = prepare_eval(trainer.val_dataloader, acc.rank, acc.world_size)
+        layout = acc.layout  # the ranks of a tensor-parallel group read the same batches
+        rank, world = layout.data_rank(acc.rank), layout.data_world
+        self.train_loader = prepare_train(trainer.train_dataloader, rank, world, cfg.seed or 0, acc.pin_memory)
+        self.val_loader = prepare_eval(trainer.val_dataloader, rank, world)
         self.per_epoch = batches_per_epoch(self.train_loader, trainer.max_batches)
         self.capped = bool(trainer.max_batches) or is_infinite(self.train_loader)
         self.step = make_step(cfg, trainer.optimizer, trainer.loss_fn, trainer.optimize_step, trainer.use_grad,

@@ -178,8 +178,8 @@ def refuse_to_overwrite(folder: Path, resume: object) -> None:
 def run_identity(config: Any, optimizer: Any, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """What makes two runs the same experiment (stored in checkpoints): the settings that change what is trained, the
     optimizer's class and hyperparameters, a sweep task's own arguments -- not the duration, cadence or layout."""
-    same = ("seed", "gradient_accumulation_steps", "grad_clip_norm", "mixed_precision", "strategy", "dtype",
-            "max_batches")
+    same = ("seed", "gradient_accumulation_steps", "grad_clip_norm", "mixed_precision", "dtype", "max_batches")
+    # not the strategy, world size or mesh: a sharded checkpoint resumes under DDP, FSDP or HSDP, on any count
     out: dict[str, Any] = {name: repr(getattr(config, name)) for name in same}
     out["optimizer"] = type(optimizer).__name__
     groups = getattr(optimizer, "param_groups", None) or []

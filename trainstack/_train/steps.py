@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from .._choices import SHARDING
 from .._runtime.watchdog import heartbeat
 from ..errors import ConfigError
 
@@ -297,7 +298,7 @@ def check_step_options(config: Any, optimizer: Any, custom_step: bool, use_grad:
     if not use_grad and _special(config):
         raise ConfigError("gradient-free training (use_grad=False) has no gradients to accumulate, clip or scale. "
                           "HINT: drop gradient_accumulation_steps, grad_clip_norm and mixed_precision.")
-    if getattr(config, "strategy", "ddp") == "fsdp":
+    if getattr(config, "strategy", "ddp") in SHARDING:
         if not use_grad:
             raise ConfigError("strategy='fsdp' shards gradients, and gradient-free training has none (nevergrad sets "
                               "whole parameter vectors). HINT: use strategy='ddp' with use_grad=False.")
@@ -313,7 +314,7 @@ AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 def autocast_precision(config: Any) -> str:
     """The precision forwards run under autocast, in training and evaluation alike: ``mixed_precision``, except bf16
     under FSDP, which is FSDP's own policy (bf16 compute, fp32 reduction) with no autocast on top of it."""
-    return "no" if getattr(config, "strategy", "ddp") == "fsdp" and config.mixed_precision == "bf16" \
+    return "no" if getattr(config, "strategy", "ddp") in SHARDING and config.mixed_precision == "bf16" \
         else config.mixed_precision
 
 

@@ -1,0 +1,199 @@
+"""How the processes split the work for models that outgrow one device: the device mesh (data-parallel replicas x
+shards x tensor-parallel), activation checkpointing, and the user's parallelize hook.
+
+The mesh's dimensions, outermost first: ``dp_replicate`` (HSDP: full copies, one per node by default),
+``dp_shard`` (FSDP: parameters split across these ranks) and ``tp`` (the user's tensor-parallel plan, innermost, so
+a TP group stays inside a node). Order of application, torchtitan's: the parallelize hook (TP) -> activation
+checkpointing -> compile -> ``fully_shard``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = ["Parallelism", "Layout", "plan_layout", "lay_out", "HSDP_ONE_REPLICA_NOTE", "AC_POLICIES",
+           "checkpoint_activations", "parallelize"]
+
+HSDP_ONE_REPLICA_NOTE = ("trainstack: strategy='hsdp' with one replica (one node, or hsdp_replicas=1) shards over "
+                         "every process: it is FSDP. HINT: hsdp_replicas=N for N copies.")
+AC_POLICIES = ("full", "selective")
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """What, beyond the strategy, splits a model across processes: HSDP's replicas, the tensor-parallel size and
+    the user's hook that applies it, activation checkpointing. Checked here, once, for TrainConfig and
+    Accelerator alike."""
+
+    hsdp_replicas: int | None = None
+    tensor_parallel_size: int = 1
+    parallelize_fn: Callable[..., Any] | None = None
+    activation_checkpointing: str | Callable[[nn.Module], bool] | None = None
+
+    def __post_init__(self) -> None:
+        for name, minimum in (("hsdp_replicas", 1), ("tensor_parallel_size", 1)):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+                raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}.")
+        if self.parallelize_fn is not None and not callable(self.parallelize_fn):
+            raise ConfigError(f"parallelize_fn={self.parallelize_fn!r} must be a function (model, mesh, tp_mesh).")
+        ac = self.activation_checkpointing
+        if ac is not None and not callable(ac) and ac not in AC_POLICIES:
+            raise ConfigError(f"activation_checkpointing={ac!r} must be 'full', 'selective', a function "
+                              f"(module) -> bool, or None.")
+        if self.tensor_parallel_size > 1 and self.parallelize_fn is None:
+            raise ConfigError(f"tensor_parallel_size={self.tensor_parallel_size} needs parallelize_fn: your "
+                              f"tensor-parallel plan, applied to the model with the 'tp' mesh it receives "
+                              f"(docs/how-to/fsdp.md).")
+
+    def check_strategy(self, strategy: str) -> None:
+        """The combinations a strategy cannot run, said before any process starts."""
+        if self.hsdp_replicas is not None and strategy != "hsdp":
+            raise ConfigError(f"hsdp_replicas={self.hsdp_replicas} only applies with strategy='hsdp' (strategy="
+                              f"{strategy!r}).")
+        if self.tensor_parallel_size > 1 and strategy == "ddp":
+            raise ConfigError(f"tensor_parallel_size={self.tensor_parallel_size} with strategy='ddp': DDP cannot "
+                              f"hold tensor-parallel (DTensor) parameters. HINT: strategy='fsdp' or 'hsdp' (FSDP over "
+                              f"the data-parallel ranks, your plan over 'tp').")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The world as ``replicate x shard x tp`` ranks (their product is the world size)."""
+
+    replicate: int
+    shard: int
+    tp: int
+
+    @property
+    def data_world(self) -> int:
+        """How many different batches one step sees: every rank of a TP group reads the same one."""
+        return self.replicate * self.shard
+
+    def data_rank(self, rank: int) -> int:
+        """Which of them ``rank`` reads (the TP dimension is innermost)."""
+        return rank // self.tp
+
+    def mesh(self, device_type: str) -> DeviceMesh:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        dims = [(n, size) for n, size in (("dp_replicate", self.replicate), ("dp_shard", self.shard),
+                                          ("tp", self.tp)) if size > 1 or n == "dp_shard"]
+        return init_device_mesh(device_type, tuple(s for _, s in dims), mesh_dim_names=tuple(n for n, _ in dims))
+
+    def fsdp_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
+        """The sub-mesh FSDP shards over: ``dp_shard``, with ``dp_replicate`` in front under HSDP (a 2-D mesh
+        makes ``fully_shard`` replicate across its first dimension)."""
+        return mesh["dp_replicate", "dp_shard"] if self.replicate > 1 else mesh["dp_shard"]
+
+
+def plan_layout(strategy: str, world: int, nodes: int, hsdp_replicas: int | None, tp: int) -> Layout:
+    """The layout a configuration asks for on ``world`` processes over ``nodes`` nodes; a clear error when the
+    sizes do not divide."""
+    if world % tp:
+        raise ConfigError(f"tensor_parallel_size={tp} does not divide the {world} processes. HINT: a divisor of "
+                          f"the processes per node, e.g. {_divisors(world)}.")
+    data = world // tp
+    if strategy != "hsdp":
+        return Layout(1, data, tp) if strategy == "fsdp" else Layout(data, 1, tp)
+    replicas = hsdp_replicas if hsdp_replicas is not None else max(nodes, 1)
+    if data % replicas:
+        raise ConfigError(f"hsdp_replicas={replicas} does not divide the {data} data-parallel processes "
+                          f"({world} processes / tensor_parallel_size={tp}). HINT: hsdp_replicas in "
+                          f"{_divisors(data)} (default: the number of nodes, {nodes}).")
+    return Layout(replicas, data // replicas, tp)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def checkpoint_activations(model: nn.Module, policy: str | Callable[[nn.Module], bool],
+                           blocks: Sequence[nn.Module]) -> list[nn.Module]:
+    """Activation checkpointing (non-reentrant, composable: the state-dict keys do not change): ``full`` on every
+    block, ``selective`` on every second one (torchtitan's layer-selective policy), or on every submodule for
+    which ``policy(module)`` is true. The checkpointed modules are returned."""
+    from torch.distributed._composable import checkpoint
+
+    if callable(policy):
+        chosen = [m for m in model.modules() if m is not model and policy(m)]
+    elif policy == "full":
+        chosen = list(blocks)
+    else:
+        chosen = list(blocks)[::2]
+    for module in chosen:
+        checkpoint(module)
+    return chosen
+
+
+def parallelize(fn: Callable[..., Any], model: nn.Module, mesh: DeviceMesh | None, layout: Layout) -> nn.Module:
+    """The user's hook: ``fn(model, mesh, tp_mesh)`` applies its own plan (tensor parallelism, a custom sharding)
+    before trainstack shards; it may return a new model (None: the mesh of one process without a process group).
+    Its errors name the hook and the mesh."""
+    import warnings
+
+    tp_mesh = mesh["tp"] if mesh is not None and layout.tp > 1 else None
+    name = getattr(fn, "__name__", repr(fn))
+    where = f"mesh {mesh.mesh_dim_names} {tuple(mesh.shape)}" if mesh is not None else "one process"
+    hint = (f"HINT: a tensor-parallel plan names the model's own submodules ({_some_names(model)}) and uses "
+            f"tp_mesh.")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            out = fn(model, mesh, tp_mesh)
+        except Exception as exc:
+            raise ConfigError(f"parallelize_fn {name!r} failed on {where}: {type(exc).__name__}: {exc}. "
+                              f"{hint}") from exc
+    unresolved = [str(w.message).split(" in module")[0] for w in caught if "could not be resolved" in str(w.message)]
+    for w in caught:
+        if "could not be resolved" not in str(w.message):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if unresolved:  # torch only warns and skips: a plan that does not match the model trains unsplit
+        raise ConfigError(f"parallelize_fn {name!r}: its plan does not match the model: {'; '.join(unresolved)}. "
+                          f"{hint}")
+    model = out if isinstance(out, nn.Module) else model
+    if layout.tp > 1 and not any(type(p).__name__ == "DTensor" for p in model.parameters()):
+        raise ConfigError(f"parallelize_fn {name!r} split no parameter over tp_mesh (tensor_parallel_size="
+                          f"{layout.tp}): every process would train the whole model. {hint}")
+    return model
+
+
+def _some_names(model: nn.Module) -> str:
+    names = [n for n, _ in model.named_modules() if n]
+    return ", ".join(repr(n) for n in names[:6]) + (", ..." if len(names) > 6 else "")
+
+
+def lay_out(model: nn.Module, layout: Layout, parallelism: Parallelism, strategy: str, device_type: str,
+            is_main: bool, blocks: tuple[Sequence[str] | None, int]) -> tuple[nn.Module, DeviceMesh | None]:
+    """Before compile and sharding, in torchtitan's order: the mesh (collective; for FSDP/HSDP or a parallelize
+    hook), the user's hook, then activation checkpointing of the blocks (``blocks``: ``fsdp_blocks`` and
+    ``fsdp_min_params``) or of the modules the policy picks."""
+    import torch.distributed as dist
+
+    from .fsdp import pick_blocks
+
+    world = layout.replicate * layout.shard * layout.tp
+    wanted = (strategy != "ddp" and world > 1) or parallelism.parallelize_fn is not None
+    mesh = layout.mesh(device_type) if dist.is_initialized() and wanted else None
+    if strategy == "hsdp" and layout.replicate == 1 and world > 1 and is_main:
+        print(HSDP_ONE_REPLICA_NOTE, flush=True)
+    if parallelism.parallelize_fn is not None:
+        model = parallelize(parallelism.parallelize_fn, model, mesh, layout)
+    policy = parallelism.activation_checkpointing
+    picked = pick_blocks(model, *blocks) if policy is not None and not callable(policy) else []
+    if policy is not None and not checkpoint_activations(model, policy, picked) and is_main:
+        import logging
+
+        logging.getLogger("trainstack").warning(
+            "activation_checkpointing=%r found no block to checkpoint. HINT: fsdp_blocks=('YourBlock',) names the "
+            "repeated block (by default: modules of fsdp_min_params parameters).", policy)
+    return model, mesh
