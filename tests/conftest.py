@@ -25,7 +25,7 @@ def pytest_configure(config):
 
 
 # Variables torch itself sets lazily (e.g. on first DDP construction); not ours to police.
-_TORCH_OWN = ("TORCHINDUCTOR_", "TRITON_", "KMP_", "CUDA_MODULE_LOADING")
+_TORCH_OWN = ("TORCHINDUCTOR_", "_TORCHINDUCTOR_", "TRITON_", "KMP_", "CUDA_MODULE_LOADING")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 COMPUTE_SETUPS = ("auto", "gpu", "cpu")
 BACKENDS = (None, "nccl", "gloo", "mpi")
 LOG_SETUPS = ("cpu", "auto")
-MIXED_PRECISION = ("no", "bf16", "fp16")
+MIXED_PRECISION = ("no", "bf16", "fp16", "fp8")
 TRACKING_TOOLS = ("jsonl", "tensorboard", "mlflow", "wandb")
 STRATEGIES = ("ddp", "fsdp", "hsdp")
 #: The strategies that shard with FSDP2 (``hsdp``: over a 2-D mesh, replicated across its first dimension).

@@ -129,7 +129,8 @@ class Accelerator(AccelerateAPI):
                  rng_types: Sequence[str] | None = None, step_scheduler_with_optimizer: bool = True,
                  join_process_group: bool = True, hsdp_replicas: int | None = None, tensor_parallel_size: int = 1,
                  parallelize_fn: Callable[..., Any] | None = None,
-                 activation_checkpointing: str | Callable[[nn.Module], bool] | None = None, **unknown: Any) -> None:
+                 activation_checkpointing: str | Callable[[nn.Module], bool] | None = None, float8: bool = False,
+                 **unknown: Any) -> None:
         if unknown:
             _loop.refuse_keywords(unknown)
         compute_setup = "cpu" if cpu else compute_setup
@@ -138,7 +139,8 @@ class Accelerator(AccelerateAPI):
         self.compile_options = compiling.compile_options(compile, "Accelerator(compile=)")
         self.strategy, self.fsdp_blocks = strategy, tuple(fsdp_blocks) if fsdp_blocks else None
         self.fsdp_min_params, self.fsdp_param_dtype = fsdp_min_params, fsdp_param_dtype
-        self.parallelism = Parallelism(hsdp_replicas, tensor_parallel_size, parallelize_fn, activation_checkpointing)
+        self.parallelism = Parallelism(hsdp_replicas, tensor_parallel_size, parallelize_fn, activation_checkpointing,
+                                       float8)
         self.parallelism.check_strategy(strategy)
         self.device_mesh: DeviceMesh | None = None  # the mesh the last prepared model was laid out on
         self.nprocs = nprocs

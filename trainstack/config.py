@@ -129,8 +129,9 @@ class TrainConfig:
     grad_clip_norm: float | None = None
     """Clip the global gradient norm to this value before each optimizer step."""
     mixed_precision: str = "no"
-    """``no``, ``bf16`` (autocast; with fsdp, FSDP's bf16 compute with fp32 reductions) or ``fp16`` (autocast +
-    GradScaler; on a CPU too, as torch and Accelerate allow, though slow there: prefer ``bf16`` on CPUs)."""
+    """``no``, ``bf16`` (autocast; with fsdp/hsdp, FSDP's bf16 compute with fp32 reductions), ``fp16`` (autocast +
+    GradScaler; on a CPU too, as torch and Accelerate allow, though slow there: prefer ``bf16`` on CPUs) or ``fp8``
+    (the Linear layers in float8 through torchao, the rest as bf16; GPUs of compute capability >= 8.9 only)."""
     compile: bool | dict[str, Any] = False
     """``torch.compile`` the model: True, or a dict of its options (``mode``, ``fullgraph``, ``dynamic``,
     ``backend``, ``options``). In place, so checkpoints keep the plain keys; the first step compiles under a long

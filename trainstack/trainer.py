@@ -73,9 +73,10 @@ def _accelerator_for(config: TrainConfig, model: nn.Module, compiled_by_user: bo
         nprocs=config.nprocs, compute_setup=config.compute_setup, log_setup=config.log_setup, dtype=config.dtype,
         backend=config.backend, strategy=config.strategy, fsdp_blocks=config.fsdp_blocks,
         fsdp_min_params=config.fsdp_min_params, hang_timeout=0, compile=config.compile or compiled_by_user,
-        fsdp_param_dtype=torch.bfloat16 if config.strategy in SHARDING and config.mixed_precision == "bf16" else None,
-        hsdp_replicas=config.hsdp_replicas, tensor_parallel_size=config.tensor_parallel_size,
+        fsdp_param_dtype=torch.bfloat16 if config.strategy in SHARDING and config.mixed_precision in ("bf16", "fp8")
+        else None, hsdp_replicas=config.hsdp_replicas, tensor_parallel_size=config.tensor_parallel_size,
         parallelize_fn=config.parallelize_fn, activation_checkpointing=config.activation_checkpointing,
+        float8=config.mixed_precision == "fp8",
         join_process_group=False)  # fit() joins (and leaves) the group around the run it distributes
 
 

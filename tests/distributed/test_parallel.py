@@ -178,3 +178,30 @@ def test_clear_errors_for_layouts_that_cannot_be(tmp_path):
         Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), TrainConfig(
             compute_setup="cpu", nprocs=2, max_iter=1, log_folder=tmp_path / "bad", verbose=False,
             strategy="fsdp", tensor_parallel_size=2, parallelize_fn=wrong_plan), loss_fn="mse").fit(_regression())
+
+
+def test_fp8_where_it_cannot_run_is_a_clear_error_before_training(tmp_path):
+    model = _mlp()
+    with pytest.raises(ConfigError, match=r"mixed_precision='fp8' needs an NVIDIA GPU with float8 tensor cores "
+                                          r".*this run is on cpu.*HINT: mixed_precision='bf16'"):
+        Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), TrainConfig(
+            compute_setup="cpu", max_iter=1, log_folder=tmp_path / "fp8", verbose=False, mixed_precision="fp8"),
+            loss_fn="mse").fit(_regression())
+    assert not any((tmp_path / "fp8").rglob("ckpt-*"))
+
+
+def test_activation_checkpointing_under_compile_gives_the_plain_gradients():
+    """The order torchtitan uses: checkpointing applied to the blocks before they are compiled."""
+    from trainstack import Accelerator
+
+    def plain() -> nn.Module:
+        model = Blocks()
+        for block in model.blocks:
+            block[2].p = 0.0  # no dropout: inductor draws its own random numbers
+        return model
+
+    x = torch.randn(64, 32)
+    _, expected = _saved_bytes(plain(), x)
+    acc = Accelerator(compute_setup="cpu", activation_checkpointing="full", fsdp_blocks=("Sequential",), compile=True)
+    _, got = _saved_bytes(acc.prepare_model(plain()), x)
+    assert torch.allclose(got, expected, atol=1e-5)

@@ -212,3 +212,18 @@ def test_doctor_and_nccl_check_on_the_gpu(run_py):
     check = run_py([sys.executable, "-m", "trainstack.nccl_check", "--compute-setup", "gpu", "--nprocs",
                     str(min(torch.cuda.device_count(), 2))], timeout=180).stdout
     assert "nccl-check PASSED" in check
+
+
+def test_fp8_trains_on_a_gpu_with_float8_tensor_cores(tmp_path):
+    """mixed_precision='fp8' (torchao's float8 Linear layers, bf16 elsewhere) where the GPU has them."""
+    pytest.importorskip("torchao")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("no float8 tensor cores on this GPU (compute capability < 8.9)")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    x = torch.randn(512, 64)
+    loader = DataLoader(TensorDataset(x, x.flip(1)), batch_size=64)
+    trained, _ = Trainer(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
+                         _cfg(tmp_path, "fp8", mixed_precision="fp8", max_iter=3), loss_fn="mse").fit(loader)
+    assert any("Float8" in type(m).__name__ for m in trained.modules())
+    assert all(torch.isfinite(p).all() for p in trained.parameters())

@@ -52,3 +52,18 @@ def test_mismatch_fails_fast_with_a_clear_message(slurm_env, shared_tmp):
     proc = subprocess.run(cmd, env=slurm_env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "nprocs=3 is not a multiple of the 2 Slurm tasks" in proc.stderr + proc.stdout
+
+
+def test_hsdp_replicates_across_the_nodes_and_shards_within_each(slurm_env, shared_tmp):
+    """srun --nodes=2 --ntasks-per-node=2, strategy='hsdp' with the default layout: a copy per node (replicate
+    groups span the nodes), the shards of a copy on one node."""
+    cmd = ["srun", "--job-name=trainstack-test", "--kill-on-bad-exit=1", "--time=3", "--nodes=2",
+           "--ntasks-per-node=2", sys.executable, str(PROBE.with_name("_hsdp_probe.py")), str(shared_tmp)]
+    proc = subprocess.run(cmd, env=slurm_env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    records = {r["rank"]: r for r in (json.loads(p.read_text()) for p in Path(shared_tmp).glob("rank*.json"))}
+    node = {rank: r["node"] for rank, r in records.items()}
+    assert records[0]["dims"] == ["dp_replicate", "dp_shard"]
+    for rank, r in records.items():
+        assert {node[other] for other in r["dp_shard"]} == {node[rank]}, r  # a copy's shards: one node
+        assert {node[other] for other in r["dp_replicate"]} == {"node1", "node2"}, r  # its copies: both nodes

@@ -38,6 +38,7 @@ class Parallelism:
     tensor_parallel_size: int = 1
     parallelize_fn: Callable[..., Any] | None = None
     activation_checkpointing: str | Callable[[nn.Module], bool] | None = None
+    float8: bool = False  # mixed_precision="fp8": the Linear layers train in float8 (torchao), the rest in bf16
 
     def __post_init__(self) -> None:
         for name, minimum in (("hsdp_replicas", 1), ("tensor_parallel_size", 1)):
@@ -119,11 +120,9 @@ def _divisors(n: int) -> list[int]:
 
 def checkpoint_activations(model: nn.Module, policy: str | Callable[[nn.Module], bool],
                            blocks: Sequence[nn.Module]) -> list[nn.Module]:
-    """Activation checkpointing (non-reentrant, composable: the state-dict keys do not change): ``full`` on every
-    block, ``selective`` on every second one (torchtitan's layer-selective policy), or on every submodule for
-    which ``policy(module)`` is true. The checkpointed modules are returned."""
-    from torch.distributed._composable import checkpoint
-
+    """Activation checkpointing (non-reentrant; the state-dict keys do not change): ``full`` on every block,
+    ``selective`` on every second one (torchtitan's layer-selective policy), or on every submodule for which
+    ``policy(module)`` is true. The checkpointed modules are returned."""
     if callable(policy):
         chosen = [m for m in model.modules() if m is not model and policy(m)]
     elif policy == "full":
@@ -131,8 +130,22 @@ def checkpoint_activations(model: nn.Module, policy: str | Callable[[nn.Module],
     else:
         chosen = list(blocks)[::2]
     for module in chosen:
-        checkpoint(module)
+        _recompute_in_backward(module)
     return chosen
+
+
+def _recompute_in_backward(module: nn.Module) -> None:
+    """The module's own ``forward`` runs under ``torch.utils.checkpoint`` (RNG state preserved, so dropout masks
+    match): inside the forward, so a compiled module traces the checkpoint as part of its graph and FSDP's
+    gather/free hooks stay around it (torch's composable ``checkpoint`` hooks do not survive ``module.compile``)."""
+    from torch.utils.checkpoint import checkpoint
+
+    forward = module.forward
+
+    def recomputed(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    module.forward = recomputed
 
 
 def parallelize(fn: Callable[..., Any], model: nn.Module, mesh: DeviceMesh | None, layout: Layout) -> nn.Module:
@@ -167,6 +180,31 @@ def parallelize(fn: Callable[..., Any], model: nn.Module, mesh: DeviceMesh | Non
     return model
 
 
+def to_float8(model: nn.Module, device_type: str) -> None:
+    """``mixed_precision="fp8"``: torchao's float8 training for every Linear whose sizes fp8 kernels take
+    (multiples of 16), in place; a clear error where fp8 cannot run (a CPU, a GPU before Hopper/Ada, no torchao)."""
+    import importlib.util
+
+    import torch
+
+    if device_type != "cuda":
+        raise ConfigError(f"mixed_precision='fp8' needs an NVIDIA GPU with float8 tensor cores (compute capability "
+                          f">= 8.9: H100, H200, L40S, B200); this run is on {device_type}. HINT: "
+                          f"mixed_precision='bf16'.")
+    capability = torch.cuda.get_device_capability()
+    if capability < (8, 9):
+        raise ConfigError(f"mixed_precision='fp8': {torch.cuda.get_device_name()} (compute capability "
+                          f"{capability[0]}.{capability[1]}) has no float8 tensor cores (>= 8.9 needed: Hopper, "
+                          f"Ada, Blackwell). HINT: mixed_precision='bf16'.")
+    if importlib.util.find_spec("torchao") is None:
+        raise ConfigError("mixed_precision='fp8' trains through torchao's float8, which is not installed. HINT: "
+                          "pip install torchao (the build matching your torch).")
+    from torchao.float8 import convert_to_float8_training
+
+    convert_to_float8_training(model, module_filter_fn=lambda module, fqn: isinstance(module, nn.Linear) and
+                               module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+
 def _some_names(model: nn.Module) -> str:
     names = [n for n, _ in model.named_modules() if n]
     return ", ".join(repr(n) for n in names[:6]) + (", ..." if len(names) > 6 else "")
@@ -186,6 +224,8 @@ def lay_out(model: nn.Module, layout: Layout, parallelism: Parallelism, strategy
     mesh = layout.mesh(device_type) if dist.is_initialized() and wanted else None
     if strategy == "hsdp" and layout.replicate == 1 and world > 1 and is_main:
         print(HSDP_ONE_REPLICA_NOTE, flush=True)
+    if parallelism.float8:
+        to_float8(model, device_type)
     if parallelism.parallelize_fn is not None:
         model = parallelize(parallelism.parallelize_fn, model, mesh, layout)
     policy = parallelism.activation_checkpointing

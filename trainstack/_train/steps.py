@@ -312,10 +312,11 @@ AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def autocast_precision(config: Any) -> str:
-    """The precision forwards run under autocast, in training and evaluation alike: ``mixed_precision``, except bf16
-    under FSDP, which is FSDP's own policy (bf16 compute, fp32 reduction) with no autocast on top of it."""
-    return "no" if getattr(config, "strategy", "ddp") in SHARDING and config.mixed_precision == "bf16" \
-        else config.mixed_precision
+    """The precision forwards run under autocast, in training and evaluation alike: ``mixed_precision`` (fp8: bf16
+    around the float8 Linear layers), except bf16 under FSDP, which is FSDP's own policy (bf16 compute, fp32
+    reduction) with no autocast on top of it."""
+    precision = "bf16" if config.mixed_precision == "fp8" else config.mixed_precision
+    return "no" if getattr(config, "strategy", "ddp") in SHARDING and precision == "bf16" else precision
 
 
 def make_step(config: Any, optimizer: Any, loss_fn: LossFn, fn: Callable[..., Any], use_grad: bool,
