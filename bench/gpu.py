@@ -32,8 +32,15 @@ WORKLOADS = {
     "gpt": {"kind": "gpt", "layers": 6, "d": 768, "heads": 12, "seq": 512, "vocab": 8192, "batch": 8,
             "precision": "bf16"},
 }
+# bf16 vs fp8 (mixed_precision="fp8": torchao's float8 Linear layers): matrices large enough for fp8 to matter
+WORKLOADS["gpt2k"] = {"kind": "gpt", "layers": 4, "d": 2048, "heads": 16, "seq": 1024, "vocab": 8192, "batch": 8,
+                      "precision": "bf16"}
+WORKLOADS["gpt2k-fp8"] = WORKLOADS["gpt2k"] | {"precision": "fp8"}
 SMOKE = {"mlp": {"dims": (16, 32, 32, 10), "batch": 8}, "gpt": {"layers": 1, "d": 32, "heads": 2, "seq": 16,
                                                                 "vocab": 64, "batch": 2}}
+SMOKE["gpt2k"] = SMOKE["gpt2k-fp8"] = SMOKE["gpt"]
+#: The systems that can train in fp8 (a raw loop converts with torchao itself; the Trainer with mixed_precision).
+FP8_SYSTEMS = ("raw", "trainer")
 SYSTEMS = ("raw", "accelerator", "trainer", "accelerate", "fabric")
 PEERS = {"accelerate": "accelerate", "fabric": "lightning"}
 
@@ -147,9 +154,14 @@ def _run_raw(model, data, spec, device, steps, probe):
     from torch.utils.data import DataLoader
 
     model = model.to(device)
+    if spec["precision"] == "fp8":  # what mixed_precision="fp8" does: float8 Linear layers, bf16 autocast around
+        from torchao.float8 import convert_to_float8_training
+
+        convert_to_float8_training(model, module_filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear)
+                                   and m.in_features % 16 == 0 and m.out_features % 16 == 0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     loader = DataLoader(data, batch_size=spec["batch"], shuffle=True, pin_memory=device == "cuda")
-    amp = spec["precision"] == "bf16"
+    amp = spec["precision"] in ("bf16", "fp8")
     for i, (x, y) in enumerate(loader):
         if i == steps:
             break
@@ -249,7 +261,8 @@ def mfu_by_hand(spec: dict, device: str, steps_per_s: float) -> float | None:
 
     from trainstack._train.throughput import peak_flops
 
-    peak, _ = peak_flops(torch.device(device), spec["precision"])  # a CPU has one only from TRAINSTACK_PEAK_TFLOPS
+    # over the bf16 peak for fp8 too (the table's convention); a CPU has one only from TRAINSTACK_PEAK_TFLOPS
+    peak, _ = peak_flops(torch.device(device), "bf16" if spec["precision"] == "fp8" else spec["precision"])
     return hand_flops(spec) * steps_per_s / peak if peak else None
 
 
@@ -330,7 +343,7 @@ def main() -> int:
     rows = []
     for rep in range(reps):
         for workload in args.workloads.split(","):
-            for system in systems:  # interleaved: every system once per repetition
+            for system in [s for s in systems if s in FP8_SYSTEMS or "fp8" not in workload]:  # interleaved
                 row = measure(system, workload, args.device, steps, args.smoke)
                 rows.append(row | {"rep": rep})
                 print(f"rep {rep} {workload} {system:11s} {row['steps_per_s']:9.1f} steps/s "

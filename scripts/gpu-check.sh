@@ -8,8 +8,9 @@
 # CUDA, NCCL, the packages trainstack needs), trainstack doctor, python -m trainstack.nccl_check, the GPU tests
 # (tests/gpu: host syncs, exact resume no/bf16/fp16, memory + sharded checkpoints on CUDA, the examples), the GPU
 # bench (bench/gpu.py: steps/s vs a raw loop, syncs/step, peak memory, start-up, MFU by hand vs reported), compile
-# cold vs warm (bench/compile.py --device cuda), and an fp8 probe. Packages the machine lacks travel as wheels in
-# WHEELS (default .whl, `make gpu-wheels` fills it) and are installed to a private folder first.
+# cold vs warm (bench/compile.py --device cuda), an fp8 probe and the bf16 vs fp8 bench. Packages the machine lacks
+# travel as wheels in WHEELS (default .whl) and AO_WHEELS (torchao versions), `make gpu-wheels` fills both; they
+# are installed to private folders first. GPU_CHECK_PARTS=facts,fp8,... runs only the parts so named.
 # shellcheck disable=SC2317  # facts and fp8_probe run through `timeout bash -c` (exported functions)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -32,6 +33,23 @@ if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
 else
   GPU=0
 fi
+# torchao (mixed_precision="fp8") must match the machine's torch: each version folder in AO_WHEELS (default .whl-ao,
+# `make gpu-wheels`) is tried, newest first, until a float8 Linear trains on the GPU.
+for dir in $(find "${AO_WHEELS:-.whl-ao}" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | sort -rV); do
+  [[ $GPU == 1 ]] || break
+  rm -rf /tmp/trainstack-ao
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/trainstack-ao "$dir"/*.whl >>"$LOG" 2>&1 || continue
+  if PYTHONPATH="$PYTHONPATH:/tmp/trainstack-ao" "$PY" -c "
+import torch
+from torchao.float8 import convert_to_float8_training
+m = convert_to_float8_training(torch.nn.Sequential(torch.nn.Linear(64, 64)).cuda())
+with torch.autocast('cuda', dtype=torch.bfloat16):
+    m(torch.randn(32, 64, device='cuda')).sum().backward()" >>"$LOG" 2>&1; then
+    export PYTHONPATH="$PYTHONPATH:/tmp/trainstack-ao"
+    echo "torchao from $dir" | tee -a "$LOG"
+    break
+  fi
+done
 
 # part NAME LIMIT NEEDS_GPU CMD...: runs CMD under min(LIMIT, what is left of the budget), its output to the log
 # and its tail to the report; a row of the summary table either way.
@@ -39,6 +57,9 @@ part() {
   local name="$1" limit="$2" gpu="$3" started=$SECONDS rc=0 status
   shift 3
   local left=$((BUDGET - SECONDS))
+  if [[ -n ${GPU_CHECK_PARTS:-} && ",$GPU_CHECK_PARTS," != *",${name%% *},"* ]]; then
+    return 0  # not asked for this time (GPU_CHECK_PARTS: the first words of the parts' names)
+  fi
   {
     echo
     echo "## $name"
@@ -119,6 +140,9 @@ part "test-gpu (tests/gpu)" 200 0 "$PY" -m pytest tests/gpu -m gpu -rs -p no:cac
 part "bench-gpu (raw vs trainstack vs peers)" 150 1 "$PY" bench/gpu.py --reps 1 --steps 120
 part "compile cold vs warm" 110 1 "$PY" bench/compile.py --device cuda --reps 1 --steps 60
 part "fp8 probe" 30 1 fp8_probe
+part "fp8 test (mixed_precision='fp8' trains)" 60 1 "$PY" -m pytest tests/gpu -k fp8 -rs -p no:cacheprovider
+part "fp8 bench (bf16 vs fp8)" 150 1 "$PY" bench/gpu.py --workloads gpt2k,gpt2k-fp8 --systems raw,trainer --reps 1 \
+  --steps 100
 
 {
   echo "# trainstack GPU check ($(date -u +%Y-%m-%dT%H:%MZ), ${SECONDS} s of a ${BUDGET} s budget)"
