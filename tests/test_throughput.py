@@ -33,16 +33,16 @@ def _fit(tmp_path, stamps=None, data=None, model=None, loss_fn="mse", log_every=
 
 
 def test_flops_match_a_hand_count_and_mfu_uses_the_given_peak(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("TRAINSTACK_PEAK_TFLOPS", "0.001")  # 1 GFLOP/s per device
+    monkeypatch.setenv("TRAINSTACK_PEAK_TFLOPS", "0.1")  # 100 GFLOP/s per device: MFU well below 100 % here
     trainer, rows = _fit(tmp_path, max_iter=2)
     # forward 2*B*64*128 + 2*B*128; backward: weight grads 2*B*64*128 + 2*B*128, the input grad of layer 2 2*B*128
     # (the data needs no gradient, so layer 1's input grad is never computed)
     assert trainer.tracker.live.flops_per_step == 2 * B * 64 * 128 * 2 + 2 * B * 128 * 3
     for row in rows:
         steps_per_s = row["samples_per_s"] / B
-        assert row["mfu"] == pytest.approx(trainer.tracker.live.flops_per_step * steps_per_s / 1e9, rel=1e-9)
+        assert row["mfu"] == pytest.approx(trainer.tracker.live.flops_per_step * steps_per_s / 1e11, rel=1e-9)
     out = capsys.readouterr().out
-    assert "MFU" in out and "TRAINSTACK_PEAK_TFLOPS=0.001" in out and "| mfu " in out
+    assert "MFU" in out and "TRAINSTACK_PEAK_TFLOPS=0.1" in out and "| mfu " in out
 
 
 def test_without_a_peak_mfu_is_not_made_up(tmp_path, monkeypatch, capsys):
@@ -211,3 +211,15 @@ def test_the_summary_throughput_leaves_out_the_warm_up(tmp_path, capsys):
     summary = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  throughput:"))
     said = float(summary.split("throughput:")[1].split("samples/s")[0].replace(",", ""))
     assert said == pytest.approx(lines, rel=0.15), (said, lines, summary)
+
+
+def test_fp8_runs_are_measured_against_the_bf16_peak_and_mfu_never_exceeds_100_percent(monkeypatch):
+    """An fp8 run on an H200 showed 'mfu 322%': its peak was looked up as fp32's."""
+    monkeypatch.delenv("TRAINSTACK_PEAK_TFLOPS", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    assert peak_flops(torch.device("cuda"), "fp8")[0] == peak_flops(torch.device("cuda"), "bf16")[0] == 989.4e12
+    live = LiveLog(8, 1, 1)
+    live.flops_per_step, live.peak = 2e12, 1e12  # 2 TFLOP a step at 1 step/s over a 1 TFLOP/s peak: impossible
+    assert "mfu" not in live._rates(1.0, 0)
+    live.peak = 4e12
+    assert live._rates(1.0, 0)["mfu"] == 0.5

@@ -165,8 +165,8 @@ class LiveLog:
             {"batches_per_s": steps_per_s * self.batches_per_step}
         if self.tokens_per_step:
             out["tokens_per_s"] = steps_per_s * self.tokens_per_step
-        if self.flops_per_step and self.peak:
-            out["mfu"] = self.flops_per_step * steps_per_s / self.peak
+        if self.flops_per_step and self.peak and self.flops_per_step * steps_per_s <= self.peak:
+            out["mfu"] = self.flops_per_step * steps_per_s / self.peak  # above the peak: a wrong peak, not shown
         if self.total_steps:
             out["eta_s"] = max(self.total_steps - step, 0) / steps_per_s
         if _cuda_in_use():

@@ -2,9 +2,10 @@
 
 * **FLOPs**: the run's first step runs under ``torch.utils.flop_counter.FlopCounterMode`` (forward and backward as
   they really run; one step, rank 0) -- times the accumulation steps, that is one optimizer step of one rank.
-* **MFU** = FLOPs per step per rank x steps/s / the device's dense peak for the training dtype, from
-  ``PEAK_TFLOPS`` or ``TRAINSTACK_PEAK_TFLOPS``; a device not in the table (a CPU) gets no MFU and the summary
-  says why -- never a made-up number (torchtitan once reported 152 % on a GPU missing from its table).
+* **MFU** = FLOPs per step per rank x steps/s / the device's dense peak for the training dtype (bf16's for fp8
+  runs too, as torchtitan reports them), from ``PEAK_TFLOPS`` or ``TRAINSTACK_PEAK_TFLOPS``; a device not in the
+  table (a CPU) gets no MFU and the summary says why -- never a made-up number (torchtitan once reported 152 % on
+  a GPU missing from its table; an fp8 run here once showed 322 % over the fp32 peak). Above 100 % it is not shown.
 * **Step time split**: the share of wall time waiting for the loader (``data_wait``), inside ``optimizer.step``
   (``optimizer_share``, ``OptimizerTimer``) and the rest (forward, backward, the framework).
 * **Tokens**: when a batch's first tensor holds integers in 2 dimensions (token ids), tokens/s = its elements x
@@ -51,7 +52,7 @@ def peak_flops(device: torch.device, precision: str) -> tuple[float | None, str]
     if device.type != "cuda":
         return None, f"no peak for {device.type} (set {envvars.PEAK_TFLOPS})"
     name = torch.cuda.get_device_name(device)
-    kind = "bf16" if precision in ("bf16", "fp16") else \
+    kind = "bf16" if precision in ("bf16", "fp16", "fp8") else \
         "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
     for key, row in PEAK_TFLOPS.items():
         if key in name:
