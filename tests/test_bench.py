@@ -35,7 +35,9 @@ def test_gpu_bench_code_paths_on_the_cpu(run_py):
 
 def test_fsdp_bench_runs(run_py):
     out = run_py([sys.executable, str(ROOT / "bench/fsdp.py"), "--smoke"], timeout=300).stdout
-    assert "| ddp |" in out and "| fsdp |" in out and "0.50" in out  # half the state per rank on 2 processes
+    for strategy in ("ddp", "fsdp", "hsdp", "hsdp+ac"):
+        assert f"| {strategy} |" in out, out
+    assert "| 0.25 |" in out and "| 0.50 |" in out  # a quarter of the state per rank on 4 processes, half in HSDP 2x2
 
 
 def test_startup_and_restart_benches_run(run_py):

@@ -25,13 +25,13 @@ def _ids(prefix: Path) -> list[int]:
             for line in path.read_text().splitlines() for i in json.loads(line)]
 
 
-def test_hsdp_equals_ddp_with_accumulation_and_clipping_and_replicates_across_its_first_dimension(tmp_path,
+def test_hsdp_with_activation_checkpointing_equals_ddp_and_replicates_across_its_first_dimension(tmp_path,
                                                                                                    monkeypatch):
     kw = {"gradient_accumulation_steps": 2, "grad_clip_norm": 0.5, "max_iter": 6}
     ddp = ft.fit(tmp_path / "ddp", 4, "ddp", **kw)
     monkeypatch.setenv("FSDP_MESH", str(tmp_path / "mesh"))
-    hsdp = ft.fit(tmp_path / "hsdp", 4, "hsdp", hsdp_replicas=2,
-                  callbacks=[Callback(on="train_start", callback=ft.dump_mesh)], **kw)
+    hsdp = ft.fit(tmp_path / "hsdp", 4, "hsdp", hsdp_replicas=2, activation_checkpointing="full",
+                  callbacks=[Callback(on="train_start", callback=ft.dump_mesh)], **kw)  # + AC on every Block
     diff = max((ddp.state_dict()[k] - v).abs().max().item() for k, v in hsdp.state_dict().items())
     assert diff < 1e-5, diff
     groups = {r: json.loads((tmp_path / f"mesh-rank{r}.json").read_text()) for r in range(4)}
