@@ -201,7 +201,7 @@ CONFIG_CASES = [
     ({"max_batches": 0}, "max_batches=0"), ({"stop_check_every": 0}, "stop_check_every=0"),
     ({"compute_setup": "tpu"}, "compute_setup='tpu'"), ({"backend": "ucc"}, "backend='ucc'"),
     ({"log_setup": "gpu"}, "log_setup='gpu'"), ({"tracking_tool": "comet"}, "tracking_tool='comet'"),
-    ({"mixed_precision": "fp8"}, "mixed_precision='fp8'"), ({"dtype": "float32"}, "dtype='float32'"),
+    ({"mixed_precision": "fp4"}, "mixed_precision='fp4'"), ({"dtype": "float32"}, "dtype='float32'"),
     ({"dtype": torch.int64}, "torch.int64"), ({"root_folder": 123}, "root_folder=123"),
     ({"log_folder": None}, "log_folder=None"), ({"stop_file": 3}, "stop_file=3"),
     ({"callbacks": [lambda t: t]}, "callbacks"), ({"callbacks": "print"}, "callbacks"),
@@ -215,7 +215,7 @@ CONFIG_CASES = [
     ({"trainstop_criterion": "stop"}, "trainstop_criterion='stop'"),
     ({"resume": "auto", "create_subfolder_per_run": True}, "create_subfolder_per_run"),
     ({"log_folder": "x", "create_subfolder_per_run": True}, "log_folder='x'"),
-    ({"mixed_precision": "fp8"}, "mixed_precision='fp8'"), ({"max_epochs": 3}, "max_epochs"),
+    ({"mixed_precision": "fp4"}, "mixed_precision='fp4'"), ({"max_epochs": 3}, "max_epochs"),
 ]
 
 

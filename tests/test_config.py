@@ -23,7 +23,7 @@ from trainstack.errors import ConfigError
     ({"compute_setup": "tpu"}, "compute_setup='tpu'"),
     ({"backend": "ucc"}, "backend='ucc'"),
     ({"tracking_tool": "comet"}, "tracking_tool='comet'"),
-    ({"mixed_precision": "fp8"}, "mixed_precision='fp8'"),
+    ({"mixed_precision": "fp4"}, "mixed_precision='fp4'"),
     ({"dtype": "float64"}, "dtype='float64'"),
     ({"val_epsilon": -1}, "val_epsilon=-1"),
     ({"grad_clip_norm": 0}, "grad_clip_norm=0"),

@@ -72,8 +72,10 @@ def _mixed_precision(value: str | None) -> str:
     where = "mixed_precision"
     if value is None:
         value, where = os.environ.get("ACCELERATE_MIXED_PRECISION", "no"), "ACCELERATE_MIXED_PRECISION"
-    if value not in MIXED_PRECISION:
-        hint = " (fp8 needs Transformer Engine/torchao on Hopper GPUs: not supported)" if value == "fp8" else ""
+    if value not in MIXED_PRECISION or value == "fp8":  # the Accelerate loop autocasts: fp8 is a model change
+        hint = (" (for float8 Linear layers through torchao on GPUs of compute capability >= 8.9: "
+                "Accelerator(float8=True, mixed_precision='bf16'), or TrainConfig(mixed_precision='fp8'))") \
+            if value == "fp8" else ""
         raise ConfigError(f"{where}={value!r}: must be 'no', 'fp16' or 'bf16'{hint}.")
     return value
 
