@@ -19,6 +19,7 @@ from helpers import ROOT, small_tmpfs, torchrun_exe
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
 SCRIPT = str(Path(__file__).with_name("_memory_train.py"))
+KILLS = 6  # random SIGKILLs in one run (ten found nothing six did not; each costs a restart of ~7 s)
 
 
 def _torchrun(run_py, out: Path, nprocs: int = 4, restarts: int = 1, check: bool = True, **env: object):
@@ -90,8 +91,8 @@ def test_fsdp2_resumes_from_memory_bitwise(run_py, tmp_path, references, nprocs)
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_kill9_at_ten_random_moments_loses_at_most_n_steps_each_time(tmp_path, run_py):
-    """One run, ten SIGKILLs of a random rank at a random moment (mid-step, mid-staging, mid-copy); torchrun
+def test_kill9_at_six_random_moments_loses_at_most_n_steps_each_time(tmp_path, run_py):
+    """One run, six SIGKILLs of a random rank at a random moment (mid-step, mid-staging, mid-copy); torchrun
     restarts the group each time; the end is bitwise the uninterrupted run's, and each restart lost <= N steps."""
     out, n = tmp_path / "out", 3
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRAINSTACK_MEMORY_DIR": str(tmp_path / "shm"), "STEPS": "250",
@@ -112,7 +113,7 @@ def test_kill9_at_ten_random_moments_loses_at_most_n_steps_each_time(tmp_path, r
         return text.count("start") == count + 1 and not text.rstrip().split("\n")[-1].startswith("start")
 
     try:
-        for _ in range(10):
+        for _ in range(KILLS):
             deadline = time.monotonic() + 90
             while not attempt_trains(len(kills)) and time.monotonic() < deadline and child.poll() is None:
                 time.sleep(0.02)
@@ -142,7 +143,7 @@ def test_kill9_at_ten_random_moments_loses_at_most_n_steps_each_time(tmp_path, r
         if word == "start" and reached:
             lost.append(reached - int(value))
         reached = int(value)
-    assert len(lost) == 10, (lost, kills)
+    assert len(lost) == KILLS, (lost, kills)
     print(f"steps lost per restart {lost} (N={n}); kills (rank, a copy being written) {kills}")
     assert all(0 <= k <= n for k in lost), f"steps lost per restart {lost} (N={n}); kills (rank, mid-copy) {kills}"
     _same_final(out, twin, 4)
