@@ -133,7 +133,8 @@ def test_the_step_time_is_split_into_data_optimizer_and_the_rest(tmp_path, capsy
     out = capsys.readouterr().out
     assert "| optim 6" in out or "| optim 7" in out, out
     summary = next(line for line in out.splitlines() if line.startswith("  throughput:"))
-    assert "samples/s" in summary and "optimizer 6" in summary, summary
+    optimizer_pct = int(summary.split("optimizer ")[1].split("%")[0])  # over the whole run: its start included
+    assert "samples/s" in summary and 50 <= optimizer_pct <= 75, summary
     assert int(summary.split("data wait ")[1].split("%")[0]) <= 2, summary  # in-memory data: next to nothing
     assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks  # handed back clean
 

@@ -113,7 +113,9 @@ class Store:
         files = sorted(p for p in local.rglob("*") if p.is_file()) if local.is_dir() else [local]
         objects = {("" if p == local else p.relative_to(local).as_posix()): p.stat().st_size for p in files}
         target = self._path(name)
-        self.fs.rm_file(self._path(name + COMMITTED)) if self.fs.exists(self._path(name + COMMITTED)) else None
+        marker = self._path(name + COMMITTED)
+        if self.fs.exists(marker):  # a re-upload of this name counts only once its new marker is written
+            self.fs.rm_file(marker)
         if _local(self.fs):
             self.fs.makedirs(self.root, exist_ok=True)
         if local.is_dir():
@@ -121,7 +123,7 @@ class Store:
         else:
             self.fs.put_file(str(local), target)
         manifest = {"name": name, "objects": objects, "sharded": local.is_dir(), "committed_at": time.time()}
-        self.fs.pipe_file(self._path(name + COMMITTED), json.dumps(manifest).encode())
+        self.fs.pipe_file(marker, json.dumps(manifest).encode())
 
     def remove(self, name: str) -> None:
         """The marker first: a removal cut short never leaves a checkpoint that looks whole."""
