@@ -24,6 +24,7 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -181,7 +182,7 @@ class Uploads:
     store, then the store keeps ``keep_last``. A failed upload is said (the local copy stays committed) and the next
     save uploads again; training never stops for the store."""
 
-    def __init__(self, store: Store, keep_last: int | None, say: Any) -> None:
+    def __init__(self, store: Store, keep_last: int | None, say: Callable[[str], None]) -> None:
         self.store, self.keep_last, self._say = store, keep_last, say
         self._thread: threading.Thread | None = None
         self.uploaded: str | None = None  # the newest checkpoint committed in the store by this run
