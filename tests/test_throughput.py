@@ -212,7 +212,8 @@ def test_the_summary_throughput_leaves_out_the_warm_up(tmp_path, capsys):
     lines = statistics.median(r["samples_per_s"] for r in rows[1:])
     summary = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  throughput:"))
     said = float(summary.split("throughput:")[1].split("samples/s")[0].replace(",", ""))
-    assert said == pytest.approx(lines, rel=0.15), (said, lines, summary)
+    # the lines' rate, within what a loaded machine varies (the warm-up counted as before made it 7x smaller)
+    assert said == pytest.approx(lines, rel=0.35), (said, lines, summary)
 
 
 def test_fp8_runs_are_measured_against_the_bf16_peak_and_mfu_never_exceeds_100_percent(monkeypatch):
