@@ -158,3 +158,31 @@ def test_a_rank_whose_watchdog_falls_silent_is_lost_one_that_ended_is_not(tmp_pa
         time.sleep(0.1)
     assert not lost
     del server
+
+
+def test_a_frozen_nodes_ranks_are_named_together_a_healthy_nodes_never(tmp_path):
+    """Two ranks of one node freeze together but their last heartbeats lie up to an interval apart: when the first
+    crosses ``lost_after``, its node's other quiet rank is named with it (one message, one exclusion); a rank of
+    another node that keeps beating is never added."""
+    from trainstack._runtime.watchdog import Watchdog
+
+    zero = Watchdog(0, 4, 600.0, tmp_path)
+    zero.interval, zero.lost_after = 0.1, 0.4
+    lost: list[list[int]] = []
+    zero._on_lost = lambda ranks, everyone: lost.append(ranks)  # the real one exits the process
+    hosts = {0: "a", 1: "a", 2: "b", 3: "b"}
+    counts = dict.fromkeys(hosts, 0)
+
+    def look(moving: set[int]) -> None:
+        for rank in moving:
+            counts[rank] += 1
+        zero._alive += 1
+        zero._watch_alive({r: {"alive": counts[r], "host": hosts[r], "step": 3} for r in hosts})
+        time.sleep(0.06)
+
+    for _ in range(3):
+        look({0, 1, 2, 3})
+    look({0, 1, 2})  # rank 3 froze; rank 2 beat once more before its node froze
+    while not lost:
+        look({0, 1})
+    assert lost[0] == [2, 3], lost

@@ -308,6 +308,11 @@ class Watchdog(threading.Thread):
                 self._alive_seen[rank] = (count, now, self._alive)
             elif now - before[1] > self.lost_after and self._alive - before[2] >= 3:  # rank 0 itself kept ticking
                 lost.append(rank)
+        if lost:  # a frozen node's other ranks went quiet within one interval of each other: name them together
+            hosts = {everyone[r].get("host") for r in lost}
+            lost = sorted(set(lost) | {r for r, (_, since, _) in self._alive_seen.items()
+                                       if everyone.get(r, {}).get("host") in hosts
+                                       and now - since > self.interval})
         steps = [int(b["step"]) for b in everyone.values() if isinstance(b.get("step"), int)]
         if self.job_dir is not None and steps:
             with contextlib.suppress(OSError):
