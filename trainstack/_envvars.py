@@ -14,7 +14,7 @@ __all__ = ["Variable", "VARIABLES", "positive_number"] + [
     "INTERRUPT_FILE", "PIN_MEMORY", "PRELOAD", "PROGRESS", "RANK_LOG", "RUN_DIR", "SNAPSHOT", "START_METHOD",
     "SWEEP_ARGS", "SUBMISSION", "SLURM_FN", "STOP_FILE", "STOP_SIGNALS", "SUBMIT_DIR", "TIMEOUT_S", "COMPILE_CACHE",
     "COMPILE_TIMEOUT", "PEAK_TFLOPS", "HOST", "REMOTE_DIR", "REMOTE_TRAINSTACK", "SSH_CONFIG", "SSH_REUSE_ONLY",
-    "REMOTE_INDEX_DIR", "REMOTE_SIDE", "MEMORY_DIR", "NODE_NAME"]
+    "REMOTE_INDEX_DIR", "REMOTE_SIDE", "MEMORY_DIR", "NODE_NAME", "STRAGGLER_RATIO", "ATTEMPT", "STEP"]
 
 
 class Variable(NamedTuple):
@@ -69,6 +69,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TRAINSTACK_NODE_NAME", "you",
              "The node this process counts as for memory checkpoints' copies on another node (default: "
              "SLURMD_NODENAME, else the hostname): for containers whose hostname is not the node's."),
+    Variable("TRAINSTACK_STRAGGLER_RATIO", "you",
+             "A rank this many times slower than the typical fast rank in data, forward or optimizer time per step "
+             "(two watchdog intervals running) is named a straggler (default 1.5; 0: off)."),
     Variable("TRAINSTACK_PIN_MEMORY", "you", "0 turns off pinned host memory for prepared loaders on CUDA."),
     Variable("TRAINSTACK_FAST_TENSOR_PATH", "you",
              "0 turns off the whole-batch indexing of in-memory TensorDatasets (identical batches either way)."),
@@ -131,12 +134,15 @@ SSH_CONFIG, SSH_REUSE_ONLY, REMOTE_INDEX_DIR = ("TRAINSTACK_SSH_CONFIG", "TRAINS
                                                 "TRAINSTACK_REMOTE_INDEX_DIR")
 REMOTE_SIDE = "TRAINSTACK_REMOTE_SIDE"
 MEMORY_DIR, NODE_NAME = "TRAINSTACK_MEMORY_DIR", "TRAINSTACK_NODE_NAME"
+STRAGGLER_RATIO = "TRAINSTACK_STRAGGLER_RATIO"
+ATTEMPT, STEP = "TRAINSTACK_ATTEMPT", "TRAINSTACK_STEP"
 assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PRELOAD, START_METHOD, PIN_MEMORY,
                                          FAST_TENSOR_PATH, PROGRESS, STOP_SIGNALS, STOP_FILE, NPROCS, COMPUTE_SETUP,
                                          JOB_DIR, RUN_DIR, SNAPSHOT, SUBMIT_DIR, RANK_LOG, NODE_LOG, ERROR_REPORT,
                                          INTERRUPT_FILE, COMPILE_CACHE, COMPILE_TIMEOUT,
                                          PEAK_TFLOPS, HOST, REMOTE_DIR, REMOTE_TRAINSTACK, SSH_CONFIG,
-                                         SSH_REUSE_ONLY, REMOTE_INDEX_DIR, REMOTE_SIDE, MEMORY_DIR, NODE_NAME))
+                                         SSH_REUSE_ONLY, REMOTE_INDEX_DIR, REMOTE_SIDE, MEMORY_DIR, NODE_NAME,
+                                         STRAGGLER_RATIO, ATTEMPT, STEP))
 
 
 @overload

@@ -97,6 +97,10 @@ HELP = {
     "spare_nodes": "With --requeue: K more nodes than --nodes, kept in the allocation: a crash is retried as a new "
                    "job step in the same allocation, and a node the verdict blames (or that stopped answering) is "
                    "replaced by a spare -- seconds, not a requeue.",
+    "node_check": "Check every node before training (compute, GPUs, memory, /dev/shm, job-folder writes, an "
+                  "all-reduce ring): a slow or broken node is named and, with --requeue, left out (a spare takes "
+                  "its place). Default: on for more than one node. Thresholds: node_check_thresholds in the "
+                  "profile.",
     "env": "KEY=VALUE exported in the job (repeatable).",
     "nccl_ifname": "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME, e.g. ib0 or ^docker,lo.",
     "nccl_debug": "NCCL_DEBUG level (INFO): per-process logs in the log folder.",
@@ -124,6 +128,8 @@ def _spec_option(name: str) -> Any:
     """The click option of LaunchSpec field ``name``: its default off the field, its help from ``HELP``."""
     default = DEFAULTS[name]
     flag = "--" + name.replace("_", "-")
+    if name == "node_check":  # three states: on, off, or the default (more than one node)
+        return click.option(f"{flag}/--no-{flag[2:]}", default=None, help=HELP[name])
     if isinstance(default, bool):
         names = [f"{flag}/--no-{flag[2:]}"] if name == "requeue" else [flag]
         return click.option(*names, is_flag=True, default=default, help=HELP[name])
@@ -342,6 +348,7 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool, 
     elif rows:
         click.echo(format_table(rows))
         if job_ids:  # named jobs: why each ended one ended
+            from ._slurm.report import health_lines
             from ._slurm.verdict import verdict
 
             for row in rows:
@@ -350,7 +357,8 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool, 
                 elif row.progress is not None:
                     click.echo(f"{row.job}: {row.progress.text()} (from the log line of "
                                f"{row.progress.age_s:.0f} s ago)")
-                extra = _attempt_rows(row.folder) if attempts else _retry_line(row.folder)
+                extra = _attempt_rows(row.folder) if attempts else "\n".join(
+                    [f"  {line}" for line in health_lines(row.folder)] + [_retry_line(row.folder)]).rstrip()
                 if extra:
                     click.echo(extra)
     remote = None
@@ -373,11 +381,16 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool, 
 def _attempt_rows(folder: Path | None) -> str:
     """``status --attempts``: one row per ended attempt of a requeued job (its verdicts.jsonl), then the hosts left
     out."""
+    from ._goodput import format_ledger, ledger
     from ._slurm.attempt import describe, history, recoveries
+    from ._slurm.report import health_lines
 
     rows = history(folder) if folder is not None else []
+    spent = ledger(folder)
+    extra = [f"  {line}" for line in health_lines(folder) + ([format_ledger(spent)] if spent else [])]
     if folder is None or not rows:
-        return "  no attempt recorded (verdicts.jsonl is written by --requeue jobs when an attempt ends early)"
+        return "\n".join(["  no attempt recorded (verdicts.jsonl is written by --requeue jobs when an attempt ends "
+                          "early)", *extra])
     found = {(r["attempt"], r["step_index"]): r for r in recoveries(folder)}
     lines = []
     for r in rows:
@@ -388,7 +401,10 @@ def _attempt_rows(folder: Path | None) -> str:
         recovery = found.get((r["attempt"], r.get("step_index", 0)))
         if recovery is not None:
             lines.append(f"    {describe(recovery)}")
-    return "\n".join(lines + [_retry_line(folder)]).rstrip()
+    if spent:
+        lines += [f"  step {st['attempt']}.{st['step_index']}: " + ", ".join(
+            f"{k.replace('_', ' ')} {v:.1f} s" for k, v in st["parts"].items() if v >= 0.05) for st in spent["steps"]]
+    return "\n".join(lines + extra + [_retry_line(folder)]).rstrip()
 
 
 def _retry_line(folder: Path | None) -> str:
@@ -412,7 +428,9 @@ def why(job_id: str, as_json: bool) -> None:
     """Why a job ended: the verdict (completed, cancelled, preempted, time limit, hang, CUDA out-of-memory, killed by
     signal 9, collective failure, node failure, a Python error on its first failing rank, unknown), the evidence
     lines from its logs and job folder, and what to do about it."""
+    from ._goodput import format_ledger, ledger
     from ._slurm.attempt import describe, recoveries
+    from ._slurm.report import health, health_lines
     from ._slurm.status import job_status, pending_note
     from ._slurm.verdict import verdict
 
@@ -423,12 +441,16 @@ def why(job_id: str, as_json: bool) -> None:
             if note:
                 found.kind, found.summary = "pending", note
         recovered = recoveries(row.folder) if row.folder is not None else []
+        spent = ledger(row.folder)
         if as_json:
-            click.echo(json.dumps({**dataclasses.asdict(found), "recoveries": recovered}))
+            click.echo(json.dumps({**dataclasses.asdict(found), "recoveries": recovered, "goodput": spent,
+                                   **health(row.folder)}))
             continue
         click.echo(f"job {row.job} ({row.name}): {found.line()}")
         for line in found.evidence:
             click.echo(f"  | {line}")
+        for line in health_lines(row.folder) + ([format_ledger(spent)] if spent else []):
+            click.echo(f"  {line}")
         for recovery in recovered:
             click.echo(f"  attempt {recovery['attempt']}.{recovery['step_index']} ({recovery['cause']}): "
                        f"{describe(recovery)}")

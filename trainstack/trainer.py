@@ -402,6 +402,7 @@ class Trainer:
                 if on_start and self.global_batch % on_start == 0:
                     self.callbacks.fire("train_batch_start", self, self.global_batch)
                 loss, metrics = step(model, batch)
+                hb.phase = "after"  # callbacks, logs, duties: not the step's own time (stragglers, goodput)
                 n += 1
                 hb.beats += 1
                 sums.add(loss, metrics)

@@ -40,6 +40,7 @@ from typing import Any
 from .. import _envvars as envvars
 from .. import _jobevents as jobevents
 from .._text import number_ranges
+from .stragglers import Stragglers, resolve_ratio
 
 __all__ = ["Heartbeat", "Watchdog", "heartbeat", "HANG_EXIT_CODE", "start", "stop", "resolve_timeout",
            "DEFAULT_TIMEOUT_S", "watched", "summarise", "where", "dump_stacks", "phase", "HANG_REPORT"]
@@ -50,7 +51,8 @@ LOST_AFTER_MIN_S = 15.0
 _SUMMARY = "trainstack/hb/summary"  # rank 0's summary of every rank's heartbeat
 HANG_REPORT = "stopped by the hang watchdog"  # how a worker's error report starts when the watchdog ended it
 DEFAULT_TIMEOUT_S = 600.0
-_PHASE_ORDER = ("start", "data", "forward", "backward", "optimizer", "step", "checkpoint", "eval", "callback")
+_PHASE_ORDER = ("start", "data", "forward", "backward", "optimizer", "step", "after", "checkpoint", "eval",
+                "callback")
 #: Phases that may legitimately take long without a tick: the allowance is three times the timeout.
 _SLOW_PHASES = ("start", "checkpoint", "callback")
 _COLLECTIVES = ("all_reduce", "barrier", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "gather",
@@ -61,13 +63,50 @@ _COLLECTIVES = ("all_reduce", "barrier", "broadcast", "all_gather", "reduce_scat
 class Heartbeat:
     """This rank's progress; written by the loop as plain attribute stores, read by the watchdog thread.
 
-    ``beats`` counts finished steps since the watchdog started (a first step may compile for minutes).
+    ``beats`` counts finished steps since the watchdog started (a first step may compile for minutes). Setting
+    ``phase`` also adds the time spent in the phase before to ``spent`` (seconds per phase, cumulative: a clock
+    read, no host sync), the straggler detector's and the goodput ledger's input; ``loop_started`` and
+    ``first_beat`` are the wall times the loop began and its first step ended.
     """
 
-    __slots__ = ("step", "phase", "tick", "beats")
+    __slots__ = ("step", "tick", "_beats", "_phase", "_since", "spent", "loop_started", "first_beat")
 
     def __init__(self) -> None:
-        self.step, self.phase, self.tick, self.beats = 0, "start", 0, 0
+        self.reset()
+
+    def reset(self) -> None:
+        self.step, self.tick, self._beats, self._phase, self._since = 0, 0, 0, "start", time.perf_counter()
+        self.spent: dict[str, float] = {}
+        self.loop_started: float | None = None
+        self.first_beat: float | None = None
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, name: str) -> None:
+        now, before = time.perf_counter(), self._phase
+        self.spent[before] = self.spent.get(before, 0.0) + now - self._since
+        if before == "start" and name != "start" and self.loop_started is None:
+            self.loop_started = time.time()
+        self._phase, self._since = name, now
+
+    @property
+    def beats(self) -> int:
+        return self._beats
+
+    @beats.setter
+    def beats(self, value: int) -> None:
+        if self._beats == 0 and value > 0:
+            self.first_beat = time.time()
+        self._beats = value
+
+    def times(self) -> dict[str, float]:
+        """Seconds spent in each phase so far, the current one included."""
+        out = dict(self.spent)
+        out[self._phase] = out.get(self._phase, 0.0) + time.perf_counter() - self._since
+        return out
 
 
 _HEARTBEAT = Heartbeat()
@@ -204,6 +243,7 @@ class Watchdog(threading.Thread):
         self._alive_seen: dict[int, tuple[int, float, int]] = {}  # rank 0: each rank's count, when it last moved
         # (and rank 0's own count then)
         self.lost_after = max(3 * self.interval, LOST_AFTER_MIN_S)
+        self.stragglers = Stragglers(resolve_ratio()) if rank == 0 and world > 1 else None
 
     def stop(self) -> None:
         self._halt.set()
@@ -215,6 +255,8 @@ class Watchdog(threading.Thread):
                 self._tick()
             except Exception as exc:  # the watchdog must never take training down
                 print(f"trainstack watchdog (rank {self.rank}): {type(exc).__name__}: {exc}", file=sys.stderr)
+        if self.rank == 0:
+            self.write_ledger()
         if self.store is not None and self.world > 1:  # a rank that ended its run is not a lost one
             with contextlib.suppress(Exception):
                 self.store.set(f"trainstack/hb/{self.rank}", json.dumps({"ended": True}))
@@ -223,7 +265,7 @@ class Watchdog(threading.Thread):
         hb = _HEARTBEAT
         self._alive += 1
         mine = {"step": hb.step, "phase": hb.phase, "tick": hb.tick, "beats": hb.beats, "alive": self._alive,
-                "host": self._host}
+                "host": self._host, "spent": {k: round(v, 4) for k, v in hb.times().items()}}
         view = self._exchange(mine)
         now = time.monotonic()
         if view["seq"] != self._seq:  # some rank moved on (rank 0 counts the changes it sees)
@@ -285,6 +327,7 @@ class Watchdog(threading.Thread):
         ends the step (``_on_lost``)."""
         if self.rank == 0:
             self._watch_alive(everyone)
+            self._watch_pace(everyone)
         for rank, beat in everyone.items():
             state = (beat.get("step"), beat.get("phase"), beat.get("tick"), beat.get("beats"))
             if self._seen.get(rank) != state:
@@ -321,6 +364,39 @@ class Watchdog(threading.Thread):
                 os.replace(tmp, self.job_dir / "progress")
         if lost:
             self._on_lost(lost, everyone)
+        self.write_ledger()
+
+    def _watch_pace(self, everyone: dict[int, dict[str, Any]]) -> None:
+        """Rank 0: a rank persistently slower than the others in a phase of its own is named (the log, the job's
+        events, the live line); named again as recovered once it keeps pace."""
+        if self.stragglers is None:
+            return
+        new, cleared = self.stragglers.observe(everyone)
+        for found in new:
+            print(f"trainstack: straggler: {found.describe()} (step {found.step})", file=sys.stderr, flush=True)
+            jobevents.record("straggler", **found.fields())
+        for found in cleared:
+            print(f"trainstack: rank {found.rank} ({found.host}) keeps pace again (step {found.step})",
+                  file=sys.stderr, flush=True)
+            jobevents.record("straggler_cleared", rank=found.rank, host=found.host, step=found.step)
+
+    def write_ledger(self) -> None:
+        """Rank 0: this job step's time so far, by phase, into ``<job folder>/ledger/<attempt>.json`` (the goodput
+        ledger's input; rewritten each interval, so a crash loses at most one interval of it)."""
+        if self.job_dir is None:
+            return
+        hb = _HEARTBEAT
+        record = {"attempt": int(os.environ.get(envvars.ATTEMPT) or 0),
+                  "restart": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+                  "step_index": int(os.environ.get(envvars.STEP) or 0), "spent": hb.times(), "beats": hb.beats,
+                  "step": hb.step, "loop_started": hb.loop_started, "first_beat": hb.first_beat,
+                  "time": time.time()}
+        with contextlib.suppress(OSError):
+            folder = self.job_dir / "ledger"
+            folder.mkdir(exist_ok=True)
+            tmp = folder / f".{record['attempt']}.{os.getpid()}"
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, folder / f"{record['attempt']}.json")
 
     def _on_lost(self, lost: list[int], everyone: dict[int, dict[str, Any]]) -> None:
         hosts = sorted({str(everyone[r].get("host")) for r in lost})
@@ -420,7 +496,7 @@ def start(rank: int, world: int, timeout: float, dump_dir: Path, store: Any = No
     job_dir = Path(os.environ[envvars.JOB_DIR]) if os.environ.get(envvars.JOB_DIR) else None
     if not timeout and job_dir is None:
         return None
-    _HEARTBEAT.step, _HEARTBEAT.phase, _HEARTBEAT.tick, _HEARTBEAT.beats = 0, "start", 0, 0
+    _HEARTBEAT.reset()
     _current = Watchdog(rank, world, timeout, dump_dir, store, job_dir, os.environ.get(envvars.ERROR_REPORT),
                         armed)
     _current.start()
@@ -431,6 +507,18 @@ def first_step_window(seconds: float) -> None:
     """Allow the first step at least ``seconds`` on every rank (it compiles: ``torch.compile``)."""
     if _current is not None:
         _current.first_window = seconds
+
+
+def write_ledger() -> None:
+    """Rank 0: this job step's time by phase into the job folder now (the end summary's goodput reads it)."""
+    if _current is not None and _current.rank == 0:
+        _current.write_ledger()
+
+
+def stragglers_now() -> str:
+    """The ranks rank 0's watchdog names as stragglers now, for the live line ("" when none)."""
+    named = _current.stragglers.named if _current is not None and _current.stragglers is not None else {}
+    return "; ".join(f"straggler rank {s.rank} ({s.host}) {s.phase} {s.ratio:.1f}x" for s in named.values())
 
 
 def stop() -> None:

@@ -108,6 +108,30 @@ def stopped(folder: Path, status: int, kind: str,
     return go, line
 
 
+def node_check_failed(folder: Path, hosts: list[str],
+                      budget: tuple[int, int | None, str] = (0, None, "--max-retries")) -> tuple[bool, str]:
+    """(requeue?, why) when the pre-flight node check named ``hosts`` and the allocation has no spare for them:
+    requeued leaving them out where the partition has other nodes (and the budget allows), else trained on."""
+    rows = history(folder)
+    attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    keep, note = exclusions(folder, [r.get("blamed") for r in rows] + hosts)
+    count, limit, option = budget
+    go = bool(set(hosts) & set(keep)) and (limit is None or count < limit)
+    named = ", ".join(hosts)
+    if go:
+        line = f"node check named {named}: no spare in this allocation; requeueing without it"
+    elif limit is not None and count >= limit:
+        line = f"node check named {named}: training on it anyway ({count} earlier requeues for it, {option} {limit})"
+    else:
+        line = f"node check named {named}: training on it anyway ({note or 'no node to take its place'})"
+    _append(folder, {"attempt": attempt, "step_index": int(os.environ.get("TRAINSTACK_STEP") or 0),
+                     "kind": "node check", "summary": f"the pre-flight node check named {named}",
+                     "cause": f"node check: {named}", "rank": None, "host": hosts[0] if hosts else None,
+                     "blamed": hosts[0] if go and hosts else None, "step": None, "status": 0, "time": time.time(),
+                     "retried": go, "excluded": keep if go else [], "decision": line})
+    return go, line
+
+
 def history(folder: Path) -> list[dict]:
     """The recorded attempts of this job folder, oldest first (a torn last line is skipped)."""
     try:
@@ -251,9 +275,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--limit", default="", help="their limit (empty: none)")
     parser.add_argument("--limit-option", default="--max-retries")
     parser.add_argument("--step", type=int, default=0, help="the job step of this allocation that ended")
+    parser.add_argument("--node-check", default="", help="hosts the pre-flight node check named (no spare left)")
     args = parser.parse_args(argv[1:])
     limit = int(args.limit) if args.limit.strip().isdigit() else None
     args.folder.mkdir(parents=True, exist_ok=True)  # a deleted job folder: the decision is still made and said
+    if args.node_check:
+        go, line = node_check_failed(args.folder, args.node_check.split(","), (args.count, limit, args.limit_option))
+        print(line)
+        if go:
+            print(f"exclude: {','.join(excluded(args.folder))}")
+        return 0 if go else 3
     if args.stopped:
         go, line = stopped(args.folder, args.status, args.stopped, (args.count, limit, args.limit_option))
         print(line)

@@ -22,6 +22,7 @@ from .._files import url_scheme
 from ..errors import ConfigError
 from .attempt import DEFAULT_RETRY_ON, parse_retry_on
 from .jobfolder import JobPaths, safe_name
+from .nodecheck import THRESHOLDS
 from .program import KINDS, Program, ambiguous_for_torchrun, parse_program
 
 __all__ = ["LaunchSpec", "SpecError", "SETUPS", "LAUNCHERS", "CONTAINERS", "PLACEHOLDERS", "MAX_GPUS_PER_NODE",
@@ -37,6 +38,8 @@ DEFAULT_CPUS_PER_GPU_PROCESS = 4
 #: not ended (a lost node never answers srun); a crash is retried in the allocation only with this much time left.
 TEARDOWN_GRACE_S = 3
 MIN_STEP_SECONDS = 60
+#: The pre-flight node check's time budget (seconds; a site's ``node_check_thresholds.budget_s`` may change it).
+NODE_CHECK_BUDGET_S = 30
 _TIME = re.compile(r"\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE")
 _UNIT_TIME = re.compile(r"\s*(?:(\d+)\s*d)?\s*(?:(\d+)\s*h)?\s*(?:(\d+)\s*m(?:in)?)?\s*(?:(\d+)\s*s)?\s*",
                         re.IGNORECASE)
@@ -102,6 +105,8 @@ class LaunchSpec:
     max_retries: int = 3
     retry_on: str = ",".join(DEFAULT_RETRY_ON)
     spare_nodes: int = 0
+    node_check: bool | None = None
+    node_check_thresholds: dict[str, float] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     nccl_ifname: str | None = None
     nccl_debug: str | None = None
@@ -125,6 +130,7 @@ class LaunchSpec:
         self._check_shape()
         self._check_resources()
         self._check_retries()
+        self._check_node_check()
         self._check_program()
 
     # ------------------------------------------------------------------ validation
@@ -245,6 +251,23 @@ class LaunchSpec:
         if self.max_restarts and self.launcher != "torchrun":
             raise SpecError("--max-restarts", "only applies to --launcher torchrun")
         self._check_sweep()
+
+    def _check_node_check(self) -> None:
+        if self.node_check is not None:
+            _expect("node_check", self.node_check, bool)
+        known = (*THRESHOLDS, "budget_s")
+        for key, value in dict(self.node_check_thresholds).items():
+            if key not in known:
+                raise SpecError("--profile", f"node_check_thresholds has no {key!r}; valid: {', '.join(known)}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise SpecError("--profile", f"node_check_thresholds.{key} must be a number >= 0, got {value!r}")
+        if not 5 <= float(self.node_check_thresholds.get("budget_s", NODE_CHECK_BUDGET_S)) <= 300:
+            raise SpecError("--profile", "node_check_thresholds.budget_s must be between 5 and 300 seconds")
+
+    @property
+    def node_check_on(self) -> bool:
+        """The pre-flight node check runs: asked for, or by default on more than one node."""
+        return self.node_check if self.node_check is not None else self.nodes > 1
 
     def _check_retries(self) -> None:
         if self.max_requeues is not None and self.max_requeues < 0:
@@ -423,7 +446,10 @@ class LaunchSpec:
                    program_argv=list(program.argv) if program else [],
                    custom_command=self.custom_command if self.launcher == "custom" else "",
                    omp_threads=self.omp_threads, task_cpus=self.task_cpus, procs_per_task=self.procs_per_task,
-                   container_mounts=self.container_mounts)
+                   container_mounts=self.container_mounts, node_check_on=self.node_check_on,
+                   node_check_budget=int(self.node_check_thresholds.get("budget_s", NODE_CHECK_BUDGET_S)),
+                   node_check_args=[word for key, value in self.node_check_thresholds.items() if key != "budget_s"
+                                    for word in (f"--{key.replace('_', '-')}", f"{value:g}")])
         return ctx
 
 

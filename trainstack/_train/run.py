@@ -386,6 +386,7 @@ class Run:
                                       f"{', '.join(f.name for f in files)}, {time.perf_counter() - start:.1f} s).")
         self.tracker.summary(time.monotonic() - self.started, (trainer.current_epoch, trainer.global_step),
                              (self.first_epoch, self.first_step), self.best(), reason, final)
+        self.tracker.goodput()
 
     def best(self) -> dict[str, Any] | None:
         """The best monitored value of the first ``ModelCheckpoint`` that has one, with its file."""

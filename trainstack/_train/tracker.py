@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import _envvars as envvars
+from .._goodput import format_ledger, ledger
+from .._runtime import watchdog
 from .._runtime.compiling import window
 from .._runtime.writers import NullWriter, Writers, format_metrics, make_writers
 from .._text import size as text_size
@@ -111,10 +115,11 @@ class Tracker:
         values = {**self.live.values(sums, n, step, optimizer), **extra}
         if self.clock is not None:
             self.clock.lined()
+        slow = watchdog.stragglers_now()  # rank 0's watchdog names them: no collective here
         if self.bar is not None:
-            self._extra = format_line("", values).lstrip(" |")
+            self._extra = format_line("", values).lstrip(" |") + (f" | {slow}" if slow else "")
         elif self.config.verbose:
-            print(format_line(self.head(position, step), values), flush=True)
+            print(format_line(self.head(position, step), values) + (f" | {slow}" if slow else ""), flush=True)
         if row:
             self.writer.write(None, values, epoch=round(position, 4))
 
@@ -178,6 +183,21 @@ class Tracker:
         self._stop_bar()
         line = self.live.run_line(seconds, end[1] - start[1], end[1])
         print(summary(seconds, end, start, best, self.folder, reason, line, final), flush=True)
+
+    def goodput(self) -> None:
+        """In a job (rank 0): the goodput ledger so far -- the job folder's timeline and this step's time by phase --
+        in the summary and as ``goodput/*`` values to metrics.jsonl and the trackers."""
+        folder = os.environ.get(envvars.JOB_DIR)
+        if not self.is_main or not folder:
+            return
+        watchdog.write_ledger()
+        found = ledger(Path(folder))
+        if found is None:
+            return
+        if self.config.verbose:
+            print(f"  {format_ledger(found)}", flush=True)
+        self.writer.write(None, {"goodput/percent": round(100 * found["goodput"], 2),
+                                 **{f"goodput/{name}_s": sec for name, sec in found["parts"].items()}})
 
     def _stop_bar(self) -> None:
         if self.bar:

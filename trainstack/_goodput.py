@@ -1,0 +1,164 @@
+"""The goodput ledger of a job: where its wall time went, across requeues and retries. Torch-free leaf.
+
+Read from its job folder: the batch script's timeline in ``events.jsonl`` (``job_start`` with Slurm's submit time,
+``step_start``/``step_end`` of each job step, ``node_check``, ``job_end``), rank 0's time per phase of each step
+(``ledger/<n>.json``: the watchdog rewrites it every interval) and the verdict rows (``verdicts.jsonl``: the fault
+time and last step of a crash). Every second from the first submission to the end (or now) lands in one part:
+
+* ``queue``: submitted (or requeued) until the attempt started;
+* ``startup``: the attempt's start until the first step's loop began (versions probe, imports, rendezvous, model
+  set-up, checkpoint restore), less the node check;
+* ``node_check``: the pre-flight node checks;
+* ``compile``: the first step's time beyond a steady step (compilation, warm-up);
+* ``checkpoint``: training waiting for checkpoint saves (memory, durable, the final one);
+* ``eval``: validation and prediction;
+* ``data_wait``: waiting for the data loader;
+* ``productive``: steps (forward, backward, optimizer) whose results the run kept;
+* ``rollback``: steps done and then lost -- redone after a crash (steps lost x the mean step time);
+* ``recovery``: from a crash's first failing task to the next step's launch (detection, teardown, probes,
+  the decision; the requeued job's hold is queue time);
+* ``other``: the rest (callbacks, logging, the script's own work, the end of a step after its last ledger).
+
+``goodput`` = productive / total.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from . import _jobevents as jobevents
+
+__all__ = ["PARTS", "ledger", "format_ledger"]
+
+PARTS = ("queue", "startup", "node_check", "compile", "checkpoint", "eval", "data_wait", "productive", "rollback",
+         "recovery", "other")
+_COMPUTE = ("forward", "backward", "optimizer", "step")
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            out.append(row)
+    return out
+
+
+def _step_ledgers(folder: Path) -> dict[tuple[int, int], dict[str, Any]]:
+    out = {}
+    for path in sorted((folder / "ledger").glob("*.json")):
+        try:
+            row = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        out[(int(row.get("restart", 0)), int(row.get("step_index", 0)))] = row
+    return out
+
+
+def _step_parts(start: float, end: float, checked: float, book: dict[str, Any] | None,
+                crash: dict[str, Any] | None, resumed_next: int | None) -> dict[str, float]:
+    """One job step's seconds by part (``other`` the remainder of its span)."""
+    parts = dict.fromkeys(PARTS, 0.0)
+    parts["node_check"] = checked
+    if book is None or book.get("loop_started") is None:  # it never reached its loop
+        parts["startup"] = max(0.0, (crash.get("fault_time") or end) - start - checked) if crash else \
+            max(0.0, end - start - checked)
+    else:
+        spent = book.get("spent") or {}
+        beats = max(int(book.get("beats") or 0), 1)
+        parts["startup"] = max(0.0, book["loop_started"] - start - checked)
+        compute = sum(float(spent.get(k, 0.0)) for k in _COMPUTE)
+        data = float(spent.get("data", 0.0))
+        steady = (compute + data) / beats
+        if book.get("first_beat") is not None and beats > 1:
+            parts["compile"] = min(max(0.0, book["first_beat"] - book["loop_started"] - steady), compute)
+        parts["checkpoint"] = float(spent.get("checkpoint", 0.0))
+        parts["eval"] = float(spent.get("eval", 0.0)) + float(spent.get("predict", 0.0))
+        parts["data_wait"] = data
+        productive = compute - parts["compile"]
+        if crash is not None and resumed_next is not None and isinstance(crash.get("step"), int):
+            lost = max(0, crash["step"] - resumed_next)
+            parts["rollback"] = min(productive, lost * (productive / beats))
+        parts["productive"] = productive - parts["rollback"]
+    if crash is not None and crash.get("fault_time"):
+        parts["recovery"] = max(0.0, end - max(float(crash["fault_time"]), start))
+    parts["other"] = max(0.0, (end - start) - sum(v for k, v in parts.items() if k != "other"))
+    return parts
+
+
+def ledger(folder: Path | None, now: float | None = None) -> dict[str, Any] | None:
+    """The job's ledger: ``total_s``, ``parts`` (seconds), ``goodput`` (0..1), and ``steps`` (each job step's
+    attempt, index, span and parts); None when the folder has no timeline (not a trainstack job)."""
+    if folder is None:
+        return None
+    evs = jobevents.read(folder)
+    starts = [e for e in evs if e.get("kind") == "job_start"]
+    if not starts:
+        return None
+    now = time.time() if now is None else now
+    ends = [e for e in evs if e.get("kind") == "job_end"]
+    end = max(ends[-1]["time"], starts[-1]["time"]) if ends and ends[-1]["time"] >= starts[-1]["time"] else now
+    books, rows = _step_ledgers(folder), _lines(folder / "verdicts.jsonl")
+    resumed = [e for e in evs if e.get("kind") == "resumed"]
+    totals = dict.fromkeys(PARTS, 0.0)
+    first_submit = float(starts[0].get("submitted") or 0) or starts[0]["time"]
+    first_submit = min(first_submit, starts[0]["time"])
+    last_end: float | None = None
+    for s in starts:  # queue and the gap between attempts
+        submitted = float(s.get("submitted") or 0) or s["time"]
+        if last_end is not None:
+            submitted = max(submitted, last_end)
+            totals["recovery"] += max(0.0, submitted - last_end)
+        totals["queue"] += max(0.0, s["time"] - max(submitted, first_submit))
+        after = [e["time"] for e in ends if e["time"] >= s["time"]]
+        last_end = after[0] if after else None
+    steps = []
+    opened = [e for e in evs if e.get("kind") == "step_start"]
+    for i, st in enumerate(opened):
+        key = (int(st.get("attempt", 0)), int(st.get("step_index", 0)))
+        stop = next((e["time"] for e in evs if e.get("kind") == "step_end" and e["time"] >= st["time"]
+                     and (int(e.get("attempt", 0)), int(e.get("step_index", 0))) == key), None)
+        later = opened[i + 1]["time"] if i + 1 < len(opened) else None
+        stop = stop if stop is not None else (later if later is not None else end)
+        checked = sum(float(e.get("seconds") or 0) for e in evs if e.get("kind") == "node_check"
+                      and st["time"] <= e["time"] <= stop)
+        crash = next((r for r in rows if (int(r.get("attempt", 0)), int(r.get("step_index", 0))) == key
+                      and r.get("kind") not in ("node check", "time limit", "preempted")), None)
+        nxt = next((e.get("step") for e in resumed if e["time"] > stop), None)
+        parts = _step_parts(st["time"], stop, checked, books.get(key), crash, nxt)
+        for k, v in parts.items():
+            totals[k] += v
+        steps.append({"attempt": key[0], "step_index": key[1], "start": st["time"], "end": stop,
+                      "parts": {k: round(v, 2) for k, v in parts.items()}})
+    total = max(end - first_submit, 1e-9)
+    covered = sum(totals.values())
+    if covered > total:  # rounding of Slurm's one-second submit time
+        totals["other"] = max(0.0, totals["other"] - (covered - total))
+    totals["other"] += max(0.0, total - sum(totals.values()))  # the script's own time between steps
+    return {"total_s": round(total, 2), "parts": {k: round(v, 2) for k, v in totals.items()},
+            "goodput": round(totals["productive"] / total, 4), "steps": steps, "ended": bool(ends and end != now)}
+
+
+def format_ledger(found: dict[str, Any]) -> str:
+    """``goodput 81.2% of 12m 03s: productive 9m 47s, queue 1m 02s, ...`` (the parts that took any time)."""
+    parts = [f"{name.replace('_', ' ')} {_short(sec)}" for name, sec in
+             sorted(found["parts"].items(), key=lambda kv: -kv[1]) if sec >= 0.05]
+    return f"goodput {100 * found['goodput']:.1f}% of {_short(found['total_s'])}: " + ", ".join(parts)
+
+
+def _short(seconds: float) -> str:
+    """``4.2 s``, ``3m 07s``, ``2h 05m``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, sec = divmod(int(round(seconds)), 60)
+    return f"{minutes}m {sec:02d}s" if minutes < 60 else f"{minutes // 60}h {minutes % 60:02d}m"

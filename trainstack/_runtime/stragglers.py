@@ -1,0 +1,121 @@
+"""Straggler detection: rank 0's watchdog compares every rank's recent time per step in each local phase.
+
+Each heartbeat carries the rank's cumulative seconds per phase and its finished steps (``Heartbeat.times``: a
+clock read at each phase change, no host sync, no collective). Every watchdog interval rank 0 turns the last
+``WINDOW`` intervals into seconds per step for the phases a rank spends on its own -- ``data`` (waiting for its
+loader), ``forward``, ``optimizer`` -- and compares each rank with the typical fast rank (the median of the faster
+half: a whole slow node, half the ranks of a two-node job, still stands out). ``backward`` is shown but never
+compared: under DDP it holds the gradient all-reduce, where the fast ranks wait for the slow one. A rank slower by
+``ratio`` (and by at least ``MIN_EXCESS_S`` a step) in ``PERSIST`` intervals running is named; ranks uniformly
+slow move the baseline with them and are never flagged. Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _envvars as envvars
+
+__all__ = ["Straggler", "Stragglers", "COMPARED", "DEFAULT_RATIO"]
+
+COMPARED = ("data", "forward", "optimizer")
+SHOWN = (*COMPARED, "backward")
+DEFAULT_RATIO = 1.5
+MIN_EXCESS_S = 0.002  # below this a step's difference is noise, whatever the ratio
+WINDOW = 3  # intervals of the rolling window
+PERSIST = 2  # intervals in a row before a rank is named (and before it is cleared)
+MIN_STEPS = 3  # steps in the window for a rank to be compared at all
+
+
+@dataclass(frozen=True)
+class Straggler:
+    rank: int
+    host: str
+    phase: str
+    seconds: float  # its time per step in the phase
+    baseline: float  # the typical fast rank's
+    step: int
+
+    @property
+    def ratio(self) -> float:
+        return self.seconds / self.baseline if self.baseline > 0 else float("inf")
+
+    def describe(self) -> str:
+        return (f"rank {self.rank} ({self.host}) is {self.ratio:.1f}x slower in {self.phase}: "
+                f"{1000 * self.seconds:.1f} ms per step vs {1000 * self.baseline:.1f} ms for the faster ranks")
+
+    def fields(self) -> dict[str, Any]:
+        return {"rank": self.rank, "host": self.host, "phase": self.phase, "ratio": round(self.ratio, 2),
+                "ms_per_step": round(1000 * self.seconds, 2), "baseline_ms": round(1000 * self.baseline, 2),
+                "step": self.step}
+
+
+def resolve_ratio() -> float:
+    """``TRAINSTACK_STRAGGLER_RATIO`` (default 1.5; 0 turns detection off)."""
+    return envvars.positive_number(envvars.STRAGGLER_RATIO, DEFAULT_RATIO, allow_zero=True)
+
+
+class Stragglers:
+    """Rank 0's rolling view; ``observe`` each interval returns (newly named, cleared)."""
+
+    def __init__(self, ratio: float = DEFAULT_RATIO) -> None:
+        self.ratio = ratio
+        self._history: dict[int, deque[tuple[int, dict[str, float]]]] = {}
+        self._hits: dict[int, int] = {}
+        self._misses: dict[int, int] = {}
+        self.named: dict[int, Straggler] = {}
+
+    def observe(self, everyone: dict[int, dict[str, Any]]) -> tuple[list[Straggler], list[Straggler]]:
+        if not self.ratio:
+            return [], []
+        rates = self._rates(everyone)
+        slow = self._slowest(rates, everyone)
+        new, cleared = [], []
+        for rank in set(rates) | set(self.named):
+            if rank in slow:
+                self._hits[rank], self._misses[rank] = self._hits.get(rank, 0) + 1, 0
+                if rank not in self.named and self._hits[rank] >= PERSIST:
+                    self.named[rank] = slow[rank]
+                    new.append(slow[rank])
+                elif rank in self.named:
+                    self.named[rank] = slow[rank]  # its latest figures
+            else:
+                self._hits[rank], self._misses[rank] = 0, self._misses.get(rank, 0) + 1
+                if rank in self.named and self._misses[rank] >= PERSIST:
+                    cleared.append(self.named.pop(rank))
+        return new, cleared
+
+    def _rates(self, everyone: dict[int, dict[str, Any]]) -> dict[int, dict[str, float]]:
+        """Each rank's seconds per step and phase over the window (ranks with too few steps in it left out)."""
+        out = {}
+        for rank, beat in everyone.items():
+            spent, beats = beat.get("spent"), beat.get("beats")
+            if not isinstance(spent, dict) or not isinstance(beats, int):
+                continue
+            history = self._history.setdefault(rank, deque(maxlen=WINDOW + 1))
+            history.append((beats, {k: float(v) for k, v in spent.items()}))
+            (b0, s0), (b1, s1) = history[0], history[-1]
+            if b1 - b0 >= MIN_STEPS:
+                out[rank] = {p: (s1.get(p, 0.0) - s0.get(p, 0.0)) / (b1 - b0) for p in SHOWN}
+        return out
+
+    def _slowest(self, rates: dict[int, dict[str, float]],
+                 everyone: dict[int, dict[str, Any]]) -> dict[int, Straggler]:
+        """The ranks slower than the typical fast rank in a compared phase, each with its worst phase."""
+        if len(rates) < 2:
+            return {}
+        found: dict[int, Straggler] = {}
+        for phase in COMPARED:
+            values = sorted(r[phase] for r in rates.values())
+            fast = values[:max(1, len(values) // 2)]
+            baseline = fast[len(fast) // 2] if len(fast) % 2 else (fast[len(fast) // 2 - 1] + fast[len(fast) // 2]) / 2
+            for rank, r in rates.items():
+                excess = r[phase] - baseline
+                if excess >= MIN_EXCESS_S and r[phase] >= self.ratio * baseline:
+                    candidate = Straggler(rank, str(everyone[rank].get("host")), phase, r[phase], baseline,
+                                          int(everyone[rank].get("step") or 0))
+                    if rank not in found or excess > found[rank].seconds - found[rank].baseline:
+                        found[rank] = candidate
+        return found

@@ -1,0 +1,103 @@
+"""What a job's nodes and time looked like: the lines ``status`` and ``why`` add, and the attempt report.
+
+``health`` names the nodes the pre-flight checks named and the ranks named stragglers (still slow, or since
+recovered) from the job folder's events; ``python -m trainstack._slurm.report TASK_DIR`` (the batch script, at the
+end of each job step) writes ``attempt-<restart>.<step>.txt`` and ``.json``: the step's node check, its
+stragglers, its verdict and the job's goodput ledger so far. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .. import _jobevents as events
+from .._goodput import format_ledger, ledger
+from .attempt import history
+from .nodecheck import describe as describe_check
+from .nodecheck import read_checks
+
+__all__ = ["health", "health_lines", "write_report"]
+
+
+def health(folder: Path | None, since: float = 0.0, until: float | None = None) -> dict[str, Any]:
+    """The node checks (each: when, how long, what it named) and stragglers (named, cleared) in a time range."""
+    if folder is None:
+        return {"node_checks": [], "stragglers": []}
+    inside = (lambda t: since <= t and (until is None or t <= until))  # noqa: E731
+    checks = [{"time": c["ended"], "seconds": c["seconds"], "nodes": list(c["figures"]), "named": c["named"],
+               "line": describe_check(c)} for c in read_checks(folder) if inside(c.get("ended", 0))]
+    slow: dict[int, dict[str, Any]] = {}
+    for e in events.read(folder, since):
+        if until is not None and e["time"] > until:
+            break
+        if e.get("kind") == "straggler":
+            slow[int(e["rank"])] = {**{k: v for k, v in e.items() if k != "kind"}, "cleared": None}
+        elif e.get("kind") == "straggler_cleared" and int(e["rank"]) in slow:
+            slow[int(e["rank"])]["cleared"] = e["time"]
+    return {"node_checks": checks, "stragglers": list(slow.values())}
+
+
+def health_lines(folder: Path | None) -> list[str]:
+    """``status``/``why``: the last node check that named a node, and every straggler named (with its figures)."""
+    found = health(folder)
+    lines = []
+    named = [c for c in found["node_checks"] if c["named"]]
+    if named:
+        last = named[-1]
+        lines += [f"node check named {host}: {why}" for host, why in last["named"].items()]
+    elif found["node_checks"]:
+        lines.append(found["node_checks"][-1]["line"])
+    for s in found["stragglers"]:
+        state = "since recovered" if s["cleared"] else "still slow"
+        lines.append(f"straggler: rank {s['rank']} ({s['host']}) {s['ratio']:.1f}x slower in {s['phase']} "
+                     f"({s['ms_per_step']:.1f} vs {s['baseline_ms']:.1f} ms per step) from step {s['step']}, "
+                     f"{state}")
+    return lines
+
+
+def write_report(folder: Path, restart: int, step_index: int) -> Path:
+    """The attempt report of job step ``restart.step_index``: text and JSON in the job folder."""
+    found = ledger(folder)
+    mine = next((s for s in (found or {}).get("steps", []) if (s["attempt"], s["step_index"]) ==
+                 (restart, step_index)), None)
+    start = mine["start"] if mine else 0.0
+    end = mine["end"] if mine else None
+    row = next((r for r in reversed(history(folder)) if (r.get("attempt"), r.get("step_index", 0)) ==
+                (restart, step_index)), None)
+    seen = health(folder, start, end)
+    report = {"attempt": restart, "step_index": step_index, "start": start, "end": end, **seen,
+              "verdict": row, "step_parts": mine["parts"] if mine else None, "job_ledger": found}
+    name = f"attempt-{restart}.{step_index}"
+    (folder / f"{name}.json").write_text(json.dumps(report, indent=1, default=str))
+    lines = [f"trainstack attempt report: attempt {restart}, job step {step_index}"]
+    lines += [f"  {c['line']}" for c in seen["node_checks"]] or ["  node check: not run"]
+    lines += [f"  node check named {h}: {why}" for c in seen["node_checks"] for h, why in c["named"].items()]
+    lines += [f"  straggler: rank {s['rank']} ({s['host']}) {s['ratio']:.1f}x slower in {s['phase']} from step "
+              f"{s['step']}{' (recovered)' if s['cleared'] else ''}" for s in seen["stragglers"]] or \
+        ["  stragglers: none named"]
+    lines.append(f"  verdict: {row['cause']} -> {row.get('decision')}" if row else "  verdict: ended normally")
+    if mine:
+        parts = ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in mine["parts"].items() if v >= 0.05)
+        lines.append(f"  this step: {parts}")
+    if found:
+        lines.append(f"  job so far: {format_ledger(found)}")
+    path = folder / f"{name}.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def main(argv: list[str]) -> int:
+    folder = Path(argv[1])
+    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    step_index = int(argv[2]) if len(argv) > 2 else int(os.environ.get("TRAINSTACK_STEP") or 0)
+    path = write_report(folder, restart, step_index)
+    print(f"trainstack: attempt report {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
