@@ -19,7 +19,7 @@ OUT = Path(os.environ["PROBE_OUT"])
 
 def slow(trainer, config, writer):
     """Slow until the fault (the first run), quick after it: the test waits for the end."""
-    first = os.environ.get("TRAINSTACK_ATTEMPT", "0") == "0"
+    first = os.environ.get("TRAINSTACK_ATTEMPT", "0") == "0" or os.environ.get("SLOW_ALWAYS") == "1"
     time.sleep(float(os.environ.get("STEP_SLEEP", "0.1")) if first else 0.02)
     if trainer.accelerator.rank == 0:
         (OUT / "step.tmp").write_text(str(trainer.global_step))
