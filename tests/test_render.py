@@ -319,7 +319,7 @@ def test_spare_nodes_allocate_more_nodes_and_each_step_runs_on_the_healthy_ones(
                   "seconds_left()"):
         assert phase in text, phase
     plain = render(LaunchSpec(setup="multi-node", nodes=2, program=["train.py"]))
-    assert "#SBATCH --nodes=2\n" in plain and "--no-kill" not in plain and "STEP_NODELIST" not in plain
+    assert "#SBATCH --nodes=2\n" in plain and "--no-kill" not in plain and "--nodelist=\"$STEP_NODELIST\"" not in plain
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -336,3 +336,20 @@ def test_a_url_as_the_job_folder_is_refused_with_the_option_named():
 
     with pytest.raises(ConfigError, match=r"--log-dir: 's3://bucket/logs' is a s3:// URL; .* a folder named 's3:'"):
         LaunchSpec(setup="single-gpu", program=["train.py"], log_dir="s3://bucket/logs")
+
+
+def test_the_node_check_runs_for_multi_node_by_default_and_on_request_for_one_node():
+    """Multi-node scripts check their nodes before the launch (with the site's thresholds, within the budget);
+    one node skips it unless --node-check; --no-node-check turns it off; a bad threshold names its key."""
+    multi = render(LaunchSpec(setup="multi-node", nodes=2, cpu=True, requeue=True, spare_nodes=1,
+                                     node_check_thresholds={"min_ratio": 0.7, "budget_s": 20}, program=["t.py"]))
+    assert "preflight" in multi and "timeout -k 2 20 srun" in multi and "--min-ratio 0.7" in multi
+    assert multi.index("preflight\n") < multi.index("  start_step\n")
+    single = render(LaunchSpec(setup="multi-gpu", program=["t.py"]))
+    assert "check_nodes" not in single
+    asked = render(LaunchSpec(setup="multi-gpu", node_check=True, program=["t.py"]))
+    assert 'check_nodes "$SLURM_JOB_NODELIST"' in asked and "cannot leave a node out" in asked
+    off = render(LaunchSpec(setup="multi-node", nodes=2, node_check=False, program=["t.py"]))
+    assert "check_nodes" not in off
+    with pytest.raises(SpecError, match="node_check_thresholds has no 'min_speed'"):
+        LaunchSpec(setup="multi-node", nodes=2, node_check_thresholds={"min_speed": 1}, program=["t.py"])

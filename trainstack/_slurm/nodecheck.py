@@ -4,7 +4,7 @@ judge of a pre-flight node check (``trainstack.node_check`` wrote each node's fi
 A node is named -- with its figure -- when it did not report within the budget, has fewer GPUs than requested or
 uncorrected ECC errors, computes below ``min_ratio`` of the median of the other nodes (or below the site's
 ``min_gflops``), has less free memory, ``/dev/shm`` or job-folder write speed than the site asks, or sits in two
-neighbour pairs whose link is ``1 / min_ratio`` times slower than the median pair. Prints one summary line, a
+neighbour pairs whose link is ``1 / min_ratio`` times slower than the typical fast pair. Prints one summary line, a
 line per named node, and ``exclude: HOSTS`` for the batch script; appends the check to ``node-checks.jsonl`` and
 records a ``node_check`` event. Torch-free.
 """
@@ -67,11 +67,12 @@ def judge(figures: dict[str, dict[str, Any] | None], link: dict[str, Any] | None
 
 
 def _slow_links(link: dict[str, Any] | None, ratio: float) -> dict[str, str]:
-    """Hosts in two neighbour pairs slower than the median pair by ``1 / ratio`` (three nodes or more)."""
+    """Hosts in two neighbour pairs slower than the typical fast pair by ``1 / ratio`` (three nodes or more)."""
     pairs = (link or {}).get("pairs") or []
     if len(pairs) < 3 or not ratio:
         return {}
-    typical = statistics.median(p["seconds"] for p in pairs)
+    times = sorted(p["seconds"] for p in pairs)
+    typical = statistics.median(times[:max(1, len(times) // 2)])  # the faster half: a slow node is in two pairs
     slow = [p for p in pairs if p["seconds"] * ratio > typical]
     count: dict[str, list[float]] = {}
     for p in slow:

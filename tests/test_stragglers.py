@@ -1,0 +1,45 @@
+"""Straggler detection on hand-made heartbeats: a slow node's ranks named with their phase after two intervals,
+uniform slowness and a slower backward (where DDP's fast ranks wait) never named, a rank that keeps pace cleared."""
+
+from __future__ import annotations
+
+from trainstack._runtime.stragglers import Stragglers
+
+
+def run(slowdown, intervals: int = 10, start: int = 3, phase: str = "forward"):
+    found = Stragglers(1.5)
+    spent = {r: {"data": 0.0, "forward": 0.0, "optimizer": 0.0, "backward": 0.0} for r in range(4)}
+    named, cleared, beats = [], [], 0
+    for i in range(intervals):
+        beats += 10
+        for r in range(4):
+            spent[r][phase] += 10 * 0.01 * slowdown(r, i)
+            spent[r]["backward"] += 10 * 0.02 * (3 if phase == "forward" and r < 2 and i >= start else 1)
+        new, gone = found.observe({r: {"spent": dict(spent[r]), "beats": beats, "host": f"n{r // 2}",
+                                       "step": beats} for r in range(4)})
+        named += [(i, s) for s in new]
+        cleared += [(i, s) for s in gone]
+    return named, cleared
+
+
+def test_a_slow_nodes_ranks_are_named_with_their_phase():
+    named, _ = run(lambda r, i: 3.0 if r >= 2 and i >= 3 else 1.0)
+    assert sorted(s.rank for _, s in named) == [2, 3] and {s.phase for _, s in named} == {"forward"}
+    assert min(i for i, _ in named) == 4  # two intervals running
+    assert all(s.host == "n1" and s.ratio > 2 for _, s in named)
+    assert "rank 2 (n1) is" in named[0][1].describe() and "slower in forward" in named[0][1].describe()
+
+
+def test_uniform_slowness_and_a_longer_backward_name_nobody():
+    named, _ = run(lambda r, i: 3.0 if i >= 3 else 1.0)
+    assert named == []
+
+
+def test_a_rank_that_keeps_pace_again_is_cleared():
+    named, cleared = run(lambda r, i: 3.0 if r == 1 and 2 <= i < 6 else 1.0, intervals=14)
+    assert [s.rank for _, s in named] == [1] and [s.rank for _, s in cleared] == [1]
+
+
+def test_the_data_phase_is_compared_too():
+    named, _ = run(lambda r, i: 4.0 if r == 0 and i >= 2 else 1.0, phase="data")
+    assert [(s.rank, s.phase) for _, s in named] == [(0, "data")]
