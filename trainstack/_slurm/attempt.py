@@ -114,7 +114,7 @@ def node_check_failed(folder: Path, hosts: list[str],
     requeued leaving them out where the partition has other nodes (and the budget allows), else trained on."""
     rows = history(folder)
     attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-    keep, note = exclusions(folder, [r.get("blamed") for r in rows] + hosts)
+    keep, note = exclusions(folder, [*(r.get("blamed") for r in rows), *hosts])
     count, limit, option = budget
     go = bool(set(hosts) & set(keep)) and (limit is None or count < limit)
     named = ", ".join(hosts)
