@@ -94,6 +94,26 @@ def open_append(path: str | os.PathLike, mode: int = 0o644) -> IO[str]:
     return os.fdopen(fd, "a", encoding="utf-8")
 
 
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file, oldest first: a line cut short by a kill (or not an object) is
+    skipped; a missing file has none."""
+    import json
+
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            out.append(row)
+    return out
+
+
 def atomic_write(path: str | os.PathLike, data: bytes | str, mode: int = 0o644) -> Path:
     """Write ``data`` to ``path`` through a temp file in the same folder, then rename; never a partial file. The
     umask applies (``mode`` is the most that is granted)."""

@@ -30,28 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from . import _jobevents as jobevents
+from ._files import read_jsonl
 
 __all__ = ["PARTS", "ledger", "format_ledger"]
 
 PARTS = ("queue", "startup", "node_check", "compile", "checkpoint", "eval", "data_wait", "productive", "rollback",
          "recovery", "other")
 _COMPUTE = ("forward", "backward", "optimizer", "step")
-
-
-def _lines(path: Path) -> list[dict[str, Any]]:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            out.append(row)
-    return out
 
 
 def _step_ledgers(folder: Path) -> dict[tuple[int, int], dict[str, Any]]:
@@ -108,7 +93,7 @@ def ledger(folder: Path | None, now: float | None = None) -> dict[str, Any] | No
     now = time.time() if now is None else now
     ends = [e for e in evs if e.get("kind") == "job_end"]
     end = max(ends[-1]["time"], starts[-1]["time"]) if ends and ends[-1]["time"] >= starts[-1]["time"] else now
-    books, rows = _step_ledgers(folder), _lines(folder / "verdicts.jsonl")
+    books, rows = _step_ledgers(folder), read_jsonl(folder / "verdicts.jsonl")
     resumed = [e for e in evs if e.get("kind") == "resumed"]
     totals = dict.fromkeys(PARTS, 0.0)
     first_submit = float(starts[0].get("submitted") or 0) or starts[0]["time"]

@@ -53,15 +53,9 @@ class JsonlWriter:
 
     def rows(self) -> list[dict[str, Any]]:
         """The rows written so far (a line cut short by a kill is skipped)."""
-        out = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                out.append(row)
-        return out
+        from .._files import read_jsonl
+
+        return read_jsonl(self.path)
 
     def _drop_rows_after(self, step: int) -> None:
         from .._files import atomic_write

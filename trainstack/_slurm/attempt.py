@@ -22,7 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+from .. import _envvars as envvars
 from .. import _jobevents as events
+from .._files import read_jsonl
 from .verdict import HOST_FAULTS, KINDS, exit_records, last_step, verdict
 
 #: Failures worth another attempt by default: the machine's or the network's, not the program's. A Python error or
@@ -124,7 +126,7 @@ def node_check_failed(folder: Path, hosts: list[str],
         line = f"node check named {named}: training on it anyway ({count} earlier requeues for it, {option} {limit})"
     else:
         line = f"node check named {named}: training on it anyway ({note or 'no node to take its place'})"
-    _append(folder, {"attempt": attempt, "step_index": int(os.environ.get("TRAINSTACK_STEP") or 0),
+    _append(folder, {"attempt": attempt, "step_index": int(os.environ.get(envvars.STEP) or 0),
                      "kind": "node check", "summary": f"the pre-flight node check named {named}",
                      "cause": f"node check: {named}", "rank": None, "host": hosts[0] if hosts else None,
                      "blamed": hosts[0] if go and hosts else None, "step": None, "status": 0, "time": time.time(),
@@ -134,17 +136,7 @@ def node_check_failed(folder: Path, hosts: list[str],
 
 def history(folder: Path) -> list[dict]:
     """The recorded attempts of this job folder, oldest first (a torn last line is skipped)."""
-    try:
-        lines = (folder / "verdicts.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    rows = []
-    for line in lines:
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
+    return read_jsonl(folder / "verdicts.jsonl")
 
 
 #: A recovery's phases, each ending at the event named: the batch script saw the failure (``detected``), launched

@@ -18,7 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import _envvars as envvars
 from .. import _jobevents as events
+from .._files import read_jsonl
 
 __all__ = ["THRESHOLDS", "judge", "read_checks", "describe", "main"]
 
@@ -102,17 +104,7 @@ def describe(check: dict[str, Any]) -> str:
 
 def read_checks(folder: Path) -> list[dict[str, Any]]:
     """Every node check of a job folder, oldest first."""
-    try:
-        lines = (folder / CHECKS).read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    return read_jsonl(folder / CHECKS)
 
 
 def main(argv: list[str]) -> int:
@@ -135,7 +127,7 @@ def main(argv: list[str]) -> int:
     named = judge(figures, link, args.gpus, limits)
     now = time.time()
     check = {"attempt": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
-             "step_index": int(os.environ.get("TRAINSTACK_STEP") or 0), "started": args.started, "ended": now,
+             "step_index": int(os.environ.get(envvars.STEP) or 0), "started": args.started, "ended": now,
              "seconds": round(now - args.started, 2), "figures": figures, "link": link, "named": named,
              "limits": limits}
     with open(args.folder / CHECKS, "a") as fh:

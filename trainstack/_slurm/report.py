@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import _envvars as envvars
 from .. import _jobevents as events
 from .._goodput import format_ledger, ledger
 from .attempt import history
@@ -93,7 +94,7 @@ def write_report(folder: Path, restart: int, step_index: int) -> Path:
 def main(argv: list[str]) -> int:
     folder = Path(argv[1])
     restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-    step_index = int(argv[2]) if len(argv) > 2 else int(os.environ.get("TRAINSTACK_STEP") or 0)
+    step_index = int(argv[2]) if len(argv) > 2 else int(os.environ.get(envvars.STEP) or 0)
     path = write_report(folder, restart, step_index)
     print(f"trainstack: attempt report {path}")
     return 0
