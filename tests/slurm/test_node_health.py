@@ -78,13 +78,13 @@ def ts(*args: str) -> str:
 
 
 def test_a_slow_node_is_left_out_before_training_and_a_spare_takes_its_place(cluster, tmp_path):
-    """node2's slurmd pinned to core 1 with three busy processes there, node1 and node3 on core 0: the check names
+    """node2's slurmd pinned to core 1 with six busy processes there, node1 and node3 on core 0: the check names
     node2 with its figure, the step runs on node1,node3; status and why name it; the check stays in its budget."""
     tmp_path.chmod(0o777)
     pin(slurmd_pid(cluster, "node1"), "0")
     pin(slurmd_pid(cluster, "node3"), "0")
     pin(slurmd_pid(cluster, "node2"), "1")
-    with busy("1"):
+    with busy("1", count=6):
         job = submit_spec(spec(tmp_path, PACE, spare=1, requeue=True, env={"PACE_STEPS": "20"}))
         assert wait_for(job, timeout=300) == 0, job.log_path.read_text()
     log = job.log_path.read_text()
