@@ -6,15 +6,16 @@ Read from its job folder: the batch script's timeline in ``events.jsonl`` (``job
 time and last step of a crash). Every second from the first submission to the end (or now) lands in one part:
 
 * ``queue``: submitted (or requeued) until the attempt started;
-* ``startup``: the attempt's start until the first step's loop began (versions probe, imports, rendezvous, model
-  set-up, checkpoint restore), less the node check;
+* ``startup``: the attempt's start until its first job step, and each step's start until its loop began
+  (versions probe, imports, rendezvous, model set-up, checkpoint restore), less the node check;
 * ``node_check``: the pre-flight node checks;
 * ``compile``: the first step's time beyond a steady step (compilation, warm-up);
 * ``checkpoint``: training waiting for checkpoint saves (memory, durable, the final one);
 * ``eval``: validation and prediction;
 * ``data_wait``: waiting for the data loader;
 * ``productive``: steps (forward, backward, optimizer) whose results the run kept;
-* ``rollback``: steps done and then lost -- redone after a crash (steps lost x the mean step time);
+* ``rollback``: steps done and then lost -- redone after a crash (steps lost x the mean step time), and the
+  training between rank 0's last record of its time and the crash (lost with it);
 * ``recovery``: from a crash's first failing task to the next step's launch (detection, teardown, probes,
   the decision; the requeued job's hold is queue time);
 * ``other``: the rest (callbacks, logging, the script's own work, the end of a step after its last ledger).
@@ -75,10 +76,49 @@ def _step_parts(start: float, end: float, checked: float, book: dict[str, Any] |
             lost = max(0, crash["step"] - resumed_next)
             parts["rollback"] = min(productive, lost * (productive / beats))
         parts["productive"] = productive - parts["rollback"]
+        if crash is not None and crash.get("fault_time") and book.get("time"):  # trained after the last record,
+            parts["rollback"] += max(0.0, float(crash["fault_time"]) - max(book["time"], book["loop_started"]))
     if crash is not None and crash.get("fault_time"):
         parts["recovery"] = max(0.0, end - max(float(crash["fault_time"]), start))
     parts["other"] = max(0.0, (end - start) - sum(v for k, v in parts.items() if k != "other"))
     return parts
+
+
+def _attempt_gaps(starts: list[dict[str, Any]], ends: list[dict[str, Any]], first_submit: float,
+                  totals: dict[str, float]) -> None:
+    """Each attempt's queue wait (submit or requeue to start), and the gap from an attempt's end to its requeue."""
+    last_end: float | None = None
+    for s in starts:
+        submitted = float(s.get("submitted") or 0) or s["time"]
+        if last_end is not None:
+            submitted = max(submitted, last_end)
+            totals["recovery"] += max(0.0, submitted - last_end)
+        totals["queue"] += max(0.0, s["time"] - max(submitted, first_submit))
+        after = [e["time"] for e in ends if e["time"] >= s["time"]]
+        last_end = after[0] if after else None
+
+
+def _job_steps(evs: list[dict[str, Any]], books: dict[tuple[int, int], dict[str, Any]],
+               rows: list[dict[str, Any]], end: float) -> list[dict[str, Any]]:
+    """Every job step with its span, its parts (``raw`` unrounded) and whether it crashed."""
+    resumed = [e for e in evs if e.get("kind") == "resumed"]
+    opened = [e for e in evs if e.get("kind") == "step_start"]
+    steps = []
+    for i, st in enumerate(opened):
+        key = (int(st.get("attempt", 0)), int(st.get("step_index", 0)))
+        stop = next((e["time"] for e in evs if e.get("kind") == "step_end" and e["time"] >= st["time"]
+                     and (int(e.get("attempt", 0)), int(e.get("step_index", 0))) == key), None)
+        later = opened[i + 1]["time"] if i + 1 < len(opened) else None
+        stop = stop if stop is not None else (later if later is not None else end)
+        checked = sum(float(e.get("seconds") or 0) for e in evs if e.get("kind") == "node_check"
+                      and st["time"] <= e["time"] <= stop)
+        crash = next((r for r in rows if (int(r.get("attempt", 0)), int(r.get("step_index", 0))) == key
+                      and r.get("kind") not in ("node check", "time limit", "preempted")), None)
+        nxt = next((e.get("step") for e in resumed if e["time"] > stop), None)
+        parts = _step_parts(st["time"], stop, checked, books.get(key), crash, nxt)
+        steps.append({"attempt": key[0], "step_index": key[1], "start": st["time"], "end": stop,
+                      "crashed": crash is not None, "raw": parts, "parts": {k: round(v, 2) for k, v in parts.items()}})
+    return steps
 
 
 def ledger(folder: Path | None, now: float | None = None) -> dict[str, Any] | None:
@@ -93,38 +133,20 @@ def ledger(folder: Path | None, now: float | None = None) -> dict[str, Any] | No
     now = time.time() if now is None else now
     ends = [e for e in evs if e.get("kind") == "job_end"]
     end = max(ends[-1]["time"], starts[-1]["time"]) if ends and ends[-1]["time"] >= starts[-1]["time"] else now
-    books, rows = _step_ledgers(folder), read_jsonl(folder / "verdicts.jsonl")
-    resumed = [e for e in evs if e.get("kind") == "resumed"]
     totals = dict.fromkeys(PARTS, 0.0)
     first_submit = float(starts[0].get("submitted") or 0) or starts[0]["time"]
     first_submit = min(first_submit, starts[0]["time"])
-    last_end: float | None = None
-    for s in starts:  # queue and the gap between attempts
-        submitted = float(s.get("submitted") or 0) or s["time"]
-        if last_end is not None:
-            submitted = max(submitted, last_end)
-            totals["recovery"] += max(0.0, submitted - last_end)
-        totals["queue"] += max(0.0, s["time"] - max(submitted, first_submit))
-        after = [e["time"] for e in ends if e["time"] >= s["time"]]
-        last_end = after[0] if after else None
-    steps = []
-    opened = [e for e in evs if e.get("kind") == "step_start"]
-    for i, st in enumerate(opened):
-        key = (int(st.get("attempt", 0)), int(st.get("step_index", 0)))
-        stop = next((e["time"] for e in evs if e.get("kind") == "step_end" and e["time"] >= st["time"]
-                     and (int(e.get("attempt", 0)), int(e.get("step_index", 0))) == key), None)
-        later = opened[i + 1]["time"] if i + 1 < len(opened) else None
-        stop = stop if stop is not None else (later if later is not None else end)
-        checked = sum(float(e.get("seconds") or 0) for e in evs if e.get("kind") == "node_check"
-                      and st["time"] <= e["time"] <= stop)
-        crash = next((r for r in rows if (int(r.get("attempt", 0)), int(r.get("step_index", 0))) == key
-                      and r.get("kind") not in ("node check", "time limit", "preempted")), None)
-        nxt = next((e.get("step") for e in resumed if e["time"] > stop), None)
-        parts = _step_parts(st["time"], stop, checked, books.get(key), crash, nxt)
-        for k, v in parts.items():
+    _attempt_gaps(starts, ends, first_submit, totals)
+    began = {int(s.get("attempt", 0)): s["time"] for s in starts}
+    steps, previous = _job_steps(evs, _step_ledgers(folder), read_jsonl(folder / "verdicts.jsonl"), end), None
+    for step in steps:
+        for k, v in step.pop("raw").items():
             totals[k] += v
-        steps.append({"attempt": key[0], "step_index": key[1], "start": st["time"], "end": stop,
-                      "parts": {k: round(v, 2) for k, v in parts.items()}})
+        if previous is None or previous["attempt"] != step["attempt"]:  # the script's set-up before its first step
+            totals["startup"] += max(0.0, step["start"] - began.get(step["attempt"], step["start"]))
+        elif previous.pop("crashed", False):  # the decision and probes between a crashed step and its retry
+            totals["recovery"] += max(0.0, step["start"] - previous["end"])
+        previous = step
     total = max(end - first_submit, 1e-9)
     covered = sum(totals.values())
     if covered > total:  # rounding of Slurm's one-second submit time
