@@ -32,3 +32,12 @@ def test_a_slow_link_is_bisected_to_the_node_in_two_slow_pairs():
              {"hosts": ["c", "d"], "seconds": 0.05}, {"hosts": ["d", "a"], "seconds": 0.01}]
     named = judge({h: node(40) for h in "abcd"}, {"pairs": pairs}, 0, THRESHOLDS)
     assert list(named) == ["c"] and "slow link" in named["c"]
+
+
+def test_the_line_says_when_the_ring_did_not_complete():
+    from trainstack._slurm.nodecheck import describe
+
+    check = {"figures": {"a": node(40), "b": node(41)}, "link": None, "named": {}, "seconds": 30.1}
+    assert "the ring did not complete within the budget" in describe(check)
+    check["link"] = {"ring_gbps": 1.25}
+    assert "ring 1.25 GB/s; all nodes fit" in describe(check)

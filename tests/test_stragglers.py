@@ -43,3 +43,19 @@ def test_a_rank_that_keeps_pace_again_is_cleared():
 def test_the_data_phase_is_compared_too():
     named, _ = run(lambda r, i: 4.0 if r == 0 and i >= 2 else 1.0, phase="data")
     assert [(s.rank, s.phase) for _, s in named] == [(0, "data")]
+
+
+def test_a_bad_ratio_is_a_clear_error(monkeypatch):
+    import pytest
+
+    from trainstack._runtime.stragglers import resolve_ratio
+    from trainstack.errors import ConfigError
+
+    monkeypatch.setenv("TRAINSTACK_STRAGGLER_RATIO", "fast")
+    with pytest.raises(ConfigError, match="TRAINSTACK_STRAGGLER_RATIO='fast' must be a number >= 0"):
+        resolve_ratio()
+    monkeypatch.setenv("TRAINSTACK_STRAGGLER_RATIO", "0.8")
+    with pytest.raises(ConfigError, match="use a ratio above 1"):
+        resolve_ratio()
+    monkeypatch.setenv("TRAINSTACK_STRAGGLER_RATIO", "0")
+    assert resolve_ratio() == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -105,7 +106,7 @@ def test_a_slow_node_is_left_out_before_training_and_a_spare_takes_its_place(clu
 
 
 def test_a_straggler_is_named_with_its_phase_uniform_slowness_is_not(cluster, tmp_path):
-    """Mid-run, first both nodes' ranks each pinned to a core of their own with three busy processes on each core
+    """Mid-run, first both nodes' ranks each pinned to a core of their own with five busy processes on each core
     (uniform: nobody named for 16 s), then core 0's busy processes stopped: node2's ranks are named, with the
     forward phase, within seconds; the lag is printed."""
     tmp_path.chmod(0o777)
@@ -117,8 +118,8 @@ def test_a_straggler_is_named_with_its_phase_uniform_slowness_is_not(cluster, tm
             pin(pid, "0")
         for pid in rank_pids(tmp_path, "node2"):
             pin(pid, "1")
-        with busy("1"):
-            with busy("0"):
+        with busy("1", count=5):
+            with busy("0", count=5):
                 time.sleep(16)  # three watchdog intervals: enough to be named if it were
                 assert not [e for e in job_events(job) if e["kind"] == "straggler"], job_events(job)
             slowed = time.time()
@@ -130,11 +131,14 @@ def test_a_straggler_is_named_with_its_phase_uniform_slowness_is_not(cluster, tm
         assert named[0]["phase"] == "forward" and named[0]["ratio"] >= 1.5, named
         status = ts("status", job.job_id)
         assert "straggler: rank" in status and "(node2)" in status and "forward" in status, status
+        live = r"\| straggler rank [23] \(node2\) forward \d+\.\dx"  # the live lines carry it too
+        wait_until(lambda: re.search(live, job.log_path.read_text()), 60, "a live line naming the straggler")
     finally:
         subprocess.run(["scancel", job.job_id], check=False)
         with contextlib.suppress(Exception):
             wait_for(job, timeout=60)
-    assert "trainstack: straggler: rank" in job.log_path.read_text()
+    log = job.log_path.read_text()
+    assert "trainstack: straggler: rank" in log, log[-3000:]
 
 
 def test_the_goodput_ledger_of_a_crash_and_a_requeue_adds_up_to_the_wall_time(cluster, tmp_path):

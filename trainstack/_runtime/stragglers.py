@@ -53,8 +53,19 @@ class Straggler:
 
 
 def resolve_ratio() -> float:
-    """``TRAINSTACK_STRAGGLER_RATIO`` (default 1.5; 0 turns detection off)."""
-    return envvars.positive_number(envvars.STRAGGLER_RATIO, DEFAULT_RATIO, allow_zero=True)
+    """``TRAINSTACK_STRAGGLER_RATIO`` (default 1.5; 0 turns detection off); a bad value is a ConfigError."""
+    try:
+        ratio = envvars.positive_number(envvars.STRAGGLER_RATIO, DEFAULT_RATIO, allow_zero=True)
+    except ValueError as exc:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"{exc} (e.g. 1.5: a rank 1.5x slower than the others is named; 0 turns it off).") from None
+    if 0 < ratio <= 1:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"{envvars.STRAGGLER_RATIO}={ratio:g} would name ranks no slower than the others: use a "
+                          f"ratio above 1 (e.g. 1.5), or 0 to turn straggler detection off.")
+    return ratio
 
 
 class Stragglers:

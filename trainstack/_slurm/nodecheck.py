@@ -96,7 +96,9 @@ def describe(check: dict[str, Any]) -> str:
     """One line: the nodes' rates, the ring, how long it took."""
     rates = ", ".join(f"{h} {min(f['gflops']):.1f}" for h, f in check["figures"].items() if f and f.get("gflops"))
     ring = check.get("link") or {}
-    ring_text = f"; ring {ring['ring_gbps']:.2f} GB/s" if ring.get("ring_gbps") else ""
+    reported = [f for f in check["figures"].values() if f]
+    ring_text = f"; ring {ring['ring_gbps']:.2f} GB/s" if ring.get("ring_gbps") else \
+        ("; the ring did not complete within the budget" if len(reported) > 1 else "")
     verdict = f"named: {', '.join(check['named'])}" if check["named"] else "all nodes fit"
     return (f"node check of {len(check['figures'])} node(s) in {check['seconds']:.1f} s: GFLOP/s {rates or 'none'}"
             f"{ring_text}; {verdict}")
