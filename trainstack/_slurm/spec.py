@@ -261,8 +261,10 @@ class LaunchSpec:
                 raise SpecError("--profile", f"node_check_thresholds has no {key!r}; valid: {', '.join(known)}")
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise SpecError("--profile", f"node_check_thresholds.{key} must be a number >= 0, got {value!r}")
-        if not 5 <= float(self.node_check_thresholds.get("budget_s", NODE_CHECK_BUDGET_S)) <= 300:
-            raise SpecError("--profile", "node_check_thresholds.budget_s must be between 5 and 300 seconds")
+        budget = self.node_check_thresholds.get("budget_s", NODE_CHECK_BUDGET_S)
+        if not 5 <= float(budget) <= 300:
+            raise SpecError("--profile", f"node_check_thresholds.budget_s = {budget!r}: the node check needs 5 to "
+                                         f"300 seconds (default {NODE_CHECK_BUDGET_S}; --no-node-check skips it)")
 
     @property
     def node_check_on(self) -> bool:
