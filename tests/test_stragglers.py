@@ -25,13 +25,15 @@ def run(slowdown, intervals: int = 10, start: int = 3, phase: str = "forward"):
 def test_a_slow_nodes_ranks_are_named_with_their_phase():
     named, _ = run(lambda r, i: 3.0 if r >= 2 and i >= 3 else 1.0)
     assert sorted(s.rank for _, s in named) == [2, 3] and {s.phase for _, s in named} == {"forward"}
-    assert min(i for i, _ in named) == 4  # two intervals running
+    assert min(i for i, _ in named) == 5  # three readings running (the slowdown began at 3)
     assert all(s.host == "n1" and s.ratio > 2 for _, s in named)
     assert "rank 2 (n1) is" in named[0][1].describe() and "slower in forward" in named[0][1].describe()
 
 
-def test_uniform_slowness_and_a_longer_backward_name_nobody():
+def test_uniform_slowness_a_longer_backward_and_a_blip_name_nobody():
     named, _ = run(lambda r, i: 3.0 if i >= 3 else 1.0)
+    assert named == []
+    named, _ = run(lambda r, i: 4.0 if r == 3 and i == 4 else 1.0)  # one slow interval: in two windows, not three
     assert named == []
 
 

@@ -70,8 +70,8 @@ VARIABLES: tuple[Variable, ...] = (
              "The node this process counts as for memory checkpoints' copies on another node (default: "
              "SLURMD_NODENAME, else the hostname): for containers whose hostname is not the node's."),
     Variable("TRAINSTACK_STRAGGLER_RATIO", "you",
-             "A rank this many times slower than the typical fast rank in data, forward or optimizer time per step "
-             "(two watchdog intervals running) is named a straggler (default 1.5; 0: off)."),
+             "A rank this many times slower in data, forward or optimizer time per step than the median rank of the "
+             "other nodes, in three watchdog readings running, is named a straggler (default 1.5; 0: off)."),
     Variable("TRAINSTACK_PIN_MEMORY", "you", "0 turns off pinned host memory for prepared loaders on CUDA."),
     Variable("TRAINSTACK_FAST_TENSOR_PATH", "you",
              "0 turns off the whole-batch indexing of in-memory TensorDatasets (identical batches either way)."),

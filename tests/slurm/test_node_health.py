@@ -47,8 +47,11 @@ def pin(pid: int, core: str) -> None:
 
 @contextlib.contextmanager
 def busy(core: str, count: int = 3):
-    """``count`` busy processes pinned to ``core``, stopped by pid."""
-    procs = [subprocess.Popen(["taskset", "-c", core, sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    """``count`` busy processes pinned to ``core``, stopped by pid. Each in a session of its own: with the kernel's
+    autogroup scheduling, processes of one session share one group's CPU share (the group of a node's slurmd would
+    get half the core against all of them together, not one share in ``count + 1``)."""
+    procs = [subprocess.Popen(["taskset", "-c", core, sys.executable, "-c", "while True: pass"],
+                              start_new_session=True) for _ in range(count)]
     try:
         yield
     finally:
@@ -79,13 +82,13 @@ def ts(*args: str) -> str:
 
 
 def test_a_slow_node_is_left_out_before_training_and_a_spare_takes_its_place(cluster, tmp_path):
-    """node2's slurmd pinned to core 1 with six busy processes there, node1 and node3 on core 0: the check names
+    """node2's slurmd pinned to core 1 with four busy processes there, node1 and node3 on core 0: the check names
     node2 with its figure, the step runs on node1,node3; status and why name it; the check stays in its budget."""
     tmp_path.chmod(0o777)
     pin(slurmd_pid(cluster, "node1"), "0")
     pin(slurmd_pid(cluster, "node3"), "0")
     pin(slurmd_pid(cluster, "node2"), "1")
-    with busy("1", count=6):
+    with busy("1", count=4):
         job = submit_spec(spec(tmp_path, PACE, spare=1, requeue=True, env={"PACE_STEPS": "20"}))
         assert wait_for(job, timeout=300) == 0, job.log_path.read_text()
     log = job.log_path.read_text()
@@ -106,29 +109,31 @@ def test_a_slow_node_is_left_out_before_training_and_a_spare_takes_its_place(clu
 
 
 def test_a_straggler_is_named_with_its_phase_uniform_slowness_is_not(cluster, tmp_path):
-    """Mid-run, first both nodes' ranks each pinned to a core of their own with five busy processes on each core
-    (uniform: nobody named for 16 s), then core 0's busy processes stopped: node2's ranks are named, with the
-    forward phase, within seconds; the lag is printed."""
+    """Mid-run, first a busy process on each core while every rank may run on both (uniform: nobody named for
+    20 s), then node1's ranks pinned to core 0, node2's to core 1 with three busy processes there: node2's ranks
+    are named, with the forward phase, within seconds; the lag is printed. (Ratio 2: a 2-core box that shares its
+    cores unevenly among floating processes sees 1.6x between ranks it loads "alike"; the straggler here is ~4x.)"""
     tmp_path.chmod(0o777)
-    job = submit_spec(spec(tmp_path, PACE, node_check=False, env={"TRAINSTACK_HANG_TIMEOUT": "30"}))
+    job = submit_spec(spec(tmp_path, PACE, node_check=False, env={"TRAINSTACK_HANG_TIMEOUT": "30",
+                                                                  "TRAINSTACK_STRAGGLER_RATIO": "2"}))
     try:
         wait_until(lambda: reached(tmp_path) >= 50 and len(rank_pids(tmp_path, "node2")) == 2
                    and len(rank_pids(tmp_path, "node1")) == 2, 180, "step 50")
+        with busy("1", count=1), busy("0", count=1):
+            time.sleep(20)  # four watchdog intervals: enough to be named if it were
+        assert not [e for e in job_events(job) if e["kind"] == "straggler"], job_events(job)
         for pid in rank_pids(tmp_path, "node1"):
             pin(pid, "0")
         for pid in rank_pids(tmp_path, "node2"):
             pin(pid, "1")
-        with busy("1", count=5):
-            with busy("0", count=5):
-                time.sleep(16)  # three watchdog intervals: enough to be named if it were
-                assert not [e for e in job_events(job) if e["kind"] == "straggler"], job_events(job)
+        with busy("1"):
             slowed = time.time()
             wait_until(lambda: any(e["kind"] == "straggler" for e in job_events(job)), 90, "a straggler")
         named = [e for e in job_events(job) if e["kind"] == "straggler"]
         lag = named[0]["time"] - slowed
         print(f"straggler detection lag: {lag:.1f} s; {named}")
         assert {e["host"] for e in named} == {"node2"} and {e["rank"] for e in named} <= {2, 3}, named
-        assert named[0]["phase"] == "forward" and named[0]["ratio"] >= 1.5, named
+        assert named[0]["phase"] == "forward" and named[0]["ratio"] >= 2, named
         status = ts("status", job.job_id)
         assert "straggler: rank" in status and "(node2)" in status and "forward" in status, status
         live = r"\| straggler rank [23] \(node2\) forward \d+\.\dx"  # the live lines carry it too

@@ -3,15 +3,17 @@
 Each heartbeat carries the rank's cumulative seconds per phase and its finished steps (``Heartbeat.times``: a
 clock read at each phase change, no host sync, no collective). Every watchdog interval rank 0 turns the last
 ``WINDOW`` intervals into seconds per step for the phases a rank spends on its own -- ``data`` (waiting for its
-loader), ``forward``, ``optimizer`` -- and compares each rank with the typical fast rank (the median of the faster
-half: a whole slow node, half the ranks of a two-node job, still stands out). ``backward`` is shown but never
-compared: under DDP it holds the gradient all-reduce, where the fast ranks wait for the slow one. A rank slower by
-``ratio`` (and by at least ``MIN_EXCESS_S`` a step) in ``PERSIST`` intervals running is named; ranks uniformly
-slow move the baseline with them and are never flagged. Torch-free.
+loader), ``forward``, ``optimizer`` -- and compares each rank with the median of the ranks on the other nodes (of
+the other ranks, on one node): a whole slow node, half the ranks of a two-node job, stands out against the other
+node, not against a median it drags itself. ``backward`` is shown but never compared: under DDP it holds the
+gradient all-reduce, where the fast ranks wait for the slow one. A rank slower by ``ratio`` (and by at least
+``MIN_EXCESS_S`` a step) in ``PERSIST`` readings running is named -- a blip within one interval never is; ranks
+uniformly slow move the baseline with them and are never flagged. Torch-free.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -24,8 +26,8 @@ COMPARED = ("data", "forward", "optimizer")
 SHOWN = (*COMPARED, "backward")
 DEFAULT_RATIO = 1.5
 MIN_EXCESS_S = 0.002  # below this a step's difference is noise, whatever the ratio
-WINDOW = 3  # intervals of the rolling window
-PERSIST = 2  # intervals in a row before a rank is named (and before it is cleared)
+WINDOW = 2  # intervals of the rolling window
+PERSIST = 3  # readings in a row before a rank is named (and cleared): a blip inside one interval never is
 MIN_STEPS = 3  # steps in the window for a rank to be compared at all
 
 
@@ -35,7 +37,7 @@ class Straggler:
     host: str
     phase: str
     seconds: float  # its time per step in the phase
-    baseline: float  # the typical fast rank's
+    baseline: float  # the median rank of the other nodes (of the other ranks, on one node)
     step: int
 
     @property
@@ -44,7 +46,7 @@ class Straggler:
 
     def describe(self) -> str:
         return (f"rank {self.rank} ({self.host}) is {self.ratio:.1f}x slower in {self.phase}: "
-                f"{1000 * self.seconds:.1f} ms per step vs {1000 * self.baseline:.1f} ms for the faster ranks")
+                f"{1000 * self.seconds:.1f} ms per step vs {1000 * self.baseline:.1f} ms for the others")
 
     def fields(self) -> dict[str, Any]:
         return {"rank": self.rank, "host": self.host, "phase": self.phase, "ratio": round(self.ratio, 2),
@@ -114,15 +116,16 @@ class Stragglers:
 
     def _slowest(self, rates: dict[int, dict[str, float]],
                  everyone: dict[int, dict[str, Any]]) -> dict[int, Straggler]:
-        """The ranks slower than the typical fast rank in a compared phase, each with its worst phase."""
+        """The ranks slower than the others in a compared phase, each with its worst phase."""
         if len(rates) < 2:
             return {}
         found: dict[int, Straggler] = {}
+        hosts = {rank: everyone[rank].get("host") for rank in rates}
         for phase in COMPARED:
-            values = sorted(r[phase] for r in rates.values())
-            fast = values[:max(1, len(values) // 2)]
-            baseline = fast[len(fast) // 2] if len(fast) % 2 else (fast[len(fast) // 2 - 1] + fast[len(fast) // 2]) / 2
             for rank, r in rates.items():
+                others = [o[phase] for q, o in rates.items() if hosts[q] != hosts[rank]] or \
+                    [o[phase] for q, o in rates.items() if q != rank]
+                baseline = statistics.median(others)
                 excess = r[phase] - baseline
                 if excess >= MIN_EXCESS_S and r[phase] >= self.ratio * baseline:
                     candidate = Straggler(rank, str(everyone[rank].get("host")), phase, r[phase], baseline,
