@@ -62,9 +62,11 @@ def test_signal_checkpoint_requeue_resume(slurm_env, shared_tmp, monkeypatch, la
     signalled = time.time()
     subprocess.run(["scancel", "--signal=USR1", "--batch", job.job_id], env=slurm_env, check=True)
     _wait_until(lambda: _job_field(slurm_env, job.job_id, "Restarts") == "1", 120, "the requeue")
+    _wait_until(lambda: _job_field(slurm_env, job.job_id, "JobState") != "COMPLETING", 60, "the requeue's end")
+    before = _job_field(slurm_env, job.job_id, "Reason")  # Slurm sets Restarts=1 while the attempt still completes
     held = subprocess.run([sys.executable, "-m", "trainstack", "why", job.job_id], env=slurm_env, capture_output=True,
                           text=True, timeout=60).stdout
-    if _job_field(slurm_env, job.job_id, "Reason") == "BeginTime":  # a pending requeued job says why and until when
+    if before == _job_field(slurm_env, job.job_id, "Reason") == "BeginTime":  # held throughout: why says so
         assert "requeued (restart 1) after time limit: graceful stop at step" in held and "holds it until" in held, held
     assert wait_for(job, timeout=300) == 0, job.log_path.read_text()  # following the job releases the hold
     log = job.log_path.read_text()
