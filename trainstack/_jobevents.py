@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _envvars as envvars
+from ._files import read_jsonl
 
 __all__ = ["EVENTS", "record", "read"]
 
@@ -37,17 +38,5 @@ def read(folder: Path | None, since: float = 0.0, kind: str | None = None) -> li
     """The events of ``folder`` recorded at or after ``since`` (a Unix time), oldest first; torn lines skipped."""
     if folder is None:
         return []
-    try:
-        lines = (Path(folder) / EVENTS).read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and isinstance(event.get("time"), (int, float)) and event["time"] >= since \
-                and (kind is None or event.get("kind") == kind):
-            out.append(event)
-    return out
+    return [e for e in read_jsonl(Path(folder) / EVENTS) if isinstance(e.get("time"), (int, float))
+            and e["time"] >= since and (kind is None or e.get("kind") == kind)]
