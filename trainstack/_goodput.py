@@ -132,7 +132,8 @@ def ledger(folder: Path | None, now: float | None = None) -> dict[str, Any] | No
         return None
     now = time.time() if now is None else now
     ends = [e for e in evs if e.get("kind") == "job_end"]
-    end = max(ends[-1]["time"], starts[-1]["time"]) if ends and ends[-1]["time"] >= starts[-1]["time"] else now
+    ended = bool(ends) and ends[-1]["time"] >= starts[-1]["time"]  # the last attempt has ended too
+    end = ends[-1]["time"] if ended else now
     totals = dict.fromkeys(PARTS, 0.0)
     first_submit = float(starts[0].get("submitted") or 0) or starts[0]["time"]
     first_submit = min(first_submit, starts[0]["time"])
@@ -153,7 +154,7 @@ def ledger(folder: Path | None, now: float | None = None) -> dict[str, Any] | No
         totals["other"] = max(0.0, totals["other"] - (covered - total))
     totals["other"] += max(0.0, total - sum(totals.values()))  # the script's own time between steps
     return {"total_s": round(total, 2), "parts": {k: round(v, 2) for k, v in totals.items()},
-            "goodput": round(totals["productive"] / total, 4), "steps": steps, "ended": bool(ends and end != now)}
+            "goodput": round(totals["productive"] / total, 4), "steps": steps, "ended": ended}
 
 
 def format_ledger(found: dict[str, Any]) -> str:

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ._files import atomic_write
+
 __all__ = ["compute_rate", "gpu_facts", "host_facts", "write_speed", "links", "main"]
 
 _GPU_QUERY = ("index,name,memory.used,memory.total,clocks.sm,clocks.max.sm,ecc.errors.uncorrected.volatile.total,"
@@ -154,12 +156,6 @@ def _host() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
-def _write(path: Path, record: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainstack.node_check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -178,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                               "write_mbps": write_speed(args.out.parent)}
     record["seconds"] = time.monotonic() - started
     args.out.mkdir(parents=True, exist_ok=True)
-    _write(args.out / f"{record['host']}.json", record)
+    atomic_write(args.out / f"{record['host']}.json", json.dumps(record, indent=1))
     if args.port is None or world < 2:
         return 0
     left = max(args.budget - (time.monotonic() - started) - 2, 3)
@@ -191,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         found = links(device)
         if rank == 0:
-            _write(args.out / "links.json", found)
+            atomic_write(args.out / "links.json", json.dumps(found, indent=1))
     finally:
         dist.destroy_process_group()
     return 0

@@ -39,6 +39,7 @@ from typing import Any
 
 from .. import _envvars as envvars
 from .. import _jobevents as jobevents
+from .._files import atomic_write
 from .._text import number_ranges
 from .stragglers import Stragglers, resolve_ratio
 
@@ -392,11 +393,8 @@ class Watchdog(threading.Thread):
                   "step": hb.step, "loop_started": hb.loop_started, "first_beat": hb.first_beat,
                   "time": time.time()}
         with contextlib.suppress(OSError):
-            folder = self.job_dir / "ledger"
-            folder.mkdir(exist_ok=True)
-            tmp = folder / f".{record['attempt']}.{os.getpid()}"
-            tmp.write_text(json.dumps(record))
-            os.replace(tmp, folder / f"{record['attempt']}.json")
+            (self.job_dir / "ledger").mkdir(exist_ok=True)
+            atomic_write(self.job_dir / "ledger" / f"{record['attempt']}.json", json.dumps(record))
 
     def _on_lost(self, lost: list[int], everyone: dict[int, dict[str, Any]]) -> None:
         hosts = sorted({str(everyone[r].get("host")) for r in lost})

@@ -28,9 +28,9 @@ def health(folder: Path | None, since: float = 0.0, until: float | None = None) 
     """The node checks (each: when, how long, what it named) and stragglers (named, cleared) in a time range."""
     if folder is None:
         return {"node_checks": [], "stragglers": []}
-    inside = (lambda t: since <= t and (until is None or t <= until))  # noqa: E731
+    last = float("inf") if until is None else until
     checks = [{"time": c["ended"], "seconds": c["seconds"], "nodes": list(c["figures"]), "named": c["named"],
-               "line": describe_check(c)} for c in read_checks(folder) if inside(c.get("ended", 0))]
+               "line": describe_check(c)} for c in read_checks(folder) if since <= c.get("ended", 0) <= last]
     slow: dict[int, dict[str, Any]] = {}
     for e in events.read(folder, since):
         if until is not None and e["time"] > until:
