@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,26 +37,30 @@ _GPU_QUERY = ("index,name,memory.used,memory.total,clocks.sm,clocks.max.sm,ecc.e
               "temperature.gpu")
 
 
-def compute_rate(device: torch.device, seconds: float = 0.5) -> float:
-    """GFLOP/s of a square matrix multiply on ``device`` (bf16 on a GPU, float32 on the CPU), timed ``seconds``."""
+def compute_rate(device: torch.device, seconds: float = 0.5, windows: int = 5) -> float:
+    """GFLOP/s of a square matrix multiply on ``device`` (bf16 on a GPU, float32 on the CPU): the best of
+    ``windows`` timed windows over ``seconds``. A slow node is slow in every window; a moment of noise (a process
+    scheduled beside it, a clock ramping up, a neighbour task still starting) costs only some of them."""
     gpu = device.type == "cuda"
     n = 4096 if gpu else 384
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16 if gpu else torch.float32)
     b = torch.randn_like(a)
     torch.mm(a, b)  # warm-up
-    if gpu:
-        torch.cuda.synchronize(device)
-    iters, start = 0, time.perf_counter()
-    while True:
-        torch.mm(a, b)
-        iters += 1
-        if gpu and iters % 10:
-            continue
-        if gpu:
-            torch.cuda.synchronize(device)
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds and iters >= 3:
-            return 2 * n ** 3 * iters / elapsed / 1e9
+    _sync(device)
+    best, window = 0.0, seconds / windows
+    for _ in range(windows):
+        iters, start = 0, time.perf_counter()
+        while True:
+            torch.mm(a, b)
+            iters += 1
+            if gpu and iters % 10:
+                continue
+            _sync(device)
+            elapsed = time.perf_counter() - start
+            if elapsed >= window:
+                break
+        best = max(best, 2 * n ** 3 * iters / elapsed / 1e9)
+    return best
 
 
 def gpu_facts() -> list[dict[str, Any]]:
@@ -111,33 +116,25 @@ def write_speed(folder: Path, megabytes: int = 32) -> float | None:
         path.unlink(missing_ok=True)
 
 
-def links(device: torch.device, megabytes: int = 4, reps: int = 3) -> dict[str, Any]:
-    """The ring (an all-reduce of every node) and each neighbour pair (ping-pong), timed; every rank calls it."""
+def links(device: torch.device, megabytes: int = 4, reps: int = 5) -> dict[str, Any]:
+    """The ring (an all-reduce of every node) and each neighbour pair (ping-pong), each the best of ``reps`` timings
+    (a link's capacity, not a moment's scheduling noise); every rank calls it."""
     rank, world = dist.get_rank(), dist.get_world_size()
     data = torch.ones(megabytes * 2 ** 18, device=device)
     dist.all_reduce(data)
     _sync(device)
-    start = time.perf_counter()
-    for _ in range(reps):
-        dist.all_reduce(data)
-    _sync(device)
-    ring = (time.perf_counter() - start) / reps
+    ring = min(_timed(lambda: dist.all_reduce(data), device) for _ in range(reps))
     pairs = []
     for first in range(world if world > 2 else 1):
         second = (first + 1) % world
         dist.barrier()
-        if rank in (first, second):
-            start = time.perf_counter()
+        if rank == first:
+            pairs.append({"ranks": [first, second], "seconds": min(
+                _timed(lambda: (dist.send(data, second), dist.recv(data, second)), device) for _ in range(reps))})
+        elif rank == second:
             for _ in range(reps):
-                if rank == first:
-                    dist.send(data, second)
-                    dist.recv(data, second)
-                else:
-                    dist.recv(data, first)
-                    dist.send(data, first)
-            _sync(device)
-            if rank == first:
-                pairs.append({"ranks": [first, second], "seconds": (time.perf_counter() - start) / reps})
+                dist.recv(data, first)
+                dist.send(data, first)
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, {"host": _host(), "pairs": pairs})
     hosts = [e["host"] for e in everyone]
@@ -145,6 +142,14 @@ def links(device: torch.device, megabytes: int = 4, reps: int = 3) -> dict[str, 
     return {"megabytes": megabytes, "ring_seconds": ring,
             "ring_gbps": data.numel() * 4 * 2 * (world - 1) / world / ring / 1e9,
             "pairs": [{"hosts": [hosts[a], hosts[b]], "seconds": s} for (a, b), s in sorted(measured.items())]}
+
+
+def _timed(work: Callable[[], object], device: torch.device) -> float:
+    """Seconds ``work()`` takes, the device synchronised."""
+    start = time.perf_counter()
+    work()
+    _sync(device)
+    return time.perf_counter() - start
 
 
 def _sync(device: torch.device) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -54,3 +55,26 @@ def no_jobs_left_behind(request):
     env = request.node.funcargs.get("slurm_env")
     if env:
         subprocess.run(["scancel", "--quiet", "--name", "trainstack-test"], env=env, timeout=30)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed cluster test carries what a reader needs to see why: the queue, the nodes and the tails of the job
+    logs it wrote (a CI failure otherwise says only "timed out")."""
+    outcome = yield
+    report = outcome.get_result()
+    env = item.funcargs.get("slurm_env") if hasattr(item, "funcargs") else None
+    if not env or report.passed or call.when != "call":
+        return
+    text = []
+    for cmd in (["squeue", "-o", "%i %j %T %r %N"], ["sinfo", "-N", "-o", "%N %t %E"]):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            text.append("$ " + " ".join(cmd) + "\n" + subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                                                     timeout=20).stdout)
+    folders = {v for v in item.funcargs.values() if isinstance(v, Path)}
+    logs = sorted((p for f in folders for p in f.glob("**/logs/*.out") if p.stat().st_mtime >= call.start),
+                  key=lambda p: p.stat().st_mtime)
+    for log in logs[-3:]:
+        lines = log.read_text(errors="replace").splitlines()
+        text.append(f"--- {log} (last 80 of {len(lines)} lines)\n" + "\n".join(lines[-80:]))
+    report.sections.append(("slurm state and job logs", "\n".join(text)))

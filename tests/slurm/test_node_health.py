@@ -108,6 +108,30 @@ def test_a_slow_node_is_left_out_before_training_and_a_spare_takes_its_place(clu
     assert "node check named node2" in report and "verdict: ended normally" in report, report
 
 
+def test_a_slow_node_without_a_spare_requeues_the_job_without_it(cluster, tmp_path):
+    """No spare: node2, slow at the first check, is left out by requeueing the job (ExcNodeList), the requeued
+    attempt runs on node1,node3 and finishes; the decision is a verdict row that status shows."""
+    tmp_path.chmod(0o777)
+    pin(slurmd_pid(cluster, "node1"), "0")
+    pin(slurmd_pid(cluster, "node3"), "0")
+    pin(slurmd_pid(cluster, "node2"), "1")
+    try:
+        with busy("1", count=4):
+            job = submit_spec(spec(tmp_path, PACE, spare=0, requeue=True, env={"PACE_STEPS": "20"}))
+            wait_until(lambda: job.log_path.exists() and "requeueing job" in job.log_path.read_text(), 120,
+                       "the requeue")
+    finally:
+        for node in ("node1", "node2", "node3"):
+            pin(slurmd_pid(cluster, node), "0-1")
+    assert wait_for(job, timeout=300) == 0, job.log_path.read_text()
+    log = job.log_path.read_text()
+    assert "node check named node2: no spare in this allocation; requeueing without it" in log, log
+    assert "the requeued attempt leaves out node2" in log and "nodes: node[1,3] (2)" in log, log
+    rows = [json.loads(line) for line in (job.log_path.with_suffix("") / "verdicts.jsonl").read_text().splitlines()]
+    assert rows[0]["kind"] == "node check" and rows[0]["excluded"] == ["node2"], rows
+    assert "node check named node2" in ts("status", "--attempts", job.job_id)
+
+
 def test_a_straggler_is_named_with_its_phase_uniform_slowness_is_not(cluster, tmp_path):
     """Mid-run, first a busy process on each core while every rank may run on both (uniform: nobody named for
     20 s), then node1's ranks pinned to core 0, node2's to core 1 with three busy processes there: node2's ranks
