@@ -130,7 +130,7 @@ def links(device: torch.device, megabytes: int = 4, reps: int = 5) -> dict[str, 
         dist.barrier()
         if rank == first:
             pairs.append({"ranks": [first, second], "seconds": min(
-                _timed(lambda: (dist.send(data, second), dist.recv(data, second)), device) for _ in range(reps))})
+                _timed(lambda peer=second: (dist.send(data, peer), dist.recv(data, peer)), device) for _ in range(reps))})
         elif rank == second:
             for _ in range(reps):
                 dist.recv(data, first)
