@@ -129,8 +129,10 @@ def links(device: torch.device, megabytes: int = 4, reps: int = 5) -> dict[str, 
         second = (first + 1) % world
         dist.barrier()
         if rank == first:
-            pairs.append({"ranks": [first, second], "seconds": min(
-                _timed(lambda peer=second: (dist.send(data, peer), dist.recv(data, peer)), device) for _ in range(reps))})
+            # the closure runs within this iteration: ``second`` is the pair's
+            seconds = min(_timed(lambda: (dist.send(data, second), dist.recv(data, second)), device)  # noqa: B023
+                          for _ in range(reps))
+            pairs.append({"ranks": [first, second], "seconds": seconds})
         elif rank == second:
             for _ in range(reps):
                 dist.recv(data, first)
