@@ -130,3 +130,14 @@ def test_a_recovery_is_read_back_with_its_phases_and_steps_lost(tmp_path, monkey
     assert rec["total"] == round(decided + 5 - 100.0, 2)
     assert describe(rec).startswith("recovered in the allocation on node1,node3 in ") and "3 step(s) lost" in \
         describe(rec)
+
+
+def test_sinfo_states_say_which_nodes_are_in_service():
+    """Down, drained, draining, failing or not responding (``*``) nodes are out of service; a powered-off node
+    (``~``) is not: Slurm starts it for a job. A node in two partitions counts once."""
+    from trainstack._slurm.attempt import parse_node_states
+
+    found = parse_node_states("node1 idle\nnode2 down*\nnode3 mix\nnode4 idle~\nnode5 drain\nnode6 idle*\n"
+                              "node7 drng\nnode8 comp\nnode1 alloc\nnode9 fail\n\n")
+    assert found == {"node1": True, "node2": False, "node3": True, "node4": True, "node5": False, "node6": False,
+                     "node7": False, "node8": True, "node9": False}

@@ -3,8 +3,8 @@
     srun --ntasks-per-node=1 python -m trainstack.node_check --out JOBDIR/node-check --port PORT
 
 The batch script of a multi-node job runs it before each step's rendezvous (``--no-node-check`` skips it). Each
-task (one per node) writes ``<out>/<host>.json`` -- a compute rate (a matrix multiply on each GPU, or on the CPUs
-the task may use), the GPUs ``nvidia-smi`` sees (count, uncorrected ECC errors, clocks, memory), free memory,
+task (one per node) writes ``<out>/<host>.json`` -- a compute rate (a matrix multiply on each GPU, or on one CPU
+core), the GPUs ``nvidia-smi`` sees (count, uncorrected ECC errors, clocks, memory), free memory,
 free ``/dev/shm`` and the write speed of the job folder's file system -- then the tasks time an all-reduce ring
 over the nodes and a ping-pong between neighbours (to name a slow link), which rank 0 writes to
 ``<out>/links.json``. Judging the figures is the torch-free ``trainstack._slurm.nodecheck`` (on the batch host):
@@ -38,7 +38,7 @@ _GPU_QUERY = ("index,name,memory.used,memory.total,clocks.sm,clocks.max.sm,ecc.e
 
 
 def compute_rate(device: torch.device, seconds: float = 0.5, windows: int = 5) -> float:
-    """GFLOP/s of a square matrix multiply on ``device`` (bf16 on a GPU, float32 on the CPU): the best of
+    """GFLOP/s of a square matrix multiply on ``device`` (bf16 on a GPU, float32 on a CPU core): the best of
     ``windows`` timed windows over ``seconds``. A slow node is slow in every window; a moment of noise (a process
     scheduled beside it, a clock ramping up, a neighbour task still starting) costs only some of them."""
     gpu = device.type == "cuda"
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     rank, world = int(os.environ.get("SLURM_PROCID", 0)), int(os.environ.get("SLURM_NTASKS", 1))
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+    torch.set_num_threads(1)  # a core's rate: comparable whatever each node's task binding, no thread oversubscription
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     devices = [torch.device("cuda", i) for i in range(gpus)] or [torch.device("cpu")]
     record: dict[str, Any] = {"host": _host(), "rank": rank, "time": time.time(), **host_facts(),

@@ -214,3 +214,26 @@ def test_status_lists_each_running_array_task_once(env, shared_tmp):
         assert len(labels) == len(set(labels)) and f"{job}_0" in labels and f"{job}_1" in labels, table
     finally:
         ts(env, "cancel", job, check=False)
+
+
+def test_a_blamed_node_slurm_holds_out_of_service_costs_the_requeue_no_room(slurm_env, tmp_path, monkeypatch):
+    """Partition spares (node1-3), 2 nodes needed, node2 blamed and drained, then node3 blamed: node2 is left out at
+    no cost, node3 cannot be (a requeue leaving out both could never start); before, node3 replaced node2 in the
+    list and the requeued job waited for a node Slurm would not give it."""
+    from trainstack._slurm.attempt import exclusions
+
+    for k, v in slurm_env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("SLURM_JOB_PARTITION", "spares")
+    monkeypatch.setenv("SLURM_NNODES", "2")
+    assert exclusions(tmp_path, ["node2", "node3"]) == (["node3"], "a requeued attempt could not leave out node2 "
+                                                       "(no other node in the partition for 2 node(s))")
+    drain = ["scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=trainstack-test"]
+    subprocess.run(drain, env=slurm_env, check=True, timeout=30)
+    try:
+        keep, note = exclusions(tmp_path, ["node2", "node3"])
+    finally:
+        subprocess.run(["scontrol", "update", "NodeName=node2", "State=RESUME"], env=slurm_env, check=True,
+                       timeout=30)
+    assert keep == ["node2"] and note == ("a requeued attempt could not leave out node3 (no other node in the "
+                                          "partition for 2 node(s))"), (keep, note)

@@ -208,12 +208,16 @@ def _append(folder: Path, record: dict) -> None:
 
 
 def exclusions(folder: Path, blamed: list[str | None]) -> tuple[list[str], str]:
-    """The hosts the next attempt leaves out -- the most recently blamed first, as many as still leave the job its
+    """The hosts the next attempt leaves out -- a blamed host Slurm already holds out of service (down, drained,
+    not responding) at no cost, then the most recently blamed first, as many as still leave the job its usable
     nodes -- and a line naming any blamed host it cannot leave out."""
     order = list(dict.fromkeys(h for h in reversed(blamed) if h))
     need = int(os.environ.get("SLURM_NNODES", "1"))
-    room = max(0, _node_count() - need) if order else 0
-    keep, kept_out = order[:room], order[room:]
+    nodes = _partition_nodes() if order else {}
+    gone = [h for h in order if nodes.get(h) is False]
+    working = [h for h in order if h not in gone]
+    room = max(0, sum(nodes.values()) - need)
+    keep, kept_out = gone + working[:room], working[room:]
     note = (f"a requeued attempt could not leave out {', '.join(kept_out)} (no other node in the partition for "
             f"{need} node(s))" if kept_out else "")
     return sorted(keep), note
@@ -245,14 +249,33 @@ def _hostnames(nodelist: str) -> list[str]:
     return out.stdout.split()
 
 
-def _node_count() -> int:
+#: sinfo's states of a node the scheduler can give a job; a ``*`` suffix (not responding) takes it out of service,
+#: power-saving suffixes (``~`` off, ``#`` powering up) do not: Slurm starts such a node for the job.
+_SERVING = ("idle", "mix", "alloc", "comp", "plnd")
+
+
+def _partition_nodes() -> dict[str, bool]:
+    """{host: in service?} for the job's partition, from ``sinfo``: down, drained, failing or not responding
+    nodes are not (empty where sinfo cannot be asked)."""
     partition = os.environ.get("SLURM_JOB_PARTITION")
     try:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N", *(["-p", partition] if partition else [])],
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t", *(["-p", partition] if partition else [])],
                              capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
-        return 0
-    return len(set(out.stdout.split()))
+        return {}
+    return parse_node_states(out.stdout)
+
+
+def parse_node_states(text: str) -> dict[str, bool]:
+    """``sinfo -h -N -o "%N %t"`` lines as {host: in service?} (a node listed in several partitions once)."""
+    nodes: dict[str, bool] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2:
+            state = parts[1]
+            serving = not state.endswith("*") and state.rstrip("~#!%$@^-") in _SERVING
+            nodes[parts[0]] = nodes.get(parts[0], False) or serving
+    return nodes
 
 
 def main(argv: list[str]) -> int:
