@@ -322,6 +322,26 @@ def test_spare_nodes_allocate_more_nodes_and_each_step_runs_on_the_healthy_ones(
     assert "#SBATCH --nodes=2\n" in plain and "--no-kill" not in plain and "--nodelist=\"$STEP_NODELIST\"" not in plain
 
 
+@pytest.mark.timeout(30)
+def test_a_step_that_fails_and_ends_between_two_looks_is_still_detected(tmp_path):
+    """wait_step, as rendered, run by bash: a step whose task failed and which ended before the loop's next look
+    (its exit record not yet seen) records ``detected`` -- the recovery's detect phase depends on it."""
+    import re
+
+    text = render(LaunchSpec(setup="multi-node", nodes=2, launcher="srun", program=["train.py"], requeue=True,
+                             spare_nodes=1))
+    function = re.search(r"^wait_step\(\) \{\n.*?^\}\n", text, re.M | re.S)
+    assert function, "wait_step() is a function of the script"
+    script = (f'TASK_DIR={str(tmp_path)!r}; mkdir -p "$TASK_DIR/exits"\n'
+              'step_event() { echo "$1" >> "$TASK_DIR/events"; }\nfirst_failure() { echo "$1"; }\n'
+              f"{function.group(0)}"
+              '( sleep 0.1; echo "1 1 0 node1" > "$TASK_DIR/exits/0"; exit 1 ) &\nLAUNCH_PID=$!\n'
+              'wait_step\necho "status $STATUS"\n')
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=20)
+    assert out.stdout.strip() == "status 1", out
+    assert (tmp_path / "events").read_text().split() == ["detected"]
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"spare_nodes": 1}, "--spare-nodes.*add --requeue"), ({"spare_nodes": -1, "requeue": True}, "less than 0"),
     ({"spare_nodes": "two", "requeue": True}, "--spare-nodes: must be an integer"),
