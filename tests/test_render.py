@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -326,8 +327,6 @@ def test_spare_nodes_allocate_more_nodes_and_each_step_runs_on_the_healthy_ones(
 def test_a_step_that_fails_and_ends_between_two_looks_is_still_detected(tmp_path):
     """wait_step, as rendered, run by bash: a step whose task failed and which ended before the loop's next look
     (its exit record not yet seen) records ``detected`` -- the recovery's detect phase depends on it."""
-    import re
-
     text = render(LaunchSpec(setup="multi-node", nodes=2, launcher="srun", program=["train.py"], requeue=True,
                              spare_nodes=1))
     function = re.search(r"^wait_step\(\) \{\n.*?^\}\n", text, re.M | re.S)
