@@ -60,6 +60,20 @@ def busy(core: str, count: int = 3):
             p.wait(timeout=10)
 
 
+@contextlib.contextmanager
+def node2_slowed(cluster: dict):
+    """node2's slurmd (so its tasks) pinned to core 1 with four busy processes there, node1 and node3 on core 0;
+    every node gets both cores back on leaving."""
+    for node, core in (("node1", "0"), ("node3", "0"), ("node2", "1")):
+        pin(slurmd_pid(cluster, node), core)
+    try:
+        with busy("1", count=4):
+            yield
+    finally:
+        for node in ("node1", "node2", "node3"):
+            pin(slurmd_pid(cluster, node), "0-1")
+
+
 @pytest.fixture
 def cluster(slurm_env, monkeypatch):
     for k, v in slurm_env.items():
@@ -85,10 +99,7 @@ def test_a_slow_node_is_left_out_before_training_and_a_spare_takes_its_place(clu
     """node2's slurmd pinned to core 1 with four busy processes there, node1 and node3 on core 0: the check names
     node2 with its figure, the step runs on node1,node3; status and why name it; the check stays in its budget."""
     tmp_path.chmod(0o777)
-    pin(slurmd_pid(cluster, "node1"), "0")
-    pin(slurmd_pid(cluster, "node3"), "0")
-    pin(slurmd_pid(cluster, "node2"), "1")
-    with busy("1", count=4):
+    with node2_slowed(cluster):
         job = submit_spec(spec(tmp_path, PACE, spare=1, requeue=True, env={"PACE_STEPS": "20"}))
         assert wait_for(job, timeout=300) == 0, job.log_path.read_text()
     log = job.log_path.read_text()
@@ -112,17 +123,10 @@ def test_a_slow_node_without_a_spare_requeues_the_job_without_it(cluster, tmp_pa
     """No spare: node2, slow at the first check, is left out by requeueing the job (ExcNodeList), the requeued
     attempt runs on node1,node3 and finishes; the decision is a verdict row that status shows."""
     tmp_path.chmod(0o777)
-    pin(slurmd_pid(cluster, "node1"), "0")
-    pin(slurmd_pid(cluster, "node3"), "0")
-    pin(slurmd_pid(cluster, "node2"), "1")
-    try:
-        with busy("1", count=4):
-            job = submit_spec(spec(tmp_path, PACE, spare=0, requeue=True, env={"PACE_STEPS": "20"}))
-            wait_until(lambda: job.log_path.exists() and "requeueing job" in job.log_path.read_text(), 120,
-                       "the requeue")
-    finally:
-        for node in ("node1", "node2", "node3"):
-            pin(slurmd_pid(cluster, node), "0-1")
+    with node2_slowed(cluster):
+        job = submit_spec(spec(tmp_path, PACE, spare=0, requeue=True, env={"PACE_STEPS": "20"}))
+        wait_until(lambda: job.log_path.exists() and "requeueing job" in job.log_path.read_text(), 120,
+                   "the requeue")
     assert wait_for(job, timeout=300) == 0, job.log_path.read_text()
     log = job.log_path.read_text()
     assert "node check named node2: no spare in this allocation; requeueing without it" in log, log
