@@ -163,3 +163,72 @@ def test_a_url_without_its_client_or_a_plain_path_is_refused_clearly():
             return
         with pytest.raises(ConfigError, match=r"gs:// needs gcsfs.*pip install gcsfs"):
             Store("gs://bucket/x")
+
+
+def _forge(bucket: str, prefix: str, objects: dict[str, bytes], listed: dict[str, int] | None = None) -> str:
+    """A committed sharded checkpoint written by hand into the bucket: its objects and a marker listing
+    ``listed`` (default: the objects' own names and sizes)."""
+    import json
+
+    import s3fs
+
+    fs, name = s3fs.S3FileSystem(skip_instance_cache=True), "ckpt-e00009-s000000999"
+    for rel, body in objects.items():
+        fs.pipe_file(f"{bucket}/{prefix}/{name}/{rel}", body)
+    marker = {"objects": listed if listed is not None else {rel: len(b) for rel, b in objects.items()},
+              "sharded": True}
+    fs.pipe_file(f"{bucket}/{prefix}/{name}.committed", json.dumps(marker).encode())
+    return f"s3://{bucket}/{prefix}"
+
+
+def test_a_marker_naming_a_path_outside_its_checkpoint_writes_nothing_anywhere(run_py, tmp_path, bucket):
+    """A marker someone wrote into the bucket whose object name climbs out (``../../...``) is refused before any
+    byte is written: by ``checkpoint inspect URL`` (a clear error, no traceback) and by ``resume="auto"`` (the
+    checkpoint passed over, said; the run trains from scratch)."""
+    target = tmp_path / "PWNED.txt"
+    climb = "../" * 24 + str(target).lstrip("/")  # lands on target from any depth, where the names are not checked
+    url = _forge(bucket, "evil", {climb: b"echo owned\n", ".metadata": b"abc"})
+    inspect = run_py([sys.executable, "-m", "trainstack", "checkpoint", "inspect", url], timeout=120, check=False)
+    assert inspect.returncode != 0 and not target.exists()
+    assert "outside the checkpoint" in inspect.stdout and "Traceback" not in inspect.stdout, inspect.stdout[-2000:]
+    run = _torchrun(run_py, tmp_path / "out", url, nprocs=1, STEPS=2, EVERY=100)
+    assert not target.exists() and not list(tmp_path.rglob("PWNED.txt"))
+    assert "passing over ckpt-e00009-s000000999 in the store" in run.stdout, run.stdout[-3000:]
+    assert "outside the checkpoint" in run.stdout
+
+
+def test_a_marker_listing_objects_the_prefix_does_not_hold_is_refused(tmp_path, bucket):
+    """The marker is checked against a listing of the checkpoint's own prefix: an object it names that the store
+    does not hold there (the name of a file elsewhere in the bucket) is refused, and a single-file marker that
+    lists folder objects too."""
+    from trainstack._checkpoint.store import Store
+    from trainstack.errors import CheckpointError
+
+    url = _forge(bucket, "odd", {".metadata": b"abc"}, listed={".metadata": 3, "__0_0.distcp": 10})
+    with pytest.raises(CheckpointError, match=r"does not hold under the checkpoint's prefix.*__0_0.distcp"):
+        Store(url).download("ckpt-e00009-s000000999", tmp_path)
+    assert list(tmp_path.iterdir()) == []  # nothing left behind, not even a temp folder
+    with pytest.raises(CheckpointError, match=r"not a checkpoint name"):
+        Store(url).download("../../etc", tmp_path)
+
+
+def test_a_damaged_newest_checkpoint_in_the_store_is_passed_over_for_the_one_before(run_py, tmp_path, bucket):
+    """The newest committed checkpoint's object does not match its marker (damaged in the store): a run on an
+    empty run folder says so, downloads the one before, leaves no temp file and ends equal to the unbroken run."""
+    import json
+
+    import s3fs
+
+    store = f"s3://{bucket}/dmg"
+    _torchrun(run_py, tmp_path / "ref", store, STEPS=12)
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    marker = f"{bucket}/dmg/ckpt-e00000-s000000012.pt.committed"
+    manifest = json.loads(fs.cat_file(marker))
+    manifest["objects"][""] += 7
+    fs.pipe_file(marker, json.dumps(manifest).encode())
+    resumed = _torchrun(run_py, tmp_path / "again", store, STEPS=12)
+    assert "passing over ckpt-e00000-s000000012.pt in the store" in resumed.stdout, resumed.stdout[-3000:]
+    assert "damaged copy" in resumed.stdout
+    assert "downloaded checkpoint ckpt-e00000-s000000008.pt" in resumed.stdout and "step 8" in resumed.stdout
+    assert not [p for p in (tmp_path / "again").rglob("*") if ".tmp-" in p.name]
+    _same(tmp_path / "again", tmp_path / "ref", ranks=2)

@@ -140,36 +140,91 @@ class Store:
                 self.remove(name)
 
     # ------------------------------------------------------------------ reading
+    def objects(self, name: str) -> dict[str, int]:
+        """The objects of the committed checkpoint ``name`` as its marker lists them (relative name -> bytes),
+        trusted only as far as checked: every name stays inside the checkpoint (no absolute path, no ``..``, no
+        empty or ``.`` part, no backslash or NUL) and is an object the store really holds under the checkpoint's own
+        prefix. A marker is data from the bucket, never a path to write to."""
+        where = f"{self.url}/{name}"
+        if not _NAME.match(name):
+            raise CheckpointError(f"{where}: {name!r} is not a checkpoint name (ckpt-e<epoch>-s<step>[.pt]).")
+        manifest = self.manifest(name)
+        objects = manifest.get("objects") if isinstance(manifest, dict) else None
+        if not isinstance(objects, dict) or not objects or not all(
+                isinstance(rel, str) and isinstance(size, int) and not isinstance(size, bool) and size >= 0
+                for rel, size in objects.items()):
+            raise CheckpointError(f"{where}: its marker {name}{COMMITTED} does not list the objects as names and "
+                                  f"sizes; refused (nothing was downloaded).")
+        sharded = manifest.get("sharded") is True
+        if not sharded and list(objects) != [""]:
+            raise CheckpointError(f"{where}: its marker says a single-file checkpoint but lists "
+                                  f"{sorted(objects)!r}; refused (nothing was downloaded).")
+        if sharded:
+            bad = sorted(rel for rel in objects if not _inside(rel))
+            if bad:
+                raise CheckpointError(f"{where}: its marker names object(s) outside the checkpoint ({bad!r}); "
+                                      f"refused, nothing was written. Someone who can write to {self.url} wrote "
+                                      f"this marker: a store is trusted input (docs/concepts/security.md).")
+            prefix = self._path(name)
+            held = {posixpath.relpath(key, prefix) for key in self.fs.find(prefix)}
+        else:
+            held = {""} if self.fs.isfile(self._path(name)) else set()
+        missing = sorted(set(objects) - held)
+        if missing:
+            raise CheckpointError(f"{where}: its marker lists object(s) the store does not hold under the "
+                                  f"checkpoint's prefix: {missing[:5]!r}; a damaged or forged checkpoint.")
+        return objects
+
     def download(self, name: str, folder: Path) -> Path:
         """The committed checkpoint ``name`` as ``folder/name``: downloaded to a temp name, sizes checked against the
-        marker, then renamed into place (a copy that is already there is kept)."""
+        marker, then renamed into place (a copy that is already there is kept). A download that fails leaves
+        nothing behind."""
         final = folder / name
-        manifest = self.manifest(name)
+        objects = self.objects(name)
         if final.exists():
             return final
         folder.mkdir(parents=True, exist_ok=True)
         temp = temp_path(final, owner=0)
-        shutil.rmtree(temp, ignore_errors=True) if temp.is_dir() else temp.unlink(missing_ok=True)
-        objects: dict[str, int] = manifest["objects"]
-        if manifest.get("sharded"):
-            temp.mkdir()
-            for rel in objects:
-                (temp / rel).parent.mkdir(parents=True, exist_ok=True)
-            self.fs.get([posixpath.join(self._path(name), rel) for rel in objects],
-                        [str(temp / rel) for rel in objects])
-            sizes = {rel: (temp / rel).stat().st_size for rel in objects}
-        else:
-            self.fs.get_file(self._path(name), str(temp))
-            sizes = {"": temp.stat().st_size}
-        wrong = {rel: (sizes.get(rel), size) for rel, size in objects.items() if sizes.get(rel) != size}
-        if wrong:
-            raise CheckpointError(f"{self.url}/{name}: downloaded objects differ from its marker (got, expected "
-                                  f"bytes): {wrong}. HINT: the store holds a damaged copy; pass an older one.")
+        _remove(temp)
         try:
-            temp.rename(final)
-        except OSError:  # another node's copy won the rename (a shared run folder): keep it
-            shutil.rmtree(temp, ignore_errors=True) if temp.is_dir() else temp.unlink(missing_ok=True)
+            if len(objects) > 1 or "" not in objects:
+                temp.mkdir()
+                root = temp.resolve()
+                targets = [temp / rel for rel in objects]
+                for target in targets:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    if not target.parent.resolve().is_relative_to(root):  # a link inside: never written through
+                        raise CheckpointError(f"{self.url}/{name}: {target} would leave {temp}; refused.")
+                self.fs.get([posixpath.join(self._path(name), rel) for rel in objects], [str(t) for t in targets])
+                sizes = {rel: (temp / rel).lstat().st_size for rel in objects}
+            else:
+                self.fs.get_file(self._path(name), str(temp))
+                sizes = {"": temp.stat().st_size}
+            wrong = {rel: (sizes.get(rel), size) for rel, size in objects.items() if sizes.get(rel) != size}
+            if wrong:
+                raise CheckpointError(f"{self.url}/{name}: downloaded objects differ from its marker (got, expected "
+                                      f"bytes): {wrong}: the store holds a damaged copy.")
+            try:
+                temp.rename(final)
+            except OSError:  # another node's copy won the rename (a shared run folder): keep it
+                pass
+        finally:
+            _remove(temp)
         return final
+
+
+def _inside(rel: str) -> bool:
+    """A relative object name that stays inside its checkpoint's folder."""
+    parts = rel.split("/")
+    return bool(rel) and not rel.startswith("/") and "\\" not in rel and "\0" not in rel and \
+        all(part not in ("", ".", "..") for part in parts)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _local(fs: Any) -> bool:

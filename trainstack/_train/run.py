@@ -33,7 +33,7 @@ from ..checkpoint import (
     step_of,
 )
 from ..data import batches_per_epoch, is_infinite, prepare_train
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 from . import notes, throughput
 from .evaluate import Evaluator, prepare_eval
 from .handoff import DIVERGED, INTERRUPTED, PREEMPTED
@@ -184,14 +184,23 @@ class Run:
 
     def _pull_newer(self, store: Store) -> None:
         """``resume="auto"`` with a checkpoint store: rank 0 downloads the store's newest committed checkpoint when
-        the run folder has none as new (another machine, a lost disk); every rank then sees it."""
+        the run folder has none as new (another machine, a lost disk); one that cannot be downloaded whole (damaged,
+        forged) is passed over for the one before it, said, as a damaged local checkpoint is; every rank then sees
+        it."""
         if self.accelerator.is_main_process:
-            newest, local = store.newest(), self.checkpointer.latest()
-            if newest is not None and (local is None or step_of(local) < newest[0]):
+            local = self.checkpointer.latest()
+            for (step, _), name in reversed(store.committed()):
+                if local is not None and step_of(local) >= step:
+                    break
                 start = time.perf_counter()
-                store.download(newest[1], self.checkpointer.folder)
-                self.trainer.console_print(f"trainstack: downloaded checkpoint {newest[1]} from {store.url} in "
+                try:
+                    store.download(name, self.checkpointer.folder)
+                except CheckpointError as exc:
+                    self.trainer.console_print(f"trainstack: WARNING: passing over {name} in the store: {exc}")
+                    continue
+                self.trainer.console_print(f"trainstack: downloaded checkpoint {name} from {store.url} in "
                                            f"{time.perf_counter() - start:.1f} s (the run folder had none as new).")
+                break
         self.accelerator.barrier()
 
     def _prepare(self, fire: Callable[..., None]) -> None:
