@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ._slurm.jobfolder import safe_name
+from ._slurm.plan import build_plan
 from ._slurm.spec import CONTAINERS, LAUNCHERS, PLACEHOLDERS, SETUPS, LaunchSpec, SpecError
 from ._version import __version__
 
@@ -72,7 +73,9 @@ def render(spec: LaunchSpec, templates_dir: str | Path | None = None, command_li
         raise SpecError("--templates-dir",
                         f"template {exc.name!r} not found in {template_dirs(templates_dir)}") from None
     one_line = " ".join((command_line or "").split())  # a newline in a comment would start a command
-    return template.render(**spec.context(), version=version, command_line=one_line)
+    driver_python = spec.python if spec.container == "none" else "python3"  # the batch host's, not the image's
+    return template.render(**spec.context(), version=version, command_line=one_line, plan=build_plan(spec),
+                           driver_python=driver_python)
 
 
 class _CallableModule(types.ModuleType):

@@ -1,52 +1,100 @@
-"""``python -m trainstack._slurm.nodecheck TASK_DIR --nodes HOSTS --started T [thresholds]``: the batch script's
-judge of a pre-flight node check (``trainstack.node_check`` wrote each node's figures).
+"""The judge of a pre-flight node check, run by the allocation driver on the batch host (``trainstack.node_check``
+wrote each node's figures into the job folder's ``node-check/``).
 
 A node is named -- with its figure -- when it did not report within the budget, has fewer GPUs than requested or
 uncorrected ECC errors, computes below ``min_ratio`` of the median of the other nodes (or below the site's
 ``min_gflops``), has less free memory, ``/dev/shm`` or job-folder write speed than the site asks, or sits in two
-neighbour pairs whose link is ``1 / min_ratio`` times slower than the typical fast pair. Prints one summary line, a
-line per named node, and ``exclude: HOSTS`` for the batch script; appends the check to ``node-checks.jsonl`` and
-records a ``node_check`` event. Torch-free.
+neighbour pairs whose link is ``1 / min_ratio`` times slower than the typical fast pair. A node whose report is not
+numbers where numbers belong (a broken measurement) is named too: the judge never takes a malformed figure for a
+healthy one, and never fails on one. ``check`` appends the check to ``node-checks.jsonl`` and records a
+``node_check`` event. Torch-free.
 """
 
 from __future__ import annotations
 
-import json
+import math
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from .. import _envvars as envvars
 from .. import _jobevents as events
-from .._files import read_jsonl
+from .._jobfiles import JobFiles
 
-__all__ = ["THRESHOLDS", "judge", "read_checks", "describe", "main"]
+__all__ = ["THRESHOLDS", "judge", "read_checks", "describe", "check", "check_threshold"]
 
 #: The site profile's ``node_check_thresholds`` keys and their defaults (None: not checked).
 THRESHOLDS: dict[str, float | None] = {"min_ratio": 0.5, "min_gflops": None, "min_free_gb": None,
                                        "min_shm_gb": None, "min_write_mbps": None}
-CHECKS = "node-checks.jsonl"
+
+
+def check_threshold(key: str, value: Any) -> str | None:
+    """Why ``value`` cannot be the threshold ``key`` (None: it can): a finite number, ``min_ratio`` in (0, 1]
+    (a node slower than the others by that factor is named; above 1 every node would be), the floors >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"must be a number, got {value!r}"
+    if not math.isfinite(value):
+        return f"must be a finite number, got {value!r}"
+    if key == "min_ratio" and not 0 < value <= 1:
+        return (f"must be above 0 and at most 1 (a node computing below that fraction of the others' median is "
+                f"named; 0.5 by default), got {value!r}")
+    if value < 0:
+        return f"must be a number >= 0, got {value!r}"
+    return None
+
+
+def _number(value: Any) -> float | None:
+    """A finite figure, or None (missing, not a number, NaN, infinite)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _rate(fig: dict[str, Any]) -> float | None | str:
+    """A node's compute rate (the lowest of its devices), None when it reported none, or why it is broken."""
+    raw = fig.get("gflops")
+    if raw is None:
+        return None
+    values = raw if isinstance(raw, list) else [raw]
+    numbers = [_number(v) for v in values]
+    if not values or any(n is None for n in numbers):
+        return f"its compute figure is not a number ({raw!r}): a broken measurement"
+    return min(n for n in numbers if n is not None)
 
 
 def judge(figures: dict[str, dict[str, Any] | None], link: dict[str, Any] | None, gpus: int,
           limits: dict[str, float | None]) -> dict[str, str]:
     """{host: why it is named} for the nodes of one check (``figures[host]`` None: it never reported)."""
-    ratio = limits.get("min_ratio") or 0.0
+    ratio = _number(limits.get("min_ratio")) or 0.0
     bad: dict[str, str] = {}
-    rates = {h: min(f["gflops"]) for h, f in figures.items() if f and f.get("gflops")}
+    rates: dict[str, float] = {}
     for host, fig in figures.items():
+        found = _rate(fig) if isinstance(fig, dict) else None
+        if isinstance(found, str):
+            bad[host] = found
+        elif found is not None:
+            rates[host] = found
+    for host, fig in figures.items():
+        if host in bad:
+            continue
         if fig is None:
             bad[host] = "did not report within the node check's time budget (a hung or overloaded node)"
             continue
-        if gpus and fig.get("gpus_visible", 0) < gpus:
-            bad[host] = f"{fig.get('gpus_visible', 0)} GPU(s) visible, {gpus} requested"
+        if not isinstance(fig, dict):
+            bad[host] = f"its report is not a record of figures ({type(fig).__name__}): a broken measurement"
             continue
-        ecc = [g for g in fig.get("gpus", []) if isinstance(g.get("ecc.errors.uncorrected.volatile.total"), float)
-               and g["ecc.errors.uncorrected.volatile.total"] > 0]
+        visible = _number(fig.get("gpus_visible", 0))
+        if visible is None:
+            bad[host] = f"its GPU count is not a number ({fig.get('gpus_visible')!r}): a broken measurement"
+            continue
+        if gpus and visible < gpus:
+            bad[host] = f"{visible:g} GPU(s) visible, {gpus} requested"
+            continue
+        listed = fig.get("gpus") if isinstance(fig.get("gpus"), list) else []
+        ecc = [g for g in listed if isinstance(g, dict)
+               and (_number(g.get("ecc.errors.uncorrected.volatile.total")) or 0) > 0]
         if ecc:
-            bad[host] = f"uncorrected ECC errors on GPU {', '.join(str(int(g['index'])) for g in ecc)}"
+            bad[host] = f"uncorrected ECC errors on GPU {', '.join(str(g.get('index', '?')) for g in ecc)}"
             continue
         others = [r for h, r in rates.items() if h != host]
         rate = rates.get(host)
@@ -58,9 +106,9 @@ def judge(figures: dict[str, dict[str, Any] | None], link: dict[str, Any] | None
                                        ("min_free_gb", "mem_available_gb", "GB", "free memory"),
                                        ("min_shm_gb", "shm_free_gb", "GB", "free /dev/shm"),
                                        ("min_write_mbps", "write_mbps", "MB/s", "job folder writes")):
-            floor = limits.get(key)
-            value = rate if field is None else fig.get(field)
-            if floor is not None and isinstance(value, (int, float)) and value < floor:
+            floor = _number(limits.get(key))
+            value = rate if field is None else _number(fig.get(field))
+            if floor is not None and value is not None and value < floor:
                 bad[host] = f"{what} {value:.1f} {unit}, below the site's {key} = {floor:g}"
                 break
     for host, why in _slow_links(link, ratio).items():
@@ -70,7 +118,9 @@ def judge(figures: dict[str, dict[str, Any] | None], link: dict[str, Any] | None
 
 def _slow_links(link: dict[str, Any] | None, ratio: float) -> dict[str, str]:
     """Hosts in two neighbour pairs slower than the typical fast pair by ``1 / ratio`` (three nodes or more)."""
-    pairs = (link or {}).get("pairs") or []
+    listed = (link or {}).get("pairs") if isinstance(link, dict) else None
+    pairs = [p for p in listed or [] if isinstance(p, dict) and _number(p.get("seconds")) is not None
+             and isinstance(p.get("hosts"), list)]
     if len(pairs) < 3 or not ratio:
         return {}
     times = sorted(p["seconds"] for p in pairs)
@@ -84,20 +134,14 @@ def _slow_links(link: dict[str, Any] | None, ratio: float) -> dict[str, str]:
             for h, s in count.items() if len(s) >= 2}
 
 
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def describe(check: dict[str, Any]) -> str:
     """One line: the nodes' rates, the ring, how long it took."""
-    rates = ", ".join(f"{h} {min(f['gflops']):.1f}" for h, f in check["figures"].items() if f and f.get("gflops"))
-    ring = check.get("link") or {}
+    found = {h: _rate(f) if isinstance(f, dict) else None for h, f in check["figures"].items()}
+    rates = ", ".join(f"{h} {r:.1f}" for h, r in found.items() if isinstance(r, float))
+    ring = check.get("link") if isinstance(check.get("link"), dict) else {}
+    gbps = _number(ring.get("ring_gbps"))
     reported = [f for f in check["figures"].values() if f]
-    ring_text = f"; ring {ring['ring_gbps']:.2f} GB/s" if ring.get("ring_gbps") else \
+    ring_text = f"; ring {gbps:.2f} GB/s" if gbps else \
         ("; the ring did not complete within the budget" if len(reported) > 1 else "")
     verdict = f"named: {', '.join(check['named'])}" if check["named"] else "all nodes fit"
     return (f"node check of {len(check['figures'])} node(s) in {check['seconds']:.1f} s: GFLOP/s {rates or 'none'}"
@@ -106,42 +150,20 @@ def describe(check: dict[str, Any]) -> str:
 
 def read_checks(folder: Path) -> list[dict[str, Any]]:
     """Every node check of a job folder, oldest first."""
-    return read_jsonl(folder / CHECKS)
+    return JobFiles(folder).node_checks()
 
 
-def main(argv: list[str]) -> int:
-    import argparse
-    import os
-
-    parser = argparse.ArgumentParser(prog="python -m trainstack._slurm.nodecheck")
-    parser.add_argument("folder", type=Path)
-    parser.add_argument("--nodes", required=True, help="the hosts checked, comma-separated")
-    parser.add_argument("--started", type=float, required=True)
-    parser.add_argument("--gpus", type=int, default=0, help="GPUs requested per node")
-    for key in THRESHOLDS:
-        parser.add_argument(f"--{key.replace('_', '-')}", type=float, default=THRESHOLDS[key])
-    args = parser.parse_args(argv[1:])
-    hosts = [h for h in args.nodes.split(",") if h]
-    out = args.folder / "node-check"
-    figures = {h: _read(out / f"{h}.json") for h in hosts}
-    link = _read(out / "links.json")
-    limits = {k: getattr(args, k) for k in THRESHOLDS}
-    named = judge(figures, link, args.gpus, limits)
+def check(files: JobFiles, hosts: list[str], started: float, gpus: int, limits: dict[str, float | None],
+          attempt: int = 0, step_index: int = 0) -> dict[str, Any]:
+    """Judge the figures the nodes wrote, record the check (``node-checks.jsonl``, a ``node_check`` event) and
+    return it: ``named`` maps each named host to why."""
+    figures = {h: files.node_check_figures(h) for h in hosts}
+    link = files.node_check_links()
+    named = judge(figures, link, gpus, limits)
     now = time.time()
-    check = {"attempt": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
-             "step_index": int(os.environ.get(envvars.STEP) or 0), "started": args.started, "ended": now,
-             "seconds": round(now - args.started, 2), "figures": figures, "link": link, "named": named,
-             "limits": limits}
-    with open(args.folder / CHECKS, "a") as fh:
-        fh.write(json.dumps(check) + "\n")
-    events.record("node_check", started=args.started, seconds=check["seconds"], nodes=hosts, named=named)
-    print(describe(check))
-    for host, why in named.items():
-        print(f"node check: {host}: {why}")
-    if named:
-        print(f"exclude: {','.join(named)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    record = {"attempt": attempt, "step_index": step_index, "started": started, "ended": now,
+              "seconds": round(now - started, 2), "figures": figures, "link": link, "named": named,
+              "limits": limits}
+    files.append_node_check(record)
+    events.record("node_check", started=started, seconds=record["seconds"], nodes=hosts, named=named)
+    return record

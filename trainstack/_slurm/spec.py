@@ -22,8 +22,9 @@ from .._files import url_scheme
 from ..errors import ConfigError
 from .attempt import DEFAULT_RETRY_ON, parse_retry_on
 from .jobfolder import JobPaths, safe_name
-from .nodecheck import THRESHOLDS
+from .nodecheck import THRESHOLDS, check_threshold
 from .program import KINDS, Program, ambiguous_for_torchrun, parse_program
+from .slurmcmd import slurm_seconds
 
 __all__ = ["LaunchSpec", "SpecError", "SETUPS", "LAUNCHERS", "CONTAINERS", "PLACEHOLDERS", "MAX_GPUS_PER_NODE",
            "DEFAULT_CPUS_PER_GPU_PROCESS", "spec_defaults"]
@@ -259,12 +260,14 @@ class LaunchSpec:
         for key, value in dict(self.node_check_thresholds).items():
             if key not in known:
                 raise SpecError("--profile", f"node_check_thresholds has no {key!r}; valid: {', '.join(known)}")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise SpecError("--profile", f"node_check_thresholds.{key} must be a number >= 0, got {value!r}")
+            problem = check_threshold(key, value)
+            if problem:
+                raise SpecError("--profile", f"node_check_thresholds.{key} {problem}")
         budget = self.node_check_thresholds.get("budget_s", NODE_CHECK_BUDGET_S)
-        if not 5 <= float(budget) <= 300:
-            raise SpecError("--profile", f"node_check_thresholds.budget_s = {budget!r}: the node check needs 5 to "
-                                         f"300 seconds (default {NODE_CHECK_BUDGET_S}; --no-node-check skips it)")
+        if not 5 <= float(budget) <= 300 or float(budget) != int(budget):
+            raise SpecError("--profile", f"node_check_thresholds.budget_s = {budget!r}: the node check needs a whole "
+                                         f"number of seconds from 5 to 300 (default {NODE_CHECK_BUDGET_S}; "
+                                         f"--no-node-check skips it)")
 
     @property
     def node_check_on(self) -> bool:
@@ -373,7 +376,7 @@ class LaunchSpec:
     @property
     def time_seconds(self) -> int | None:
         """``--time`` in seconds (None: unlimited)."""
-        return _seconds(self.time)
+        return slurm_seconds(self.time)
 
     @property
     def stop_signal(self) -> str | None:
@@ -453,22 +456,6 @@ class LaunchSpec:
                    node_check_args=[word for key, value in self.node_check_thresholds.items() if key != "budget_s"
                                     for word in (f"--{key.replace('_', '-')}", f"{value:g}")])
         return ctx
-
-
-def _seconds(text: str) -> int | None:
-    """A Slurm time (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``, ``UNLIMITED``) in seconds."""
-    if text in ("UNLIMITED", "INFINITE"):
-        return None
-    days, _, rest = text.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
-    if days:
-        h, m, sec = (parts + [0, 0])[:3]
-        return int(days) * 86400 + h * 3600 + m * 60 + sec
-    if len(parts) == 1:
-        return parts[0] * 60
-    if len(parts) == 2:
-        return parts[0] * 60 + parts[1]
-    return parts[0] * 3600 + parts[1] * 60 + parts[2]
 
 
 def _opt(name: str) -> str:

@@ -11,13 +11,13 @@ from anchored patterns of torch, NCCL and CUDA messages, never from any text a p
 
 from __future__ import annotations
 
-import datetime
 import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import _jobevents as events
+from .._jobfiles import ATTEMPT_MARK, Exit, JobFiles
 
 __all__ = ["Verdict", "verdict", "KINDS", "HOST_FAULTS", "last_step", "exit_records"]
 
@@ -45,7 +45,6 @@ _GRACEFUL = re.compile(r"^Graceful stop at epoch \d+, step \d+|^Interrupted at e
 _NOT_REQUEUED = re.compile(r"^trainstack: stopped gracefully with a complete checkpoint \((\w+)\); not requeued",
                            re.MULTILINE)
 _HANG_LINE = "trainstack hang report: no rank made progress for"
-_ATTEMPT_MARK = "=== trainstack: attempt "  # written into earlier rank logs when an attempt starts
 _JOB_HEADER = "=== trainstack job "  # the batch script's first line of each attempt in the combined log
 _SRUN_EXIT = re.compile(r"^srun: error: (?P<host>\S+): tasks? (?P<task>\d+)(?:-\d+)?: "
                         r"(?:Exited with exit code (?P<code>\d+)|(?P<killed>Killed))", re.MULTILINE)
@@ -95,24 +94,6 @@ class Verdict:
 
 
 @dataclass
-class Exit:
-    """A task that ended with an error status, as its wrapper recorded it (``exits/<unit>``)."""
-
-    time: float
-    code: int
-    unit: str  # rank-<r> (one task per rank: srun) or node-<n> (one task per node: torchrun, spawn, custom)
-    host: str
-
-    @property
-    def rank(self) -> int | None:
-        return int(self.unit[5:]) if self.unit.startswith("rank-") and self.unit[5:].isdigit() else None
-
-    @property
-    def where(self) -> str:
-        return f"rank {self.rank} ({self.host})" if self.rank is not None else f"the task on {self.host}"
-
-
-@dataclass
 class Evidence:
     """What the current attempt left: its start, the rank logs and combined log since then, the job folder's
     recorded exit status, the failing tasks' exit records (first first) and trainstack's own events."""
@@ -129,8 +110,8 @@ class Evidence:
         since = attempt_start(folder)
         combined = _read(log)
         at = combined.rfind("\n" + _JOB_HEADER)
-        code = [str(status)] if status is not None else \
-            (_read(folder / "exit_code").strip().splitlines()[-1:] if folder else [])
+        recorded = JobFiles(folder).exit_code() if folder else None
+        code = [str(status)] if status is not None else ([recorded] if recorded is not None else [])
         return cls(since, _rank_texts(folder), combined[at + 1:] if at >= 0 else combined, code,
                    exit_records(folder) or _srun_exits(combined), events.read(folder, since))
 
@@ -154,7 +135,7 @@ def verdict(state: str, folder: Path | None, log: Path | None, status: int | Non
     hang = _hang(ev, folder)
     if hang is not None:
         return _done(Verdict("hang", hang[0], evidence=hang))
-    if (folder is not None and (folder / "cancelled").exists()) or base == "CANCELLED":
+    if (folder is not None and JobFiles(folder).cancelled()) or base == "CANCELLED":
         return _done(Verdict("cancelled", "cancelled by the user (trainstack cancel / scancel)"))
     if base == "NODE_FAIL":
         down = _down_nodes()
@@ -212,21 +193,20 @@ def _silent(ev: Evidence) -> Verdict | None:
 def _lost(folder: Path | None, ev: Evidence) -> Verdict | None:
     """A node of the step that did not answer the batch script's probe after the step failed (``lost``: one line
     per host, ``HOST RANKS``): the node failed, whatever its surviving peers printed while waiting for it."""
-    rows = [line.split() for line in _read(folder / "lost").splitlines() if line.strip()] if folder else []
+    rows = JobFiles(folder).lost() if folder else []
     if not rows:
         return None
     silent = ev.event("ranks_lost")
     step = silent.get("step") if silent is not None else last_step(folder)
     at = f" at step {step:,}" if isinstance(step, int) else ""
     parts = []
-    for host, *ranks in rows:
-        listed = ranks[0].split(",") if ranks else []
+    for host, listed in rows:
         said = f"rank{'s' if len(listed) > 1 else ''} {', '.join(listed)}" if listed else "its ranks"
         parts.append(f"{host} ({said} stopped answering{at})")
     first = ev.exits[0] if ev.exits else None
     seen = [f"first failure seen: {first.where}, exit status {first.code}"] if first else []
     return Verdict("node failure", f"node lost: {'; '.join(parts)}", None, rows[0][0],
-                   seen + [f"{host}: no answer to a trivial job step after the step failed" for host, *_ in rows])
+                   seen + [f"{host}: no answer to a trivial job step after the step failed" for host, _ in rows])
 
 
 _STEP = re.compile(r"\| step (\d+)|^Graceful stop at epoch \d+, step (\d+)", re.MULTILINE)
@@ -238,10 +218,9 @@ def last_step(folder: Path | None) -> int | None:
     if folder is None:
         return None
     steps = [int(e["step"]) for e in events.read(folder) if isinstance(e.get("step"), int)]
-    try:  # rank 0's watchdog: the furthest step any rank reached, each interval
-        steps.append(int(json.loads(_read(folder / "progress"))["step"]))
-    except (ValueError, KeyError, TypeError):
-        pass
+    furthest = JobFiles(folder).progress_step()  # rank 0's watchdog: the furthest step any rank reached
+    if furthest is not None:
+        steps.append(furthest)
     text = _read(folder / "rank-0.out")
     steps += [int(m.group(1) or m.group(2)) for m in _STEP.finditer(text)]
     return max(steps) if steps else None
@@ -336,25 +315,12 @@ def _graceful(ev: Evidence) -> str | None:
 
 def attempt_start(folder: Path | None) -> float:
     """When the current attempt started (the last line of the job folder's ``started``), 0 when unknown."""
-    if folder is None:
-        return 0.0
-    lines = [line for line in _read(folder / "started").splitlines() if line.strip()]
-    try:
-        return datetime.datetime.fromisoformat(lines[-1].strip()).timestamp() if lines else 0.0
-    except ValueError:
-        return 0.0
+    return JobFiles(folder).attempt_start() if folder is not None else 0.0
 
 
 def exit_records(folder: Path | None) -> list[Exit]:
     """The failing tasks of the current step, first first."""
-    out = []
-    for path in sorted(folder.glob("exits/*")) if folder is not None and folder.is_dir() else []:
-        parts = _read(path).split()
-        try:
-            out.append(Exit(float(parts[0]), int(parts[1]), parts[2], parts[3]))
-        except (IndexError, ValueError):
-            continue
-    return sorted(out, key=lambda x: x.time)
+    return JobFiles(folder).exits() if folder is not None and folder.is_dir() else []
 
 
 def _srun_exits(combined: str) -> list[Exit]:
@@ -434,7 +400,7 @@ def _rank_texts(folder: Path | None) -> dict[int, str]:
         m = _RANK_LOG.search(path.name)
         if m:
             text = _read(path)
-            at = text.rfind(_ATTEMPT_MARK)
+            at = text.rfind(ATTEMPT_MARK)
             out[int(m.group(1))] = text[text.find("\n", at) + 1:] if at >= 0 else text
     return out
 
@@ -466,7 +432,7 @@ def _hang_summary(folder: Path | None, since: float) -> list[str] | None:
     if folder is None or not folder.is_dir():
         return None
     roots = [folder]
-    named = _read(folder / "run-folder").strip()
+    named = JobFiles(folder).run_folder()
     if named and Path(named).is_dir():
         roots.append(Path(named))
     summaries = sorted((p for root in roots for p in root.glob("*hang-*/SUMMARY.txt") if _newer(p, since)),

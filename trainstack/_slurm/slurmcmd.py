@@ -1,0 +1,174 @@
+"""Every Slurm command a job runs on its own allocation, in one place: what an admin reads to see what a trainstack
+job does to Slurm, and the one object a test replaces (``tests/test_allocation.py``).
+
+The driver (``allocation.py``) asks ``Slurm`` for the allocation's hosts, the time left, the submission time; it
+launches job steps and one-task probes with ``srun`` (``--overlap``: beside the remains of a failed step), kills a
+failed step's tasks, and requeues the job (``scontrol requeue``, ``update ExcNodeList``, ``update StartTime=now``).
+Every call is bounded in time and never raises for Slurm's own failures: the answer says what happened.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+__all__ = ["Slurm", "slurm_seconds", "parse_node_states"]
+
+
+def slurm_seconds(text: str) -> int | None:
+    """A Slurm time (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``, ``UNLIMITED``) in seconds (None:
+    unlimited). The one parser of Slurm's times: ``--time`` and ``squeue``'s time left."""
+    text = text.strip()
+    if text in ("UNLIMITED", "INFINITE", "NOT_SET", "INVALID", ""):
+        return None
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:
+        h, m, sec = (parts + [0, 0])[:3]
+        return int(days) * 86400 + h * 3600 + m * 60 + sec
+    if len(parts) == 1:
+        return parts[0] * 60
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    return parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+#: sinfo's states of a node the scheduler can give a job; a ``*`` suffix (not responding) takes it out of service,
+#: power-saving suffixes (``~`` off, ``#`` powering up) do not: Slurm starts such a node for the job.
+_SERVING = ("idle", "mix", "alloc", "comp", "plnd")
+
+
+def parse_node_states(text: str) -> dict[str, bool]:
+    """``sinfo -h -N -o "%N %t"`` lines as {host: in service?} (a node listed in several partitions once)."""
+    nodes: dict[str, bool] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2:
+            state = parts[1]
+            serving = not state.endswith("*") and state.rstrip("~#!%$@^-") in _SERVING
+            nodes[parts[0]] = nodes.get(parts[0], False) or serving
+    return nodes
+
+
+class Slurm:
+    """The Slurm commands of one job (``job_id``), run from its batch host."""
+
+    def __init__(self, job_id: str, env: Mapping[str, str] | None = None) -> None:
+        self.job_id = job_id
+        self.env = dict(os.environ if env is None else env)
+
+    def _run(self, argv: Sequence[str], timeout: float = 30) -> tuple[int, str]:
+        try:
+            out = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=self.env,
+                                 stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return 127, str(exc)
+        return out.returncode, (out.stdout + out.stderr).strip()
+
+    # ------------------------------------------------------------------ what the job holds
+    def hostnames(self, nodelist: str) -> list[str]:
+        """A Slurm node list (``node[1-3]``) as host names, in order."""
+        if not nodelist:
+            return []
+        code, out = self._run(["scontrol", "show", "hostnames", nodelist])
+        return out.split() if code == 0 else []
+
+    def seconds_left(self) -> int | None:
+        """The job's time left (``squeue %L``); None when unlimited or unknown."""
+        code, out = self._run(["squeue", "-h", "-j", self.job_id, "-o", "%L"])
+        try:
+            return slurm_seconds(out.splitlines()[0]) if code == 0 and out else None
+        except ValueError:
+            return None
+
+    def submitted(self) -> float:
+        """When the job was submitted (``squeue %V``), as a Unix time; 0 when unknown."""
+        import datetime
+
+        code, out = self._run(["squeue", "-h", "-j", self.job_id, "-o", "%V"])
+        try:
+            return datetime.datetime.fromisoformat(out.splitlines()[0].strip()).timestamp() if code == 0 else 0.0
+        except (ValueError, IndexError):
+            return 0.0
+
+    def partition_nodes(self) -> dict[str, bool]:
+        """{host: in service?} for the job's partition (``sinfo``): down, drained, failing or not responding nodes
+        are not; empty where sinfo cannot be asked."""
+        partition = self.env.get("SLURM_JOB_PARTITION")
+        code, out = self._run(["sinfo", "-h", "-N", "-o", "%N %t", *(["-p", partition] if partition else [])])
+        return parse_node_states(out) if code == 0 else {}
+
+    # ------------------------------------------------------------------ job steps
+    def launch(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None = None,
+               output: Path | None = None) -> subprocess.Popen[bytes]:
+        """A job step (``srun ...``) in the background; its output to the job's log (or ``output``)."""
+        out = open(output, "ab") if output is not None else None  # noqa: SIM115 -- the step owns it
+        try:
+            return subprocess.Popen(list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT if out is not None else None)
+        finally:
+            if out is not None:
+                out.close()
+
+    def on_nodes(self, hosts: Sequence[str], argv: Sequence[str], timeout: float, output: Path | None = None,
+                 env: Mapping[str, str] | None = None) -> int:
+        """One task per host (``srun --overlap``), beside a running step; killed at ``timeout``."""
+        words = ["srun", "--overlap", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}", "--ntasks-per-node=1",
+                 f"--nodelist={','.join(hosts)}", *argv]
+        proc = self.launch(words, env or self.env, output=output)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                return proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                return proc.wait()
+
+    def answering(self, hosts: Sequence[str], timeout: float = 5) -> dict[str, bool]:
+        """{host: answers a trivial one-task step within ``timeout``?}, all hosts asked at once."""
+        return self.each(hosts, ["true"], timeout)
+
+    def each(self, hosts: Sequence[str], argv: Sequence[str], timeout: float) -> dict[str, bool]:
+        """``argv`` as a one-task step on every host at once (``srun --overlap``): {host: it succeeded within
+        ``timeout``?} (a host that does not answer is killed at the timeout)."""
+        probes = {h: self.launch(["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={h}", *argv],
+                                 self.env, output=Path(os.devnull)) for h in hosts}
+        deadline = time.monotonic() + timeout
+        answers = {}
+        for host, proc in probes.items():
+            try:
+                answers[host] = proc.wait(timeout=max(0.1, deadline - time.monotonic())) == 0
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                answers[host] = False
+        return answers
+
+    def kill_steps(self) -> None:
+        """SIGKILL to every job step of this job still known to Slurm, without waiting for the answer (a lost node
+        keeps ``scancel`` waiting for Slurm's MessageTimeout)."""
+        code, out = self._run(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i"])
+        for step in out.split() if code == 0 else []:
+            if step.startswith(f"{self.job_id}.") and step.rsplit(".", 1)[1].isdigit():
+                subprocess.Popen(["scancel", "--signal=KILL", step], env=self.env, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    # ------------------------------------------------------------------ requeue
+    def requeue(self, job: str) -> tuple[bool, str]:
+        """``scontrol requeue JOB`` (an array task by ``<array>_<task>``): (done, Slurm's answer)."""
+        code, out = self._run(["scontrol", "requeue", job])
+        return code == 0, out
+
+    def exclude(self, job: str, hosts: Sequence[str]) -> bool:
+        """The requeued job leaves ``hosts`` out (``ExcNodeList``)."""
+        return self._run(["scontrol", "update", f"JobId={job}", f"ExcNodeList={','.join(hosts)}"])[0] == 0
+
+    def start_now(self, job: str) -> bool:
+        """Release Slurm's hold on a requeued job (its owner may: ``StartTime=now``)."""
+        return self._run(["scontrol", "update", f"JobId={job}", "StartTime=now"])[0] == 0
