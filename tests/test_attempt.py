@@ -1,5 +1,6 @@
-"""The batch script's retry decision after a crash (on Slurm: tests/slurm/test_verdicts.py): the same root cause
-again without progress stops the retries; a new cause, or progress, retries; every attempt leaves a row."""
+"""The allocation's retry policy after a crash (the driver calls it: tests/test_allocation.py; on Slurm:
+tests/slurm/test_verdicts.py): the same root cause again without progress stops the retries; a new cause, or
+progress, retries; every attempt leaves a row."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import json
 
 import pytest
 
-from trainstack._slurm.attempt import DEFAULT_RETRY_ON, FAILURES, decide, main, parse_retry_on, stopped
+from trainstack._slurm.attempt import (DEFAULT_RETRY_ON, FAILURES, Budget, Context, decide, exclusions,
+                                      parse_retry_on, stopped)
 
 ERROR = """epoch 1 | step {step} | loss 0.5
 Traceback (most recent call last):
@@ -17,42 +19,37 @@ ZeroDivisionError: division by zero
 """
 
 
-def test_the_same_cause_without_progress_stops_a_new_one_or_progress_retries(tmp_path, monkeypatch, capsys):
+def test_the_same_cause_without_progress_stops_a_new_one_or_progress_retries(tmp_path):
     rank0 = tmp_path / "rank-0.out"
     rank0.write_text(ERROR.format(step=40))
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     assert decide(tmp_path, 1, FAILURES) == (True, "attempt 0 ended with python error: ZeroDivisionError: division "
                                                    "by zero on rank 0 at train.py:9 (<module>); retrying")
     rank0.write_text(ERROR.format(step=40) + ERROR.format(step=60))  # the next attempt got further: progress
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    assert decide(tmp_path, 1, FAILURES)[0]
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")  # failed again at the same step: deterministic
-    assert main(["attempt", str(tmp_path), "1", "--retry-on", "all"]) == 3
-    assert "not retried: python error: ZeroDivisionError: division by zero on rank 0 at train.py:9 (<module>), " \
-           "same as attempt 1, no progress (last step 60)" in capsys.readouterr().out
+    assert decide(tmp_path, 1, FAILURES, where=Context(attempt=1))[0]
+    go, line = decide(tmp_path, 1, FAILURES, where=Context(attempt=2))  # failed again at the same step
+    assert not go and line == ("not retried: python error: ZeroDivisionError: division by zero on rank 0 at "
+                               "train.py:9 (<module>), same as attempt 1, no progress (last step 60)")
     rows = [json.loads(line) for line in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
     assert [r["attempt"] for r in rows] == [0, 1, 2] and [r["step"] for r in rows] == [40, 60, 60]
 
 
-def test_a_host_fault_blames_the_host_the_failing_rank_ran_on(tmp_path, monkeypatch):
-    (tmp_path / "rank-0.out").write_text(ERROR.replace("ZeroDivisionError: division by zero",
+def test_a_host_fault_blames_the_host_the_failing_rank_ran_on(tmp_path):
+    """Rank 3 of two hosts with two ranks each ran on the second host: it is blamed."""
+    (tmp_path / "rank-3.out").write_text(ERROR.replace("ZeroDivisionError: division by zero",
                                                        "RuntimeError: CUDA error: an illegal memory access"))
-    monkeypatch.setenv("SLURMD_NODENAME", "node7")
-    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
-    assert decide(tmp_path, 1)[0]
+    assert decide(tmp_path, 1, where=Context(hosts=["node6", "node7"], procs_per_node=2))[0]
     row = json.loads((tmp_path / "verdicts.jsonl").read_text().splitlines()[-1])
-    assert row["kind"] == "cuda error" and row["blamed"] == "node7"
+    assert row["kind"] == "cuda error" and row["blamed"] == "node7" and row["category"] == "crash"
 
 
-def test_a_python_error_is_not_retried_by_default_the_policy_names_why(tmp_path, monkeypatch, capsys):
+def test_a_python_error_is_not_retried_by_default_the_policy_names_why(tmp_path):
     (tmp_path / "rank-0.out").write_text(ERROR.format(step=40))
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
-    assert main(["attempt", str(tmp_path), "1"]) == 3
-    assert "not retried: python error: ZeroDivisionError" in capsys.readouterr().out
+    go, line = decide(tmp_path, 1)
+    assert not go and line.startswith("not retried: python error: ZeroDivisionError")
     row = json.loads((tmp_path / "verdicts.jsonl").read_text())
     assert row["retried"] is False and "--retry-on 'python error' retries it" in row["decision"]
     (tmp_path / "verdicts.jsonl").unlink()
-    assert main(["attempt", str(tmp_path), "1", "--retry-on", "python error,hang"]) == 0  # a profile's choice
+    assert decide(tmp_path, 1, parse_retry_on("python error,hang"))[0]  # a profile's choice
 
 
 def test_retry_on_names_kinds_or_all_or_none_and_refuses_others():
@@ -63,59 +60,59 @@ def test_retry_on_names_kinds_or_all_or_none_and_refuses_others():
         parse_retry_on("hang,segfault")
 
 
-def test_graceful_stops_are_recorded_and_a_time_limit_without_progress_stops(tmp_path, monkeypatch):
+def test_graceful_stops_are_recorded_and_a_time_limit_without_progress_stops(tmp_path):
     rank0 = tmp_path / "rank-0.out"
     rank0.write_text("epoch 1 | step 10 | loss 0.5\n")
     assert stopped(tmp_path, 0, "timeout") == (True, "attempt 0 stopped gracefully (time limit) at step 10; "
                                                      "continuing")
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    assert stopped(tmp_path, 0, "preempt")[0]  # a preemption is never the run's fault
+    assert stopped(tmp_path, 0, "preempt", where=Context(attempt=1))[0]  # a preemption is never the run's fault
     rank0.write_text("epoch 1 | step 10 | loss 0.5\nepoch 1 | step 20 | loss 0.4\n")
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
-    assert stopped(tmp_path, 0, "timeout")[0]
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")  # no new step before the next time limit
-    go, line = stopped(tmp_path, 0, "timeout")
+    assert stopped(tmp_path, 0, "timeout", where=Context(attempt=2))[0]
+    go, line = stopped(tmp_path, 0, "timeout", where=Context(attempt=3))  # no new step before the next limit
     assert not go and line.startswith("not requeued: time limit again at step 20, no progress since attempt 2")
     rows = [json.loads(r) for r in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in rows] == ["time limit", "preempted", "time limit", "time limit"]
 
 
-def test_the_budget_is_the_decision_and_exclusions_keep_what_fits(tmp_path, monkeypatch, capsys):
-    """As the batch script calls it: a retry the budget does not allow is recorded as not retried; of two blamed
-    hosts on a 2-node cluster only the newest is left out, and the other is named as kept."""
+def test_the_budget_is_the_decision_and_exclusions_keep_what_fits(tmp_path):
+    """A retry the budget does not allow is recorded as not retried; of two blamed hosts on a 2-node partition with
+    one node needed only the newest is left out, and the other is named as kept; a node Slurm holds out of service
+    costs no room; a deleted job folder still gets its decision and row."""
     fault = ERROR.replace("ZeroDivisionError: division by zero", "RuntimeError: CUDA error: an illegal memory access")
     (tmp_path / "rank-0.out").write_text(fault.format(step=10))
-    monkeypatch.setenv("SLURM_NNODES", "1")
-    monkeypatch.setenv("SLURM_JOB_PARTITION", "no-such-partition")  # sinfo lists no node: nothing fits
-    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
-    monkeypatch.setenv("SLURMD_NODENAME", "pnode1")
-    assert main(["attempt", str(tmp_path), "1", "--count", "0", "--limit", "3", "--limit-option=--max-retries"]) == 0
-    assert "a requeued attempt could not leave out pnode1 (no other node in the partition for 1 node(s))" in \
-        capsys.readouterr().out
+    alone = Context(hosts=["pnode1"], need=1, serving={"pnode1": True})
+    go, line = decide(tmp_path, 1, budget=Budget(0, 3), where=alone)
+    assert go and "a requeued attempt could not leave out pnode1 (no other node in the partition for 1 node(s))" \
+        in line
     (tmp_path / "rank-0.out").write_text(fault.format(step=10) + fault.format(step=20))
-    assert main(["attempt", str(tmp_path), "1", "--count", "3", "--limit", "3", "--limit-option=--max-retries"]) == 3
-    assert "giving up after 3 earlier retries (--max-retries 3)" in capsys.readouterr().out
+    go, line = decide(tmp_path, 1, budget=Budget(3, 3), where=alone)
+    assert not go and "giving up after 3 earlier retries (--max-retries 3)" in line
     rows = [json.loads(line) for line in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
     assert [r["retried"] for r in rows] == [True, False] and rows[0]["excluded"] == []
-    assert main(["attempt", str(tmp_path / "gone"), "0", "--stopped", "timeout", "--count", "1", "--limit", "1",
-                 "--limit-option=--max-requeues"]) == 3  # a deleted job folder: still decided and recorded
-    assert (tmp_path / "gone" / "verdicts.jsonl").exists()
+    assert exclusions(["n2", "n3"], {"n1": True, "n2": True, "n3": True}, 2) == (
+        ["n3"], "a requeued attempt could not leave out n2 (no other node in the partition for 2 node(s))")
+    assert exclusions(["n2", "n3"], {"n1": True, "n2": False, "n3": True}, 2) == (
+        ["n2"], "a requeued attempt could not leave out n3 (no other node in the partition for 2 node(s))")
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    assert not stopped(gone, 0, "timeout", Budget(1, 1, "--max-requeues"))[0]
+    assert (gone / "verdicts.jsonl").exists()
 
 
-def test_a_recovery_is_read_back_with_its_phases_and_steps_lost(tmp_path, monkeypatch, capsys):
-    """A crash retried in the allocation: the decision names the blamed host for the next step (``blame:``), and
-    ``recoveries`` reads the phases from the events the batch script and the trainer recorded."""
+def test_a_recovery_is_read_back_with_its_phases_and_steps_lost(tmp_path):
+    """A crash retried in the allocation: the decision blames the lost host for the next step, and ``recoveries``
+    reads the phases from the events the driver and the trainer recorded."""
+    from trainstack._jobfiles import JobFiles
     from trainstack._slurm.attempt import describe, recoveries
 
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     (tmp_path / "rank-0.out").write_text("epoch 1 | step 23 | loss 0.5\n")
-    (tmp_path / "lost").write_text("node2 2,3\n")
+    JobFiles(tmp_path).write_lost({"node2": [2, 3]})
     (tmp_path / "exits").mkdir()
     (tmp_path / "exits" / "rank-0").write_text("100.0 1 rank-0 node1\n")
-    assert main(["attempt", str(tmp_path), "1", "--step", "0"]) == 0
-    out = capsys.readouterr().out
-    assert "ended with node failure: node lost: node2" in out and "blame: node2" in out, out
+    go, line = decide(tmp_path, 1)
+    assert go and "ended with node failure: node lost: node2" in line, line
     row = json.loads((tmp_path / "verdicts.jsonl").read_text())
+    assert row["blamed"] == "node2"
     assert row["step_index"] == 0 and row["fault_time"] == 100.0 and row["step"] == 23, row
     decided = row["time"]
     events = [("detected", 100.5, {"attempt": 0, "step_index": 0}), ("relaunch", decided + 1, {"attempt": 0,
@@ -135,7 +132,7 @@ def test_a_recovery_is_read_back_with_its_phases_and_steps_lost(tmp_path, monkey
 def test_sinfo_states_say_which_nodes_are_in_service():
     """Down, drained, draining, failing or not responding (``*``) nodes are out of service; a powered-off node
     (``~``) is not: Slurm starts it for a job. A node in two partitions counts once."""
-    from trainstack._slurm.attempt import parse_node_states
+    from trainstack._slurm.slurmcmd import parse_node_states
 
     found = parse_node_states("node1 idle\nnode2 down*\nnode3 mix\nnode4 idle~\nnode5 drain\nnode6 idle*\n"
                               "node7 drng\nnode8 comp\nnode1 alloc\nnode9 fail\n\n")

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _jobevents as jobevents
-from ._files import read_jsonl
+from ._jobfiles import JobFiles
 
 __all__ = ["PARTS", "ledger", "format_ledger"]
 
@@ -42,7 +42,7 @@ _COMPUTE = ("forward", "backward", "optimizer", "step")
 
 def _step_ledgers(folder: Path) -> dict[tuple[int, int], dict[str, Any]]:
     out = {}
-    for path in sorted((folder / "ledger").glob("*.json")):
+    for path in sorted(JobFiles(folder).ledger_dir.glob("*.json")):
         try:
             row = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -139,7 +139,7 @@ def ledger(folder: Path | None, now: float | None = None) -> dict[str, Any] | No
     first_submit = min(first_submit, starts[0]["time"])
     _attempt_gaps(starts, ends, first_submit, totals)
     began = {int(s.get("attempt", 0)): s["time"] for s in starts}
-    steps, previous = _job_steps(evs, _step_ledgers(folder), read_jsonl(folder / "verdicts.jsonl"), end), None
+    steps, previous = _job_steps(evs, _step_ledgers(folder), JobFiles(folder).verdicts(), end), None
     for step in steps:
         for k, v in step.pop("raw").items():
             totals[k] += v

@@ -270,6 +270,19 @@ class JobFiles:
     def events_file(self) -> Path:
         return self.path(self.EVENTS)
 
+    def record_event(self, kind: str, /, **fields: Any) -> None:
+        """Append ``{"kind": kind, "time": now, **fields}`` to the job's timeline (one write, never through a
+        planted link; never raises: a read-only or deleted job folder must not stop the run)."""
+        line = json.dumps({"kind": kind, "time": time.time(), **fields}, default=str) + "\n"
+        try:
+            fd = os.open(self.events_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+
     def _append(self, name: str, record: dict[str, Any]) -> None:
         with open(self.path(name), "a") as fh:
             fh.write(json.dumps(record, default=str) + "\n")
@@ -336,6 +349,10 @@ class JobFiles:
 
     def has_script(self) -> bool:
         return self.path(self.SCRIPT).exists()
+
+    def report(self, restart: int, step_index: int, suffix: str) -> Path:
+        """The attempt report of job step ``restart.step_index`` (``.txt`` or ``.json``)."""
+        return self.path(f"attempt-{restart}.{step_index}{suffix}")
 
 
 def _read(path: Path) -> str:

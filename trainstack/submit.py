@@ -20,10 +20,11 @@ from typing import Any
 
 from . import _envvars as envvars
 from ._files import UntrustedFileError, atomic_write, load_private_pickle, private_dir
+from ._jobfiles import JobFiles
 from ._slurm import index, status
 from ._slurm.jobfolder import JobPaths, safe_name
 from ._slurm.jobs import JobError
-from ._slurm.snapshot import Snapshot, SnapshotError, git_root, git_state, take
+from ._slurm.snapshot import Snapshot, SnapshotError, git_root, git_state, ship_driver, take
 from ._slurm.spec import LaunchSpec
 from ._text import number_ranges
 from .errors import TrainstackError
@@ -96,8 +97,10 @@ def submit_spec(spec: LaunchSpec, wait: bool = False, templates_dir: str | None 
     log_dir.mkdir(parents=True, exist_ok=True)  # Slurm cannot create it: a missing one kills the job without a log
     staging = private_dir(log_dir, ".trainstack-submit-")  # becomes the job folder once Slurm named the job
     try:
-        snap = take(Path(spec.chdir or "."), staging / "code", exclude=[log_dir]) if root is not None else None
-        script = write_script(staging / "job.sbatch", text, mode=0o700)  # --env values may be secrets
+        snap = take(Path(spec.chdir or "."), staging / JobFiles.CODE, exclude=[log_dir]) if root is not None \
+            else None
+        ship_driver(staging / JobFiles.DRIVER)
+        script = write_script(staging / JobFiles.SCRIPT, text, mode=0o700)  # --env values may be secrets
         job = _sbatch_held(exe, spec, script, staging, log_dir, tasks, skipped)
     except SnapshotError as exc:
         shutil.rmtree(staging, ignore_errors=True)
@@ -111,7 +114,7 @@ def submit_spec(spec: LaunchSpec, wait: bool = False, templates_dir: str | None 
     job.snapshot = snap
     assert job.job_dir is not None  # set by _sbatch_held
     try:
-        atomic_write(job.job_dir / "metadata.json", json.dumps(_metadata(spec, job, argv), indent=2, default=str),
+        atomic_write(job.job_dir / JobFiles.METADATA, json.dumps(_metadata(spec, job, argv), indent=2, default=str),
                      mode=0o600)
         _remember(job, spec)
     except BaseException:
@@ -132,7 +135,7 @@ def _sbatch_held(exe: str, spec: LaunchSpec, script: Path, staging: Path, log_di
     """``sbatch --hold`` the staged script, then move the staging folder to the job folder Slurm's id names."""
     env = dict(os.environ)
     env.pop(envvars.SNAPSHOT, None)
-    root = git_root(Path(spec.chdir or ".")) if (staging / "code").is_dir() else None
+    root = git_root(Path(spec.chdir or ".")) if (staging / JobFiles.CODE).is_dir() else None
     if root is not None:  # the job runs from <job folder>/code/<this folder relative to the repository>
         env[envvars.SNAPSHOT] = os.path.relpath(Path(spec.chdir or ".").resolve(), root)
     args = [exe, "--parsable", "--hold"]
@@ -159,7 +162,7 @@ def _sbatch_held(exe: str, spec: LaunchSpec, script: Path, staging: Path, log_di
         subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
         raise SubmitError(f"job {job_id} was cancelled: its folder {job_dir} could not be created ({exc.strerror})"
                           f".") from None
-    return SubmittedJob(job_id, job_dir / "job.sbatch", paths.log, job_dir, tasks=tasks if spec.tasks else [],
+    return SubmittedJob(job_id, job_dir / JobFiles.SCRIPT, paths.log, job_dir, tasks=tasks if spec.tasks else [],
                         skipped=skipped)
 
 

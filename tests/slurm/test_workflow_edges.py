@@ -221,17 +221,15 @@ def test_a_blamed_node_slurm_holds_out_of_service_costs_the_requeue_no_room(slur
     no cost, node3 cannot be (a requeue leaving out both could never start); before, node3 replaced node2 in the
     list and the requeued job waited for a node Slurm would not give it."""
     from trainstack._slurm.attempt import exclusions
+    from trainstack._slurm.slurmcmd import Slurm
 
-    for k, v in slurm_env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("SLURM_JOB_PARTITION", "spares")
-    monkeypatch.setenv("SLURM_NNODES", "2")
-    assert exclusions(tmp_path, ["node2", "node3"]) == (["node3"], "a requeued attempt could not leave out node2 "
-                                                       "(no other node in the partition for 2 node(s))")
+    slurm = Slurm("0", {**os.environ, **slurm_env, "SLURM_JOB_PARTITION": "spares"})
+    assert exclusions(["node2", "node3"], slurm.partition_nodes(), 2) == (
+        ["node3"], "a requeued attempt could not leave out node2 (no other node in the partition for 2 node(s))")
     drain = ["scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=trainstack-test"]
     subprocess.run(drain, env=slurm_env, check=True, timeout=30)
     try:
-        keep, note = exclusions(tmp_path, ["node2", "node3"])
+        keep, note = exclusions(["node2", "node3"], slurm.partition_nodes(), 2)
     finally:
         subprocess.run(["scontrol", "update", "NodeName=node2", "State=RESUME"], env=slurm_env, check=True,
                        timeout=30)

@@ -38,17 +38,16 @@ import torch.distributed as dist
 
 from .. import _envvars as envvars
 from .._files import untrusted_folder
+from .._jobfiles import JobFiles
 from ..errors import ConfigError
 from .parts import Restored, load_parts, state_of
 from .rng import capture_rng
 
-__all__ = ["MemoryCheckpoints", "restore_memory", "Found", "memory_root", "node_name", "staged", "unstaged",
-           "FOLDERS_FILE"]
+__all__ = ["MemoryCheckpoints", "restore_memory", "Found", "memory_root", "node_name", "staged", "unstaged"]
 
 log = logging.getLogger(__name__)
 
 #: In the job folder: the memory folders this job used, one a line (the batch script frees them on every node).
-FOLDERS_FILE = "memory-folders"
 _NAME = re.compile(r"^r(\d{5})-s(\d{9})\.json$")
 _LOCAL = "__trainstack_local_shard__"  # a DTensor's local shard, in a staged state
 _SETS = 2  # the set being written and the newest complete one
@@ -563,15 +562,11 @@ class MemoryCheckpoints:
     def record_folder(self) -> None:
         """Tell the batch script (the job folder's ``memory-folders``) to free this folder on every node at the
         job's end, also when the training processes are killed."""
-        job = os.environ.get(envvars.JOB_DIR)
-        if not job or self.rank != 0:
+        job = JobFiles.current()
+        if job is None or self.rank != 0:
             return
-        listing = Path(job) / FOLDERS_FILE
         try:
-            known = listing.read_text().splitlines() if listing.exists() else []
-            if str(self.folder) not in known:
-                with open(listing, "a") as fh:
-                    fh.write(f"{self.folder}\n")
+            job.record_memory_folder(self.folder)
         except OSError:
             pass
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 
 from .. import _envvars as envvars
+from .._jobfiles import JobFiles
 from ..errors import ConfigError
 
 __all__ = ["GracefulStop", "resolve_signals", "DEFAULT_SIGNALS", "INTERRUPT"]
@@ -137,7 +138,7 @@ class GracefulStop:
         """Tell the batch script the checkpoint is complete, so it requeues the job (main process only)."""
         marker = os.environ.get(envvars.STOP_FILE)
         if marker:
-            Path(marker + ".saved").write_text(str(checkpoint or ""))
+            JobFiles.confirm_saved(marker, checkpoint)
 
     @staticmethod
     def confirm_finished(step: int) -> None:
@@ -145,8 +146,5 @@ class GracefulStop:
         arrives after this (while the script's own code runs after ``fit()``) is a preemption, not a crash, and the
         requeued attempt has nothing left to train."""
         marker = os.environ.get(envvars.STOP_FILE)
-        if marker:
-            try:
-                Path(marker + ".finished").write_text(f"{step}\n")
-            except OSError:  # a job folder gone meanwhile: the script then books a signal as before
-                pass
+        if marker:  # a job folder gone meanwhile: the driver then books a signal as before
+            JobFiles.confirm_finished(marker, step)

@@ -40,6 +40,7 @@ from typing import Any
 from .. import _envvars as envvars
 from .. import _jobevents as jobevents
 from .._files import atomic_write
+from .._jobfiles import JobFiles
 from .._text import number_ranges
 from .stragglers import Stragglers, resolve_ratio
 
@@ -360,9 +361,7 @@ class Watchdog(threading.Thread):
         steps = [int(b["step"]) for b in everyone.values() if isinstance(b.get("step"), int)]
         if self.job_dir is not None and steps:
             with contextlib.suppress(OSError):
-                tmp = self.job_dir / f".progress.{os.getpid()}"
-                tmp.write_text(json.dumps({"step": max(steps), "time": time.time()}))
-                os.replace(tmp, self.job_dir / "progress")
+                JobFiles(self.job_dir).write_progress(max(steps))
         if lost:
             self._on_lost(lost, everyone)
         self.write_ledger()
@@ -393,8 +392,9 @@ class Watchdog(threading.Thread):
                   "step": hb.step, "loop_started": hb.loop_started, "first_beat": hb.first_beat,
                   "time": time.time()}
         with contextlib.suppress(OSError):
-            (self.job_dir / "ledger").mkdir(exist_ok=True)
-            atomic_write(self.job_dir / "ledger" / f"{record['attempt']}.json", json.dumps(record))
+            ledger = JobFiles(self.job_dir).ledger_dir
+            ledger.mkdir(exist_ok=True)
+            atomic_write(ledger / f"{record['attempt']}.json", json.dumps(record))
 
     def _on_lost(self, lost: list[int], everyone: dict[int, dict[str, Any]]) -> None:
         hosts = sorted({str(everyone[r].get("host")) for r in lost})

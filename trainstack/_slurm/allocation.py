@@ -27,7 +27,6 @@ from pathlib import Path
 from types import FrameType
 
 from .. import _envvars as envvars
-from .. import _jobevents as events
 from .._jobfiles import EXIT_RECORD_SH, JobFiles
 from . import attempt as policy
 from .nodecheck import check as judge_nodes
@@ -112,8 +111,10 @@ class Allocation:
     """The loop of one job's allocation. ``slurm`` is every Slurm command it runs; ``env`` the job's environment."""
 
     def __init__(self, plan: Plan, slurm: Slurm, env: Mapping[str, str], script: Path | None = None,
-                 poll_s: float = 0.5, emit: Callable[[str, bool], None] | None = None) -> None:
-        self.plan, self.slurm, self.script, self.poll_s = plan, slurm, script, poll_s
+                 poll_s: float = 0.5, kill_after_s: float = 2.0,
+                 emit: Callable[[str, bool], None] | None = None) -> None:
+        self.plan, self.slurm, self.script = plan, slurm, script
+        self.poll_s, self.kill_after_s = poll_s, kill_after_s
         self.env = dict(env)
         self.emit = emit or _emit
         self.restart = int(self.env.get("SLURM_RESTART_COUNT") or 0)
@@ -130,6 +131,7 @@ class Allocation:
         self.task_args: list[str] = []
         self.cwd: Path | None = None
         self.checked: set[tuple[str, ...]] = set()
+        self._done = threading.Event()
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
@@ -203,7 +205,7 @@ class Allocation:
             if failed_at is not None and kill_at is None and self.plan.recovery.requeue and now - failed_at >= grace:
                 self._warn(f"the step did not end {grace:g} s after its first failure: killing its tasks")
                 self.slurm.kill_steps()
-                kill_at = now + 2
+                kill_at = now + self.kill_after_s  # srun itself, if Slurm's kill did not end it
             if kill_at is not None and now >= kill_at:
                 proc.kill()
             time.sleep(self.poll_s)
@@ -400,7 +402,7 @@ class Allocation:
         self.files.mark_started()
         self.files.driver_started()
         self.files.mark_attempt_in_logs(str(self.restart))
-        self.env[envvars.JOB_DIR] = os.environ[envvars.JOB_DIR] = str(self.files.folder)
+        self.env[envvars.JOB_DIR] = str(self.files.folder)
         self.env.setdefault(envvars.SUBMIT_DIR, os.getcwd())
         self._event("job_start", None, submitted=self.slurm.submitted())
         threading.Thread(target=self._heartbeat, name="trainstack-heartbeat", daemon=True).start()
@@ -523,6 +525,7 @@ class Allocation:
             listing = str(self.files.path(JobFiles.MEMORY_FOLDERS))
             self.slurm.each(self.pool.allocated, ["bash", "-c", script, "_", listing], timeout=10)
             self.files.forget_memory_folders()
+        self._done.set()
         self.files.driver_ended(f"exit {status}")
 
     def _report(self) -> None:
@@ -535,13 +538,13 @@ class Allocation:
             self._warn(f"the attempt report could not be written: {type(exc).__name__}: {exc}")
 
     def _event(self, kind: str, nodes: list[str] | None, **extra: object) -> None:
-        events.record(kind, attempt=self.restart, step_index=self.step,
-                      nodes=",".join(nodes) if nodes else self.env.get("SLURM_JOB_NODELIST", ""), **extra)
+        self.files.record_event(kind, attempt=self.restart, step_index=self.step,
+                                nodes=",".join(nodes) if nodes else self.env.get("SLURM_JOB_NODELIST", ""), **extra)
 
     def _heartbeat(self) -> None:
-        while True:
+        self.files.beat()
+        while not self._done.wait(HEARTBEAT_S):
             self.files.beat()
-            time.sleep(HEARTBEAT_S)
 
     def say(self, line: str) -> None:
         self.emit(line, False)

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import _jobevents as events
 from .._jobfiles import JobFiles
 
 __all__ = ["THRESHOLDS", "judge", "read_checks", "describe", "check", "check_threshold"]
@@ -159,11 +158,12 @@ def check(files: JobFiles, hosts: list[str], started: float, gpus: int, limits: 
     return it: ``named`` maps each named host to why."""
     figures = {h: files.node_check_figures(h) for h in hosts}
     link = files.node_check_links()
+    limits = {**THRESHOLDS, **limits}  # the site's thresholds over the defaults
     named = judge(figures, link, gpus, limits)
     now = time.time()
     record = {"attempt": attempt, "step_index": step_index, "started": started, "ended": now,
               "seconds": round(now - started, 2), "figures": figures, "link": link, "named": named,
               "limits": limits}
     files.append_node_check(record)
-    events.record("node_check", started=started, seconds=record["seconds"], nodes=hosts, named=named)
+    files.record_event("node_check", started=started, seconds=record["seconds"], nodes=hosts, named=named)
     return record

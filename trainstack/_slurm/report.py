@@ -1,22 +1,20 @@
 """What a job's nodes and time looked like: the lines ``status`` and ``why`` add, and the attempt report.
 
 ``health`` names the nodes the pre-flight checks named and the ranks named stragglers (still slow, or since
-recovered) from the job folder's events; ``python -m trainstack._slurm.report TASK_DIR`` (the batch script, at the
-end of each job step) writes ``attempt-<restart>.<step>.txt`` and ``.json``: the step's node check, its
-stragglers, its verdict and the job's goodput ledger so far. Torch-free.
+recovered) from the job folder's events; ``write_report`` (the allocation driver, at the end of each job step)
+writes ``attempt-<restart>.<step>.txt`` and ``.json``: the step's node check, its stragglers, its verdict and the
+job's goodput ledger so far. Torch-free.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
-from .. import _envvars as envvars
 from .. import _jobevents as events
 from .._goodput import format_ledger, ledger
+from .._jobfiles import JobFiles
 from .attempt import history
 from .nodecheck import describe as describe_check
 from .nodecheck import read_checks
@@ -72,8 +70,8 @@ def write_report(folder: Path, restart: int, step_index: int) -> Path:
     seen = health(folder, start, end)
     report = {"attempt": restart, "step_index": step_index, "start": start, "end": end, **seen,
               "verdict": row, "step_parts": mine["parts"] if mine else None, "job_ledger": found}
-    name = f"attempt-{restart}.{step_index}"
-    (folder / f"{name}.json").write_text(json.dumps(report, indent=1, default=str))
+    files = JobFiles(folder)
+    files.report(restart, step_index, ".json").write_text(json.dumps(report, indent=1, default=str))
     lines = [f"trainstack attempt report: attempt {restart}, job step {step_index}"]
     lines += [f"  {c['line']}" for c in seen["node_checks"]] or ["  node check: not run"]
     lines += [f"  node check named {h}: {why}" for c in seen["node_checks"] for h, why in c["named"].items()]
@@ -86,19 +84,6 @@ def write_report(folder: Path, restart: int, step_index: int) -> Path:
         lines.append(f"  this step: {parts}")
     if found:
         lines.append(f"  job so far: {format_ledger(found)}")
-    path = folder / f"{name}.txt"
+    path = files.report(restart, step_index, ".txt")
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def main(argv: list[str]) -> int:
-    folder = Path(argv[1])
-    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-    step_index = int(argv[2]) if len(argv) > 2 else int(os.environ.get(envvars.STEP) or 0)
-    path = write_report(folder, restart, step_index)
-    print(f"trainstack: attempt report {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

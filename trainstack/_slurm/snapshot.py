@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Snapshot", "SnapshotError", "git_root", "take", "git_state"]
+__all__ = ["Snapshot", "SnapshotError", "git_root", "take", "git_state", "ship_driver"]
 
 MAX_FILE_BYTES = 50 * 2**20
 
@@ -111,3 +111,13 @@ def take(cwd: Path, dest: Path, exclude: list[Path]) -> Snapshot:
             snap.linked.append(entry.name)
     snap.seconds = time.perf_counter() - start
     return snap
+
+
+def ship_driver(dest: Path) -> Path:
+    """A copy of this trainstack's Python files in ``dest/trainstack``: the job's batch host runs the allocation
+    driver from it when its own Python has no trainstack (a container job on a bare host). The driver is torch-free
+    and stdlib-only, so any Python 3.10+ on the host runs it, and it is the version that wrote the job's plan."""
+    package = Path(__file__).resolve().parents[1]
+    target = dest / package.name
+    shutil.copytree(package, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "templates"))
+    return target

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._jobfiles import JobFiles
 from . import index
 from .jobfolder import JobPaths
 from .jobs import JobError, JobInfo, check_job_id, job_folder, job_infos
@@ -65,8 +66,9 @@ def _record(base: str) -> dict | None:
             return record
     for log_dir in (Path("logs"), Path("runs")):
         for folder in sorted(log_dir.glob(f"*-{base}")) if log_dir.is_dir() else []:
-            if (folder / "job.sbatch").exists() or (folder / "started").exists():
-                meta = _read_json(folder / "metadata.json")
+            files = JobFiles(folder)
+            if files.has_script() or files.has_started():
+                meta = _read_json(files.path(JobFiles.METADATA))
                 return {"job_id": base, "name": meta.get("job_name") or folder.name[: -len(base) - 1],
                         "job_dir": str(folder.resolve()), "log_dir": str(log_dir.resolve()),
                         "tasks": [t["index"] for t in meta.get("tasks", [])]}
@@ -127,30 +129,29 @@ def _sacct(job_id: str) -> list[TaskStatus] | None:
 
 
 def _folder_state(folder: Path, parent: Path) -> str:
-    code_file = folder / "exit_code"
-    if (folder / "cancelled").exists():
+    files = JobFiles(folder)
+    code = files.exit_code()
+    if files.path(JobFiles.CANCELLED).exists():
         return "CANCELLED"
-    if code_file.exists():
-        code = code_file.read_text().strip()
+    if code is not None:
         if code == "143":  # the batch shell's TERM trap: scancel, the time limit or a preemption, never success
             return "ENDED (exit 143, SIGTERM: scancel, the time limit or a preemption)"
         return "COMPLETED" if code == "0" else f"FAILED (exit {code})"
-    if (parent / "cancelled").exists():
+    if JobFiles(parent).path(JobFiles.CANCELLED).exists():
         return "CANCELLED"
-    if (folder / "started").exists():
+    if files.has_started():
         return "ENDED (killed: no exit status recorded)"
     return "NEVER RAN"
 
 
 def _folder_elapsed(folder: Path) -> tuple[str, int]:
-    started = folder / "started"
-    if not started.exists():
+    files = JobFiles(folder)
+    if not files.has_started():
         return "", 0
-    lines = [line for line in started.read_text().splitlines() if line.strip()]
-    end = folder / "exit_code"
+    lines = files.starts()
     try:
         first = datetime.datetime.fromisoformat(lines[-1]).timestamp()
-        seconds = int((end.stat().st_mtime if end.exists() else started.stat().st_mtime) - first)
+        seconds = int((files.exit_code_time() or files.started_time() or first) - first)
     except (ValueError, IndexError):
         return "", max(0, len(lines) - 1)
     return str(datetime.timedelta(seconds=max(0, seconds))), max(0, len(lines) - 1)
@@ -375,7 +376,7 @@ def cancel_job(job_id: str) -> list[str]:
             parent = info.paths.job_folder
             folder = parent if parent.is_dir() else None
         if folder is not None:
-            marks.append(folder / "cancelled")
+            marks.append(JobFiles(folder).path(JobFiles.CANCELLED))
             marks[-1].write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z\n"))
     proc = subprocess.run(["scancel", job_id], capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:

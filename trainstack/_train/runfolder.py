@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from .. import _envvars as envvars
+from .._jobfiles import JobFiles
 from ..checkpoint import Checkpointer, CheckpointError, check_fits, has_checkpoint
 from ..errors import ConfigError
 
@@ -233,10 +234,10 @@ def check_same_experiment(theirs: Mapping[str, Any] | None, ours: Mapping[str, A
 
 def _record_in_job(folder: Path) -> None:
     """In a trainstack job, ``<job folder>/run-folder`` names the run folder (``trainstack fetch --what run``)."""
-    job = os.environ.get(envvars.JOB_DIR)
-    if job and Path(job).is_dir():
+    job = JobFiles.current()
+    if job is not None and job.folder.is_dir():
         try:
-            (Path(job) / "run-folder").write_text(f"{folder.resolve()}\n")
+            job.write_run_folder(folder)
         except OSError:
             pass  # a read-only job folder must not stop the run
 

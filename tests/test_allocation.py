@@ -1,0 +1,287 @@
+"""The allocation driver's loop without Slurm (the real-Slurm confirmation of each path is tests/slurm/): a fake
+``Slurm`` runs each job step as a small process (tests/_fake_step.py) that fails the ranks a scenario names, hangs
+like a lost node, or answers a stop request; its probes, node checks and requeue calls are recorded. Each case is a
+decision of the one retry policy, read back from what the driver said, launched and recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from trainstack._jobfiles import JobFiles
+from trainstack._slurm.allocation import Allocation, NodePool
+from trainstack._slurm.plan import Plan, Recovery, build_plan
+from trainstack._slurm.slurmcmd import Slurm
+from trainstack._slurm.spec import LaunchSpec
+
+pytestmark = pytest.mark.timeout(60)
+FAKE_STEP = str(Path(__file__).with_name("_fake_step.py"))
+
+
+class FakeSlurm(Slurm):
+    """Slurm as a job's driver sees it: ``hosts`` allocated, ``steps`` the scenarios of the job steps it launches,
+    ``lost`` the hosts that do not answer a probe, node-check figures per host, the partition's nodes in service."""
+
+    def __init__(self, hosts: list[str], steps: list[dict], lost: tuple[str, ...] = (), left: int | None = None,
+                 rates: dict[str, float] | None = None, serving: dict[str, bool] | None = None) -> None:
+        super().__init__("100", {})
+        self.hosts, self.steps, self.lost, self.left = hosts, list(steps), set(lost), left
+        self.rates = rates or {}
+        self.serving = serving if serving is not None else dict.fromkeys(hosts, True)
+        self.launched: list[list[str]] = []
+        self.calls: list[tuple] = []
+
+    def hostnames(self, nodelist: str) -> list[str]:
+        return list(self.hosts)
+
+    def seconds_left(self) -> int | None:
+        return self.left
+
+    def submitted(self) -> float:
+        return 0.0
+
+    def partition_nodes(self) -> dict[str, bool]:
+        return dict(self.serving)
+
+    def launch(self, argv, env, cwd=None, output=None):  # noqa: ANN001 -- as Slurm.launch
+        self.launched.append(list(argv))
+        scenario = self.steps.pop(0) if self.steps else {}
+        return subprocess.Popen([sys.executable, FAKE_STEP], env={**env, "FAKE_STEP": json.dumps(scenario)},
+                                stdin=subprocess.DEVNULL)
+
+    def on_nodes(self, hosts, argv, timeout, output=None, env=None):  # noqa: ANN001 -- as Slurm.on_nodes
+        out = Path(argv[argv.index("--out") + 1])
+        self.calls.append(("node_check", tuple(hosts)))
+        for host in hosts:
+            (out / f"{host}.json").write_text(json.dumps({"gflops": [self.rates.get(host, 100.0)],
+                                                          "gpus_visible": 0, "gpus": []}))
+        return 0
+
+    def each(self, hosts, argv, timeout):  # noqa: ANN001 -- as Slurm.each
+        self.calls.append(("each", tuple(hosts), argv[0]))
+        return {h: h not in self.lost for h in hosts}
+
+    def kill_steps(self) -> None:
+        self.calls.append(("kill_steps",))
+
+    def requeue(self, job: str) -> tuple[bool, str]:
+        self.calls.append(("requeue", job))
+        return True, ""
+
+    def exclude(self, job: str, hosts) -> bool:  # noqa: ANN001
+        self.calls.append(("exclude", job, tuple(hosts)))
+        return True
+
+    def start_now(self, job: str) -> bool:
+        self.calls.append(("start_now", job))
+        return True
+
+
+def plan(tmp_path: Path, nodes: int = 2, spare: int = 0, node_check: bool = False, **recovery: object) -> Plan:
+    """A --requeue plan of ``nodes`` x 2 CPU processes, with quick teardown; the versions probe is ``true``."""
+    spec = LaunchSpec(setup="multi-node", nodes=nodes, cpu=True, procs_per_node=2, requeue=True, spare_nodes=spare,
+                      node_check=node_check, log_dir=str(tmp_path / "logs"), program=["train.py"])
+    built = build_plan(spec)
+    fields = {**built.recovery.__dict__, "teardown_grace_s": 0.2, **recovery}
+    return Plan(**{**built.__dict__, "recovery": Recovery(**fields), "probe": ["true"]})
+
+
+@pytest.fixture
+def job(tmp_path, monkeypatch):
+    """Runs a driver on a plan and a fake Slurm; restores the signal handlers and the environment it changed."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
+    monkeypatch.delenv("TRAINSTACK_JOB_DIR", raising=False)
+    said: list[str] = []
+
+    def run(p: Plan, slurm: FakeSlurm, **env: str) -> tuple[int, Allocation]:
+        base = {"SLURM_JOB_ID": "100", "SLURM_NNODES": str(p.allocated_nodes), "SLURM_JOB_NODELIST": "x",
+                "PATH": os.environ["PATH"], **env}
+        alloc = Allocation(p, slurm, base, poll_s=0.02, kill_after_s=0.2,
+                           emit=lambda line, error: said.append(line))
+        return alloc.run(), alloc
+
+    run.said = said  # type: ignore[attr-defined]
+    yield run
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+def rows(alloc: Allocation) -> list[dict]:
+    return JobFiles(alloc.files.folder).verdicts()
+
+
+def nodelist(argv: list[str]) -> str:
+    return next(w.split("=", 1)[1] for w in argv if w.startswith("--nodelist="))
+
+
+def test_a_lost_node_is_replaced_by_a_spare_in_the_allocation(tmp_path, job):
+    """Rank 2 on node2 fails and node2 stops answering; the step hangs (srun waits for the lost node) until the
+    driver kills it; the verdict is a node failure, node2 is blamed, and step 1 runs on node1 and the spare."""
+    slurm = FakeSlurm(["node1", "node2", "node3"], [{"fail": [{"rank": 2, "host": "node2", "code": 1}], "hang": True},
+                                                   {}], lost=("node2",))
+    status, alloc = job(plan(tmp_path, spare=1), slurm)
+    assert status == 0, job.said
+    assert [nodelist(a) for a in slurm.launched] == ["node1,node2", "node1,node3"]
+    assert ("kill_steps",) in slurm.calls and not any(c[0] == "requeue" for c in slurm.calls)
+    (row,) = rows(alloc)
+    assert row["kind"] == "node failure" and row["blamed"] == "node2" and row["retried"], row
+    assert "crash (exit status 1): retrying in this allocation as step 1 on node1,node3 (no requeue)" in job.said
+    assert "finished (restart count 0) after 1 retries in this allocation" in job.said
+    assert JobFiles(alloc.files.folder).exit_code() == "0"
+    kinds = [e["kind"] for e in map(json.loads, alloc.files.events_file.read_text().splitlines())]
+    assert kinds == ["job_start", "step_start", "detected", "step_end", "step_start", "relaunch", "step_end",
+                     "job_end"]
+
+
+def test_a_lost_node_without_a_spare_requeues_the_job_leaving_it_out(tmp_path, job):
+    slurm = FakeSlurm(["node1", "node2"], [{"fail": [{"rank": 3, "host": "node2", "code": 1}], "hang": True}],
+                      lost=("node2",), serving={"node1": True, "node2": True, "node3": True})
+    status, alloc = job(plan(tmp_path), slurm)
+    assert status == 0, job.said
+    assert [c for c in slurm.calls if c[0] in ("requeue", "exclude", "start_now")] == [
+        ("requeue", "100"), ("exclude", "100", ("node2",)), ("start_now", "100")]
+    assert "crash (exit status 1): requeueing job 100 as restart 1" in job.said
+    assert "the requeued attempt leaves out node2 (blamed by a verdict)" in job.said
+    assert not any(c[0] == "each" and c[2] == "bash" for c in slurm.calls)  # memory kept for the requeued attempt
+
+
+def test_a_requeue_leaves_out_only_as_many_hosts_as_the_partition_can_spare(tmp_path, job):
+    """A 2-node job on a 2-node partition cannot leave its blamed node out: requeued without ExcNodeList, said."""
+    slurm = FakeSlurm(["node1", "node2"], [{"fail": [{"rank": 3, "host": "node2", "code": 1}], "hang": True}],
+                      lost=("node2",), serving={"node1": True, "node2": True})
+    status, _ = job(plan(tmp_path), slurm)
+    assert status == 0 and not any(c[0] == "exclude" for c in slurm.calls)
+    assert any("could not leave out node2 (no other node in the partition for 2 node(s))" in line
+               for line in job.said), job.said
+
+
+def test_a_node_check_that_names_a_node_puts_the_spare_in_its_place(tmp_path, job):
+    slurm = FakeSlurm(["node1", "node2", "node3"], [{}], rates={"node2": 10.0})
+    status, alloc = job(plan(tmp_path, spare=1, node_check=True), slurm)
+    assert status == 0, job.said
+    assert [c for c in slurm.calls if c[0] == "node_check"] == [("node_check", ("node1", "node2")),
+                                                                ("node_check", ("node1", "node3"))]
+    assert [nodelist(a) for a in slurm.launched] == ["node1,node3"]
+    assert "node check: leaving out node2; the step runs on node1,node3" in job.said
+    first, second = JobFiles(alloc.files.folder).node_checks()
+    assert list(first["named"]) == ["node2"] and "0.10x the median" in first["named"]["node2"]
+    assert second["named"] == {} and list(second["figures"]) == ["node1", "node3"]
+
+
+def test_a_node_check_without_a_spare_requeues_without_the_node(tmp_path, job):
+    slurm = FakeSlurm(["node1", "node2"], [], rates={"node2": 10.0},
+                      serving={"node1": True, "node2": True, "node3": True})
+    status, alloc = job(plan(tmp_path, node_check=True), slurm)
+    assert status == 0 and slurm.launched == []
+    assert ("exclude", "100", ("node2",)) in slurm.calls
+    assert "node check named node2: no spare in this allocation; requeueing without it" in job.said
+    assert rows(alloc)[-1]["category"] == "nodecheck"
+
+
+def test_the_retry_budget_ends_the_retries(tmp_path, job):
+    """--max-retries 1: the first crash is retried (progress: a later step), the second is not -- the budget is
+    spent -- and the job ends with the crash's status."""
+    crash = {"fail": [{"rank": 1, "host": "node1", "code": 137}]}
+    slurm = FakeSlurm(["node1", "node2"], [{**crash, "log_step": 10}, {**crash, "log_step": 20}])
+    status, alloc = job(plan(tmp_path, max_retries=1), slurm)
+    assert status == 137 and len(slurm.launched) == 2
+    assert [r["retried"] for r in rows(alloc)] == [True, False]
+    assert "giving up after 1 earlier retries (--max-retries 1)" in rows(alloc)[-1]["decision"]
+    assert not any(c[0] == "requeue" for c in slurm.calls)
+
+
+def test_the_same_cause_without_progress_is_not_retried(tmp_path, job):
+    crash = {"fail": [{"rank": 1, "host": "node1", "code": 137}], "log_step": 10}
+    slurm = FakeSlurm(["node1", "node2"], [crash, crash])
+    status, alloc = job(plan(tmp_path), slurm)
+    assert status == 137 and len(slurm.launched) == 2
+    assert "same as attempt 0, no progress (last step 10)" in rows(alloc)[-1]["decision"]
+
+
+def test_too_little_time_left_requeues_instead_of_retrying_here(tmp_path, job):
+    slurm = FakeSlurm(["node1", "node2", "node3"], [{"fail": [{"rank": 0, "host": "node1", "code": 137}]}], left=30)
+    status, _ = job(plan(tmp_path, spare=1), slurm)
+    assert status == 0 and len(slurm.launched) == 1 and ("requeue", "100") in slurm.calls
+
+
+def test_a_stop_signal_during_a_step_checkpoints_and_requeues(tmp_path, job):
+    """SIGUSR2 (the time limit's warning) reaches the driver while a step runs: it asks the trainer through the
+    stop file, the trainer saves, and the job is requeued as a graceful stop, not a crash."""
+    timer = threading.Timer(0.4, os.kill, (os.getpid(), signal.SIGUSR2))
+    timer.start()
+    slurm = FakeSlurm(["node1", "node2"], [{"save_on_stop": True, "duration": 20}])
+    try:
+        status, alloc = job(plan(tmp_path), slurm)
+    finally:
+        timer.cancel()
+    assert status == 0 and ("requeue", "100") in slurm.calls
+    assert any(line.startswith("SIGUSR2 at ") and line.endswith("asking the trainer to checkpoint and stop")
+               for line in job.said)
+    assert rows(alloc)[-1]["category"] == "timeout" and rows(alloc)[-1]["kind"] == "time limit"
+    assert not alloc.files.stop_file.exists()
+
+
+def test_a_cancelled_job_is_never_requeued(tmp_path, job):
+    p = plan(tmp_path)
+    folder = Path(p.job_dir_prefix + "100")
+    folder.mkdir(parents=True)
+    JobFiles(folder).cancel()
+    slurm = FakeSlurm(["node1", "node2"], [{"fail": [{"rank": 0, "host": "node1", "code": 137}]}])
+    status, _ = job(p, slurm)
+    assert status == 137 and "cancelled (trainstack cancel): not requeueing" in job.said
+    assert not any(c[0] == "requeue" for c in slurm.calls)
+
+
+def test_the_first_failing_task_is_the_steps_status_not_sruns(tmp_path, job):
+    """srun ends with the 143 --kill-on-bad-exit sent the others; the exit record says rank 1 failed first with 7."""
+    slurm = FakeSlurm(["node1", "node2"], [{"fail": [{"rank": 1, "host": "node1", "code": 7}], "status": 143}])
+    status, _ = job(plan(tmp_path, max_retries=0), slurm)
+    assert status == 7
+    assert any("rank 1 on node1 failed first (exit status 7 at" in line and "srun's 143 is the stop of the others"
+               in line for line in job.said), job.said
+
+
+def test_the_launch_and_the_plan_it_comes_from(tmp_path):
+    """Each step: srun on exactly its nodes, overlapping a failed step's remains; every task through the exit-record
+    wrapper; a rendezvous port of its own per step; the plan survives its JSON and refuses another format."""
+    p = plan(tmp_path, spare=1)
+    assert Plan.from_json(p.to_json()) == p
+    with pytest.raises(ValueError, match="format is 2, this driver .* reads format 1"):
+        Plan.from_json(p.to_json().replace('"format": 1', '"format": 2'))
+    alloc = Allocation(p, FakeSlurm(["a", "b", "c"], []), {"SLURM_JOB_ID": "100"})
+    argv = alloc.argv(["a", "c"])
+    assert argv[:8] == ["srun", "--kill-on-bad-exit=1", "--wait=60", "--nodes=2", "--ntasks-per-node=2", "--ntasks=4",
+                        "--nodelist=a,c", "--overlap"]
+    assert argv[8:10] == ["bash", "-c"] and argv[11:] == ["trainstack-task", "rank", "python3", "-u", "train.py"]
+    first = alloc.step_env(["a", "c"])
+    alloc.step = 1
+    second = alloc.step_env(["c", "b"])
+    assert first["MASTER_ADDR"] == "a" and second["MASTER_ADDR"] == "c" and first["MASTER_PORT"] != \
+        second["MASTER_PORT"] and second["PET_RDZV_ID"] == "100.1"
+
+
+def test_the_node_pool_chooses_the_first_usable_hosts():
+    pool = NodePool(["n1", "n2", "n3", "n4"])
+    assert pool.choose(2) == ["n1", "n2"]
+    pool.lose(["n2"])
+    pool.leave_out(["n1"])
+    assert pool.choose(2) == ["n3", "n4"] and pool.choose(3) is None
+    pool.readmit(["n1"])
+    assert pool.choose(3) == ["n1", "n3", "n4"]
+
+
+def test_the_driver_needs_nothing_but_the_standard_library():
+    """The batch host runs it with whatever Python 3.10+ it has (the copy trainstack submit ships included)."""
+    root = Path(__file__).resolve().parents[1]
+    code = (f"import sys; sys.path.insert(0, {str(root)!r}); import trainstack._slurm.allocation; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names) - {'trainstack', "
+            "'__main__'}))")
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "[]", out
