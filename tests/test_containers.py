@@ -227,5 +227,7 @@ def test_container_variants_of_the_scripts_keep_slurm_env():
                              image="trainstack.sif", bind=["/data:/data"], program=["train.py"]))
     assert "apptainer exec --nv --bind /data:/data trainstack.sif python3 -m torch.distributed.run" in text
     assert "cleanenv" not in text and "containall" not in text
-    # requeue happens from the batch shell (scontrol on the host), never inside the image
-    assert "scontrol requeue" not in text.split("LAUNCH=(")[1]
+    # the driver (and its requeue: scontrol on the host) runs on the batch host, never inside the image; only each
+    # task's command enters it
+    assert "exec python3 -m trainstack._slurm.allocation" in text
+    assert "apptainer" not in text.split("exec python3 -m trainstack._slurm.allocation")[1].split('"command"')[0]
