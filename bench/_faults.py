@@ -76,6 +76,46 @@ def restore_nodes(env: dict[str, str], nodes: tuple[str, ...] = ("node1", "node2
     return down
 
 
+def _descendants(roots: list[int]) -> list[int]:
+    """Every process below ``roots`` (from /proc's parent links)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], list(roots)
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def kill_batch_host(out: Path, job_id: str, host: str, conf: Path) -> float:
+    """The batch host lost: the job's batch step (its slurmstepd, the driver and everything it started -- the srun
+    clients of every step) and everything of the job on ``host``, and the node's slurmd, SIGKILL. The time."""
+    batch = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/cmdline")
+             if _cmdline(p).startswith(f"slurmstepd: [{job_id}.batch]")]
+    victims = set(_descendants(batch)) | {pid for rank in rank_pids(out, host) for pid in _up_to_stepd(rank)}
+    slurmd = int((conf.parent / f"slurmd-{host}.pid").read_text().strip())
+    when = time.time()
+    for pid in [slurmd, *sorted(victims)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return when
+
+
+def _cmdline(path: Path) -> str:
+    try:
+        return path.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def reached(out: Path) -> int:
     """The step rank 0 last reported (``step`` in the output folder), -1 before the first."""
     try:

@@ -51,6 +51,9 @@ class FakeSlurm(Slurm):
         return dict(self.serving)
 
     def launch(self, argv, env, cwd=None, output=None):  # noqa: ANN001 -- as Slurm.launch
+        if "trainstack._slurm.sentinel" in argv:
+            self.calls.append(("sentinel", nodelist(argv)))
+            return subprocess.Popen(["true"])
         self.launched.append(list(argv))
         scenario = self.steps.pop(0) if self.steps else {}
         return subprocess.Popen([sys.executable, FAKE_STEP], env={**env, "FAKE_STEP": json.dumps(scenario)},
@@ -68,7 +71,7 @@ class FakeSlurm(Slurm):
         self.calls.append(("each", tuple(hosts), argv[0]))
         return {h: h not in self.lost for h in hosts}
 
-    def kill_steps(self) -> None:
+    def kill_steps(self, keep: str = "") -> None:
         self.calls.append(("kill_steps",))
 
     def requeue(self, job: str) -> tuple[bool, str]:
@@ -130,6 +133,7 @@ def test_a_lost_node_is_replaced_by_a_spare_in_the_allocation(tmp_path, job):
     assert status == 0, job.said
     assert [nodelist(a) for a in slurm.launched] == ["node1,node2", "node1,node3"]
     assert ("kill_steps",) in slurm.calls and not any(c[0] == "requeue" for c in slurm.calls)
+    assert ("sentinel", "node2") in slurm.calls  # the batch host (node1) is watched from another node
     (row,) = rows(alloc)
     assert row["kind"] == "node failure" and row["blamed"] == "node2" and row["retried"], row
     assert "crash (exit status 1): retrying in this allocation as step 1 on node1,node3 (no requeue)" in job.said
@@ -285,3 +289,30 @@ def test_the_driver_needs_nothing_but_the_standard_library():
             "'__main__'}))")
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=30)
     assert out.stdout.strip() == "[]", out
+
+
+def test_the_sentinel_requeues_a_job_whose_driver_fell_silent_and_stands_down_when_it_ended(tmp_path):
+    """The batch host's heartbeat stops: the sentinel records a node failure blaming it, requeues the job leaving it
+    out (where the partition can spare it) and releases the hold; a driver that ended is never requeued."""
+    import time
+
+    from trainstack._slurm.sentinel import watch
+
+    files = JobFiles(tmp_path)
+    files.driver_started()
+    old = time.time() - 100
+    os.utime(files.path(JobFiles.ALIVE), (old, old))
+    slurm = FakeSlurm(["node1", "node2"], [], serving={"node1": True, "node2": True, "node3": True})
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        assert watch(files, slurm, "node1", "100", need=2, silent_s=30, poll_s=0.01) == "requeued"
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # the requeue's SIGTERM cannot cut it short
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    assert [c for c in slurm.calls] == [("requeue", "100"), ("exclude", "100", ("node1",)), ("start_now", "100")]
+    (row,) = files.verdicts()
+    assert row["kind"] == "node failure" and row["blamed"] == "node1" and "batch host lost" in row["cause"]
+    assert files.driver_silent_for() is None  # recorded as ended: status stops saying "no driver"
+    files.driver_started()
+    files.driver_ended("exit 0")
+    assert watch(files, FakeSlurm(["node1", "node2"], []), "node1", "100", need=2, poll_s=0.01) == "ended"

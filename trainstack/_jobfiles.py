@@ -20,7 +20,7 @@ from typing import Any
 from . import _envvars as envvars
 from ._files import read_jsonl
 
-__all__ = ["JobFiles", "Exit", "EXIT_RECORD_SH"]
+__all__ = ["JobFiles", "Exit", "EXIT_RECORD_SH", "DRIVER_SILENT_S"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,9 @@ if [[ "$rc" -ne 0 ]]; then
   echo "$(date +%s.%N) $rc $unit ${SLURMD_NODENAME:-$(hostname)}" > "$TRAINSTACK_JOB_DIR/exits/$unit" 2>/dev/null
 fi
 exit "$rc"'''
+
+#: Seconds without the driver's heartbeat (touched every 5 s) after which it counts as gone: its batch host lost.
+DRIVER_SILENT_S = 30.0
 
 #: The line written into every rank and node log when an attempt (or a job step of it) starts: a verdict reads only
 #: what follows the last one.

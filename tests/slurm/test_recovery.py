@@ -24,7 +24,15 @@ from trainstack.render import LaunchSpec
 from trainstack.submit import submit_spec, wait_for
 
 sys.path.insert(0, str(ROOT / "bench"))
-from _faults import kill_node, kill_rank, rank_pids, reached, restore_nodes, wait_until  # noqa: E402
+from _faults import (  # noqa: E402
+    kill_batch_host,
+    kill_node,
+    kill_rank,
+    rank_pids,
+    reached,
+    restore_nodes,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(420)]
 PROBE = str(Path(__file__).with_name("_recovery_train.py"))
@@ -235,3 +243,31 @@ def test_a_frozen_node_is_found_by_the_watchdog_not_slurms_timeout(cluster, tmp_
     assert same_parameters(out / "final.pt", ref)
     found = json.loads(ts(cluster, "why", "--json", job.job_id))
     assert "node lost: node2 (ranks 2, 3 stopped answering at step" in found["recoveries"][0]["cause"], found
+
+
+def test_a_lost_batch_host_is_requeued_by_the_sentinel(cluster, tmp_root):
+    """node1 -- the batch host, which runs the job's driver -- lost with everything of the job on it: the sentinel
+    on node2 sees the driver's heartbeat stop, ``status``/``why`` say no process of the job runs meanwhile, and the
+    job is requeued without node1 (no --no-kill zombie holding the nodes); the requeued attempt finishes on node2
+    and node3, bitwise equal to an unfaulted run."""
+    ref = reference(tmp_root, "srun")
+    out = tmp_root / "batch-host"
+    out.mkdir(mode=0o777)
+    job = submit_spec(spec(out, spare=0))
+    wait_until(lambda: reached(out) >= 22 and len(rank_pids(out, "node1")) == 2, 120, "step 22")
+    conf = Path(cluster["SLURM_CONF"])
+    try:
+        killed = kill_batch_host(out, job.job_id, "node1", conf)
+        wait_until(lambda: "no driver for" in ts(cluster, "status", job.job_id), 90, "status: no driver", poll=2)
+        assert "no process of it is known to run" in ts(cluster, "why", job.job_id)
+        assert wait_for(job, timeout=300) == 0, job.log_path.read_text()
+    finally:
+        restore_nodes(cluster)
+    log = job.log_path.read_text()
+    assert "the batch host node1 was lost: the job's driver has not answered" in log, log
+    resumed = first_step_after(job, killed) - killed
+    print(f"batch host lost -> requeued by the sentinel -> first resumed step {resumed:.1f} s")
+    assert job_field(cluster, job.job_id, "Restarts") == "1"
+    assert same_parameters(out / "final.pt", ref)
+    found = json.loads(ts(cluster, "why", "--json", job.job_id))
+    assert found["kind"] == "completed"

@@ -42,6 +42,7 @@ PROBE = ('import sys, torch; n = torch.cuda.nccl.version() if torch.cuda.is_avai
 #: torchrun >= 2.9 forwards these to its workers; older ones stop on them (the stop then comes through the driver).
 TORCHRUN_SIGNALS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
 HEARTBEAT_S = 5.0
+SENTINEL = "trainstack-sentinel"  # the sentinel's job step: never killed with a failed training step
 
 
 class NodePool:
@@ -204,7 +205,7 @@ class Allocation:
                 self._event("detected", nodes)
             if failed_at is not None and kill_at is None and self.plan.recovery.requeue and now - failed_at >= grace:
                 self._warn(f"the step did not end {grace:g} s after its first failure: killing its tasks")
-                self.slurm.kill_steps()
+                self.slurm.kill_steps(keep=SENTINEL)
                 kill_at = now + self.kill_after_s  # srun itself, if Slurm's kill did not end it
             if kill_at is not None and now >= kill_at:
                 proc.kill()
@@ -408,6 +409,7 @@ class Allocation:
         threading.Thread(target=self._heartbeat, name="trainstack-heartbeat", daemon=True).start()
         self.pool = NodePool(self.slurm.hostnames(env.get("SLURM_JOB_NODELIST", "")) or
                              [env.get("SLURMD_NODENAME") or os.uname().nodename])
+        self._start_sentinel()
         self._code_snapshot()
         self._sweep_task()
         if plan.gpu:  # the NCCL flight recorder: each rank's last collectives, dumped here when one times out
@@ -424,6 +426,21 @@ class Allocation:
         else:
             signal.signal(signal.SIGTERM, _terminated)
         self._provenance()
+
+    def _start_sentinel(self) -> None:
+        """The batch host is a node too: with --requeue on several nodes, a sentinel on another node of the
+        allocation requeues the job without this one should this driver's heartbeat stop (``sentinel.py``)."""
+        here = self.env.get("SLURMD_NODENAME") or (self.pool.allocated[:1] or [""])[0]
+        others = [h for h in self.pool.allocated if h != here]
+        if not self.plan.recovery.requeue or not others:
+            return
+        package = str(Path(__file__).resolve().parents[2])  # this trainstack, also where it is a shipped copy
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), package) if p)}
+        argv = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={others[0]}",
+                f"--job-name={SENTINEL}", sys.executable, "-m", "trainstack._slurm.sentinel", str(self.files.folder),
+                here, self.requeue_id, str(self.env.get("SLURM_NNODES") or self.plan.allocated_nodes),
+                str(self.restart)]
+        self.slurm.launch(argv, env, output=self.files.path("sentinel.out"))
 
     def _stop(self, kind: str, name: str) -> None:
         self.stop_kind = kind

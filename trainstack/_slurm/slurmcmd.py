@@ -150,12 +150,13 @@ class Slurm:
                 answers[host] = False
         return answers
 
-    def kill_steps(self) -> None:
-        """SIGKILL to every job step of this job still known to Slurm, without waiting for the answer (a lost node
-        keeps ``scancel`` waiting for Slurm's MessageTimeout)."""
-        code, out = self._run(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i"])
-        for step in out.split() if code == 0 else []:
-            if step.startswith(f"{self.job_id}.") and step.rsplit(".", 1)[1].isdigit():
+    def kill_steps(self, keep: str = "") -> None:
+        """SIGKILL to every job step of this job still known to Slurm but those named ``keep``, without waiting for
+        the answer (a lost node keeps ``scancel`` waiting for Slurm's MessageTimeout)."""
+        code, out = self._run(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i %j"])
+        for line in out.splitlines() if code == 0 else []:
+            step, _, name = line.partition(" ")
+            if step.startswith(f"{self.job_id}.") and step.rsplit(".", 1)[1].isdigit() and name.strip() != keep:
                 subprocess.Popen(["scancel", "--signal=KILL", step], env=self.env, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

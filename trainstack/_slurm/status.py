@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._jobfiles import JobFiles
+from .._jobfiles import DRIVER_SILENT_S, JobFiles
 from . import index
 from .jobfolder import JobPaths
 from .jobs import JobError, JobInfo, check_job_id, job_folder, job_infos
@@ -101,8 +101,11 @@ def _from_slurm(info: JobInfo) -> TaskStatus:
     folder = job_folder(info)
     log = Path(info.stdout) if info.stdout and "4294967294" not in info.stdout else None
     state = info.state
+    silent = JobFiles(folder).driver_silent_for() if folder is not None and state == "RUNNING" else None
     if state == "PENDING" and info.reason and info.reason != "None":
         state = f"PENDING ({info.reason})"
+    elif silent is not None and silent > DRIVER_SILENT_S:  # the batch host lost: nothing of the job runs
+        state = f"RUNNING (no driver for {silent:.0f} s)"
     elif state not in ("RUNNING", "COMPLETED") and info.exit_code not in (None, "0:0"):
         state = f"{state} (exit {info.exit_code})"
     return TaskStatus(info.label, info.name, state, str(info.num_nodes or info.nodes), info.elapsed,

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import _jobevents as events
-from .._jobfiles import ATTEMPT_MARK, Exit, JobFiles
+from .._jobfiles import ATTEMPT_MARK, DRIVER_SILENT_S, Exit, JobFiles
 
 __all__ = ["Verdict", "verdict", "KINDS", "HOST_FAULTS", "last_step", "exit_records"]
 
@@ -125,6 +125,11 @@ def verdict(state: str, folder: Path | None, log: Path | None, status: int | Non
     ``status``: the launch's exit status when the caller knows it (the batch script, right after an attempt)."""
     base = state.split(" (")[0].split()[0] if state else "UNKNOWN"
     if base in ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED"):
+        silent = JobFiles(folder).driver_silent_for() if folder is not None and base == "RUNNING" else None
+        if silent is not None and silent > DRIVER_SILENT_S:
+            return Verdict("running", f"the job holds its nodes but no process of it is known to run: its driver has "
+                           f"not answered for {silent:.0f} s (its batch host lost?); the sentinel on another node "
+                           f"requeues it without that host, else trainstack cancel the job")
         return Verdict("running", f"the job is {base.lower()}")
     ev = Evidence.of(folder, log, status)
     if base == "COMPLETED":  # a requeued job's log also holds the failures of its earlier attempts

@@ -1,0 +1,80 @@
+"""The batch host is a node too: a sentinel on another node of the allocation notices when the job's driver is gone.
+
+A ``--requeue`` job keeps its allocation when a node fails (``#SBATCH --no-kill``, so that spares can take over), and
+the driver runs on the first node. When *that* node is lost, Slurm kills only the batch step: the job would stay
+``RUNNING`` with no process at all, holding the other nodes. So the driver starts this sentinel as a one-task step on
+another node (``srun --overlap``); it watches the driver's heartbeat in the job folder (``driver.alive``, touched
+every few seconds by a thread of its own) and, when it has been silent for ``SILENT_S`` without the driver having
+ended, records the loss (a ``node failure`` verdict blaming the batch host, a ``driver_lost`` event) and requeues the
+job leaving that host out -- the same requeue the driver does, through the same Slurm calls. When the driver ends,
+the sentinel stands down. Torch-free, stdlib only.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from .._jobfiles import DRIVER_SILENT_S, JobFiles
+from . import attempt as policy
+from .slurmcmd import Slurm
+
+__all__ = ["SILENT_S", "watch", "main"]
+
+SILENT_S = DRIVER_SILENT_S
+
+
+def watch(files: JobFiles, slurm: Slurm, batch_host: str, requeue_id: str, need: int, restart: int = 0,
+          silent_s: float = SILENT_S, poll_s: float = 2.0) -> str:
+    """Watch until the driver ends (``"ended"``) or falls silent: then record, requeue without ``batch_host`` and
+    return what was done."""
+    while True:
+        if files.path(JobFiles.DRIVER_END).exists():
+            return "ended"
+        silent = files.driver_silent_for()
+        if silent is not None and silent > silent_s:
+            break
+        time.sleep(poll_s)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the requeue signals this step too: finish the requeue first
+    line = (f"the batch host {batch_host} was lost: the job's driver has not answered for {silent:.0f} s; "
+            f"requeueing without it")
+    keep, note = policy.exclusions([*(r.get("blamed") for r in policy.history(files.folder)), batch_host],
+                                   slurm.partition_nodes(), need)
+    files.append_verdict({"attempt": restart, "step_index": None, "category": "crash", "kind": "node failure",
+                          "summary": f"batch host lost: {batch_host} (the job's driver stopped answering)",
+                          "cause": f"node failure: batch host lost: {batch_host}", "rank": None, "host": batch_host,
+                          "blamed": batch_host, "step": None, "status": None, "fault_time": time.time() - silent,
+                          "time": time.time(), "retried": True, "excluded": keep,
+                          "decision": line + (f"; {note}" if note else "")})
+    files.record_event("driver_lost", host=batch_host, silent_s=round(silent, 1), attempt=restart)
+    _say(line)
+    done, answer = slurm.requeue(requeue_id)
+    if not done and "pending execution" not in answer:
+        _say(f"scontrol requeue {requeue_id} failed: {answer}")
+        return "requeue failed"
+    if keep and slurm.exclude(requeue_id, keep):
+        _say(f"the requeued attempt leaves out {','.join(keep)}")
+    slurm.start_now(requeue_id)
+    files.driver_ended(f"requeued by the sentinel: {batch_host} lost")
+    return "requeued"
+
+
+def _say(line: str) -> None:
+    print(f"trainstack sentinel: {line}", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m trainstack._slurm.sentinel TASK_DIR BATCH_HOST REQUEUE_ID NODES RESTART``."""
+    import os
+
+    folder, batch_host, requeue_id, need, restart = argv[1], argv[2], argv[3], int(argv[4]), int(argv[5])
+    slurm = Slurm(os.environ.get("SLURM_JOB_ID", requeue_id.split("_")[0]))
+    watch(JobFiles(Path(folder)), slurm, batch_host, requeue_id, need, restart)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv))
