@@ -436,11 +436,12 @@ class Allocation:
             return
         package = str(Path(__file__).resolve().parents[2])  # this trainstack, also where it is a shipped copy
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), package) if p)}
-        argv = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={others[0]}",
-                f"--job-name={SENTINEL}", sys.executable, "-m", "trainstack._slurm.sentinel", str(self.files.folder),
-                here, self.requeue_id, str(self.env.get("SLURM_NNODES") or self.plan.allocated_nodes),
-                str(self.restart)]
-        self.slurm.launch(argv, env, output=self.files.path("sentinel.out"))
+        out = self.files.path("sentinel.out")  # written by the sentinel's node: this host may be gone
+        argv = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={others[0]}", f"--job-name={SENTINEL}",
+                f"--output={out}", "--open-mode=append", sys.executable, "-m", "trainstack._slurm.sentinel",
+                str(self.files.folder), here, self.requeue_id,
+                str(self.env.get("SLURM_NNODES") or self.plan.allocated_nodes), str(self.restart)]
+        self.slurm.launch(argv, env, output=Path(os.devnull))
 
     def _stop(self, kind: str, name: str) -> None:
         self.stop_kind = kind

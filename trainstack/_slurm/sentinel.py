@@ -16,9 +16,11 @@ import signal
 import time
 from pathlib import Path
 
+from .. import _jobevents as events
 from .._jobfiles import DRIVER_SILENT_S, JobFiles
 from . import attempt as policy
 from .slurmcmd import Slurm
+from .verdict import last_step
 
 __all__ = ["SILENT_S", "watch", "main"]
 
@@ -26,7 +28,7 @@ SILENT_S = DRIVER_SILENT_S
 
 
 def watch(files: JobFiles, slurm: Slurm, batch_host: str, requeue_id: str, need: int, restart: int = 0,
-          silent_s: float = SILENT_S, poll_s: float = 2.0) -> str:
+          silent_s: float = SILENT_S, poll_s: float = 2.0, log: Path | None = None) -> str:
     """Watch until the driver ends (``"ended"``) or falls silent: then record, requeue without ``batch_host`` and
     return what was done."""
     while True:
@@ -41,27 +43,38 @@ def watch(files: JobFiles, slurm: Slurm, batch_host: str, requeue_id: str, need:
             f"requeueing without it")
     keep, note = policy.exclusions([*(r.get("blamed") for r in policy.history(files.folder)), batch_host],
                                    slurm.partition_nodes(), need)
-    files.append_verdict({"attempt": restart, "step_index": None, "category": "crash", "kind": "node failure",
+    steps = [e.get("step_index") for e in events.read(files.folder, kind="step_start") if e.get("attempt") == restart]
+    index = steps[-1] if steps and isinstance(steps[-1], int) else 0  # the job step the driver was running
+    files.append_verdict({"attempt": restart, "step_index": index, "category": "crash", "kind": "node failure",
                           "summary": f"batch host lost: {batch_host} (the job's driver stopped answering)",
                           "cause": f"node failure: batch host lost: {batch_host}", "rank": None, "host": batch_host,
-                          "blamed": batch_host, "step": None, "status": None, "fault_time": time.time() - silent,
+                          "blamed": batch_host, "step": last_step(files.folder), "status": 1,
+                          "fault_time": time.time() - silent,
                           "time": time.time(), "retried": True, "excluded": keep,
                           "decision": line + (f"; {note}" if note else "")})
-    files.record_event("driver_lost", host=batch_host, silent_s=round(silent, 1), attempt=restart)
-    _say(line)
+    files.record_event("driver_lost", host=batch_host, silent_s=round(silent, 1), attempt=restart, step_index=index)
+    _say(line, log)
     done, answer = slurm.requeue(requeue_id)
     if not done and "pending execution" not in answer:
-        _say(f"scontrol requeue {requeue_id} failed: {answer}")
+        _say(f"scontrol requeue {requeue_id} failed: {answer}", log)
         return "requeue failed"
     if keep and slurm.exclude(requeue_id, keep):
-        _say(f"the requeued attempt leaves out {','.join(keep)}")
+        _say(f"the requeued attempt leaves out {','.join(keep)}", log)
     slurm.start_now(requeue_id)
     files.driver_ended(f"requeued by the sentinel: {batch_host} lost")
     return "requeued"
 
 
-def _say(line: str) -> None:
-    print(f"trainstack sentinel: {line}", flush=True)
+def _say(line: str, log: Path | None) -> None:
+    """A line in the sentinel's own output and in the job's log (the driver that wrote there is gone)."""
+    text = f"trainstack: {line} (sentinel)"
+    print(text, flush=True)
+    if log is not None:
+        try:
+            with open(log, "a") as fh:
+                fh.write(text + "\n")
+        except OSError:
+            pass
 
 
 def main(argv: list[str]) -> int:
@@ -70,7 +83,7 @@ def main(argv: list[str]) -> int:
 
     folder, batch_host, requeue_id, need, restart = argv[1], argv[2], argv[3], int(argv[4]), int(argv[5])
     slurm = Slurm(os.environ.get("SLURM_JOB_ID", requeue_id.split("_")[0]))
-    watch(JobFiles(Path(folder)), slurm, batch_host, requeue_id, need, restart)
+    watch(JobFiles(Path(folder)), slurm, batch_host, requeue_id, need, restart, log=slurm.log_path())
     return 0
 
 

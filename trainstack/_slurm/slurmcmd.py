@@ -95,6 +95,12 @@ class Slurm:
         except (ValueError, IndexError):
             return 0.0
 
+    def log_path(self) -> Path | None:
+        """The job's own log (``StdOut`` of ``scontrol show job``), where its batch script's output goes."""
+        code, out = self._run(["scontrol", "show", "job", "-o", self.job_id])
+        found = [w.split("=", 1)[1] for w in out.split() if w.startswith("StdOut=")] if code == 0 else []
+        return Path(found[0]) if found else None
+
     def partition_nodes(self) -> dict[str, bool]:
         """{host: in service?} for the job's partition (``sinfo``): down, drained, failing or not responding nodes
         are not; empty where sinfo cannot be asked."""
