@@ -7,7 +7,9 @@
 * the run's cadence settings (``checkpoint_every[_n_steps]``, ``val_every[_n_steps]``, ``checkpoint_best_only``)
   are read only by ``TrainConfig`` (which validates them), the ``Schedule`` (which decides) and ``fast_dev_run``
   (which replaces them);
-* nothing hides per-run state in a user's object (``__dict__.setdefault``).
+* nothing hides per-run state in a user's object (``__dict__.setdefault``);
+* no module but ``trainstack/_jobfiles.py`` joins a job-folder file name to a path (``folder / "started"``): the job
+  folder's contents have one owner, ``JobFiles``.
 
     python scripts/structure.py
 """
@@ -25,8 +27,23 @@ INTEROP = {("trainstack/_runtime/spawn.py", "_forkserver_alive_fd"),  # multipro
            ("trainstack/_runtime/compiling.py", "_compiled_call_impl"),  # torch.compile's in-place module
            ("trainstack/_train/steps.py", "_opt_called"),  # the mark a torch LR scheduler reads
            ("trainstack/_train/steps.py", "_wrapped_by_lr_sched")}
-CADENCE = {"checkpoint_every", "checkpoint_every_n_steps", "val_every", "val_every_n_steps", "checkpoint_best_only"}
+CADENCE = {"checkpoint_every", "checkpoint_every_n_steps", "val_every", "val_every_n_steps", "checkpoint_best_only",
+           "memory_checkpoint_every_n_steps"}
 CADENCE_READERS = {"trainstack/config.py", "trainstack/_train/schedule.py", "trainstack/_train/devrun.py"}
+
+
+JOB_FILES = "trainstack/_jobfiles.py"
+
+
+def _job_file_names() -> set[str]:
+    """The names ``JobFiles`` owns (its upper-case string constants)."""
+    tree = ast.parse((ROOT / JOB_FILES).read_text(encoding="utf-8"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "JobFiles")
+    return {n.value.value for n in cls.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+            and isinstance(n.value.value, str) and all(isinstance(t, ast.Name) and t.id.isupper() for t in n.targets)}
+
+
+NAMES = _job_file_names()
 
 
 def _targets(node: ast.AST) -> list[ast.expr]:
@@ -63,6 +80,9 @@ def problems(path: Path) -> list[str]:
         if isinstance(node, ast.Attribute) and node.attr in CADENCE and rel not in CADENCE_READERS \
                 and isinstance(node.ctx, ast.Load):
             out.append(f"{rel}:{node.lineno}: reads {node.attr}: the Schedule decides the cadence")
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant) \
+                and node.right.value in NAMES and rel != JOB_FILES:
+            out.append(f"{rel}:{node.lineno}: joins the job-folder name {node.right.value!r} to a path: ask JobFiles")
         if isinstance(node, ast.Attribute) and node.attr == "setdefault" and \
                 isinstance(node.value, ast.Attribute) and node.value.attr == "__dict__":
             out.append(f"{rel}:{node.lineno}: stores state in another object's __dict__")

@@ -19,6 +19,8 @@ def start(t: Any) -> None:
     guard = getattr(t, "_folder", None)
     every = t.config.checkpoint_every
     t.config.__dict__.setdefault("_runs", [])
+    started = t.job_dir / "started"
+    memory = t.config.memory_checkpoint_every_n_steps
 '''
 
 
@@ -29,7 +31,8 @@ def test_each_rule_finds_its_violation(tmp_path, monkeypatch):
     monkeypatch.setattr(structure, "ROOT", tmp_path)
     found = "\n".join(structure.problems(package / "bad.py"))
     for needle in ("private attribute t._ddp_model", "start(t: Any)", "getattr(t, '_folder')",
-                   "reads checkpoint_every", "__dict__"):
+                   "reads checkpoint_every", "__dict__", "job-folder name 'started'",
+                   "reads memory_checkpoint_every_n_steps"):
         assert needle in found, found
 
 

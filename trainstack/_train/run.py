@@ -159,7 +159,7 @@ class Run:
         self.store, self.uploads = self._open_store(kept)
         self.checkpointer = Checkpointer(self.path, kept, acc.is_main_process, sharded, cfg.async_checkpoint,
                                          self.uploads)
-        if cfg.memory_checkpoint_every_n_steps:
+        if Schedule.memory_every(cfg):
             self.memory = open_memory(self.path, acc.rank, acc.world_size, self.model, trainer.optimizer)
         watchdog.start(acc.rank, acc.world_size, watchdog.resolve_timeout(cfg.hang_timeout), self.path,
                        watchdog.default_store(), armed=True)

@@ -62,6 +62,11 @@ class Schedule:
                               f"fit(train_loader, val_loader) or Trainer(..., val_dataloader=...).")
 
     @staticmethod
+    def memory_every(config: TrainConfig) -> int:
+        """The memory checkpoints' period in optimizer steps (0: none): the Run opens them before the schedule."""
+        return int(config.memory_checkpoint_every_n_steps or 0)
+
+    @staticmethod
     def best_only(config: TrainConfig) -> bool:
         """Whether the run keeps only its best checkpoint (``checkpoint_best_only``: a ``ModelCheckpoint`` on
         ``val_loss`` does it)."""

@@ -276,7 +276,7 @@ def banner_info(run: Run, span: Span, hang_timeout: float) -> dict[str, Any]:
         memory = run.memory
         peer = f"each rank's copy also on a rank of the next node (rank 0's: {memory.nodes[memory.peers[0]]})" \
             if memory.peers[0] is not None else "one node: no copy on another node"
-        info["Memory checkpoints"] = f"every {cfg.memory_checkpoint_every_n_steps} steps in {memory.folder}; {peer}"
+        info["Memory checkpoints"] = f"every {run.schedule.periods.get('memory', 0)} steps in {memory.folder}; {peer}"
     source = run.peak_source
     info["MFU"] = f"over the {source}" if run.tracker.live.peak else f"n/a: {source}" if source else "n/a"
     if acc.compile_options is not None:
