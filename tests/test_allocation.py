@@ -316,3 +316,31 @@ def test_the_sentinel_requeues_a_job_whose_driver_fell_silent_and_stands_down_wh
     files.driver_started()
     files.driver_ended("exit 0")
     assert watch(files, FakeSlurm(["node1", "node2"], []), "node1", "100", need=2, poll_s=0.01) == "ended"
+
+
+def test_a_torchrun_that_forwards_signals_gets_them_asked_for(tmp_path, job):
+    """The versions probe runs the job's interpreter in its container; a torchrun that knows --signals-to-handle
+    (torch >= 2.9) gets it, so the stop signal reaches its workers; its versions line is the log's header."""
+    fake = tmp_path / "probe.py"
+    fake.write_text("print('python 3.11 torch 2.13.0 cuda None nccl None')\nprint('torchrun-signals True')\n")
+    spec = LaunchSpec(setup="multi-node", nodes=2, cpu=True, procs_per_node=2, launcher="torchrun", requeue=True,
+                      node_check=False, log_dir=str(tmp_path / "logs"), program=["train.py"])
+    built = build_plan(spec)
+    p = Plan(**{**built.__dict__, "probe": [sys.executable, str(fake)]})
+    alloc = Allocation(p, FakeSlurm(["a", "b"], []), {"SLURM_JOB_ID": "100"}, emit=lambda line, error: None)
+    alloc.job.provenance("a:1")
+    argv = alloc.argv(["a", "b"])
+    assert argv[argv.index("--max-restarts=0") + 1] == "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1," \
+                                                       "SIGUSR2" and argv[-1] == "train.py"
+
+
+def test_a_job_without_requeue_runs_one_step_and_ends_with_its_first_failure(tmp_path, job):
+    spec = LaunchSpec(setup="multi-node", nodes=2, cpu=True, procs_per_node=2, node_check=False,
+                      log_dir=str(tmp_path / "logs"), program=["train.py"])
+    p = Plan(**{**build_plan(spec).__dict__, "probe": ["true"]})
+    slurm = FakeSlurm(["node1", "node2"], [{"fail": [{"rank": 2, "host": "node2", "code": 3}], "status": 143}])
+    status, alloc = job(p, slurm)
+    assert status == 3 and len(slurm.launched) == 1 and rows(alloc) == []
+    assert "--nodelist=node1,node2" not in slurm.launched[0]  # the whole allocation, as srun gives it
+    assert not any(c[0] in ("requeue", "sentinel") for c in slurm.calls)
+    assert JobFiles(alloc.files.folder).exit_code() == "3"

@@ -8,8 +8,16 @@ import json
 
 import pytest
 
-from trainstack._slurm.attempt import (DEFAULT_RETRY_ON, FAILURES, Budget, Context, decide, exclusions,
-                                      parse_retry_on, stopped)
+from trainstack._slurm.attempt import (
+    DEFAULT_RETRY_ON,
+    FAILURES,
+    Budget,
+    Context,
+    decide,
+    exclusions,
+    parse_retry_on,
+    stopped,
+)
 
 ERROR = """epoch 1 | step {step} | loss 0.5
 Traceback (most recent call last):

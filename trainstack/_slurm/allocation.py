@@ -17,9 +17,7 @@ import datetime
 import os
 import shlex
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,8 +25,9 @@ from pathlib import Path
 from types import FrameType
 
 from .. import _envvars as envvars
-from .._jobfiles import EXIT_RECORD_SH, JobFiles
+from .._jobfiles import EXIT_RECORD_SH
 from . import attempt as policy
+from .batchjob import BatchJob
 from .nodecheck import check as judge_nodes
 from .nodecheck import describe as describe_check
 from .plan import Plan
@@ -36,12 +35,8 @@ from .slurmcmd import Slurm
 
 __all__ = ["Allocation", "NodePool", "Finish", "Retry", "Requeue", "Stop", "main"]
 
-#: What the job's interpreter says of itself, in its container (the provenance line of every attempt).
-PROBE = ('import sys, torch; n = torch.cuda.nccl.version() if torch.cuda.is_available() else None; '
-         'print(f"python {sys.version.split()[0]} torch {torch.__version__} cuda {torch.version.cuda} nccl {n}")')
 #: torchrun >= 2.9 forwards these to its workers; older ones stop on them (the stop then comes through the driver).
 TORCHRUN_SIGNALS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
-HEARTBEAT_S = 5.0
 SENTINEL = "trainstack-sentinel"  # the sentinel's job step: never killed with a failed training step
 
 
@@ -114,37 +109,26 @@ class Allocation:
     def __init__(self, plan: Plan, slurm: Slurm, env: Mapping[str, str], script: Path | None = None,
                  poll_s: float = 0.5, kill_after_s: float = 2.0,
                  emit: Callable[[str, bool], None] | None = None) -> None:
-        self.plan, self.slurm, self.script = plan, slurm, script
+        self.plan, self.slurm = plan, slurm
         self.poll_s, self.kill_after_s = poll_s, kill_after_s
-        self.env = dict(env)
-        self.emit = emit or _emit
-        self.restart = int(self.env.get("SLURM_RESTART_COUNT") or 0)
-        array = self.env.get("SLURM_ARRAY_JOB_ID")
-        self.task = self.env.get("SLURM_ARRAY_TASK_ID") if array else None
-        self.job_dir = Path(plan.job_dir_prefix + (array or slurm.job_id))
-        self.files = JobFiles(self.job_dir / f"task-{self.task}" if self.task is not None else self.job_dir)
-        self.requeue_id = f"{array}_{self.task}" if array else slurm.job_id
+        self.job = BatchJob(plan, slurm, env, script, emit or _emit)
+        self.files = self.job.files
         self.pool = NodePool([])
         self.step = 0
         self.stop_kind: str | None = None
-        self.keep_memory = False
-        self.torchrun_signals = False
-        self.task_args: list[str] = []
-        self.cwd: Path | None = None
         self.checked: set[tuple[str, ...]] = set()
-        self._done = threading.Event()
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
         """Run the job to its end; the job's exit status."""
         status = 1
-        self._set_up()
         try:
+            self._begin()
             status = self._loop()
-        except SystemExit as exc:  # SIGTERM without a graceful stop: what the batch shell's trap recorded
+        except SystemExit as exc:  # a job that cannot start, or SIGTERM without a graceful stop (recorded: 143)
             status = int(exc.code) if isinstance(exc.code, int) else 1
         finally:
-            self._end(status)
+            self.job.end(status, self.step)
         return status
 
     def _loop(self) -> int:
@@ -152,10 +136,11 @@ class Allocation:
         nodes = self.pool.choose(self.plan.nodes)
         while True:
             if nodes is None:
-                self._warn(f"fewer than {self.plan.nodes} usable node(s) in this allocation (lost: "
-                           f"{' '.join(self.pool.lost) or 'none'}, left out: {' '.join(self.pool.left_out) or 'none'})")
+                lost, left_out = " ".join(self.pool.lost) or "none", " ".join(self.pool.left_out) or "none"
+                self.job.warn(f"fewer than {self.plan.nodes} usable node(s) in this allocation (lost: {lost}, left "
+                              f"out: {left_out})")
                 return 1
-            self._event("step_start", nodes)
+            self.job.event("step_start", nodes, self.step)
             checked = self.preflight(nodes) if self.plan.node_check else nodes
             if isinstance(checked, Requeue):
                 return self.requeue(checked, 0)
@@ -165,20 +150,20 @@ class Allocation:
             if isinstance(decision, Finish):
                 if r.requeue:
                     retried = f" after {self.step} retries in this allocation" if self.step else ""
-                    self.say(f"finished (restart count {self.restart}){retried}")
+                    self.job.say(f"finished (restart count {self.job.restart}){retried}")
                 elif r.graceful_stop:
-                    self.say("finished")
-                self._sweep_done()
+                    self.job.say("finished")
+                self.job.sweep_done()
                 return 0
             if isinstance(decision, Stop):
                 return decision.status
             if isinstance(decision, Requeue):
                 return self.requeue(decision, ended.status)
-            self._report()
+            self.job.report(self.step)
             self.step += 1
             nodes = decision.nodes
-            self.say(f"crash (exit status {ended.status}): retrying in this allocation as step {self.step} on "
-                     f"{','.join(nodes)} (no requeue)")
+            self.job.say(f"crash (exit status {ended.status}): retrying in this allocation as step {self.step} on "
+                         f"{','.join(nodes)} (no requeue)")
 
     # ------------------------------------------------------------------ one step
     def run_step(self, nodes: list[str]) -> StepEnd:
@@ -187,30 +172,30 @@ class Allocation:
         self.files.clear_step()
         if self.step:
             self.files.mark_started()
-            self.files.mark_attempt_in_logs(f"{self.restart}.{self.step}")
-        if self.step or self.restart:
-            self._event("relaunch", nodes)
-        proc = self.slurm.launch(self.argv(nodes), self.step_env(nodes), self.cwd)
+            self.files.mark_attempt_in_logs(f"{self.job.restart}.{self.step}")
+        if self.step or self.job.restart:
+            self.job.event("relaunch", nodes, self.step)
+        proc = self.slurm.launch(self.argv(nodes), self.step_env(nodes), self.job.cwd)
         grace = self.plan.recovery.teardown_grace_s
         failed_at = kill_at = None
         while True:
             code = proc.poll()
             if code is not None:
                 if failed_at is None and (code != 0 or self.files.has_exits()):
-                    self._event("detected", nodes)
+                    self.job.event("detected", nodes, self.step)
                 break
             now = time.monotonic()
             if failed_at is None and self.files.has_exits():
                 failed_at = now
-                self._event("detected", nodes)
+                self.job.event("detected", nodes, self.step)
             if failed_at is not None and kill_at is None and self.plan.recovery.requeue and now - failed_at >= grace:
-                self._warn(f"the step did not end {grace:g} s after its first failure: killing its tasks")
+                self.job.warn(f"the step did not end {grace:g} s after its first failure: killing its tasks")
                 self.slurm.kill_steps(keep=SENTINEL)
                 kill_at = now + self.kill_after_s  # srun itself, if Slurm's kill did not end it
             if kill_at is not None and now >= kill_at:
                 proc.kill()
             time.sleep(self.poll_s)
-        self._event("step_end", nodes)
+        self.job.event("step_end", nodes, self.step)
         saved, finished = self.files.stop_answers()
         self.files.clear_stop()
         return StepEnd(self._first_failure(code if code >= 0 else 128 - code), saved, finished)
@@ -224,8 +209,8 @@ class Allocation:
         first = exits[0]
         if first.code != status:
             at = datetime.datetime.fromtimestamp(first.time).strftime("%H:%M:%S")
-            self._warn(f"{first.unit.replace('-', ' ', 1)} on {first.host} failed first (exit status {first.code} "
-                       f"at {at}); srun's {status} is the stop of the others")
+            self.job.warn(f"{first.unit.replace('-', ' ', 1)} on {first.host} failed first (exit status {first.code} "
+                          f"at {at}); srun's {status} is the stop of the others")
         return first.code
 
     def argv(self, nodes: list[str]) -> list[str]:
@@ -235,8 +220,8 @@ class Allocation:
         srun = list(launch.srun)
         if self.plan.recovery.requeue:
             srun += [f"--ntasks={len(nodes) * launch.tasks_per_node}", f"--nodelist={','.join(nodes)}", "--overlap"]
-        command = [*launch.command, *([TORCHRUN_SIGNALS] if launch.torchrun and self.torchrun_signals else [])]
-        program = [*launch.program, *(self.task_args if "CUSTOM_COMMAND" not in launch.env else [])]
+        command = [*launch.command, *([TORCHRUN_SIGNALS] if launch.torchrun and self.job.torchrun_signals else [])]
+        program = [*launch.program, *(self.job.task_args if "CUSTOM_COMMAND" not in launch.env else [])]
         return [*srun, "bash", "-c", EXIT_RECORD_SH, "trainstack-task", launch.task_log, *command, *program]
 
     def step_env(self, nodes: list[str]) -> dict[str, str]:
@@ -244,18 +229,18 @@ class Allocation:
         step), the attempt's counters."""
         port = self._port()
         job = self.slurm.job_id
-        env = {**self.env, **self.plan.launch.env, "MASTER_ADDR": nodes[0], "MASTER_PORT": str(port),
+        env = {**self.job.env, **self.plan.launch.env, "MASTER_ADDR": nodes[0], "MASTER_PORT": str(port),
                "PET_RDZV_ENDPOINT": f"{nodes[0]}:{port}",
                "PET_RDZV_ID": f"{job}.{self.step}" if self.plan.recovery.requeue else job,
                envvars.ATTEMPT: str(self.files.runs_before()), envvars.STEP: str(self.step)}
-        if "CUSTOM_COMMAND" in env and self.task_args:
-            env["CUSTOM_COMMAND"] += " " + " ".join(shlex.quote(a) for a in self.task_args)
+        if "CUSTOM_COMMAND" in env and self.job.task_args:
+            env["CUSTOM_COMMAND"] += " " + " ".join(shlex.quote(a) for a in self.job.task_args)
         return env
 
     def _port(self) -> int:
         job, base, span = int(self.slurm.job_id), self.plan.port_base, self.plan.port_span
         if self.step == 0:
-            return int(self.env.get("MASTER_PORT") or base + job % span)
+            return int(self.job.env.get("MASTER_PORT") or base + job % span)
         return base + (job + self.step * 7919) % span
 
     # ------------------------------------------------------------------ node checks
@@ -270,12 +255,12 @@ class Allocation:
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True, exist_ok=True)
         argv = [*check.command, "--out", str(out), "--port", str(self._port() + 1), "--budget", str(check.budget_s)]
-        self.slurm.on_nodes(nodes, argv, timeout=check.budget_s, output=out / "srun.out", env=self.env)
+        self.slurm.on_nodes(nodes, argv, timeout=check.budget_s, output=out / "srun.out", env=self.job.env)
         record = judge_nodes(self.files, nodes, started, self.plan.gpus_per_node, dict(check.thresholds),
-                             self.restart, self.step)
-        self.say(describe_check(record))
+                             self.job.restart, self.step)
+        self.job.say(describe_check(record))
         for host, why in record["named"].items():
-            self.say(f"node check: {host}: {why}")
+            self.job.say(f"node check: {host}: {why}")
         return dict(record["named"])
 
     def preflight(self, nodes: list[str]) -> list[str] | Requeue:
@@ -283,11 +268,11 @@ class Allocation:
         (checked in turn); without one the job is requeued leaving it out where the partition has other nodes, else
         it trains on them. A job without --requeue names the node and trains on it."""
         if not self.plan.recovery.requeue:
-            named = self.check_nodes(nodes)
-            if named:
-                bad = ",".join(named)
-                self._warn(f"training on {bad} anyway: a job without --requeue cannot leave a node out (--requeue "
-                           f"--spare-nodes 1 replaces it; or resubmit with sbatch's --exclude={bad})")
+            found = self.check_nodes(nodes)
+            if found:
+                bad = ",".join(found)
+                self.job.warn(f"training on {bad} anyway: a job without --requeue cannot leave a node out (--requeue "
+                              f"--spare-nodes 1 replaces it; or resubmit with sbatch's --exclude={bad})")
             return nodes
         while tuple(nodes) not in self.checked:
             named = list(self.check_nodes(nodes))
@@ -296,12 +281,12 @@ class Allocation:
             self.pool.leave_out(named)
             chosen = self.pool.choose(self.plan.nodes)
             if chosen is not None:
-                self.say(f"node check: leaving out {','.join(named)}; the step runs on {','.join(chosen)}")
+                self.job.say(f"node check: leaving out {','.join(named)}; the step runs on {','.join(chosen)}")
                 nodes = chosen
                 continue
             budget = policy.Budget(policy.spent(self.files.folder, "nodecheck"), self.plan.recovery.max_retries)
             go, line = policy.node_check_failed(self.files.folder, named, budget, self._context(nodes))
-            self._warn(line)
+            self.job.warn(line)
             if go:
                 return Requeue("nodecheck", policy.excluded(self.files.folder))
             self.pool.readmit(named)
@@ -318,12 +303,12 @@ class Allocation:
             return Finish()
         if not r.requeue:
             if ended.saved:
-                self.say(f"stopped gracefully with a complete checkpoint ({self.stop_kind or 'timeout'}); not "
-                         f"requeued (no --requeue): resubmit with resume='auto' to continue")
+                self.job.say(f"stopped gracefully with a complete checkpoint ({self.stop_kind or 'timeout'}); not "
+                             f"requeued (no --requeue): resubmit with resume='auto' to continue")
                 return Stop(0)
             return Stop(ended.status)
         if self.files.cancelled():
-            self._warn("cancelled (trainstack cancel): not requeueing")
+            self.job.warn("cancelled (trainstack cancel): not requeueing")
             return Stop(ended.status or 1)
         kind = (self.stop_kind or "timeout") if ended.saved else "crash"
         if ended.finished and self.stop_kind and not ended.saved:  # the signal came after the run ended
@@ -337,7 +322,7 @@ class Allocation:
             limit = r.max_requeues if kind == "timeout" else None
             budget = policy.Budget(policy.spent(folder, kind), limit, "--max-requeues")
             go, line = policy.stopped(folder, ended.status, kind, budget, where)
-        self._warn(line)
+        self.job.warn(line)
         if not go:
             return Stop(ended.status or 1)
         blamed = policy.history(folder)[-1].get("blamed") if kind == "crash" else None
@@ -360,77 +345,48 @@ class Allocation:
             self.pool.lose(list(lost))
 
     def _context(self, nodes: list[str]) -> policy.Context:
-        return policy.Context(self.restart, self.step, list(nodes), self.plan.procs_per_node,
-                              int(self.env.get("SLURM_NNODES") or self.plan.allocated_nodes),
+        return policy.Context(self.job.restart, self.step, list(nodes), self.plan.procs_per_node,
+                              int(self.job.env.get("SLURM_NNODES") or self.plan.allocated_nodes),
                               self.slurm.partition_nodes())
 
     def requeue(self, decision: Requeue, status: int) -> int:
         """The last rung: requeue the job (an array task by its own id), leaving out the hosts blamed, and release
         Slurm's hold on it where its owner may. SIGTERM from the requeue is ignored meanwhile (Slurm's KillWait)."""
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        self._report()
-        self.say(f"{decision.kind} (exit status {status}): requeueing job {self.requeue_id} as restart "
-                 f"{self.restart + 1}")
-        done, answer = self.slurm.requeue(self.requeue_id)
+        self.job.report(self.step)
+        self.job.say(f"{decision.kind} (exit status {status}): requeueing job {self.job.requeue_id} as restart "
+                     f"{self.job.restart + 1}")
+        done, answer = self.slurm.requeue(self.job.requeue_id)
         if not done:
             if "pending execution" not in answer:  # a user's own scontrol requeue got there first: nothing to add
-                self._warn(f"scontrol requeue {self.requeue_id} failed: {answer}")
+                self.job.warn(f"scontrol requeue {self.job.requeue_id} failed: {answer}")
                 return status or 1
-            self.say(f"job {self.requeue_id} was already requeued (scontrol requeue)")
-        self.keep_memory = True  # the requeued attempt restores from the memory checkpoints of the nodes it gets back
-        if decision.exclude and self.slurm.exclude(self.requeue_id, decision.exclude):
-            self.say(f"the requeued attempt leaves out {','.join(decision.exclude)} (blamed by a verdict)")
-        if self.slurm.start_now(self.requeue_id):
-            self.say("asked Slurm to start the requeued job without its hold (trainstack submit --wait releases "
-                     "a hold set later)")
+            self.job.say(f"job {self.job.requeue_id} was already requeued (scontrol requeue)")
+        self.job.keep_memory = True
+        if decision.exclude and self.slurm.exclude(self.job.requeue_id, decision.exclude):
+            self.job.say(f"the requeued attempt leaves out {','.join(decision.exclude)} (blamed by a verdict)")
+        if self.slurm.start_now(self.job.requeue_id):
+            self.job.say("asked Slurm to start the requeued job without its hold (trainstack submit --wait releases "
+                         "a hold set later)")
         return 0
 
     # ------------------------------------------------------------------ the job's start and end
-    def _set_up(self) -> None:
-        env, plan = self.env, self.plan
-        if env.get("SLURM_NNODES") and env["SLURM_NNODES"] != str(plan.allocated_nodes):
-            self._warn(f"this script was generated for {plan.allocated_nodes} node(s) but the job has "
-                       f"{env['SLURM_NNODES']}")
-            raise SystemExit(1)
-        try:
-            self.files.folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            self._warn(f"cannot create the job folder {self.files.folder} ({exc.strerror}): is "
-                       f"{self.job_dir.parent} writable from the compute nodes?")
-            raise SystemExit(1) from None
-        self._copy_script()
-        self.files.clear_exit_code()
-        self.files.mark_started()
-        self.files.driver_started()
-        self.files.mark_attempt_in_logs(str(self.restart))
-        self.env[envvars.JOB_DIR] = str(self.files.folder)
-        self.env.setdefault(envvars.SUBMIT_DIR, os.getcwd())
-        self._event("job_start", None, submitted=self.slurm.submitted())
-        threading.Thread(target=self._heartbeat, name="trainstack-heartbeat", daemon=True).start()
-        self.pool = NodePool(self.slurm.hostnames(env.get("SLURM_JOB_NODELIST", "")) or
-                             [env.get("SLURMD_NODENAME") or os.uname().nodename])
-        self._start_sentinel()
-        self._code_snapshot()
-        self._sweep_task()
-        if plan.gpu:  # the NCCL flight recorder: each rank's last collectives, dumped here when one times out
-            self.env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
-            self.env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
-            self.env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(self.files.path("nccl-trace-rank-"))
-        if plan.recovery.graceful_stop:
-            self.env[envvars.STOP_FILE] = str(self.files.stop_file)
-            self.env[envvars.STOP_SIGNALS] = "SIGUSR2,SIGTERM"
-            self.files.clear_stop()
+    def _begin(self) -> None:
+        """The job's record and environment, the pool of its hosts, the signals, the sentinel, the versions."""
+        self.pool = NodePool(self.job.begin())
+        if self.plan.recovery.graceful_stop:
             signal.signal(signal.SIGUSR1, lambda *_: self._stop("timeout", "SIGUSR1"))
             signal.signal(signal.SIGUSR2, lambda *_: self._stop("timeout", "SIGUSR2"))
             signal.signal(signal.SIGTERM, lambda *_: self._stop("preempt", "SIGTERM"))
         else:
             signal.signal(signal.SIGTERM, _terminated)
-        self._provenance()
+        self._start_sentinel()
+        self.job.provenance(f"{(self.pool.choose(1) or ['?'])[0]}:{self._port()}")
 
     def _start_sentinel(self) -> None:
         """The batch host is a node too: with --requeue on several nodes, a sentinel on another node of the
         allocation requeues the job without this one should this driver's heartbeat stop (``sentinel.py``)."""
-        here = self.env.get("SLURMD_NODENAME") or (self.pool.allocated[:1] or [""])[0]
+        here = self.job.env.get("SLURMD_NODENAME") or (self.pool.allocated[:1] or [""])[0]
         others = [h for h in self.pool.allocated if h != here]
         if not self.plan.recovery.requeue or not others:
             return
@@ -439,136 +395,15 @@ class Allocation:
         out = self.files.path("sentinel.out")  # written by the sentinel's node: this host may be gone
         argv = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={others[0]}", f"--job-name={SENTINEL}",
                 f"--output={out}", "--open-mode=append", sys.executable, "-m", "trainstack._slurm.sentinel",
-                str(self.files.folder), here, self.requeue_id,
-                str(self.env.get("SLURM_NNODES") or self.plan.allocated_nodes), str(self.restart)]
+                str(self.files.folder), here, self.job.requeue_id,
+                str(self.job.env.get("SLURM_NNODES") or self.plan.allocated_nodes), str(self.job.restart)]
         self.slurm.launch(argv, env, output=Path(os.devnull))
 
     def _stop(self, kind: str, name: str) -> None:
         self.stop_kind = kind
-        self.say(f"{name} at {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}: asking the "
-                 f"trainer to checkpoint and stop")
+        self.job.say(f"{name} at {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}: asking the "
+                     f"trainer to checkpoint and stop")
         self.files.request_stop()
-
-    def _provenance(self) -> None:
-        """The header of every attempt in the job's log: where it runs and the versions its interpreter reports
-        (inside the image when there is one)."""
-        now = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-        print(f"=== trainstack job {self.slurm.job_id} ({self.env.get('SLURM_JOB_NAME', '')}) restart {self.restart} "
-              f"at {now}", flush=True)
-        first = self.pool.choose(1) or ["?"]
-        print(f"nodes: {self.env.get('SLURM_JOB_NODELIST', '')} ({self.env.get('SLURM_NNODES', '')}) master: "
-              f"{first[0]}:{self._port()}", flush=True)
-        code = PROBE
-        if self.plan.launch.torchrun and self.plan.recovery.graceful_stop:
-            code += ('\nfrom torch.distributed.run import get_args_parser\nprint("torchrun-signals", '
-                     '"--signals-to-handle" in get_args_parser()._option_string_actions)')
-        try:
-            out = subprocess.run([*self.plan.probe, "-c", code], capture_output=True, text=True, timeout=120,
-                                 env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL)
-            text, ok = (out.stdout + out.stderr).strip(), out.returncode == 0
-        except (OSError, subprocess.SubprocessError) as exc:
-            text, ok = str(exc), False
-        if ok:
-            print(text.splitlines()[0] if text else "", flush=True)
-        else:
-            self._warn(f"{' '.join(self.plan.probe)} cannot report the versions: "
-                       f"{text.splitlines()[-1] if text else 'no output'}")
-        self.torchrun_signals = "torchrun-signals True" in text
-        if self.plan.launch.torchrun and self.plan.recovery.graceful_stop and not self.torchrun_signals:
-            self.say("this torchrun has no --signals-to-handle (torch < 2.9): signals sent to the job steps stop "
-                     "torchrun; the graceful stop comes through the batch shell's trap")
-
-    def _code_snapshot(self) -> None:
-        """trainstack submit's code snapshot: the job (and its requeues) run that copy, not the files being edited
-        meanwhile."""
-        snapshot = self.env.get(envvars.SNAPSHOT)
-        own = str(Path(__file__).resolve().parents[2])  # a driver shipped in the job folder is not the job's
-        paths = [p for p in self.env.get("PYTHONPATH", "").split(os.pathsep)
-                 if p and not (own.endswith(f"/{JobFiles.DRIVER}") and os.path.realpath(p) == own)]
-        if snapshot is not None:
-            code = self.job_dir / JobFiles.CODE
-            if not (code / snapshot).is_dir():
-                self._warn(f"the code snapshot {code / snapshot} is missing (job folder deleted?)")
-                raise SystemExit(1)
-            self.cwd = code / snapshot
-            paths = [*([str(code / "src")] if (code / "src").is_dir() else []), str(code), *paths]
-            self.say(f"running the code snapshot in {self.cwd}")
-        if paths:
-            self.env["PYTHONPATH"] = os.pathsep.join(paths)
-        else:
-            self.env.pop("PYTHONPATH", None)
-
-    def _sweep_task(self) -> None:
-        """A sweep: every array task appends its own arguments and trains in a run folder named by their
-        signature."""
-        sweep = self.plan.sweep
-        if sweep is None:
-            return
-        index = self.env.get("SLURM_ARRAY_TASK_ID", "")
-        if not index.isdigit() or int(index) >= len(sweep.tasks):
-            self._warn(f"array task '{index}' is not one of the {len(sweep.tasks)} tasks of this sweep")
-            raise SystemExit(1)
-        task = sweep.tasks[int(index)]
-        self.task_args = list(task["args"])
-        run_dir = Path(sweep.folder) / task["signature"]
-        self.env[envvars.RUN_DIR], self.env[envvars.SWEEP_ARGS] = str(run_dir), " ".join(self.task_args)
-        if (run_dir / ".trainstack-done").exists():
-            self.say(f"sweep task {index} ({task['signature']}) already finished in {run_dir}: skipping")
-            raise SystemExit(0)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.say(f"sweep task {index} ({task['signature']}): {' '.join(self.task_args)}")
-
-    def _sweep_done(self) -> None:
-        if self.plan.sweep is not None and envvars.RUN_DIR in self.env:
-            (Path(self.env[envvars.RUN_DIR]) / ".trainstack-done").touch()
-
-    def _copy_script(self) -> None:
-        target = self.job_dir / JobFiles.SCRIPT
-        if self.script is not None and not target.exists():
-            try:
-                target.write_bytes(self.script.read_bytes())
-            except OSError:
-                pass
-
-    def _end(self, status: int) -> None:
-        """The job's exit status in its folder, its end in the timeline, the attempt report, and the memory
-        checkpoints freed on every node still answering (kept for a requeued attempt, which restores from them)."""
-        self.files.write_exit_code(status)
-        self._event("job_end", None, status=status)
-        self._report()
-        folders = self.files.memory_folders()
-        if folders and not self.keep_memory:
-            script = ('while IFS= read -r d; do [[ "$d" == */trainstack-*/job-"$SLURM_JOB_ID"-* ]] && rm -rf -- '
-                      '"$d"; done < "$1"')
-            listing = str(self.files.path(JobFiles.MEMORY_FOLDERS))
-            self.slurm.each(self.pool.allocated, ["bash", "-c", script, "_", listing], timeout=10)
-            self.files.forget_memory_folders()
-        self._done.set()
-        self.files.driver_ended(f"exit {status}")
-
-    def _report(self) -> None:
-        """The attempt report of this job step (never fails the job)."""
-        from .report import write_report
-
-        try:
-            write_report(self.files.folder, self.restart, self.step)
-        except Exception as exc:  # noqa: BLE001 -- a report is a convenience, the job goes on
-            self._warn(f"the attempt report could not be written: {type(exc).__name__}: {exc}")
-
-    def _event(self, kind: str, nodes: list[str] | None, **extra: object) -> None:
-        self.files.record_event(kind, attempt=self.restart, step_index=self.step,
-                                nodes=",".join(nodes) if nodes else self.env.get("SLURM_JOB_NODELIST", ""), **extra)
-
-    def _heartbeat(self) -> None:
-        self.files.beat()
-        while not self._done.wait(HEARTBEAT_S):
-            self.files.beat()
-
-    def say(self, line: str) -> None:
-        self.emit(line, False)
-
-    def _warn(self, line: str) -> None:
-        self.emit(line, True)
 
 
 def _emit(line: str, error: bool) -> None:

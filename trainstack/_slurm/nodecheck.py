@@ -89,7 +89,8 @@ def judge(figures: dict[str, dict[str, Any] | None], link: dict[str, Any] | None
         if gpus and visible < gpus:
             bad[host] = f"{visible:g} GPU(s) visible, {gpus} requested"
             continue
-        listed = fig.get("gpus") if isinstance(fig.get("gpus"), list) else []
+        gpu_rows = fig.get("gpus")
+        listed: list[Any] = gpu_rows if isinstance(gpu_rows, list) else []
         ecc = [g for g in listed if isinstance(g, dict)
                and (_number(g.get("ecc.errors.uncorrected.volatile.total")) or 0) > 0]
         if ecc:
@@ -137,7 +138,8 @@ def describe(check: dict[str, Any]) -> str:
     """One line: the nodes' rates, the ring, how long it took."""
     found = {h: _rate(f) if isinstance(f, dict) else None for h, f in check["figures"].items()}
     rates = ", ".join(f"{h} {r:.1f}" for h, r in found.items() if isinstance(r, float))
-    ring = check.get("link") if isinstance(check.get("link"), dict) else {}
+    link = check.get("link")
+    ring: dict[str, Any] = link if isinstance(link, dict) else {}
     gbps = _number(ring.get("ring_gbps"))
     reported = [f for f in check["figures"].values() if f]
     ring_text = f"; ring {gbps:.2f} GB/s" if gbps else \

@@ -1,0 +1,206 @@
+"""One job on its batch host, around the steps the allocation driver runs: ``BatchJob`` keeps the job's record in
+its folder (the runs in ``started``, the timeline, the exit status, the attempt reports, the heartbeat the sentinel
+watches), the environment every step runs with (the job folder, the code snapshot, a sweep task's arguments, the
+stop file, the NCCL flight recorder), the versions its interpreter reports, and at the end frees the memory
+checkpoints on every node. Torch-free, stdlib only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from .. import _envvars as envvars
+from .._jobfiles import JobFiles
+from .plan import Plan
+from .slurmcmd import Slurm
+
+__all__ = ["BatchJob", "PROBE", "HEARTBEAT_S"]
+
+#: What the job's interpreter says of itself, in its container (the provenance line of every attempt).
+PROBE = ('import sys, torch; n = torch.cuda.nccl.version() if torch.cuda.is_available() else None; '
+         'print(f"python {sys.version.split()[0]} torch {torch.__version__} cuda {torch.version.cuda} nccl {n}")')
+HEARTBEAT_S = 5.0
+
+
+class BatchJob:
+    """The job's record and environment on its batch host (``emit(line, error)`` writes a line of its log)."""
+
+    def __init__(self, plan: Plan, slurm: Slurm, env: Mapping[str, str], script: Path | None,
+                 emit: Callable[[str, bool], None]) -> None:
+        self.plan, self.slurm, self.script, self.emit = plan, slurm, script, emit
+        self.env = dict(env)
+        self.restart = int(self.env.get("SLURM_RESTART_COUNT") or 0)
+        array = self.env.get("SLURM_ARRAY_JOB_ID")
+        self.task = self.env.get("SLURM_ARRAY_TASK_ID") if array else None
+        self.job_dir = Path(plan.job_dir_prefix + (array or slurm.job_id))
+        self.files = JobFiles(self.job_dir / f"task-{self.task}" if self.task is not None else self.job_dir)
+        self.requeue_id = f"{array}_{self.task}" if array else slurm.job_id
+        self.hosts: list[str] = []
+        self.keep_memory = False  # a requeued attempt restores from the memory checkpoints of the nodes it gets
+        self.torchrun_signals = False
+        self.task_args: list[str] = []
+        self.cwd: Path | None = None
+        self._done = threading.Event()
+
+    def begin(self) -> list[str]:
+        """The job's start: the job folder and its record, the timeline, the heartbeat, the code it runs, the sweep
+        task, the environment of its steps. The allocation's hosts, in order."""
+        env, plan = self.env, self.plan
+        if env.get("SLURM_NNODES") and env["SLURM_NNODES"] != str(plan.allocated_nodes):
+            self.warn(f"this script was generated for {plan.allocated_nodes} node(s) but the job has "
+                      f"{env['SLURM_NNODES']}")
+            raise SystemExit(1)
+        try:
+            self.files.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self.warn(f"cannot create the job folder {self.files.folder} ({exc.strerror}): is "
+                      f"{self.job_dir.parent} writable from the compute nodes?")
+            raise SystemExit(1) from None
+        self._copy_script()
+        self.files.clear_exit_code()
+        self.files.mark_started()
+        self.files.driver_started()
+        self.files.mark_attempt_in_logs(str(self.restart))
+        self.env[envvars.JOB_DIR] = str(self.files.folder)
+        self.env.setdefault(envvars.SUBMIT_DIR, os.getcwd())
+        self.event("job_start", None, 0, submitted=self.slurm.submitted())
+        threading.Thread(target=self._heartbeat, name="trainstack-heartbeat", daemon=True).start()
+        self.hosts = self.slurm.hostnames(env.get("SLURM_JOB_NODELIST", "")) or \
+            [env.get("SLURMD_NODENAME") or os.uname().nodename]
+        self._code_snapshot()
+        self._sweep_task()
+        if plan.gpu:  # the NCCL flight recorder: each rank's last collectives, dumped here when one times out
+            self.env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+            self.env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+            self.env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(self.files.path("nccl-trace-rank-"))
+        if plan.recovery.graceful_stop:  # the trainer polls the stop file; signals reach this driver only
+            self.env[envvars.STOP_FILE] = str(self.files.stop_file)
+            self.env[envvars.STOP_SIGNALS] = "SIGUSR2,SIGTERM"
+            self.files.clear_stop()
+        return self.hosts
+
+    def provenance(self, master: str) -> None:
+        """The header of every attempt in the job's log: where it runs and the versions its interpreter reports
+        (inside the image when there is one)."""
+        now = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        print(f"=== trainstack job {self.slurm.job_id} ({self.env.get('SLURM_JOB_NAME', '')}) restart {self.restart} "
+              f"at {now}", flush=True)
+        print(f"nodes: {self.env.get('SLURM_JOB_NODELIST', '')} ({self.env.get('SLURM_NNODES', '')}) master: "
+              f"{master}", flush=True)
+        code = PROBE
+        if self.plan.launch.torchrun and self.plan.recovery.graceful_stop:
+            code += ('\nfrom torch.distributed.run import get_args_parser\nprint("torchrun-signals", '
+                     '"--signals-to-handle" in get_args_parser()._option_string_actions)')
+        try:
+            out = subprocess.run([*self.plan.probe, "-c", code], capture_output=True, text=True, timeout=120,
+                                 env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL)
+            text, ok = (out.stdout + out.stderr).strip(), out.returncode == 0
+        except (OSError, subprocess.SubprocessError) as exc:
+            text, ok = str(exc), False
+        if ok:
+            print(text.splitlines()[0] if text else "", flush=True)
+        else:
+            self.warn(f"{' '.join(self.plan.probe)} cannot report the versions: "
+                      f"{text.splitlines()[-1] if text else 'no output'}")
+        self.torchrun_signals = "torchrun-signals True" in text
+        if self.plan.launch.torchrun and self.plan.recovery.graceful_stop and not self.torchrun_signals:
+            self.say("this torchrun has no --signals-to-handle (torch < 2.9): signals sent to the job steps stop "
+                     "torchrun; the graceful stop comes through the batch shell's trap")
+
+    def _code_snapshot(self) -> None:
+        """trainstack submit's code snapshot: the job (and its requeues) run that copy, not the files being edited
+        meanwhile."""
+        snapshot = self.env.get(envvars.SNAPSHOT)
+        own = str(Path(__file__).resolve().parents[2])  # a driver shipped in the job folder is not the job's
+        paths = [p for p in self.env.get("PYTHONPATH", "").split(os.pathsep)
+                 if p and not (own.endswith(f"/{JobFiles.DRIVER}") and os.path.realpath(p) == own)]
+        if snapshot is not None:
+            code = self.job_dir / JobFiles.CODE
+            if not (code / snapshot).is_dir():
+                self.warn(f"the code snapshot {code / snapshot} is missing (job folder deleted?)")
+                raise SystemExit(1)
+            self.cwd = code / snapshot
+            paths = [*([str(code / "src")] if (code / "src").is_dir() else []), str(code), *paths]
+            self.say(f"running the code snapshot in {self.cwd}")
+        if paths:
+            self.env["PYTHONPATH"] = os.pathsep.join(paths)
+        else:
+            self.env.pop("PYTHONPATH", None)
+
+    def _sweep_task(self) -> None:
+        """A sweep: every array task appends its own arguments and trains in a run folder named by their
+        signature."""
+        sweep = self.plan.sweep
+        if sweep is None:
+            return
+        index = self.env.get("SLURM_ARRAY_TASK_ID", "")
+        if not index.isdigit() or int(index) >= len(sweep.tasks):
+            self.warn(f"array task '{index}' is not one of the {len(sweep.tasks)} tasks of this sweep")
+            raise SystemExit(1)
+        task = sweep.tasks[int(index)]
+        self.task_args = list(task["args"])
+        run_dir = Path(sweep.folder) / task["signature"]
+        self.env[envvars.RUN_DIR], self.env[envvars.SWEEP_ARGS] = str(run_dir), " ".join(self.task_args)
+        if (run_dir / ".trainstack-done").exists():
+            self.say(f"sweep task {index} ({task['signature']}) already finished in {run_dir}: skipping")
+            raise SystemExit(0)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.say(f"sweep task {index} ({task['signature']}): {' '.join(self.task_args)}")
+
+    def sweep_done(self) -> None:
+        if self.plan.sweep is not None and envvars.RUN_DIR in self.env:
+            (Path(self.env[envvars.RUN_DIR]) / ".trainstack-done").touch()
+
+    def _copy_script(self) -> None:
+        target = self.job_dir / JobFiles.SCRIPT
+        if self.script is not None and not target.exists():
+            try:
+                target.write_bytes(self.script.read_bytes())
+            except OSError:
+                pass
+
+    def end(self, status: int, step: int) -> None:
+        """The job's exit status in its folder, its end in the timeline, the attempt report, and the memory
+        checkpoints freed on every node still answering (kept for a requeued attempt, which restores from them)."""
+        self.files.write_exit_code(status)
+        self.event("job_end", None, step, status=status)
+        self.report(step)
+        folders = self.files.memory_folders()
+        if folders and not self.keep_memory:
+            script = ('while IFS= read -r d; do [[ "$d" == */trainstack-*/job-"$SLURM_JOB_ID"-* ]] && rm -rf -- '
+                      '"$d"; done < "$1"')
+            listing = str(self.files.path(JobFiles.MEMORY_FOLDERS))
+            self.slurm.each(self.hosts, ["bash", "-c", script, "_", listing], timeout=10)
+            self.files.forget_memory_folders()
+        self._done.set()
+        self.files.driver_ended(f"exit {status}")
+
+    def report(self, step: int) -> None:
+        """The attempt report of this job step (never fails the job)."""
+        from .report import write_report
+
+        try:
+            write_report(self.files.folder, self.restart, step)
+        except Exception as exc:  # noqa: BLE001 -- a report is a convenience, the job goes on
+            self.warn(f"the attempt report could not be written: {type(exc).__name__}: {exc}")
+
+    def event(self, kind: str, nodes: list[str] | None, step: int, **extra: object) -> None:
+        """One entry of the job's timeline (``events.jsonl``: the goodput ledger and the recoveries read it)."""
+        self.files.record_event(kind, attempt=self.restart, step_index=step,
+                                nodes=",".join(nodes) if nodes else self.env.get("SLURM_JOB_NODELIST", ""), **extra)
+
+    def _heartbeat(self) -> None:
+        self.files.beat()
+        while not self._done.wait(HEARTBEAT_S):
+            self.files.beat()
+
+    def say(self, line: str) -> None:
+        self.emit(line, False)
+
+    def warn(self, line: str) -> None:
+        self.emit(line, True)
