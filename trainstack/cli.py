@@ -18,6 +18,7 @@ from click.core import ParameterSource
 
 from . import _envvars as envvars
 from ._slurm.options import build_spec
+from ._slurm.plan import driver_note
 from ._slurm.program import FORMS
 from ._slurm.spec import spec_defaults
 from ._version import __version__
@@ -216,6 +217,9 @@ def generate(ctx: click.Context, output: str | None, force: bool, dry_run: bool,
     """Render one sbatch script; the program and its arguments follow `--`."""
     spec, templates_dir = build_spec(ctx, params)
     text = _render(spec, templates_dir)
+    note = driver_note(spec, shipped=False)
+    if note:
+        click.echo(note, err=True)
     log_dir = Path(spec.log_dir)
     if output and not dry_run:
         _write_output(Path(output), text, force)
@@ -273,6 +277,9 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
 
     sbatch_path()  # no Slurm here: that first, before what the job would find
     check_submittable(spec)
+    note = driver_note(spec, shipped=True)
+    if note:
+        click.echo(note, err=True)
     if snapshot:
         _warn_uncommitted(Path(spec.chdir or "."))
     job = submit_spec(spec, wait=wait, templates_dir=templates_dir, command_line=_command_line(),

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_workflow import JOB, SLEEPER, ts, wait_ended, wait_for_file
+from test_workflow import JOB, SLEEPER, STANDIN_APPTAINER, ts, wait_ended, wait_for_file
 
 pytestmark = [pytest.mark.slurm]
 REPO = Path(__file__).resolve().parents[2]
@@ -235,3 +235,40 @@ def test_a_blamed_node_slurm_holds_out_of_service_costs_the_requeue_no_room(slur
                        timeout=30)
     assert keep == ["node2"] and note == ("a requeued attempt could not leave out node3 (no other node in the "
                                           "partition for 2 node(s))"), (keep, note)
+
+
+@pytest.mark.timeout(300)
+def test_a_container_job_on_a_host_without_trainstack_keeps_the_one_policy(slurm_env, shared_tmp):
+    """The batch host's python3 has no trainstack (the image has it: an apptainer stand-in, the venv's python as
+    the image's). Through ``trainstack submit`` the driver runs from the copy shipped in the job folder, so a crash
+    is retried in the allocation as on bare metal; a plain sbatch of the generated script, with no copy to find,
+    runs one plain launch and says so in its log (the crash then ends the job)."""
+    bin_dir = shared_tmp / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "apptainer").write_text(STANDIN_APPTAINER)
+    (bin_dir / "apptainer").chmod(0o755)
+    (bin_dir / "python3").symlink_to("/usr/bin/python3")  # the host's own python: no trainstack, no torch
+    image = shared_tmp / "image.sif"
+    image.write_text("stand-in image")
+    flaky = shared_tmp / "_flaky.py"
+    shutil.copy(Path(__file__).with_name("_flaky.py"), flaky)
+    env = {k: v for k, v in slurm_env.items() if k != "PYTHONPATH"}
+    env.update(PATH=f"{bin_dir}:/usr/bin:/bin", XDG_STATE_HOME=str(shared_tmp / "state"))
+    common = ["--setup", "multi-node", "--nodes", "2", "--cpu", "--procs-per-node", "1", "--time", "5",
+              "--job-name", JOB, "--log-dir", str(shared_tmp / "logs"), "--container", "apptainer", "--image",
+              str(image), "--python", sys.executable, "--requeue", "--no-node-check", "--partition", "spares"]
+    submitted = ts(env, "submit", *common, "--no-snapshot", "--wait", "--", str(flaky), "transient", cwd=shared_tmp,
+                   check=False, timeout=240)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    assert "from the copy shipped in the job folder" in submitted.stderr
+    log = next((shared_tmp / "logs").glob(f"{JOB}-*.out")).read_text()
+    assert "retrying in this allocation as step 1" in log and "cannot import trainstack" not in log, log
+    script = shared_tmp / "plain.sbatch"
+    made = ts(env, "generate", *common, "--log-dir", str(shared_tmp / "plain-logs"), "-o", str(script), "--",
+              str(flaky), "transient", cwd=shared_tmp)
+    assert "WITHOUT in-allocation recovery" in made.stderr
+    ran = subprocess.run(["sbatch", "--wait", "--parsable", str(script)], cwd=shared_tmp, env=env,
+                         capture_output=True, text=True, timeout=200)
+    plain = next((shared_tmp / "plain-logs").glob(f"{JOB}-*.out")).read_text()
+    assert ran.returncode != 0 and "WITHOUT in-allocation recovery" in plain, plain
+    assert "retrying in this allocation" not in plain

@@ -19,7 +19,7 @@ from .attempt import parse_retry_on
 from .jobfolder import JobPaths
 from .spec import MIN_STEP_SECONDS, NODE_CHECK_BUDGET_S, TEARDOWN_GRACE_S, LaunchSpec
 
-__all__ = ["Plan", "Launch", "Recovery", "NodeCheckPlan", "Sweep", "build_plan", "FORMAT"]
+__all__ = ["Plan", "Launch", "Recovery", "NodeCheckPlan", "Sweep", "build_plan", "FORMAT", "driver_note"]
 
 #: The plan's format: a driver refuses a plan of a format it does not know (said, with the versions).
 FORMAT = 1
@@ -166,6 +166,22 @@ def build_plan(spec: LaunchSpec) -> Plan:
     kind = f"{spec.setup}, launcher {spec.launcher}" + (" (CPU, gloo)" if spec.cpu else "")
     return Plan(kind, spec.nodes, spec.spare_nodes, spec.procs, 0 if spec.cpu else spec.procs,
                 JobPaths.prefix(spec.log_dir, spec.job_name), launch, probe, recovery, check, sweep, not spec.cpu)
+
+
+def driver_note(spec: LaunchSpec, shipped: bool) -> str | None:
+    """What a container job needs on its batch host (which runs the driver, outside the image), said at generate
+    (``shipped`` False) and submit time; None for a job without a container (its own Python runs the driver)."""
+    if spec.container == "none":
+        return None
+    if shipped:
+        return (f"note: --container {spec.container}: the batch host runs trainstack's driver (torch-free) with its "
+                f"own python3, from the copy shipped in the job folder: it needs Python 3.10+ there; where it has "
+                f"none, the job runs one plain launch without in-allocation recovery and its log says so")
+    return (f"note: --container {spec.container}: the batch host runs trainstack's driver (torch-free, Python 3.10+) "
+            f"with its own python3, outside the image: with trainstack importable there -- or through trainstack "
+            f"submit, which ships it in the job folder -- the job recovers as a bare-metal one; where neither holds, "
+            f"sbatch of this script runs one plain launch WITHOUT in-allocation recovery, node checks or the job "
+            f"folder's records, and its log says so")
 
 
 def _pyxis(spec: LaunchSpec) -> list[str]:
