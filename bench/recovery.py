@@ -11,17 +11,21 @@ steps). Cases, one run each (``--repeats`` for more):
 * ``requeue today`` (``--today REF``, ~3 min): a crash under the trainstack of git commit REF (before in-allocation
   recovery): requeued, Slurm's hold and the queue in between.
 
-Run: `make bench-recovery` (or `python bench/recovery.py [--today 82813d8] [--launcher srun|torchrun|spawn]`)."""
+``--baseline REF`` runs every case also under the trainstack of git commit REF (a worktree), alternating, and prints
+both columns and their ratio: the same recovery beside today's main in one run.
+
+Run: `make bench-recovery` (or `python bench/recovery.py [--today 82813d8] [--baseline 9aef794]
+[--launcher srun|torchrun|spawn]`)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,10 +63,10 @@ def measure(case: str, env: dict[str, str], launcher: str, work: Path, today: Pa
     else:
         fault = kill_rank(out, "node1", 1)
     done_before = reached(out)
-    # the first resumed step (21, from the checkpoint at 20): below the step rank 0 had reached before the fault
-    wait_until(lambda: 0 <= reached(out) < done_before, 400, "the first resumed step")
-    resumed = time.time() - fault
-    resumed_at = reached(out) - 1
+    # the first resumed step, from the job's own timeline (steps after the resume take 20 ms: a poll would miss it)
+    wait_until(lambda: after(out, "first_step", fault) is not None, 400, "the first resumed step", poll=0.5)
+    resumed = after(out, "first_step", fault)["time"] - fault
+    resumed_at = (after(out, "resumed", fault) or {"step": done_before})["step"]
     shown = subprocess.run(["scontrol", "show", "job", "-o", job], env=env, capture_output=True, text=True).stdout
     restarts = shown.split("Restarts=")[1].split()[0] if "Restarts=" in shown else "?"
     subprocess.run(["scancel", job], env=env, timeout=30, check=False)
@@ -72,8 +76,22 @@ def measure(case: str, env: dict[str, str], launcher: str, work: Path, today: Pa
     return {"case": case, "seconds": resumed, "lost": done_before - resumed_at, "restarts": restarts, "job": job}
 
 
+def after(out: Path, kind: str, when: float) -> dict | None:
+    """The job's first ``kind`` event after ``when`` (its events.jsonl in the job folder), or None."""
+    for path in (out / "logs").glob("*/events.jsonl"):
+        for line in path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("kind") == kind and event.get("time", 0) > when:
+                return event
+    return None
+
+
 def worktree(ref: str, work: Path) -> Path:
-    """A checkout of ``ref`` (the trainstack of that commit), for the ``requeue today`` case."""
+    """A checkout of ``ref`` (the trainstack of that commit), for the ``requeue today`` and baseline cases."""
+    work.mkdir(parents=True, exist_ok=True)
     path = work / f"trainstack-{ref}"
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), ref], check=True,
                    capture_output=True, timeout=120)
@@ -85,6 +103,7 @@ def main() -> None:
     parser.add_argument("--launcher", default="srun", choices=("srun", "torchrun", "spawn"))
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--today", metavar="REF", help="also the requeue of git commit REF (before this feature)")
+    parser.add_argument("--baseline", metavar="REF", help="every case also under git commit REF, side by side")
     args = parser.parse_args()
     env = dict(os.environ)
     env.setdefault("SLURM_CONF", "/tmp/trainstack-slurm/slurm.conf")
@@ -92,26 +111,40 @@ def main() -> None:
     work.chmod(0o777)
     cases = ["in-allocation crash", "spare after node loss", "requeue after node loss"]
     today = worktree(args.today, work) if args.today else None
+    base = worktree(args.baseline, work / "base") if args.baseline else None
     if today is not None:
         cases.insert(0, "requeue today")
-    rows: dict[str, list[dict]] = {c: [] for c in cases}
+    runs = [(c, None) for c in cases] + ([(c, base) for c in cases if c != "requeue today"] if base else [])
+    rows: dict[tuple[str, Path | None], list[dict]] = {run: [] for run in runs}
     try:
         for _ in range(args.repeats):
-            for case in cases:
-                row = measure(case, env, args.launcher, work, today if case == "requeue today" else None)
-                rows[case].append(row)
-                print(f"{case}: {row['seconds']:.1f} s to the first resumed step, {row['lost']} step(s) lost "
-                      f"(job {row['job']}, restarts {row['restarts']})", flush=True)
+            for case, tree in sorted(runs, key=lambda r: (cases.index(r[0]), r[1] is None)):
+                row = measure(case, env, args.launcher, work, today if case == "requeue today" else tree)
+                rows[(case, tree)].append(row)
+                print(f"{case}{f' ({args.baseline})' if tree else ''}: {row['seconds']:.1f} s to the first resumed "
+                      f"step, {row['lost']} step(s) lost (job {row['job']}, restarts {row['restarts']})", flush=True)
     finally:
-        if today is not None:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(today)], check=False)
+        for tree in (today, base):
+            if tree is not None:
+                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
     print(f"\n4 ranks on 2 nodes ({args.launcher}), checkpoint every 5 steps, fault at step ~{FAULT_AT}; "
           f"median of {args.repeats}\n")
-    print("| case | fault -> first resumed step | steps lost | Slurm restarts |")
-    print("|---|---|---|---|")
-    for case, found in rows.items():
-        print(f"| {case} | {statistics.median(r['seconds'] for r in found):.1f} s | "
-              f"{statistics.median(r['lost'] for r in found):.0f} | {found[-1]['restarts']} |")
+    if base is None:
+        print("| case | fault -> first resumed step | steps lost | Slurm restarts |")
+        print("|---|---|---|---|")
+        for (case, _), found in rows.items():
+            print(f"| {case} | {statistics.median(r['seconds'] for r in found):.1f} s | "
+                  f"{statistics.median(r['lost'] for r in found):.0f} | {found[-1]['restarts']} |")
+        return
+    print(f"| case | this tree | {args.baseline} | ratio | steps lost (this / {args.baseline}) |")
+    print("|---|---|---|---|---|")
+    for case in cases:
+        if case == "requeue today":
+            continue
+        mine, theirs = rows[(case, None)], rows[(case, base)]
+        a, b = (statistics.median(r["seconds"] for r in x) for x in (mine, theirs))
+        print(f"| {case} | {a:.1f} s | {b:.1f} s | {a / b:.2f}x | {statistics.median(r['lost'] for r in mine):.0f}"
+              f" / {statistics.median(r['lost'] for r in theirs):.0f} |")
 
 
 if __name__ == "__main__":
