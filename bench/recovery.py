@@ -69,7 +69,8 @@ def measure(case: str, env: dict[str, str], launcher: str, work: Path, today: Pa
     resumed_at = (after(out, "resumed", fault) or {"step": done_before})["step"]
     shown = subprocess.run(["scontrol", "show", "job", "-o", job], env=env, capture_output=True, text=True).stdout
     restarts = shown.split("Restarts=")[1].split()[0] if "Restarts=" in shown else "?"
-    subprocess.run(["scancel", job], env=env, timeout=30, check=False)
+    subprocess.run([sys.executable, "-m", "trainstack", "cancel", job], env=env, timeout=60, check=False,
+                   capture_output=True)  # a plain scancel of a --requeue job would requeue it
     left = restore_nodes(env)
     if left:
         raise RuntimeError(f"nodes {left} did not come back after case {case!r}")

@@ -398,13 +398,15 @@ def restore_memory(memory: MemoryCheckpoints, parts: Mapping[str, Any], newer_th
     return restore(memory, parts, newer_than, world, check, _RESERVED)
 
 
-def open_memory(run_folder: Path, rank: int, world: int, model: torch.nn.Module, optimizer: Any
+def open_memory(run_folder: Path, rank: int, world: int, model: torch.nn.Module, optimizer: Any, run_id: str = ""
                 ) -> MemoryCheckpoints:
-    """Collective: this rank's memory checkpoints of the run in ``run_folder`` (``ConfigError`` before training
-    when a node's memory file system cannot hold them)."""
+    """Collective: this rank's memory checkpoints of the run ``run_id`` in ``run_folder`` (``ConfigError`` before
+    training when a node's memory file system cannot hold them; another run's sets there removed, said in
+    ``stale_removed``)."""
     from ._checkpoint.memory import MemoryCheckpoints, estimate_bytes
 
-    memory = MemoryCheckpoints.open(Path(run_folder), rank, world, estimate_bytes(model, optimizer), FORMAT_VERSION)
+    memory = MemoryCheckpoints.open(Path(run_folder), rank, world, estimate_bytes(model, optimizer), FORMAT_VERSION,
+                                    run_id)
     memory.record_folder()
     return memory
 

@@ -282,6 +282,9 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
         click.echo(note, err=True)
     if snapshot:
         _warn_uncommitted(Path(spec.chdir or "."))
+    if spec.requeue:
+        click.echo("note: --requeue: cancel this job with `trainstack cancel JOB`; a plain scancel reads as a "
+                   "preemption (Slurm sends both the same SIGTERM) and requeues it", err=True)
     job = submit_spec(spec, wait=wait, templates_dir=templates_dir, command_line=_command_line(),
                       echo=lambda line: click.echo(line, nl=False), snapshot=snapshot, hold=hold,
                       argv=sys.argv)

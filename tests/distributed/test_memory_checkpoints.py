@@ -172,3 +172,23 @@ def test_a_memory_folder_others_can_write_into_is_refused(run_py, tmp_path):
     assert f"memory checkpoints cannot use {root}: {root} is writable by other users (mode 777)" in proc.stdout, \
         proc.stdout[-3000:]
     assert planted.exists(), "nothing of another user's is touched"
+
+
+def test_a_deleted_runs_memory_checkpoints_are_removed_not_continued(run_py, tmp_path, references):
+    """A run killed at step 13 leaves a memory set at step 10; its run folder is deleted and the run started again
+    in the same path: the set belongs to another run id, so it is removed with one line, never restored -- the new
+    run trains from its own start and ends equal to an uninterrupted run."""
+    out = tmp_path / "out"
+    crashed = _torchrun(run_py, out, 2, restarts=0, check=False, MEM=5, FAULTS="13:exit", CRASH_RANK=1)
+    assert crashed.returncode != 0
+    shm = tmp_path / "shm" / f"trainstack-{os.getuid()}"
+    assert list(shm.rglob("r00000-s000000010.json")), "the killed run left its step-10 set"
+    import shutil
+
+    shutil.rmtree(out / "run")
+    (out / "faulted-13").unlink()
+    again = _torchrun(run_py, out, 2, restarts=0, MEM=5)
+    assert "Resumed from memory" not in again.stdout, again.stdout[-3000:]
+    assert re.search(r"memory checkpoints of an earlier run in this path \(step 10\) removed from .*: they belong "
+                     r"to another run id", again.stdout), again.stdout[-3000:]
+    _same_final(out, references(run_py, nprocs=2), 2)

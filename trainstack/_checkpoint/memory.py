@@ -4,13 +4,14 @@ on a rank of another node -- a restart loses seconds of work, not everything sin
     /dev/shm/trainstack-<uid>/                                  0700, this user's (refused otherwise)
         job-<SLURM_JOB_ID or "local">-<run folder hash>/<node>/
             r00002-s000000040.pt      rank 2's state at step 40 (its own copy, or the copy it sent this node)
-            r00002-s000000040.json    the manifest, written last: owner, step, world size, bytes, sha256
+            r00002-s000000040.json    the manifest, written last: owner, step, world size, bytes, sha256, run id
 
 A save copies the state to CPU memory on the training thread (the stall), then a thread of its own serializes it,
 writes it here and swaps copies with the peer over a gloo group of its own; once every rank holds both copies of
 step S, older sets are removed: at most the set being written and the newest complete one. A restart's ranks agree
 on the newest step that every rank has a verified copy of -- its own, else one another rank holds, sent over --
-newer than the durable checkpoint; never a mixed set.
+newer than the durable checkpoint; never a mixed set. Every copy carries its run's id (``run.json``): a set of
+another run in the same path -- a run folder deleted and started again -- is never restored; it is removed, said.
 """
 
 from __future__ import annotations
@@ -196,6 +197,7 @@ class Copy:
     size: int
     sha256: str
     path: Path
+    run: str = ""
 
 
 @dataclass
@@ -233,8 +235,8 @@ class Found:
 class _Node:
     """The memory folder of one node: write a copy (payload, then manifest), list, read, prune."""
 
-    def __init__(self, folder: Path, rank: int) -> None:
-        self.folder, self.rank = folder, rank
+    def __init__(self, folder: Path, rank: int, run: str = "") -> None:
+        self.folder, self.rank, self.run = folder, rank, run
 
     def write(self, owner: int, step: int, world: int, chunks: list[memoryview], sha256: str | None = None
               ) -> tuple[Path, str]:
@@ -261,7 +263,7 @@ class _Node:
             raise OSError(f"the copy of rank {owner} arrived damaged (checksum)")
         os.replace(tmp, path)
         manifest = {"owner": owner, "step": step, "world": world, "size": size, "sha256": digest.hexdigest(),
-                    "written_at": time.time()}
+                    "run": self.run, "written_at": time.time()}
         self._atomic(stem.with_suffix(".json"), json.dumps(manifest).encode())  # last: the copy now counts
         return path, digest.hexdigest()
 
@@ -277,7 +279,14 @@ class _Node:
         os.replace(tmp, path)
 
     def copies(self, world: int) -> list[Copy]:
-        """The complete copies here (a manifest, written last) of a run of ``world`` processes."""
+        """The complete copies here (a manifest, written last) of this run, at ``world`` processes."""
+        return [c for c in self.all_copies() if c.world == world and c.run == self.run]
+
+    def stale(self) -> list[Copy]:
+        """The complete copies here of another run (another run id, or none: a run folder deleted and reused)."""
+        return [c for c in self.all_copies() if c.run != self.run]
+
+    def all_copies(self) -> list[Copy]:
         out = []
         try:
             names = os.listdir(self.folder)
@@ -289,12 +298,16 @@ class _Node:
             try:
                 m = json.loads((self.folder / name).read_text())
                 copy = Copy(int(m["owner"]), int(m["step"]), int(m["world"]), int(m["size"]), str(m["sha256"]),
-                            self.folder / name.replace(".json", ".pt"))
+                            self.folder / name.replace(".json", ".pt"), str(m.get("run") or ""))
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # a torn or foreign manifest: not a copy
-            if copy.world == world:
-                out.append(copy)
+            out.append(copy)
         return out
+
+    def remove(self, copies: list[Copy]) -> None:
+        for copy in copies:
+            copy.path.with_suffix(".json").unlink(missing_ok=True)  # first: the copy stops counting
+            copy.path.unlink(missing_ok=True)
 
     def prune(self, owners: list[int], keep_step: int) -> None:
         """Remove this rank's written copies (of ``owners``) older than ``keep_step``."""
@@ -348,14 +361,15 @@ class MemoryCheckpoints:
     steps (the stall: a CPU copy), ``restore`` at a start (collective), ``close``."""
 
     def __init__(self, folder: Path, node: str, rank: int, world: int, group: Any, peers: list[int | None],
-                 nodes: list[str], format_version: int = 1) -> None:
+                 nodes: list[str], format_version: int = 1, run: str = "") -> None:
         self.format_version = format_version
         self.folder, self.node, self.rank, self.world, self.group = folder, node, rank, world, group
         self.peers = peers  # per rank: the rank on another node that keeps its copy (None: one node only)
         self.nodes = nodes  # per rank: its node
         self.peer = peers[rank]
         self.senders = [r for r, p in enumerate(peers) if p == rank and r != rank]
-        self.files = _Node(folder / node, rank)
+        self.files = _Node(folder / node, rank, run)
+        self.stale_removed: list[str] = []  # what open removed of another run in this path, in words (rank 0)
         self.waited_seconds = 0.0  # training waited for the previous save (the interval was shorter than a round)
         self.staging: list[float] = []  # each save's CPU copy, in seconds (the first also maps the buffers)
         self._buffers: dict[str, torch.Tensor] = {}  # the staging copies, reused from save to save
@@ -368,7 +382,7 @@ class MemoryCheckpoints:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def open(cls, run_folder: Path, rank: int, world: int, state_bytes: int, format_version: int = 1
+    def open(cls, run_folder: Path, rank: int, world: int, state_bytes: int, format_version: int = 1, run: str = ""
              ) -> MemoryCheckpoints:
         """Collective: the folder (private, refused otherwise), the peer of every rank (the same local index on the
         next node), and the space check: every node must hold two sets of its ranks' states and of the copies
@@ -384,13 +398,27 @@ class MemoryCheckpoints:
         group = dist.new_group(backend="gloo") if world > 1 else None
         folder.mkdir(mode=0o700, exist_ok=True)
         (folder / node).mkdir(mode=0o700, exist_ok=True)
+        here = _Node(folder / node, rank, run)
+        here.remove_temp()  # what a killed writer of this rank left
+        stale = here.stale()  # another run's sets in this path: never restored, removed (every rank of the node)
+        here.remove(stale)
         mine = {"node": node, "bytes": state_bytes, "free": shutil.disk_usage(folder / node).free,
-                "used": _Node(folder / node, rank).used_bytes()}
+                "used": here.used_bytes(), "stale": sorted({c.step for c in stale})}
         everyone = _all_gather(mine, group, world)
         nodes = [e["node"] for e in everyone]
         peers = _peers(nodes)
         _check_space(everyone, peers, root)
-        return cls(folder, node, rank, world, group, peers, nodes, format_version)
+        memory = cls(folder, node, rank, world, group, peers, nodes, format_version, run)
+        steps = sorted({s for e in everyone for s in e["stale"]})
+        if steps:
+            memory.stale_removed.append(f"memory checkpoints of an earlier run in this path (step "
+                                        f"{', '.join(map(str, steps))}) removed from {folder}: they belong to "
+                                        f"another run id than this run folder's")
+        return memory
+
+    def bind(self, run: str) -> None:
+        """The run id this rank's copies carry from now on (a run that adopted the id of the checkpoint it resumed)."""
+        self.files.run = run
 
     # -------------------------------------------------------------- saving
     def state(self, counters: dict[str, Any], parts: dict[str, Any]) -> dict[str, Any]:

@@ -116,7 +116,6 @@ class Allocation:
         self.pool = NodePool([])
         self.step = 0
         self.stop_kind: str | None = None
-        self.cancelled_by_slurm = False
         self.checked: set[tuple[str, ...]] = set()
 
     # ------------------------------------------------------------------ the loop
@@ -311,10 +310,6 @@ class Allocation:
         if self.files.cancelled():
             self.job.warn("cancelled (trainstack cancel): not requeueing")
             return Stop(ended.status or 1)
-        if self.stop_kind == "preempt" and self.cancelled_by_slurm:  # scancel's SIGTERM, not a preemption's
-            self.job.warn("cancelled (scancel): the trainer checkpointed; not requeueing (resubmit with "
-                          "resume='auto' to continue)")
-            return Stop(143)
         kind = (self.stop_kind or "timeout") if ended.saved else "crash"
         if ended.finished and self.stop_kind and not ended.saved:  # the signal came after the run ended
             kind = self.stop_kind
@@ -406,10 +401,10 @@ class Allocation:
 
     def _stop(self, kind: str, name: str) -> None:
         self.stop_kind = kind
-        if kind == "preempt":  # asked at once: a cancelled job is CANCELLED before the signal comes
-            self.cancelled_by_slurm = self.slurm.job_state().startswith("CANCELLED")
+        why = " (a preemption, or a plain scancel: Slurm sends both the same signal; trainstack cancel ends a job " \
+              "without a requeue)" if kind == "preempt" and self.plan.recovery.requeue else ""
         self.job.say(f"{name} at {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}: asking the "
-                     f"trainer to checkpoint and stop")
+                     f"trainer to checkpoint and stop{why}")
         self.files.request_stop()
 
 

@@ -95,13 +95,6 @@ class Slurm:
         except (ValueError, IndexError):
             return 0.0
 
-    def job_state(self) -> str:
-        """The job's state as Slurm has it now (``JobState``: RUNNING, CANCELLED, ...); '' when unknown. A
-        ``scancel`` sets CANCELLED before its SIGTERM reaches the job, a preemption does not."""
-        code, out = self._run(["scontrol", "show", "job", "-o", self.job_id], timeout=10)
-        found = [w.split("=", 1)[1] for w in out.split() if w.startswith("JobState=")] if code == 0 else []
-        return found[0] if found else ""
-
     def log_path(self) -> Path | None:
         """The job's own log (``StdOut`` of ``scontrol show job``), where its batch script's output goes."""
         code, out = self._run(["scontrol", "show", "job", "-o", self.job_id])

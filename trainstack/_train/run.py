@@ -160,7 +160,10 @@ class Run:
         self.checkpointer = Checkpointer(self.path, kept, acc.is_main_process, sharded, cfg.async_checkpoint,
                                          self.uploads)
         if Schedule.memory_every(cfg):
-            self.memory = open_memory(self.path, acc.rank, acc.world_size, self.model, trainer.optimizer)
+            self.memory = open_memory(self.path, acc.rank, acc.world_size, self.model, trainer.optimizer,
+                                      self.folder.run_id or "")
+            for line in self.memory.stale_removed if acc.is_main_process else []:
+                trainer.console_print(f"trainstack: {line}")
         watchdog.start(acc.rank, acc.world_size, watchdog.resolve_timeout(cfg.hang_timeout), self.path,
                        watchdog.default_store(), armed=True)
         if acc.compile_options is not None:  # the first step compiles: a long window, the run's own cache
@@ -291,6 +294,8 @@ class Run:
         found = restored.counters.get("run_id") if restored else None
         run_id = self.folder.adopt(found, self.path) if found and acc.is_main_process else self.folder.run_id
         self.run_id = acc.broadcast(run_id) if acc.world_size > 1 else run_id
+        if self.memory is not None and self.run_id:  # a run that adopted its checkpoint's id writes under it
+            self.memory.bind(self.run_id)
         self.tracker = Tracker(cfg, self.path, acc.is_main_process, span, clock=lambda: trainer.global_step,
                                keep_through=int(restored.counters["global_step"]) if restored else None,
                                run_id=self.run_id, samples_per_batch=getattr(trainer.train_dataloader, "batch_size",
