@@ -14,7 +14,8 @@ __all__ = ["Variable", "VARIABLES", "positive_number"] + [
     "INTERRUPT_FILE", "PIN_MEMORY", "PRELOAD", "PROGRESS", "RANK_LOG", "RUN_DIR", "SNAPSHOT", "START_METHOD",
     "SWEEP_ARGS", "SUBMISSION", "SLURM_FN", "STOP_FILE", "STOP_SIGNALS", "SUBMIT_DIR", "TIMEOUT_S", "COMPILE_CACHE",
     "COMPILE_TIMEOUT", "PEAK_TFLOPS", "HOST", "REMOTE_DIR", "REMOTE_TRAINSTACK", "SSH_CONFIG", "SSH_REUSE_ONLY",
-    "REMOTE_INDEX_DIR", "REMOTE_SIDE", "MEMORY_DIR", "NODE_NAME", "STRAGGLER_RATIO", "ATTEMPT", "STEP"]
+    "REMOTE_INDEX_DIR", "REMOTE_SIDE", "MEMORY_DIR", "NODE_NAME", "STRAGGLER_RATIO", "ATTEMPT", "STEP",
+    "STORE_TIMEOUT"]
 
 
 class Variable(NamedTuple):
@@ -72,6 +73,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TRAINSTACK_STRAGGLER_RATIO", "you",
              "A rank this many times slower in data, forward or optimizer time per step than the median rank of the "
              "other nodes, in three watchdog readings running, is named a straggler (default 1.5; 0: off)."),
+    Variable("TRAINSTACK_STORE_TIMEOUT", "you",
+             "Seconds one checkpoint-store request may take (S3's read timeout; the reachability check at start), "
+             "default 60; the end of a run waits five times that for its last upload. Training never waits for "
+             "the store."),
     Variable("TRAINSTACK_PIN_MEMORY", "you", "0 turns off pinned host memory for prepared loaders on CUDA."),
     Variable("TRAINSTACK_FAST_TENSOR_PATH", "you",
              "0 turns off the whole-batch indexing of in-memory TensorDatasets (identical batches either way)."),
@@ -135,6 +140,7 @@ SSH_CONFIG, SSH_REUSE_ONLY, REMOTE_INDEX_DIR = ("TRAINSTACK_SSH_CONFIG", "TRAINS
 REMOTE_SIDE = "TRAINSTACK_REMOTE_SIDE"
 MEMORY_DIR, NODE_NAME = "TRAINSTACK_MEMORY_DIR", "TRAINSTACK_NODE_NAME"
 STRAGGLER_RATIO = "TRAINSTACK_STRAGGLER_RATIO"
+STORE_TIMEOUT = "TRAINSTACK_STORE_TIMEOUT"
 ATTEMPT, STEP = "TRAINSTACK_ATTEMPT", "TRAINSTACK_STEP"
 assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PRELOAD, START_METHOD, PIN_MEMORY,
                                          FAST_TENSOR_PATH, PROGRESS, STOP_SIGNALS, STOP_FILE, NPROCS, COMPUTE_SETUP,
@@ -142,7 +148,7 @@ assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PREL
                                          INTERRUPT_FILE, COMPILE_CACHE, COMPILE_TIMEOUT,
                                          PEAK_TFLOPS, HOST, REMOTE_DIR, REMOTE_TRAINSTACK, SSH_CONFIG,
                                          SSH_REUSE_ONLY, REMOTE_INDEX_DIR, REMOTE_SIDE, MEMORY_DIR, NODE_NAME,
-                                         STRAGGLER_RATIO, ATTEMPT, STEP))
+                                         STRAGGLER_RATIO, ATTEMPT, STEP, STORE_TIMEOUT))
 
 
 @overload

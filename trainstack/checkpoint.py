@@ -204,11 +204,9 @@ class Checkpointer:
         self._committed(named, out)
         return out if self.is_main else None
 
-    def wait(self, uploads: bool = True) -> Path | None:
-        """Finish an asynchronous save in flight (collective: every rank calls it); its path on rank 0. With
-        ``uploads``, the upload to the checkpoint store in flight too."""
-        if uploads and self.uploads is not None:
-            self.uploads.wait()
+    def wait(self) -> Path | None:
+        """Finish an asynchronous save in flight (collective: every rank calls it); its path on rank 0. An upload to
+        the checkpoint store is never waited for here: training does not wait for the store."""
         if self._pending is None:
             return None
         from ._checkpoint import sharded as _dcp
@@ -311,10 +309,13 @@ class Checkpointer:
         return ckpts[-1] if ckpts else None
 
     def _rotate(self) -> None:
+        """Keep the newest ``keep_last`` periodic checkpoints -- and the one still being uploaded to the store."""
         if not self.keep_last:
             return
+        uploading = self.uploads.in_flight if self.uploads is not None else None
         for old in self.checkpoints()[: -self.keep_last]:
-            remove_checkpoint(old)
+            if old.name != uploading:
+                remove_checkpoint(old)
 
     # -------------------------------------------------------------- restoring
     def load(self, path: str | os.PathLike | None = None) -> tuple[dict[str, Any], Path] | None:

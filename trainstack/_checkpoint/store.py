@@ -9,10 +9,13 @@ uploads it off the training thread and commits it there::
 
 A checkpoint counts only with its ``.committed`` marker: a save killed mid-upload leaves objects without one, and the
 previous checkpoint stays the newest (the next upload of the same name replaces them). Removing deletes the marker
-first. ``resume="auto"`` downloads the newest committed checkpoint when the run folder has none as new (another
-machine, a lost disk); each object's size is checked against the marker. Credentials and endpoints come from the
-store's own client configuration (for S3: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_ENDPOINT_URL``,
-``~/.aws``; fsspec's ``FSSPEC_S3_*`` variables).
+first. Training never waits for the store: every request is bounded (``TRAINSTACK_STORE_TIMEOUT``, 60 s by default:
+S3's connect and read timeouts, two attempts), the check at start is bounded, a save whose predecessor is still
+uploading skips its upload (said), and the end of a run waits for the last upload a bounded time.
+``resume="auto"`` downloads the newest committed checkpoint when the run folder has none as new (another machine, a
+lost disk); its objects are checked against the marker and a listing of its prefix (names, sizes). Credentials and
+endpoints come from the store's own client configuration (for S3: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/
+``AWS_ENDPOINT_URL``, ``~/.aws``; fsspec's ``FSSPEC_S3_*`` variables), never from the URL (masked where shown).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import _envvars as envvars
 from .._files import temp_path, url_scheme
 from ..errors import CheckpointError, ConfigError
 
@@ -41,38 +45,78 @@ _NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)(\.pt)?$")
 _EXTRAS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
 
 
+def store_timeout() -> float:
+    """Seconds one store request may take (``TRAINSTACK_STORE_TIMEOUT``, default 60): S3's read timeout, the check
+    at start; the end of a run waits five times that for its last upload."""
+    try:
+        return envvars.positive_number(envvars.STORE_TIMEOUT, 60.0)
+    except ValueError as exc:
+        raise ConfigError(f"{exc}. HINT: seconds, e.g. {envvars.STORE_TIMEOUT}=120") from None
+
+
+def _options(scheme: str, timeout: float) -> dict[str, Any]:
+    """The client options that bound every request of a protocol (S3: connect and read timeouts, two attempts)."""
+    if scheme in ("s3", "s3a"):
+        return {"config_kwargs": {"connect_timeout": min(10.0, timeout), "read_timeout": timeout,
+                                  "retries": {"max_attempts": 2, "mode": "standard"}}}
+    return {}
+
+
 class Store:
-    """One run's checkpoint location behind a URL: list what is committed, upload, download, remove."""
+    """One run's checkpoint location behind a URL: list what is committed, upload, download, remove. ``url`` is the
+    URL as shown (credentials written into it masked); the client gets the URL as given."""
 
     def __init__(self, url: str) -> None:
         import fsspec
 
-        self.url = str(url).rstrip("/")
-        scheme = url_scheme(self.url) or "file"
+        given = str(url).rstrip("/")
+        self.secret = _userinfo(given)
+        self.url = self.masked(given)
+        scheme = url_scheme(given) or "file"
+        self.timeout = store_timeout()
         try:
-            self.fs, self.root = fsspec.core.url_to_fs(self.url)
+            self.fs, self.root = fsspec.core.url_to_fs(given, **_options(scheme, self.timeout))
         except ImportError as exc:
             package = _EXTRAS.get(scheme, f"the fsspec implementation of {scheme}://")
             raise ConfigError(f"checkpoint store {self.url}: {scheme}:// needs {package}, which is not installed "
                               f"({exc}). HINT: pip install {package} (for S3: pip install 'trainstack[s3]').") \
                 from None
         except ValueError as exc:
-            raise ConfigError(f"checkpoint store {self.url}: {exc}. HINT: a URL such as s3://bucket/prefix.") \
-                from None
+            raise ConfigError(f"checkpoint store {self.url}: {self.masked(str(exc))}. HINT: a URL such as "
+                              f"s3://bucket/prefix.") from None
+
+    def masked(self, text: str) -> str:
+        """``text`` with the credentials written into the store's URL (``s3://KEY:SECRET@bucket``) masked."""
+        return text.replace(self.secret, "***") if self.secret else text
 
     def check(self) -> None:
-        """Reachable and writable, before training starts: a clear error naming the URL, not one at step 1000."""
+        """Reachable and writable, before training starts, within the store timeout: a clear error naming the URL,
+        not one at step 1000, and never a silent wait on an endpoint that does not answer."""
         probe = posixpath.join(self.root, f".trainstack-probe-{time.time_ns()}")
-        try:
-            if _local(self.fs):  # object stores have no folders, and a bucket is never made here
-                self.fs.makedirs(self.root, exist_ok=True)
-            self.fs.pipe_file(probe, b"ok")
-            self.fs.rm_file(probe)
-        except Exception as exc:  # noqa: BLE001 -- botocore, gcsfs, ... each raise their own
+        failed: list[BaseException] = []
+
+        def attempt() -> None:
+            try:
+                if _local(self.fs):  # object stores have no folders, and a bucket is never made here
+                    self.fs.makedirs(self.root, exist_ok=True)
+                self.fs.pipe_file(probe, b"ok")
+                self.fs.rm_file(probe)
+            except Exception as exc:  # noqa: BLE001 -- botocore, gcsfs, ... each raise their own
+                failed.append(exc)
+
+        thread = threading.Thread(target=attempt, name="trainstack-store-check", daemon=True)
+        thread.start()
+        thread.join(self.timeout)
+        if thread.is_alive():
+            raise ConfigError(f"checkpoint store {self.url} did not answer within {self.timeout:g} s (a write of a "
+                              f"small probe object). HINT: check the endpoint (AWS_ENDPOINT_URL) is up and reachable "
+                              f"from the nodes; {envvars.STORE_TIMEOUT} sets the time allowed.")
+        if failed:
+            exc = failed[0]
             raise ConfigError(f"checkpoint store {self.url} is not reachable or not writable: "
-                              f"{type(exc).__name__}: {exc}. HINT: check the bucket exists, the credentials "
-                              f"(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws) and the endpoint "
-                              f"(AWS_ENDPOINT_URL for an S3-compatible server).") from None
+                              f"{type(exc).__name__}: {self.masked(str(exc))}. HINT: check the bucket exists, the "
+                              f"credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws; never in the URL) "
+                              f"and the endpoint (AWS_ENDPOINT_URL for an S3-compatible server).") from None
 
     def _path(self, name: str) -> str:
         return posixpath.join(self.root, name)
@@ -227,6 +271,13 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def _userinfo(url: str) -> str:
+    """The ``user:secret`` part of ``scheme://user:secret@host/...`` ('' when there is none)."""
+    rest = url.split("://", 1)[1] if "://" in url else ""
+    authority = rest.split("/", 1)[0]
+    return authority.rsplit("@", 1)[0] if "@" in authority else ""
+
+
 def _local(fs: Any) -> bool:
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
     return "file" in protocols or "local" in protocols
@@ -234,18 +285,30 @@ def _local(fs: Any) -> bool:
 
 class Uploads:
     """Rank 0's uploads, one at a time, off the training thread: the newest committed local checkpoint goes to the
-    store, then the store keeps ``keep_last``. A failed upload is said (the local copy stays committed) and the next
-    save uploads again; training never stops for the store."""
+    store, then the store keeps ``keep_last``. Training never waits for the store: a save whose predecessor is still
+    uploading skips its upload (said; the next save uploads the newest), a failed upload is said (the local copy
+    stays committed) and the next save uploads again; the end of a run waits a bounded time for the last one."""
 
     def __init__(self, store: Store, keep_last: int | None, say: Callable[[str], None]) -> None:
         self.store, self.keep_last, self._say = store, keep_last, say
         self._thread: threading.Thread | None = None
+        self.in_flight: str | None = None  # the checkpoint being uploaded (the local rotation keeps it meanwhile)
+        self._started = 0.0
         self.uploaded: str | None = None  # the newest checkpoint committed in the store by this run
         self.failed: str | None = None  # why the last upload failed, or None
+        self.skipped = 0  # saves whose upload was skipped because the one before was still running
         self.seconds = 0.0  # the last upload's duration
 
     def submit(self, local: Path) -> None:
-        self.wait()
+        """Upload ``local`` in the background, unless the previous upload is still running (then skip it, said)."""
+        if self._thread is not None and self._thread.is_alive():
+            self.skipped += 1
+            self._say(f"trainstack: WARNING: the upload of {self.in_flight} to {self.store.url} is still running "
+                      f"after {time.monotonic() - self._started:.0f} s: the upload of {local.name} is skipped (its "
+                      f"local copy is committed; a later save uploads the newest). Training does not wait for the "
+                      f"store.")
+            return
+        self.in_flight, self._started = local.name, time.monotonic()
         self._thread = threading.Thread(target=self._upload, args=(local,), name="trainstack-upload", daemon=True)
         self._thread.start()
 
@@ -255,17 +318,23 @@ class Uploads:
             self.store.upload(local)
             self.store.rotate(self.keep_last)
         except Exception as exc:  # noqa: BLE001 -- any client's error: said, training goes on
-            self.failed = f"{type(exc).__name__}: {exc}"
+            self.failed = f"{type(exc).__name__}: {self.store.masked(str(exc))}"
             self._say(f"trainstack: WARNING: could not upload checkpoint {local.name} to {self.store.url}: "
                       f"{self.failed}. The local copy in {local.parent} is committed; the next save uploads again.")
             return
+        finally:
+            self.in_flight = None
         self.seconds, self.uploaded, self.failed = time.perf_counter() - start, local.name, None
 
-    def wait(self) -> None:
-        """The upload in flight is done (committed in the store, or its failure said)."""
+    def wait(self, timeout: float | None = None) -> bool:
+        """The upload in flight is done (committed in the store, or its failure said) -- within ``timeout`` seconds
+        when given: False when it is still running then."""
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                return False
             self._thread = None
+        return True
 
 
 def local_copy(url: str, which: str | None = None) -> Path:

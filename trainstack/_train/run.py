@@ -457,11 +457,17 @@ class Run:
             jobevents.record("failed", step=self.trainer.global_step)
         watchdog.stop()
         if self.uploads is not None:  # the newest committed checkpoint reaches the store, even after a failure
-            self.uploads.wait()
-            if self.uploads.uploaded and not failed:
-                up = self.uploads
+            up = self.uploads
+            bound = 5 * up.store.timeout
+            if not up.wait(bound):
+                self.trainer.console_print(f"trainstack: WARNING: the upload of {up.in_flight} to {up.store.url} did "
+                                           f"not finish within {bound:g} s (the store does not answer?): the run ends "
+                                           f"without it; its local copy is committed, the store's newest is "
+                                           f"{up.uploaded or 'an earlier one'}.")
+            elif up.uploaded and not failed:
+                skipped = f"; {up.skipped} save(s) skipped their upload while one was running" if up.skipped else ""
                 self.trainer.console_print(f"Checkpoints committed to {up.store.url}: newest {up.uploaded} (its "
-                                           f"upload: {up.seconds:.1f} s).")
+                                           f"upload: {up.seconds:.1f} s){skipped}.")
         if self.memory is not None:
             self.memory.close(finished=not failed)
         stopper = self.__dict__.get("stopper")
