@@ -100,3 +100,77 @@ def test_the_memory_root_is_the_users_own(tmp_path, monkeypatch):
     assert memory.memory_root() == tmp_path / f"trainstack-{os.getuid()}"
     monkeypatch.setenv("TRAINSTACK_NODE_NAME", "n7")
     assert memory.node_name() == "n7"
+
+
+def _one_process(tmp_path, monkeypatch, run: str = "run-a") -> memory.MemoryCheckpoints:
+    monkeypatch.setenv("TRAINSTACK_MEMORY_DIR", str(tmp_path / "shm"))
+    monkeypatch.setenv("TRAINSTACK_NODE_NAME", "n0")
+    (tmp_path / "shm").mkdir(exist_ok=True)
+    return memory.MemoryCheckpoints.open(tmp_path / "run", 0, 1, 1 << 16, run=run)
+
+
+def test_a_copy_that_passes_its_checksum_but_cannot_be_decoded_is_passed_over(tmp_path, monkeypatch):
+    """A copy whose header is a crafted pickle (manifest size and checksum updated to match) runs no code and stops
+    nothing: it is passed over like a damaged copy, named without torch's weights_only advice."""
+    import hashlib
+    import io
+    import json
+
+    mem = _one_process(tmp_path, monkeypatch)
+    mem.save(5, {"model": {"w": torch.ones(3)}, "global_step": 5})
+    mem.wait()
+    (copy,) = mem.files.copies(1)
+    header = io.BytesIO()
+    import pickle
+
+    pickle.dump(os.system, header)  # what an attacker with the user's own files would plant
+    body = memory._MAGIC + len(header.getvalue()).to_bytes(8, "little") + header.getvalue()
+    copy.path.write_bytes(body)
+    manifest = json.loads(copy.path.with_suffix(".json").read_text())
+    manifest.update(size=len(body), sha256=hashlib.sha256(body).hexdigest())
+    copy.path.with_suffix(".json").write_text(json.dumps(manifest))
+    assert mem.restore(newer_than=-1) is None
+    why = "; ".join(mem.last_passed_over)
+    assert "rank 0's step 5 in its own memory: it passes its checksum but cannot be decoded (UnpicklingError)" in why
+    assert "weights_only" not in why
+
+
+def test_a_set_of_another_run_is_removed_at_open_and_never_restored(tmp_path, monkeypatch):
+    mem = _one_process(tmp_path, monkeypatch, run="run-a")
+    mem.save(5, {"model": {"w": torch.ones(3)}, "global_step": 5})
+    mem.wait()
+    mem.close(finished=False)
+    other = _one_process(tmp_path, monkeypatch, run="run-b")  # the run folder was deleted and started again
+    assert other.restore(newer_than=-1) is None and other.files.all_copies() == []
+    assert other.stale_removed and "memory checkpoints of an earlier run in this path (step 5) removed" in \
+        other.stale_removed[0]
+    again = _one_process(tmp_path, monkeypatch, run="run-b")
+    again.save(8, {"model": {"w": torch.ones(3)}, "global_step": 8})
+    again.wait()
+    assert again.restore(newer_than=-1).step == 8 and again.stale_removed == []
+
+
+def test_a_failed_save_is_said_counted_and_its_recovery_said(tmp_path, monkeypatch):
+    """A save that cannot be written (here: the node folder made read-only) is said once on rank 0 with the newest
+    complete set; the next save that works says so; the rounds and failures are counted."""
+    mem = _one_process(tmp_path, monkeypatch)
+    said: list[str] = []
+    mem.say = said.append
+    mem.save(3, {"w": torch.ones(2)})
+    mem.wait()
+    written = mem.files.write
+
+    def full(owner, step, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003 -- as _Node.write
+        if step in (6, 9):
+            raise OSError(28, "No space left on device")
+        return written(owner, step, *args, **kwargs)
+
+    monkeypatch.setattr(mem.files, "write", full)
+    for step in (6, 9):
+        mem.save(step, {"w": torch.ones(2)})
+        mem.wait()
+    mem.save(12, {"w": torch.ones(2)})
+    mem.wait()
+    assert (mem.rounds, mem.failed_rounds, mem.newest_complete) == (4, 2, 12)
+    assert len(said) == 2 and "the memory checkpoint of step 6 failed" in said[0] and \
+        "the newest complete set is step 3" in said[0] and "work again at step 12" in said[1], said

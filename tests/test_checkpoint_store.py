@@ -32,9 +32,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def s3_server():
-    """moto's S3 server on a free port of 127.0.0.1 for this module; its environment for the clients."""
+@contextlib.contextmanager
+def _moto():
+    """moto's S3 server on a free port of 127.0.0.1: (its environment for the clients, its process)."""
     exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
     if exe is None:
         pytest.skip("moto[server] is not installed (pip install 'moto[server]')")
@@ -50,11 +50,18 @@ def s3_server():
                 pytest.fail(f"moto_server did not start on port {port}")
             time.sleep(0.1)
         yield {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
-               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}, proc
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """moto's S3 server for this module; its environment for the clients."""
+    with _moto() as (env, _):
+        yield env
 
 
 @pytest.fixture
@@ -232,3 +239,37 @@ def test_a_damaged_newest_checkpoint_in_the_store_is_passed_over_for_the_one_bef
     assert "downloaded checkpoint ckpt-e00000-s000000008.pt" in resumed.stdout and "step 8" in resumed.stdout
     assert not [p for p in (tmp_path / "again").rglob("*") if ".tmp-" in p.name]
     _same(tmp_path / "again", tmp_path / "ref", ranks=2)
+
+
+def test_a_store_that_stops_answering_never_stops_training(run_py, tmp_path, monkeypatch):
+    """A server of its own, frozen (SIGSTOP: connections accepted, nothing answered -- a black-holed gateway).
+    Frozen before the start: the check gives up within TRAINSTACK_STORE_TIMEOUT, naming the URL. Frozen at step 4
+    of a run that commits a checkpoint every 2 steps: training goes on to its last step -- uploads fail or are
+    skipped, each said -- and the end waits a bounded time for the last upload, said; exit 0."""
+    import s3fs
+
+    with _moto() as (env, server):
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        s3fs.S3FileSystem(skip_instance_cache=True).mkdir("frozen")
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            early = _torchrun(run_py, tmp_path / "early", "s3://frozen/x", nprocs=1, check=False, STEPS=2,
+                              TRAINSTACK_STORE_TIMEOUT=3)
+            assert time.monotonic() - start < 60 and early.returncode != 0
+            assert "checkpoint store s3://frozen/x did not answer within 3 s" in early.stdout, early.stdout[-3000:]
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        start = time.monotonic()
+        try:
+            run = _torchrun(run_py, tmp_path / "late", "s3://frozen/y", nprocs=2, STEPS=16, EVERY=2, STEP_SLEEP=0.2,
+                            FREEZE_AT=4, FREEZE_PID=server.pid, TRAINSTACK_STORE_TIMEOUT=2)
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        took = time.monotonic() - start
+        out = run.stdout
+        assert "froze the store at step 4" in out and (tmp_path / "late" / "final-rank0.pt").exists(), out[-3000:]
+        assert "could not upload checkpoint" in out or "is still running after" in out, out[-3000:]
+        assert "did not finish within 10 s" in out or "Checkpoints committed to" in out, out[-3000:]
+        assert took < 120, took

@@ -5,7 +5,8 @@ state saved for a bitwise comparison.
 
 FAULTS, ``step:kind,...``, each once: ``exit`` (the process dies), ``node`` (node n1 is lost with its memory: its
 folder removed), ``both`` (every node's memory lost), ``corrupt`` (rank 1's newest own copy truncated, then the
-process dies).
+process dies); ``fill`` / ``unfill`` (rank 0 fills the memory file system with a file, then removes it: the saves
+between fail and training goes on).
 """
 
 from __future__ import annotations
@@ -43,6 +44,19 @@ def fault(trainer, *_args) -> None:
             fh.write(f"step {step}\n")
     faults = dict(item.split(":") for item in os.environ.get("FAULTS", "").split(",") if item)
     mode = faults.get(str(step))
+    if mode in ("fill", "unfill") and RANK == 0:
+        filler = Path(os.environ["TRAINSTACK_MEMORY_DIR"]) / "filler"
+        if mode == "fill":
+            trainer.run.memory.wait()  # the set of the step before is complete
+            with open(filler, "wb") as fh:
+                try:
+                    while True:
+                        fh.write(b"\0" * (1 << 16))
+                except OSError:
+                    pass
+        else:
+            filler.unlink(missing_ok=True)
+        return
     marker = OUT / f"faulted-{step}"
     if mode is None or mode == "midsave" or RANK != int(os.environ.get("CRASH_RANK", "3")) or marker.exists():
         return
@@ -100,7 +114,8 @@ def main() -> None:
     config = TrainConfig(max_iter=100, max_steps=int(os.environ.get("STEPS", "20")), log_folder=OUT / "run",
                          resume="auto", seed=1, strategy=os.environ.get("STRATEGY", "ddp"),
                          memory_checkpoint_every_n_steps=int(os.environ.get("MEM", "3")),
-                         checkpoint_every_n_steps=int(os.environ.get("DURABLE", "0")), log_every_n_steps=0,
+                         checkpoint_every_n_steps=int(os.environ.get("DURABLE", "0")),
+                         log_every_n_steps=int(os.environ.get("LOG_EVERY", "0")),
                          checkpoint_format=os.environ.get("CHECKPOINT_FORMAT", "auto"),
                          async_checkpoint=bool(os.environ.get("ASYNC")),
                          callbacks=[Callback(on="train_batch_end", callback=fault),

@@ -4,6 +4,7 @@ corrupt copy, kill -9 at random moments, FSDP2 -- each resumed run ends bitwise 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
@@ -192,3 +193,20 @@ def test_a_deleted_runs_memory_checkpoints_are_removed_not_continued(run_py, tmp
     assert re.search(r"memory checkpoints of an earlier run in this path \(step 10\) removed from .*: they belong "
                      r"to another run id", again.stdout), again.stdout[-3000:]
     _same_final(out, references(run_py, nprocs=2), 2)
+
+
+def test_failing_memory_checkpoints_are_said_counted_and_their_recovery_said(run_py, tmp_path):
+    """The memory file system full from step 6 to step 12 (memory checkpoints every 3 steps): the first failed
+    save is said on rank 0 with the newest complete set, the recovery is said, metrics.jsonl counts the failures and
+    the end summary says how many of the saves failed; training itself never stops."""
+    with small_tmpfs(tmp_path / "shm", "2m") as shm:
+        run = _torchrun(run_py, tmp_path / "out", 2, restarts=0, MEM=3, STEPS=18, FAULTS="6:fill,12:unfill",
+                        TRAINSTACK_MEMORY_DIR=shm, LOG_EVERY=1)
+    out = run.stdout
+    assert re.search(r"WARNING: the memory checkpoint of step (6|9) failed \(.*\); the newest complete set is step "
+                     r"(3|6)", out), out[-3000:]
+    assert re.search(r"memory checkpoints work again at step (12|15) \(after [1-3] failed round", out), out[-3000:]
+    assert re.search(r"memory checkpoints: [1-3] of [56] failed", out), out[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "run").rglob("metrics.jsonl").__next__().read_text()
+            .splitlines()]
+    assert any(r.get("memory_checkpoint_failures", 0) >= 1 for r in rows), rows[-3:]

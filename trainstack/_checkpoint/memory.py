@@ -375,6 +375,11 @@ class MemoryCheckpoints:
         self._buffers: dict[str, torch.Tensor] = {}  # the staging copies, reused from save to save
         self.saves = 0
         self.error: str = ""  # why the last save failed on this rank ('' when it did not)
+        self.rounds = 0  # saves every rank finished (written and copied, or failed)
+        self.failed_rounds = 0  # of them, those that left no complete set (a full /dev/shm, a dead peer)
+        self.newest_complete: int | None = None  # the step of the newest complete set of this run
+        self.failing = False  # the last round failed (the newest set is older than the last save)
+        self.say: Callable[[str], None] | None = None  # rank 0: the run's console, for failures and recoveries
         self.last_passed_over: list[str] = []  # the copies the last restore refused, in words
         self._queue: queue.Queue[tuple[int, Any] | None] = queue.Queue(maxsize=1)
         self._idle = threading.Event()
@@ -464,8 +469,29 @@ class MemoryCheckpoints:
             except Exception as exc:  # a dead peer, a full /dev/shm: the durable checkpoints still count
                 self.error = f"{type(exc).__name__}: {exc}"
                 log.warning("memory checkpoint at step %d failed on rank %d: %s", item[0], self.rank, self.error)
+                self._account(item[0], False)
             finally:
                 self._idle.set()
+
+    def _account(self, step: int, complete: bool) -> None:
+        """Count a round; say the first failure of a series and the recovery after it (rank 0): meanwhile a failure
+        loses everything since the newest complete set, not the N steps memory checkpoints promise."""
+        self.rounds += 1
+        if complete:
+            self.newest_complete = step
+            if self.failing and self.say is not None:
+                self.say(f"trainstack: memory checkpoints work again at step {step} (after {self.failed_rounds} "
+                         f"failed round(s) so far).")
+            self.failing = False
+            return
+        self.failed_rounds += 1
+        if not self.failing and self.say is not None:
+            since = f"step {self.newest_complete}" if self.newest_complete is not None else "none yet"
+            self.say(f"trainstack: WARNING: the memory checkpoint of step {step} failed "
+                     f"({self.error or 'on another rank'}); the newest complete set is {since}, so a failure now "
+                     f"loses more than the usual steps (the durable checkpoints still count). Said again when "
+                     f"they work again.")
+        self.failing = True
 
     def _round(self, step: int, copy: dict[str, Any]) -> None:
         """Write this rank's copy, swap copies with the peer, and once every rank holds both, drop older sets."""
@@ -482,8 +508,11 @@ class MemoryCheckpoints:
         flag = torch.tensor([ok], dtype=torch.int32)
         if self.group is not None:
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
-        if int(flag.item()) == 1:
+        complete = int(flag.item()) == 1
+        if complete:
             self.files.prune([self.rank, *self.senders], step)
+        self._account(step, complete)
+        if complete:
             self.error = ""
 
     def _swap(self, path: Path | None, sha: str) -> dict[int, tuple[memoryview, str]]:
@@ -538,9 +567,14 @@ class MemoryCheckpoints:
                     break
                 plan = {o: h[0] for o, h in holders.items()}
                 data, why = self._fetch(step, plan)
+                state = None
+                if not why:  # a copy that passes its checksum must still decode (a foreign or crafted header)
+                    try:
+                        state = unpacked(data)
+                    except Exception as exc:  # noqa: BLE001 -- torch's unpickler raises several kinds
+                        why = f"it passes its checksum but cannot be decoded ({type(exc).__name__})"
                 verdicts = _all_gather(why, self.group, self.world)
-                if not any(verdicts):
-                    state = unpacked(data)
+                if not any(verdicts) and state is not None:
                     sources = ["own memory" if plan[o][0] == o else f"a copy on {self.nodes[plan[o][0]]}"
                                for o in range(self.world)]
                     self.last_passed_over = passed_over

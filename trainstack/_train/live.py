@@ -73,6 +73,7 @@ class LiveLog:
         self.total_steps: int | None = None  # for the ETA
         self.data_wait = 0.0  # seconds this rank waited for the loader's next batch (timed())
         self.memory_stall = 0.0  # seconds training waited for memory checkpoints (Run.save_memory)
+        self.memory_failures = (0, 0)  # memory checkpoint rounds failed, of those finished (Run.save_memory)
         self.optimizer_timer: Any = None  # seconds inside optimizer.step (throughput.OptimizerTimer), rank 0
         self._waited = self._optimized = self._stalled = 0.0
         self._warned = self._lined = False
@@ -126,6 +127,8 @@ class LiveLog:
             self._lined = True
             if self.memory_stall:
                 out["memory_checkpoint_share"] = min((self.memory_stall - self._stalled) / seconds, 1.0)
+            if self.memory_failures[0]:
+                out["memory_checkpoint_failures"] = float(self.memory_failures[0])
         optimized = self.optimizer_timer.seconds() if self.optimizer_timer is not None else None
         if step > self._step and optimized is not None:
             out["optimizer_share"] = min(max(optimized - self._optimized, 0.0) / seconds, 1.0)
@@ -156,8 +159,10 @@ class LiveLog:
         if self.memory_stall:
             split["memory checkpoints"] = min(self.memory_stall / seconds, max(1.0 - sum(split.values()), 0.0))
         split["forward/backward and the rest"] = 1.0 - sum(split.values())
+        failed, rounds = self.memory_failures
+        note = f" | memory checkpoints: {failed} of {rounds} failed" if failed else ""
         return format_line("", rates).lstrip(" |").replace(" | ", ", ") + " | time: " + \
-            ", ".join(f"{name} {100 * share:.0f}%" for name, share in split.items())
+            ", ".join(f"{name} {100 * share:.0f}%" for name, share in split.items()) + note
 
     def _rates(self, steps_per_s: float, step: int) -> dict[str, float]:
         """Samples (or batches) and tokens per second, MFU, the ETA to the last step, peak GPU memory."""

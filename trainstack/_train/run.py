@@ -164,6 +164,8 @@ class Run:
                                       self.folder.run_id or "")
             for line in self.memory.stale_removed if acc.is_main_process else []:
                 trainer.console_print(f"trainstack: {line}")
+            if acc.is_main_process:
+                self.memory.say = trainer.console_print
         watchdog.start(acc.rank, acc.world_size, watchdog.resolve_timeout(cfg.hang_timeout), self.path,
                        watchdog.default_store(), armed=True)
         if acc.compile_options is not None:  # the first step compiles: a long window, the run's own cache
@@ -286,6 +288,7 @@ class Run:
         with watchdog.phase("checkpoint"):
             self.memory.save(self.trainer.global_step, self.memory.state(self.counters(), self.parts()))
         self.tracker.live.memory_stall += time.perf_counter() - start
+        self.tracker.live.memory_failures = (self.memory.failed_rounds, self.memory.rounds)
 
     def _start_reports(self, restored: Restored | None) -> None:
         """Rank 0's reports (banner, bar or live lines, metrics files) and the schedule of step duties."""
