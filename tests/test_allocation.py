@@ -62,6 +62,7 @@ class FakeSlurm(Slurm):
     def on_nodes(self, hosts, argv, timeout, output=None, env=None):  # noqa: ANN001 -- as Slurm.on_nodes
         out = Path(argv[argv.index("--out") + 1])
         self.calls.append(("node_check", tuple(hosts)))
+        assert env is not None and env["MASTER_ADDR"] == hosts[0], "the check's ring meets at the first node"
         for host in hosts:
             (out / f"{host}.json").write_text(json.dumps({"gflops": [self.rates.get(host, 100.0)],
                                                           "gpus_visible": 0, "gpus": []}))

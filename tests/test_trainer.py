@@ -240,9 +240,22 @@ def test_gradient_accumulation_matches_a_bigger_batch(tmp_path):
 
 
 def test_bf16_mixed_precision_runs_on_cpu(tmp_path):
+    """bf16 autocast on the CPU: the forward runs in bf16 (the loss is rounded as bf16 rounds it), the parameters
+    stay float32 and learn, and the loss is finite."""
     model = _model()
+    before = [p.detach().clone() for p in model.parameters()]
     cfg = _config(tmp_path, max_iter=1, mixed_precision="bf16")
-    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg).fit(_loader())
+    trained, _ = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg).fit(_loader())
+    after = list(trained.parameters())
+    assert all(p.dtype == torch.float32 for p in after)
+    assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True)), "the parameters did not move"
+    import json
+
+    rows = [json.loads(line) for line in next((tmp_path / "run").rglob("metrics.jsonl")).read_text().splitlines()]
+    losses = [r["train_loss"] for r in rows if "train_loss" in r]
+    assert losses and all(torch.isfinite(torch.tensor(x)) for x in losses)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert trained(torch.randn(2, 3)).dtype == torch.bfloat16  # the same autocast the run used
 
 
 def test_lbfgs_through_the_closure(tmp_path):

@@ -6,18 +6,10 @@ package attribute for every imported submodule), so the module itself is callabl
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
-
+from ._modules import make_callable
 from ._train.steps import optimize_step
 
 __all__ = ["optimize_step"]
 
 
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return optimize_step(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+make_callable(__name__, optimize_step)

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import re
 import shlex
-import sys
-import types
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ._modules import make_callable
 from ._slurm.jobfolder import safe_name
 from ._slurm.plan import build_plan
 from ._slurm.spec import CONTAINERS, LAUNCHERS, PLACEHOLDERS, SETUPS, LaunchSpec, SpecError
@@ -78,11 +77,4 @@ def render(spec: LaunchSpec, templates_dir: str | Path | None = None, command_li
                            driver_python=driver_python)
 
 
-class _CallableModule(types.ModuleType):
-    """``from trainstack import render`` gives this module; calling it calls ``render``."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return render(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+make_callable(__name__, render)

@@ -10,9 +10,7 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
-import types
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +19,7 @@ from typing import Any
 from . import _envvars as envvars
 from ._files import UntrustedFileError, atomic_write, load_private_pickle, private_dir
 from ._jobfiles import JobFiles
+from ._modules import make_callable
 from ._slurm import index, status
 from ._slurm.jobfolder import JobPaths, safe_name
 from ._slurm.jobs import JobError
@@ -305,11 +304,4 @@ def submit_function(fn: Callable, args: tuple = (), kwargs: dict | None = None, 
     return FunctionJob(job.job_id, job.script, job.log_path, job_dir=job.job_dir, result_path=folder / "result.pkl")
 
 
-class _CallableModule(types.ModuleType):
-    """``from trainstack import submit`` gives this module; calling it calls ``submit``."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return submit(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+make_callable(__name__, submit)

@@ -109,6 +109,7 @@ def test_a_slow_node_is_left_out_before_training_and_a_spare_takes_its_place(clu
               .splitlines()]
     assert "node2" in checks[0]["named"] and "x the median" in checks[0]["named"]["node2"], checks[0]
     assert not checks[-1]["named"] and set(checks[-1]["figures"]) == {"node1", "node3"}, checks[-1]
+    assert (checks[-1]["link"] or {}).get("ring_gbps"), checks[-1]  # the ring met at the step's first node
     assert all(c["seconds"] <= 30 for c in checks), [c["seconds"] for c in checks]
     print(f"node check: {[c['seconds'] for c in checks]} s")
     why = ts("why", job.job_id)

@@ -255,7 +255,8 @@ class Allocation:
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True, exist_ok=True)
         argv = [*check.command, "--out", str(out), "--port", str(self._port() + 1), "--budget", str(check.budget_s)]
-        self.slurm.on_nodes(nodes, argv, timeout=check.budget_s, output=out / "srun.out", env=self.job.env)
+        env = self.step_env(nodes)  # the ring meets at the step's first node (MASTER_ADDR), on the port after its own
+        self.slurm.on_nodes(nodes, argv, timeout=check.budget_s, output=out / "srun.out", env=env)
         record = judge_nodes(self.files, nodes, started, self.plan.gpus_per_node, dict(check.thresholds),
                              self.job.restart, self.step)
         self.job.say(describe_check(record))

@@ -4,9 +4,12 @@ first step, why a run stopped diverged, and what a resumed run is (continued, ne
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
 
 __all__ = ["first_step_note", "diverged_reason", "resume_notes", "graceful_stop", "unbounded_progress",
            "UNBOUNDED_LOADER", "UNBOUNDED_REPORT"]
@@ -61,7 +64,7 @@ def graceful_stop(kind: str, why: str, epoch: int, step: int, path: Path | None,
     return f"Graceful stop at epoch {epoch}, step {step}: {why}. {saved}"
 
 
-def resume_notes(config: Any, folder: Path | None, restored: bool, continues: bool, epoch: int,
+def resume_notes(config: TrainConfig, folder: Path | None, restored: bool, continues: bool, epoch: int,
                  last_epoch: int, step: int = 0, last_step: int = 0, stopped_by: str | None = None,
                  earlier: Path | None = None) -> list[str]:
     """What kind of run this is, when it is not a plain new one (``earlier``: another run of this experiment

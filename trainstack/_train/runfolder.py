@@ -26,6 +26,7 @@ from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..accelerator import Accelerator
+    from ..config import TrainConfig
 
 __all__ = ["choose_run_folder", "RunLock", "RunFolderBusy", "auto_chosen", "refuse_to_overwrite", "RunFolder",
            "run_identity", "standalone_checkpointer", "record_config", "check_same_experiment",
@@ -176,7 +177,7 @@ def refuse_to_overwrite(folder: Path, resume: object) -> None:
             f"{folder / 'checkpoints'}).")
 
 
-def run_identity(config: Any, optimizer: Any, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def run_identity(config: TrainConfig, optimizer: Any, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """What makes two runs the same experiment (stored in checkpoints): the settings that change what is trained, the
     optimizer's class and hyperparameters, a sweep task's own arguments -- not the duration, cadence or layout."""
     same = ("seed", "gradient_accumulation_steps", "grad_clip_norm", "mixed_precision", "dtype", "max_batches")
@@ -299,7 +300,7 @@ class RunFolder:
     ``echo`` prints on rank 0.
     """
 
-    def __init__(self, config: Any, identity: dict[str, Any], echo: Callable[[str], None]) -> None:
+    def __init__(self, config: TrainConfig, identity: dict[str, Any], echo: Callable[[str], None]) -> None:
         self.config, self.identity, self.echo = config, identity, echo
         self.lock: RunLock | None = None
         self.run_id: str | None = None  # set by agree()
@@ -421,7 +422,7 @@ class RunFolder:
         return False
 
 
-def standalone_checkpointer(config: Any, run_folder: Path | None) -> tuple[Path, Checkpointer]:
+def standalone_checkpointer(config: TrainConfig, run_folder: Path | None) -> tuple[Path, Checkpointer]:
     """A checkpointer for a Trainer used outside ``fit()``: its last run's folder, the config's ``log_folder``, or a
     new one (qadence's tests call the checkpoint callbacks by hand)."""
     folder = run_folder if run_folder is not None else choose_run_folder(
@@ -429,7 +430,7 @@ def standalone_checkpointer(config: Any, run_folder: Path | None) -> tuple[Path,
     return folder, Checkpointer(folder, config.keep_last_checkpoints)
 
 
-def record_config(config: Any, folder: Path) -> Path | None:
+def record_config(config: TrainConfig, folder: Path) -> Path | None:
     """Write what ran as ``config.yaml`` (``config.json`` without pyyaml) into the run folder; a failure warns."""
     try:
         import yaml  # noqa: F401

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -25,6 +25,9 @@ from torch import nn
 from .._choices import SHARDING
 from .._runtime.watchdog import heartbeat
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
 
 __all__ = ["optimize_step", "get_loss_fn", "mse_loss", "cross_entropy_loss", "call_loss", "LossFn", "Step",
            "PlainStep", "AccumulatingStep", "GradientFreeStep", "make_step", "check_step_options",
@@ -276,7 +279,7 @@ class GradientFreeStep(_Stateless):
         return loss.detach(), metrics
 
 
-def _special(config: Any) -> bool:
+def _special(config: TrainConfig) -> bool:
     return config.gradient_accumulation_steps > 1 or bool(config.grad_clip_norm) or config.mixed_precision != "no"
 
 
@@ -285,7 +288,7 @@ def is_custom_step(step: Any) -> bool:
     return step not in (optimize_step, sys.modules.get("trainstack.optimize_step"))
 
 
-def check_step_options(config: Any, optimizer: Any, custom_step: bool, use_grad: bool) -> None:
+def check_step_options(config: TrainConfig, optimizer: Any, custom_step: bool, use_grad: bool) -> None:
     """Combinations no step can honour, refused before any work starts."""
     if custom_step and _special(config):
         raise ConfigError("a custom optimize_step cannot be combined with gradient_accumulation_steps, "
@@ -311,7 +314,7 @@ def check_step_options(config: Any, optimizer: Any, custom_step: bool, use_grad:
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def autocast_precision(config: Any) -> str:
+def autocast_precision(config: TrainConfig) -> str:
     """The precision forwards run under autocast, in training and evaluation alike: ``mixed_precision`` (fp8: bf16
     around the float8 Linear layers), except bf16 under FSDP, which is FSDP's own policy (bf16 compute, fp32
     reduction) with no autocast on top of it."""
@@ -319,7 +322,7 @@ def autocast_precision(config: Any) -> str:
     return "no" if getattr(config, "strategy", "ddp") in SHARDING and precision == "bf16" else precision
 
 
-def make_step(config: Any, optimizer: Any, loss_fn: LossFn, fn: Callable[..., Any], use_grad: bool,
+def make_step(config: TrainConfig, optimizer: Any, loss_fn: LossFn, fn: Callable[..., Any], use_grad: bool,
               device: torch.device, data_dtype: torch.dtype | None) -> Step:
     """The step object for this configuration (validated by ``check_step_options``)."""
     if not use_grad:

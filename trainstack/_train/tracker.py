@@ -8,7 +8,6 @@ logged values. ``.item()`` (a host sync) happens only here, when a line is print
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import _envvars as envvars
+from .._files import read_jsonl
 from .._goodput import format_ledger, ledger
 from .._runtime import watchdog
 from .._runtime.compiling import window
@@ -28,6 +28,7 @@ from .metrics import MetricLog
 from .schedule import Clock
 
 if TYPE_CHECKING:
+    from ..config import TrainConfig
     from .run import Run
 
 __all__ = ["Tracker", "Span", "banner_info"]
@@ -52,7 +53,7 @@ class Span:
 class Tracker:
     """Rank 0's reports for one run folder, at the cadence ``config`` asks for."""
 
-    def __init__(self, config: Any, folder: Path | None, is_main: bool, span: Span | None = None,
+    def __init__(self, config: TrainConfig, folder: Path | None, is_main: bool, span: Span | None = None,
                  keep_through: int | None = None, clock: Any = None, samples_per_batch: int | None = None,
                  world_size: int = 1, run_id: str | None = None) -> None:
         self.config, self.is_main, self.folder = config, is_main, folder
@@ -231,20 +232,9 @@ def epoch_text(position: float) -> str:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of a metrics.jsonl with a step (a whole resumed run's, not only this process's)."""
-    rows = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
-            rows.append({k: v for k, v in row.items() if isinstance(v, (int, float))})
-    return rows
+    """The rows of a metrics.jsonl with a step (a whole resumed run's, not only this process's), numbers only."""
+    return [{k: v for k, v in row.items() if isinstance(v, (int, float))} for row in read_jsonl(path)
+            if isinstance(row.get("step"), int)]
 
 
 def banner_info(run: Run, span: Span, hang_timeout: float) -> dict[str, Any]:
