@@ -173,3 +173,7 @@ def test_spare_nodes_imply_requeue_and_come_from_the_site_profile(runner, tmp_pa
     profile.write_text("spare_nodes = 2\nrequeue = true\n")
     out = _gen(runner, "--profile", str(profile), "--setup", "multi-node", "--nodes", "2", "--", "train.py")
     assert out.exit_code == 0 and "#SBATCH --nodes=4" in out.output, out.output
+    profile.write_text("spare_nodes = 1\n")  # as the docs say: a site profile's spare for every job
+    out = _gen(runner, "--profile", str(profile), "--setup", "multi-node", "--nodes", "2", "--", "train.py")
+    assert out.exit_code == 0 and "#SBATCH --nodes=3" in out.output and "#SBATCH --requeue" in out.output, out.output
+    assert f"spare_nodes in {profile} imply --requeue" in out.output

@@ -121,9 +121,11 @@ def submit_spec(spec: LaunchSpec, wait: bool = False, templates_dir: str | None 
         raise
     if not hold:
         released = subprocess.run(["scontrol", "release", job.job_id], capture_output=True, text=True, timeout=60)
-        if released.returncode != 0:
+        if released.returncode != 0:  # a held job that can never start must not wait in the queue forever
+            subprocess.run(["scancel", job.job_id], capture_output=True, timeout=60)
             raise SubmitError(f"job {job.job_id} was submitted held and could not be released: "
-                              f"{released.stderr.strip()}. HINT: scontrol release {job.job_id}")
+                              f"{released.stderr.strip()}; it was cancelled (it could not start as asked). HINT: "
+                              f"check --nodes, --spare-nodes, --partition and --time against the partition (sinfo).")
     if wait:
         job.exit_code = wait_for(job, echo=echo, timeout=timeout)
     return job

@@ -272,3 +272,18 @@ def test_a_container_job_on_a_host_without_trainstack_keeps_the_one_policy(slurm
     plain = next((shared_tmp / "plain-logs").glob(f"{JOB}-*.out")).read_text()
     assert ran.returncode != 0 and "WITHOUT in-allocation recovery" in plain, plain
     assert "retrying in this allocation" not in plain
+
+
+@pytest.mark.timeout(120)
+def test_more_spare_nodes_than_the_partition_has_are_refused_before_anything_is_queued(env, shared_tmp):
+    """--nodes 2 --spare-nodes 5 on partition spares (3 nodes): refused with the count, nothing queued (it used to
+    wait PENDING forever behind a hint that could not work)."""
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout.split()
+    out = ts(env, "submit", "--setup", "multi-node", "--nodes", "2", "--cpu", "--spare-nodes", "5", "--partition",
+             "spares", "--time", "5", "--job-name", JOB, "--log-dir", str(shared_tmp / "logs"), "--no-snapshot",
+             "--", SLEEPER, "1", cwd=shared_tmp, check=False)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "the job would need 2 + 5 spare = 7 nodes, partition spares has 3" in out.stderr, out.stderr
+    assert "--spare-nodes 1 at most" in out.stderr
+    after = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout.split()
+    assert after == before

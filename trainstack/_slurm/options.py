@@ -114,6 +114,8 @@ def build_spec(ctx: click.Context, params: dict[str, Any],
         templates_dir = _profile_templates(str(profile_path), profile["templates_dir"])
     retries = [f"--{k.replace('_', '-')}" for k in ("max_retries", "retry_on", "spare_nodes") if k in ctx.params
                and ctx.get_parameter_source(k) is click.core.ParameterSource.COMMANDLINE]
+    retries += [f"{k} in {profile_path}" for k in ("max_retries", "retry_on", "spare_nodes") if k in profile
+                and f"--{k.replace('_', '-')}" not in retries and not (k == "spare_nodes" and not profile[k])]
     if retries and not params.get("requeue"):  # retries happen by requeueing: asking for them asks for it
         click.echo(f"note: {' and '.join(retries)} imply --requeue (a failed attempt is retried in the "
                    f"allocation, or by requeueing the job); --requeue is on", err=True)
@@ -176,7 +178,8 @@ def _split_env(item: str) -> tuple[str, str]:
 
 def check_submittable(spec: LaunchSpec) -> None:
     """What sbatch would accept but the job could never run, refused before anything is queued: a program file that
-    does not exist where the job runs it, GPUs asked of a partition that has none."""
+    does not exist where the job runs it, more nodes (with the spares) than the partition has, GPUs asked of a
+    partition that has none."""
     chdir = Path(spec.chdir or ".")
     if spec.launcher != "custom" and spec.program:
         program = spec.parsed_program
@@ -187,6 +190,7 @@ def check_submittable(spec: LaunchSpec) -> None:
             raise click.BadParameter(f"{head!r} does not exist in {chdir} (the job runs there and would fail at "
                                      f"once with \"can't open file\"). HINT: check the name, or --chdir the folder "
                                      f"that holds it.", param_hint="'PROGRAM'")
+    _check_node_count(spec)
     if not spec.cpu and shutil.which("sinfo"):
         parts = ["-p", spec.partition] if spec.partition else []
         try:
@@ -200,3 +204,26 @@ def check_submittable(spec: LaunchSpec) -> None:
                                      f"{where} has GPUs (sinfo's GRES: {', '.join(sorted(gres))}). HINT: add --cpu "
                                      f"to train on CPU processes (gloo), or choose a GPU --partition.",
                                      param_hint="'--cpu'")
+
+
+def _check_node_count(spec: LaunchSpec) -> None:
+    """``--nodes`` plus ``--spare-nodes`` against the nodes of the partition (sinfo): a job asking for more would
+    wait forever ("PartitionConfig")."""
+    if not shutil.which("sinfo"):
+        return
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N", *(["-p", spec.partition] if spec.partition else [])],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return
+    have = len(set(out.stdout.split()))
+    need = spec.nodes + spec.spare_nodes
+    if out.returncode != 0 or not have or need <= have:
+        return
+    where = f"partition {spec.partition}" if spec.partition else "the default partition"
+    if spec.spare_nodes:
+        raise click.BadParameter(f"{spec.spare_nodes}: the job would need {spec.nodes} + {spec.spare_nodes} spare = "
+                                 f"{need} nodes, {where} has {have}. HINT: --spare-nodes {max(have - spec.nodes, 0)} "
+                                 f"at most, or a larger --partition.", param_hint="'--spare-nodes'")
+    raise click.BadParameter(f"{spec.nodes}: {where} has {have} node(s). HINT: fewer --nodes, or a larger "
+                             f"--partition.", param_hint="'--nodes'")
