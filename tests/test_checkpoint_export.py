@@ -5,6 +5,7 @@ half-written output; clear errors."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -107,8 +108,19 @@ def test_an_existing_output_is_kept_unless_forced_and_bad_sizes_are_named(run_fo
     assert (out / "mine.txt").read_text() == "keep"
     with pytest.raises(CheckpointError, match="--max-shard-size: 'five' is not a size"):
         export(run_folder, tmp_path / "x", max_shard_size="five")
+    for size in ("0", "0.5", "100"):  # each tensor a shard of its own: refused, not silently done
+        with pytest.raises(CheckpointError, match=rf"--max-shard-size: '{size}' is \d+ byte\(s\): every tensor"):
+            export(run_folder, tmp_path / "x", max_shard_size=size)
     export(run_folder, out, force=True)
     assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~mask  # readable as its folder is
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = _cli(str(run_folder), "-o", str(blocker / "out"))
+    assert proc.returncode != 0 and f"cannot write {blocker / 'out'}" in proc.stderr and "Traceback" not in \
+        proc.stderr, proc.stderr
     proc = _cli(str(run_folder), "-o", str(tmp_path / "hf"), "--format", "hf")
     assert proc.returncode != 0 and "holds no Hugging Face model config: --format hf needs a checkpoint of a " \
                                     "transformers model" in proc.stderr, proc.stderr

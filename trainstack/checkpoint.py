@@ -309,12 +309,12 @@ class Checkpointer:
         return ckpts[-1] if ckpts else None
 
     def _rotate(self) -> None:
-        """Keep the newest ``keep_last`` periodic checkpoints -- and the one still being uploaded to the store."""
+        """Keep the newest ``keep_last`` periodic checkpoints -- and those still going to the store."""
         if not self.keep_last:
             return
-        uploading = self.uploads.in_flight if self.uploads is not None else None
+        uploading = self.uploads.protected() if self.uploads is not None else set()
         for old in self.checkpoints()[: -self.keep_last]:
-            if old.name != uploading:
+            if old.name not in uploading:
                 remove_checkpoint(old)
 
     # -------------------------------------------------------------- restoring
@@ -538,13 +538,16 @@ def export(path: str | os.PathLike, output: str | os.PathLike, fmt: str = "safet
     folder: its newest, ``which="best"``/``"last"``) as safetensors into the folder ``output`` -- shards and an
     index above ``max_shard_size`` --, or with ``fmt="hf"`` as a folder ``from_pretrained`` loads (config +
     weights; the checkpoint must come from a ``transformers`` model). Nothing is left half-written."""
-    from ._checkpoint.export import parse_size, require, save_pretrained, write_safetensors
+    from ._checkpoint.export import parse_size, require, write_safetensors
 
     out = Path(output)
     try:
         limit = parse_size(max_shard_size)
     except ValueError as exc:
         raise CheckpointError(f"--max-shard-size: {exc}") from None
+    if limit < 1024:
+        raise CheckpointError(f"--max-shard-size: {max_shard_size!r} is {limit} byte(s): every tensor would get a "
+                              f"shard of its own. HINT: a size such as 5GB (the default) or 500MB.")
     if out.exists():
         if not force:
             raise CheckpointError(f"{out} exists. HINT: choose a new folder, or pass --force to replace it.")
@@ -552,8 +555,21 @@ def export(path: str | os.PathLike, output: str | os.PathLike, fmt: str = "safet
     require("safetensors", "export")
     state = consolidate(path, which)
     where = find(path, which)
-    if fmt == "safetensors":
-        return write_safetensors(state, out, limit)
+    try:
+        if fmt == "safetensors":
+            return write_safetensors(state, out, limit)
+        return _export_hf(where, state, out, max_shard_size)
+    except CheckpointError:
+        raise
+    except OSError as exc:  # an unwritable or missing parent, a full disk: nothing is left half-written
+        raise CheckpointError(f"cannot write {out}: {exc.strerror or exc} ({exc.filename or out}). HINT: -o a "
+                              f"folder you can write, on a file system with room.") from None
+
+
+def _export_hf(where: Path, state: dict[str, Any], out: Path, max_shard_size: str) -> list[Path]:
+    """``export --format hf``: the Hugging Face folder of a transformers model's checkpoint."""
+    from ._checkpoint.export import require, save_pretrained
+
     config = load_file(where).get("model_config")
     if not config:
         raise CheckpointError(f"{where} holds no Hugging Face model config: --format hf needs a checkpoint of a "
@@ -580,7 +596,11 @@ def consolidate(path: str | os.PathLike, which: str | None = None) -> dict[str, 
 def describe(path: str | os.PathLike, which: str | None = None) -> dict[str, Any]:
     """What ``trainstack checkpoint inspect`` shows: format, written by how many processes, where in training (epoch,
     step, batch), the monitored value, size."""
-    return _on_newest(path, _describe, which)
+    info = _on_newest(path, _describe, which)
+    if url_scheme(str(path)):  # named by its URL, not by the temp copy it was read from (removed at exit)
+        base, name = str(path).rstrip("/"), Path(info["checkpoint"]).name
+        info["checkpoint"] = base if base.endswith(name) else f"{base}/{name}"
+    return info
 
 
 def _describe(where: Path) -> dict[str, Any]:

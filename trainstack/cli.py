@@ -425,8 +425,8 @@ def _retry_line(folder: Path | None) -> str:
     lines = [f"  {rows[-1]['decision']}"] if rows and rows[-1].get("retried") is False else []
     left_out = [r for r in rows if r.get("retried") and r.get("excluded")]
     if left_out:
-        lines.append(f"  excluded hosts: {', '.join(left_out[-1]['excluded'])} (blamed by a verdict; the requeued "
-                     f"attempt left them out)")
+        lines.append(f"  excluded hosts: {', '.join(left_out[-1]['excluded'])} (blamed by a verdict: left out of "
+                     f"what followed -- the next step of the allocation, or the requeued attempt)")
     return "\n".join(lines)
 
 

@@ -73,11 +73,22 @@ def write_safetensors(state: dict[str, torch.Tensor], folder: Path, max_shard_by
                      "weight_map": {k: name for name, shard in zip(names, shards, strict=True) for k in shard}}
             (tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n")
             names.append(INDEX)
+        readable(tmp)
         os.replace(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return [folder / name for name in names]
+
+
+def readable(folder: Path) -> None:
+    """The files of an export as a plain write makes them (``0666 & ~umask``): safetensors writes through a private
+    temp file (0600), which would leave a group-shared model folder's weights unreadable beside its config."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in folder.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~mask)
 
 
 def require(module: str, extra: str) -> None:
@@ -109,6 +120,7 @@ def save_pretrained(config: dict[str, Any], state: dict[str, torch.Tensor], out:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         model.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
+        readable(tmp)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -10,8 +10,8 @@ uploads it off the training thread and commits it there::
 A checkpoint counts only with its ``.committed`` marker: a save killed mid-upload leaves objects without one, and the
 previous checkpoint stays the newest (the next upload of the same name replaces them). Removing deletes the marker
 first. Training never waits for the store: every request is bounded (``TRAINSTACK_STORE_TIMEOUT``, 60 s by default:
-S3's connect and read timeouts, two attempts), the check at start is bounded, a save whose predecessor is still
-uploading skips its upload (said), and the end of a run waits for the last upload a bounded time.
+S3's connect and read timeouts, two attempts), the check at start is bounded, a save made while an upload runs waits
+in a slot of one (a newer save replaces it: said), and the end of a run waits for the last upload a bounded time.
 ``resume="auto"`` downloads the newest committed checkpoint when the run folder has none as new (another machine, a
 lost disk); its objects are checked against the marker and a listing of its prefix (names, sizes). Credentials and
 endpoints come from the store's own client configuration (for S3: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/
@@ -111,12 +111,31 @@ class Store:
             raise ConfigError(f"checkpoint store {self.url} did not answer within {self.timeout:g} s (a write of a "
                               f"small probe object). HINT: check the endpoint (AWS_ENDPOINT_URL) is up and reachable "
                               f"from the nodes; {envvars.STORE_TIMEOUT} sets the time allowed.")
+        if not failed:
+            self.abort_unfinished()
         if failed:
             exc = failed[0]
             raise ConfigError(f"checkpoint store {self.url} is not reachable or not writable: "
                               f"{type(exc).__name__}: {self.masked(str(exc))}. HINT: check the bucket exists, the "
                               f"credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws; never in the URL) "
                               f"and the endpoint (AWS_ENDPOINT_URL for an S3-compatible server).") from None
+
+    def abort_unfinished(self) -> list[str]:
+        """S3: abort the multipart uploads a killed upload of this prefix left unfinished (invisible to listings,
+        billed until a lifecycle rule aborts them); the keys aborted. Best effort: a store that cannot list them
+        keeps them."""
+        if "s3" not in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)):
+            return []
+        bucket, _, prefix = self.root.partition("/")
+        try:
+            listed = self.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix)
+            uploads = listed.get("Uploads") or []
+            for upload in uploads:
+                self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"],
+                                UploadId=upload["UploadId"])
+        except Exception:  # noqa: BLE001 -- not every S3-compatible server lists them
+            return []
+        return [u["Key"] for u in uploads]
 
     def _path(self, name: str) -> str:
         return posixpath.join(self.root, name)
@@ -285,32 +304,52 @@ def _local(fs: Any) -> bool:
 
 class Uploads:
     """Rank 0's uploads, one at a time, off the training thread: the newest committed local checkpoint goes to the
-    store, then the store keeps ``keep_last``. Training never waits for the store: a save whose predecessor is still
-    uploading skips its upload (said; the next save uploads the newest), a failed upload is said (the local copy
-    stays committed) and the next save uploads again; the end of a run waits a bounded time for the last one."""
+    store, then the store keeps ``keep_last``. Training never waits for the store: a save made while an upload runs
+    waits for it in a slot of one (a newer save takes the slot; the one it replaces is skipped, said), a failed
+    upload is said (the local copy stays committed) and the next save uploads again; the end of a run waits a
+    bounded time for the last one."""
 
     def __init__(self, store: Store, keep_last: int | None, say: Callable[[str], None]) -> None:
         self.store, self.keep_last, self._say = store, keep_last, say
         self._thread: threading.Thread | None = None
-        self.in_flight: str | None = None  # the checkpoint being uploaded (the local rotation keeps it meanwhile)
+        self._lock = threading.Lock()
+        self.in_flight: str | None = None  # the checkpoint being uploaded
+        self.pending: Path | None = None  # the newest save waiting for it
         self._started = 0.0
         self.uploaded: str | None = None  # the newest checkpoint committed in the store by this run
         self.failed: str | None = None  # why the last upload failed, or None
-        self.skipped = 0  # saves whose upload was skipped because the one before was still running
+        self.skipped = 0  # saves whose upload a newer save replaced while an upload was running
         self.seconds = 0.0  # the last upload's duration
 
+    def protected(self) -> set[str]:
+        """The checkpoints the local rotation keeps: the one being uploaded and the one waiting."""
+        with self._lock:
+            return {n for n in (self.in_flight, self.pending.name if self.pending else None) if n}
+
     def submit(self, local: Path) -> None:
-        """Upload ``local`` in the background, unless the previous upload is still running (then skip it, said)."""
-        if self._thread is not None and self._thread.is_alive():
-            self.skipped += 1
-            self._say(f"trainstack: WARNING: the upload of {self.in_flight} to {self.store.url} is still running "
-                      f"after {time.monotonic() - self._started:.0f} s: the upload of {local.name} is skipped (its "
-                      f"local copy is committed; a later save uploads the newest). Training does not wait for the "
-                      f"store.")
-            return
-        self.in_flight, self._started = local.name, time.monotonic()
-        self._thread = threading.Thread(target=self._upload, args=(local,), name="trainstack-upload", daemon=True)
+        """Upload ``local`` in the background; while an upload runs, it waits in the slot (a newer save replaces
+        it there, said)."""
+        with self._lock:
+            if self.in_flight is not None:
+                if self.pending is not None:
+                    self.skipped += 1
+                    self._say(f"trainstack: WARNING: the upload of {self.in_flight} to {self.store.url} is still "
+                              f"running after {time.monotonic() - self._started:.0f} s: {self.pending.name} is not "
+                              f"uploaded ({local.name} is newer and waits instead; local copies are committed). "
+                              f"Training does not wait for the store.")
+                self.pending = local
+                return
+            self.in_flight, self._started = local.name, time.monotonic()
+        self._thread = threading.Thread(target=self._run, args=(local,), name="trainstack-upload", daemon=True)
         self._thread.start()
+
+    def _run(self, local: Path | None) -> None:
+        while local is not None:
+            self._upload(local)
+            with self._lock:
+                local, self.pending = self.pending, None
+                self.in_flight = local.name if local is not None else None
+                self._started = time.monotonic()
 
     def _upload(self, local: Path) -> None:
         start = time.perf_counter()
@@ -322,13 +361,11 @@ class Uploads:
             self._say(f"trainstack: WARNING: could not upload checkpoint {local.name} to {self.store.url}: "
                       f"{self.failed}. The local copy in {local.parent} is committed; the next save uploads again.")
             return
-        finally:
-            self.in_flight = None
         self.seconds, self.uploaded, self.failed = time.perf_counter() - start, local.name, None
 
     def wait(self, timeout: float | None = None) -> bool:
-        """The upload in flight is done (committed in the store, or its failure said) -- within ``timeout`` seconds
-        when given: False when it is still running then."""
+        """The uploads in flight and waiting are done (committed in the store, or their failure said) -- within
+        ``timeout`` seconds when given: False when one is still running then."""
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():

@@ -333,6 +333,9 @@ class Allocation:
         chosen = self.pool.choose(self.plan.nodes)
         if kind == "crash" and (left is None or left >= r.min_step_s) and chosen is not None:
             return Retry(chosen)
+        note = policy.history(folder)[-1].get("exclusion_note") if kind == "crash" else None
+        if note:
+            self.job.warn(note)
         return Requeue(kind, policy.excluded(folder))
 
     def _probe(self, nodes: list[str]) -> None:

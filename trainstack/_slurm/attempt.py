@@ -107,11 +107,10 @@ def decide(folder: Path, status: int, retry_on: tuple[str, ...] = DEFAULT_RETRY_
     if retry and budget.spent:
         retry, line = False, (f"not retried: {cause}; giving up after {budget.count} earlier retries "
                               f"({budget.option} {budget.limit})")
-    record["excluded"] = []
-    if retry:
-        record["excluded"], note = exclusions([r.get("blamed") for r in rows] + [record["blamed"]], where.serving,
-                                              where.need)
-        line += f"; {note}" if note else ""
+    record["excluded"], record["exclusion_note"] = [], ""
+    if retry:  # what a requeue would leave out (a retry in this allocation leaves the blamed host out of its pool)
+        record["excluded"], record["exclusion_note"] = exclusions([r.get("blamed") for r in rows] +
+                                                                  [record["blamed"]], where.serving, where.need)
     files.append_verdict({**record, "retried": retry, "decision": line})
     return retry, line
 

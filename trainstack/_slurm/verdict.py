@@ -54,8 +54,10 @@ _PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 _HINTS = {
     "cuda out-of-memory": ["a smaller per-process batch with more gradient_accumulation_steps",
                            "mixed_precision='bf16'", "strategy='fsdp' to shard parameters and optimizer state"],
-    "killed (signal 9)": ["host memory: fewer DataLoader workers, a smaller in-memory dataset, or --mem",
-                          "`sacct -j JOB -o MaxRSS` (where accounting works) shows the peak"],
+    "killed (signal 9)": ["if the kernel or Slurm killed it for memory: fewer DataLoader workers, a smaller "
+                          "in-memory dataset, or --mem; `sacct -j JOB -o MaxRSS` (where accounting works) shows the "
+                          "peak", "if a person or a tool sent kill -9 (or a node agent), memory is not the cause: "
+                          "the job's log and `dmesg` on the node tell which"],
     "collective failure": ["the first rank that stopped is the cause; the others timed out waiting for it",
                            "`trainstack debug JOB` while it runs, NCCL_DEBUG=INFO, and the host named here"],
     "hang": ["the stuck rank and its frame are in hang-*/SUMMARY.txt of the run or job folder",

@@ -468,7 +468,8 @@ class Run:
                                            f"without it; its local copy is committed, the store's newest is "
                                            f"{up.uploaded or 'an earlier one'}.")
             elif up.uploaded and not failed:
-                skipped = f"; {up.skipped} save(s) skipped their upload while one was running" if up.skipped else ""
+                skipped = f"; {up.skipped} save(s) not uploaded: a newer one replaced them while one ran" \
+                    if up.skipped else ""
                 self.trainer.console_print(f"Checkpoints committed to {up.store.url}: newest {up.uploaded} (its "
                                            f"upload: {up.seconds:.1f} s){skipped}.")
         if self.memory is not None:
