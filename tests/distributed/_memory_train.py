@@ -5,8 +5,8 @@ state saved for a bitwise comparison.
 
 FAULTS, ``step:kind,...``, each once: ``exit`` (the process dies), ``node`` (node n1 is lost with its memory: its
 folder removed), ``both`` (every node's memory lost), ``corrupt`` (rank 1's newest own copy truncated, then the
-process dies); ``fill`` / ``unfill`` (rank 0 fills the memory file system with a file, then removes it: the saves
-between fail and training goes on).
+process dies), ``fill`` / ``unfill`` (rank 0 fills the memory file system with a file, then removes it: the saves
+between fail and training goes on). ROOT_FOLDER=1: the run folder is chosen under ``OUT/runs`` (no log_folder).
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ def main() -> None:
     loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4, shuffle=True)
     model = nn.Sequential(nn.Linear(8, 32), nn.Dropout(0.1), nn.ReLU(), nn.Linear(32, 1))
     optimizer = torch.optim.AdamW(model.parameters(), 1e-2)
-    config = TrainConfig(max_iter=100, max_steps=int(os.environ.get("STEPS", "20")), log_folder=OUT / "run",
+    where = {"root_folder": OUT / "runs"} if os.environ.get("ROOT_FOLDER") else {"log_folder": OUT / "run"}
+    config = TrainConfig(max_iter=100, max_steps=int(os.environ.get("STEPS", "20")), **where,
                          resume="auto", seed=1, strategy=os.environ.get("STRATEGY", "ddp"),
                          memory_checkpoint_every_n_steps=int(os.environ.get("MEM", "3")),
                          checkpoint_every_n_steps=int(os.environ.get("DURABLE", "0")),

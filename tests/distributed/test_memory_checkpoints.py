@@ -210,3 +210,16 @@ def test_failing_memory_checkpoints_are_said_counted_and_their_recovery_said(run
     rows = [json.loads(line) for line in (tmp_path / "out" / "run").rglob("metrics.jsonl").__next__().read_text()
             .splitlines()]
     assert any(r.get("memory_checkpoint_failures", 0) >= 1 for r in rows), rows[-3:]
+
+
+def test_a_torchrun_restart_continues_its_run_folder_and_memory_checkpoints(run_py, tmp_path, references):
+    """torchrun --max-restarts 1, root_folder only (no log_folder, no Slurm), memory every 5, no durable
+    checkpoint, rank 3 killed at step 13: the restarted workers continue the folder the first attempt chose (not a
+    new timestamped one) and resume from memory at step 10, ending equal to an uninterrupted run."""
+    out = tmp_path / "out"
+    run = _torchrun(run_py, out, 4, restarts=1, MEM=5, FAULTS="13:exit", ROOT_FOLDER=1)
+    assert _resumed(run.stdout) == [(10, "every rank from its own memory")], run.stdout[-3000:]
+    assert "starting from scratch" not in run.stdout.split("Resumed from memory")[1]
+    folders = [p for p in (out / "runs").iterdir() if p.is_dir()]
+    assert len(folders) == 1, folders  # one run folder for the launch and its restart
+    _same_final(out, references(run_py), 4)

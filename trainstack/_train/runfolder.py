@@ -126,6 +126,8 @@ def choose_run_folder(root: Path, log_folder: Path, new_per_run: bool, resume: o
     * an explicit ``log_folder`` (not ``./``) is used as given;
     * inside a Slurm job the folder is ``root/slurm-<job id>`` (``slurm-<array job>_<task>`` for an array task),
       so a requeued job finds its checkpoints;
+    * a torchrun restart (``TORCHELASTIC_RESTART_COUNT`` > 0) continues the folder its launch's first attempt chose
+      (recorded in ``root/.torchrun-<run id>``), so its checkpoints and memory checkpoints are found;
     * ``resume="auto"`` reuses the newest run folder under ``root`` that holds a checkpoint, is not in use (nor in
       ``skip``) and that ``accept`` says belongs to this experiment;
     * otherwise (and always with ``create_subfolder_per_run``) a new ``root/<YYYYmmdd-HHMMSS>-<pid>`` folder.
@@ -141,6 +143,11 @@ def choose_run_folder(root: Path, log_folder: Path, new_per_run: bool, resume: o
     if job:
         array = env.get("SLURM_ARRAY_TASK_ID")
         return root / (f"slurm-{env.get('SLURM_ARRAY_JOB_ID', job)}_{array}" if array else f"slurm-{job}")
+    restarted = _torchrun_record(root, env)
+    if restarted is not None and int(env.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0 and restarted.is_file():
+        named = Path(restarted.read_text().strip())
+        if named.is_dir() and named.parent == root:
+            return named
     if resume == "auto" and root.is_dir():
         candidates = [p for p in root.iterdir() if p.is_dir() and p not in skip and has_checkpoint(p)
                       and not RunLock.held(p)]
@@ -148,6 +155,29 @@ def choose_run_folder(root: Path, log_folder: Path, new_per_run: bool, resume: o
             if accept is None or accept(folder):
                 return folder
     return _new_folder(root)
+
+
+def _torchrun_record(root: Path, env: Mapping[str, str]) -> Path | None:
+    """Where a torchrun launch records the run folder its first attempt chose (None outside torchrun)."""
+    run = env.get("TORCHELASTIC_RUN_ID")
+    return root / f".torchrun-{re.sub(r'[^A-Za-z0-9_.-]', '_', run)[:80]}" if run else None
+
+
+def remember_for_restarts(folder: Path, root: Path, log_folder: Path, new_per_run: bool,
+                          environ: Mapping[str, str] | None = None) -> None:
+    """Under torchrun, a folder chosen under ``root`` (not one the config or the job names) is recorded for the
+    launch's restarts, which then continue it (``choose_run_folder``)."""
+    env = os.environ if environ is None else environ
+    record = _torchrun_record(root, env)
+    if record is None or new_per_run or log_folder != Path("./") or env.get("SLURM_JOB_ID") or \
+            env.get(envvars.RUN_DIR) or folder.parent != root:
+        return
+    from .._files import atomic_write
+
+    try:
+        atomic_write(record, f"{folder}\n")
+    except OSError:
+        pass
 
 
 def auto_chosen(log_folder: Path, new_per_run: bool, resume: object, environ: Mapping[str, str] | None = None) -> bool:
@@ -332,6 +362,8 @@ class RunFolder:
                 continue
             Checkpointer(folder).remove_stale_temp_files()
             self.lock = lock
+            if continuing is None:
+                remember_for_restarts(folder, cfg.root_folder, cfg.log_folder, cfg.create_subfolder_per_run)
             return folder
 
     def launch_claim(self, here: bool, continuing: Path | None, identity: dict[str, Any] | None,
