@@ -36,8 +36,11 @@ def test_a_crash_retried_in_the_allocation_then_a_requeue(tmp_path):
     assert set(parts) == set(PARTS) and found["total_s"] == 150
     assert abs(sum(parts.values()) - 150) < 0.05, parts
     assert parts["queue"] == 9 + 20  # submit -> start, requeue -> start
-    assert parts["recovery"] == 5 + 2 + 9  # fault -> the step's end -> its retry's start; the job's end -> requeue
-    assert parts["startup"] == 1 + (20 - 11 - 3) + (70 - 62) + 1 + (140 - 131)  # the script's set-up, each step's
+    # fault -> the step's end -> its retry's start -> the retry's relaunch and restore (to its loop); the job's end ->
+    # the requeue: a crash's whole cost, none of it booked as start-up
+    assert parts["recovery"] == 5 + 2 + (70 - 62) + 9
+    assert parts["startup"] == 1 + (20 - 11 - 3) + 1 + (140 - 131)  # the driver's set-up, each first step's
+    assert found["steps"][1]["parts"]["startup"] == 0 and found["steps"][1]["parts"]["recovery"] == 70 - 62
     assert parts["node_check"] == 3 and parts["eval"] == 1 and parts["checkpoint"] == 5
     step0 = found["steps"][0]["parts"]
     assert step0["startup"] == 20 - 11 - 3 and step0["compile"] == 5 - 1.1  # first step beyond a steady one

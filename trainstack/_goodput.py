@@ -1,13 +1,14 @@
 """The goodput ledger of a job: where its wall time went, across requeues and retries. Torch-free leaf.
 
-Read from its job folder: the batch script's timeline in ``events.jsonl`` (``job_start`` with Slurm's submit time,
+Read from its job folder: the driver's timeline in ``events.jsonl`` (``job_start`` with Slurm's submit time,
 ``step_start``/``step_end`` of each job step, ``node_check``, ``job_end``), rank 0's time per phase of each step
 (``ledger/<n>.json``: the watchdog rewrites it every interval) and the verdict rows (``verdicts.jsonl``: the fault
 time and last step of a crash). Every second from the first submission to the end (or now) lands in one part:
 
 * ``queue``: submitted (or requeued) until the attempt started;
 * ``startup``: the attempt's start until its first job step, and each step's start until its loop began
-  (versions probe, imports, rendezvous, model set-up, checkpoint restore), less the node check;
+  (versions probe, imports, rendezvous, model set-up, checkpoint restore), less the node check -- but after a
+  crash, that is ``recovery``;
 * ``node_check``: the pre-flight node checks;
 * ``compile``: the first step's time beyond a steady step (compilation, warm-up);
 * ``checkpoint``: training waiting for checkpoint saves (memory, durable, the final one);
@@ -16,8 +17,9 @@ time and last step of a crash). Every second from the first submission to the en
 * ``productive``: steps (forward, backward, optimizer) whose results the run kept;
 * ``rollback``: steps done and then lost -- redone after a crash (steps lost x the mean step time), and the
   training between rank 0's last record of its time and the crash (lost with it);
-* ``recovery``: from a crash's first failing task to the next step's launch (detection, teardown, probes,
-  the decision; the requeued job's hold is queue time);
+* ``recovery``: from a crash's first failing task to the next step's loop -- detection, teardown, probes, the
+  decision, and the relaunch and restore of the step after it (in the allocation, or the requeued attempt's
+  set-up): what the failure cost; the requeued job's hold is queue time;
 * ``other``: the rest (callbacks, logging, the script's own work, the end of a step after its last ledger).
 
 ``goodput`` = productive / total.
@@ -141,11 +143,18 @@ def ledger(folder: Path | None, now: float | None = None) -> dict[str, Any] | No
     began = {int(s.get("attempt", 0)): s["time"] for s in starts}
     steps, previous = _job_steps(evs, _step_ledgers(folder), JobFiles(folder).verdicts(), end), None
     for step in steps:
-        for k, v in step.pop("raw").items():
+        raw = step.pop("raw")
+        after_crash = previous is not None and previous.pop("crashed", False)
+        if after_crash:  # a crash's relaunch and restore are what the failure cost, not start-up
+            raw["recovery"] += raw["startup"]
+            raw["startup"] = 0.0
+            step["parts"] = {k: round(v, 2) for k, v in raw.items()}
+        for k, v in raw.items():
             totals[k] += v
         if previous is None or previous["attempt"] != step["attempt"]:  # the script's set-up before its first step
-            totals["startup"] += max(0.0, step["start"] - began.get(step["attempt"], step["start"]))
-        elif previous.pop("crashed", False):  # the decision and probes between a crashed step and its retry
+            totals["recovery" if after_crash else "startup"] += \
+                max(0.0, step["start"] - began.get(step["attempt"], step["start"]))
+        elif after_crash:  # the decision and probes between a crashed step and its retry
             totals["recovery"] += max(0.0, step["start"] - previous["end"])
         previous = step
     total = max(end - first_submit, 1e-9)

@@ -29,6 +29,7 @@ from ..checkpoint import (
     check_exportable,
     export_model,
     open_memory,
+    remove_checkpoint,
     restore_memory,
     step_of,
 )
@@ -199,7 +200,12 @@ class Run:
                     break
                 start = time.perf_counter()
                 try:
-                    store.download(name, self.checkpointer.folder)
+                    got = store.download(name, self.checkpointer.folder)
+                    if got not in self.checkpointer.checkpoints():  # e.g. a sharded folder without its own marker
+                        remove_checkpoint(got)
+                        raise CheckpointError(f"{name} is not a complete {'sharded' if got.is_dir() else 'file'} "
+                                              f"checkpoint once downloaded (its objects lack the commit marker a "
+                                              f"save writes)")
                 except CheckpointError as exc:
                     self.trainer.console_print(f"trainstack: WARNING: passing over {name} in the store: {exc}")
                     continue
