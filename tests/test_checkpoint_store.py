@@ -159,7 +159,7 @@ def test_an_unreachable_store_is_a_clear_error_before_training(tmp_path, bucket)
     with pytest.raises(ConfigError, match=rf"checkpoint store s3://{bucket}-missing/x is not reachable"):
         Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg, loss_fn="mse").fit(
             [(torch.randn(4, 2), torch.randn(4, 1))])
-    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+    assert not (tmp_path / "run").exists()  # a refused store leaves no run folder behind (it used to)
 
 
 def test_a_url_without_its_client_or_a_plain_path_is_refused_clearly():

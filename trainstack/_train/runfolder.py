@@ -21,7 +21,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from .. import _envvars as envvars
 from .._jobfiles import JobFiles
-from ..checkpoint import Checkpointer, CheckpointError, check_fits, has_checkpoint
+from ..checkpoint import Checkpointer, CheckpointError, Store, check_fits, has_checkpoint
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
@@ -340,6 +340,8 @@ class RunFolder:
         """Pick the folder (``continuing``: a second fit's), refuse to overwrite another run's checkpoints, lock it,
         clear stale temp files. The lock is held by this object until ``release``."""
         cfg = self.config
+        if cfg.checkpoint_store is not None and continuing is None:  # a store that cannot work creates no folder
+            Store(cfg.checkpoint_store).check()
         racing = continuing is None and auto_chosen(cfg.log_folder, cfg.create_subfolder_per_run, cfg.resume)
         busy: list[Path] = []
         while True:
