@@ -103,3 +103,23 @@ def test_progress_and_eta_come_from_the_last_live_line_less_its_age(tmp_path):
     assert row.progress.step == 150 and "38% eta" in format_table([row])
     ended = TaskStatus("7", "job", "COMPLETED", "1", "0:10", 0, line, "sacct", log)
     assert ended.progress is None and "PROGRESS" in format_table([ended]).splitlines()[0]
+
+
+def test_a_forgotten_job_that_recovered_in_its_allocation_keeps_its_story(tmp_path):
+    """Two job steps in one allocation (a crash retried in place): once Slurm forgot the job, the folder tells the
+    same as Slurm did -- the allocation's nodes, the whole attempt's time, no requeue (not the last step's time and
+    one 'restart' per step)."""
+    from trainstack._slurm.status import _folder_record
+
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "started").write_text("2026-11-28T10:00:00+00:00\n2026-11-28T10:00:40+00:00\n")
+    ev = [{"kind": "job_start", "time": 100.0, "attempt": 0, "nnodes": "3"}, {"kind": "step_start", "time": 101.0},
+          {"kind": "step_end", "time": 130.0}, {"kind": "step_start", "time": 131.0},
+          {"kind": "job_end", "time": 206.0, "status": 0}]
+    (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ev))
+    assert _folder_record(folder) == ("0:01:46", 0, "3")
+    ev += [{"kind": "job_start", "time": 300.0, "attempt": 1, "nnodes": "2"},
+           {"kind": "job_end", "time": 360.0, "status": 0}]
+    (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ev))
+    assert _folder_record(folder) == ("0:01:00", 1, "2")  # a requeue: Slurm's restart count, its last attempt

@@ -68,7 +68,7 @@ class BatchJob:
         self.files.mark_attempt_in_logs(str(self.restart))
         self.env[envvars.JOB_DIR] = str(self.files.folder)
         self.env.setdefault(envvars.SUBMIT_DIR, os.getcwd())
-        self.event("job_start", None, 0, submitted=self.slurm.submitted())
+        self.event("job_start", None, 0, submitted=self.slurm.submitted(), nnodes=env.get("SLURM_NNODES"))
         threading.Thread(target=self._heartbeat, name="trainstack-heartbeat", daemon=True).start()
         self.hosts = self.slurm.hostnames(env.get("SLURM_JOB_NODELIST", "")) or \
             [env.get("SLURMD_NODENAME") or os.uname().nodename]

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import _jobevents as events
 from .._jobfiles import DRIVER_SILENT_S, JobFiles
 from . import index
 from .jobfolder import JobPaths
@@ -147,17 +148,26 @@ def _folder_state(folder: Path, parent: Path) -> str:
     return "NEVER RAN"
 
 
-def _folder_elapsed(folder: Path) -> tuple[str, int]:
+def _folder_record(folder: Path) -> tuple[str, int, str]:
+    """(elapsed, restarts, nodes) of a job Slurm has forgotten, as Slurm told them: from the driver's timeline, the
+    last attempt's start to its end (all its job steps), the requeues (not the retries inside an allocation), the
+    allocation's node count; from ``started`` for a job folder without a timeline."""
     files = JobFiles(folder)
+    starts = [e for e in events.read(folder) if e.get("kind") == "job_start"]
+    if starts:
+        last = starts[-1]
+        end = next((e["time"] for e in events.read(folder, last["time"], "job_end")), None)
+        seconds = int((end if end is not None else (files.exit_code_time() or last["time"])) - last["time"])
+        return str(datetime.timedelta(seconds=max(0, seconds))), len(starts) - 1, str(last.get("nnodes") or "")
     if not files.has_started():
-        return "", 0
+        return "", 0, ""
     lines = files.starts()
     try:
         first = datetime.datetime.fromisoformat(lines[-1]).timestamp()
         seconds = int((files.exit_code_time() or files.started_time() or first) - first)
     except (ValueError, IndexError):
-        return "", max(0, len(lines) - 1)
-    return str(datetime.timedelta(seconds=max(0, seconds))), max(0, len(lines) - 1)
+        return "", max(0, len(lines) - 1), ""
+    return str(datetime.timedelta(seconds=max(0, seconds))), max(0, len(lines) - 1), ""
 
 
 def _from_folder(base: str, record: dict, task: str | None) -> list[TaskStatus]:
@@ -171,8 +181,8 @@ def _from_folder(base: str, record: dict, task: str | None) -> list[TaskStatus]:
     rows = []
     for label, unit in units:
         folder, log = job_dir / unit.folder.relative_to(paths.job_folder), unit.log
-        elapsed, restarts = _folder_elapsed(folder)
-        rows.append(TaskStatus(label, name, _folder_state(folder, job_dir), "", elapsed, restarts,
+        elapsed, restarts, nodes = _folder_record(folder)
+        rows.append(TaskStatus(label, name, _folder_state(folder, job_dir), nodes, elapsed, restarts,
                                last_metric(log), "folder", log if log.exists() else None,
                                folder if folder.is_dir() else None))
     return rows
