@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,7 @@ def test_print_metrics_from_the_main_process(tmp_path, capsys):
     Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg).fit(_loader())
     out = capsys.readouterr().out
     assert "***** Running training *****" in out and "Total optimization steps" in out
+    assert re.search(r"Parallelism += +ddp: 1 replica\(s\)", out), out  # the mesh said (HSDP/TP/AC too)
     lines = [line for line in out.splitlines() if line.startswith("epoch ") and "train_loss " in line]
     assert len(lines) == 2 and lines[0].startswith("epoch 2/4 | step 8 |") and "train_mse " in lines[0], lines
 

@@ -237,6 +237,16 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
             if isinstance(row.get("step"), int)]
 
 
+def _parallelism(strategy: str, layout: Any, checkpointing: Any) -> str:
+    """``hsdp: 2 replicas x 2 shards, activation checkpointing full`` -- what the run's mesh and wrapping are."""
+    sizes = [f"{layout.replicate} replica(s)" if strategy in ("ddp", "hsdp") or layout.replicate > 1 else "",
+             f"{layout.shard} shard(s)" if strategy in ("fsdp", "hsdp") else "",
+             f"tensor parallel {layout.tp}" if layout.tp > 1 else ""]
+    ac = checkpointing if isinstance(checkpointing, str) else "a function of yours" if checkpointing else None
+    return f"{strategy}: {' x '.join(x for x in sizes if x) or 'one process'}" + \
+        (f", activation checkpointing {ac}" if ac else "")
+
+
 def banner_info(run: Run, span: Span, hang_timeout: float) -> dict[str, Any]:
     """What the start banner shows: the data, the processes, the batch sizes, the steps ahead, the folder."""
     trainer = run.trainer
@@ -252,6 +262,7 @@ def banner_info(run: Run, span: Span, hang_timeout: float) -> dict[str, Any]:
         "Total batch size (w. parallel & accumulation)": per_proc * acc.world_size * cfg.gradient_accumulation_steps,
         "Gradient accumulation steps": cfg.gradient_accumulation_steps,
         "Total optimization steps": steps, "Model": model_summary(acc.unwrap_model(trainer.model)),
+        "Parallelism": _parallelism(cfg.strategy, acc.layout, cfg.activation_checkpointing),
         "Run folder": run.path,
         "Hang watchdog": f"armed: {hang_timeout:g} s without progress (3x for the first step, checkpoints, "
                          f"callbacks)" if hang_timeout else "off"}
