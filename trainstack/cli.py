@@ -208,7 +208,7 @@ def main() -> None:
 
 @main.command(cls=ProgramCommand, epilog=EPILOG, context_settings=PROGRAM_FIRST)
 @_spec_options
-@click.option("--explain", is_flag=True, help="Annotate why each line is there.")
+@click.option("--explain", is_flag=True, help="Annotate why each line is there and say the job's plan in words.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here instead of stdout.")
 @click.option("--force", is_flag=True, help="Overwrite --output if it exists.")
 @click.option("--dry-run", is_flag=True, help="Print the script (the default without -o).")
