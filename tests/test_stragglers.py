@@ -37,9 +37,13 @@ def test_uniform_slowness_a_longer_backward_and_a_blip_name_nobody():
     assert named == []
 
 
-def test_a_rank_that_keeps_pace_again_is_cleared():
+def test_a_rank_that_keeps_pace_again_is_cleared_soon_with_the_step_it_is_cleared_at():
+    """Slow in intervals 2-5, keeping pace from 6: cleared at the second reading of its latest interval keeping pace
+    (7), not once the rolling window has forgotten its slow past; the note carries the step of that reading."""
     named, cleared = run(lambda r, i: 3.0 if r == 1 and 2 <= i < 6 else 1.0, intervals=14)
     assert [s.rank for _, s in named] == [1] and [s.rank for _, s in cleared] == [1]
+    (when, gone), = cleared
+    assert when == 7 and gone.step == 80, (when, gone)
 
 
 def test_the_data_phase_is_compared_too():

@@ -8,7 +8,9 @@ the other ranks, on one node): a whole slow node, half the ranks of a two-node j
 node, not against a median it drags itself. ``backward`` is shown but never compared: under DDP it holds the
 gradient all-reduce, where the fast ranks wait for the slow one. A rank slower by ``ratio`` (and by at least
 ``MIN_EXCESS_S`` a step) in ``PERSIST`` readings running is named -- a blip within one interval never is; ranks
-uniformly slow move the baseline with them and are never flagged. Torch-free.
+uniformly slow move the baseline with them and are never flagged. A named rank is cleared once its *latest*
+interval alone keeps pace in ``CLEAR_PERSIST`` readings running (the rolling window would still hold its slow past),
+with the step it is cleared at. Torch-free.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ SHOWN = (*COMPARED, "backward")
 DEFAULT_RATIO = 1.5
 MIN_EXCESS_S = 0.002  # below this a step's difference is noise, whatever the ratio
 WINDOW = 2  # intervals of the rolling window
-PERSIST = 3  # readings in a row before a rank is named (and cleared): a blip inside one interval never is
+PERSIST = 3  # readings in a row before a rank is named: a blip inside one interval never is
+CLEAR_PERSIST = 2  # readings in a row of its latest interval keeping pace before a named rank is cleared
 MIN_STEPS = 3  # steps in the window for a rank to be compared at all
 
 
@@ -83,36 +86,48 @@ class Stragglers:
     def observe(self, everyone: dict[int, dict[str, Any]]) -> tuple[list[Straggler], list[Straggler]]:
         if not self.ratio:
             return [], []
-        rates = self._rates(everyone)
+        rates, latest = self._rates(everyone)
         slow = self._slowest(rates, everyone)
+        slow_now = self._slowest(latest, everyone)
         new, cleared = [], []
         for rank in set(rates) | set(self.named):
+            if rank in self.named:
+                if rank in slow_now:
+                    self._misses[rank] = 0
+                    self.named[rank] = slow_now[rank]  # its latest figures
+                else:
+                    self._misses[rank] = self._misses.get(rank, 0) + 1
+                    if self._misses[rank] >= CLEAR_PERSIST:
+                        gone = self.named.pop(rank)
+                        step = int(everyone.get(rank, {}).get("step") or gone.step)
+                        cleared.append(Straggler(gone.rank, gone.host, gone.phase, gone.seconds, gone.baseline, step))
+                        self._hits[rank] = 0
+                continue
             if rank in slow:
-                self._hits[rank], self._misses[rank] = self._hits.get(rank, 0) + 1, 0
-                if rank not in self.named and self._hits[rank] >= PERSIST:
-                    self.named[rank] = slow[rank]
+                self._hits[rank] = self._hits.get(rank, 0) + 1
+                if self._hits[rank] >= PERSIST:
+                    self.named[rank], self._misses[rank] = slow[rank], 0
                     new.append(slow[rank])
-                elif rank in self.named:
-                    self.named[rank] = slow[rank]  # its latest figures
             else:
-                self._hits[rank], self._misses[rank] = 0, self._misses.get(rank, 0) + 1
-                if rank in self.named and self._misses[rank] >= PERSIST:
-                    cleared.append(self.named.pop(rank))
+                self._hits[rank] = 0
         return new, cleared
 
-    def _rates(self, everyone: dict[int, dict[str, Any]]) -> dict[int, dict[str, float]]:
-        """Each rank's seconds per step and phase over the window (ranks with too few steps in it left out)."""
-        out = {}
+    def _rates(self, everyone: dict[int, dict[str, Any]]
+               ) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]]]:
+        """Each rank's seconds per step and phase over the window, and over its latest interval alone (ranks with
+        too few steps in either left out)."""
+        window, latest = {}, {}
         for rank, beat in everyone.items():
             spent, beats = beat.get("spent"), beat.get("beats")
             if not isinstance(spent, dict) or not isinstance(beats, int):
                 continue
             history = self._history.setdefault(rank, deque(maxlen=WINDOW + 1))
             history.append((beats, {k: float(v) for k, v in spent.items()}))
-            (b0, s0), (b1, s1) = history[0], history[-1]
-            if b1 - b0 >= MIN_STEPS:
-                out[rank] = {p: (s1.get(p, 0.0) - s0.get(p, 0.0)) / (b1 - b0) for p in SHOWN}
-        return out
+            for out, (b0, s0) in ((window, history[0]), (latest, history[-2] if len(history) > 1 else history[0])):
+                b1, s1 = history[-1]
+                if b1 - b0 >= MIN_STEPS:
+                    out[rank] = {p: (s1.get(p, 0.0) - s0.get(p, 0.0)) / (b1 - b0) for p in SHOWN}
+        return window, latest
 
     def _slowest(self, rates: dict[int, dict[str, float]],
                  everyone: dict[int, dict[str, Any]]) -> dict[int, Straggler]:
