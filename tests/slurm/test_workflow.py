@@ -125,8 +125,11 @@ def _variant_args(setup: str, launcher: str, container: str, image: Path) -> tup
     return [*args, "--", HELLO, str(world), "--lr", "1", "a b", "$(touch pwned)"], world
 
 
-VARIANTS = [(s, launcher, "none") for s in CASES for launcher in ("srun", "torchrun", "spawn", "custom")] + \
-           [("multi-node", launcher, "apptainer") for launcher in ("srun", "torchrun", "spawn", "custom")]
+# every launcher on two nodes, each setup once, the container with a task per rank and per node; the whole matrix
+# renders to the plan build_plan gives (tests/test_render.py) and the driver's launch of it is unit-tested
+VARIANTS = [("multi-node", launcher, "none") for launcher in ("srun", "torchrun", "spawn", "custom")] + \
+           [("single-gpu", "srun", "none"), ("multi-gpu", "torchrun", "none"), ("multi-gpu", "spawn", "none")] + \
+           [("multi-node", launcher, "apptainer") for launcher in ("srun", "custom")]
 
 
 @pytest.mark.timeout(900)
