@@ -251,12 +251,11 @@ def generate(ctx: click.Context, output: str | None, force: bool, dry_run: bool,
 def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: bool, host: str | None,
            remote_dir: str, **params: Any) -> None:
     """Render, create the job folder, sbatch; print the job id, its folder and its log."""
+    from ._slurm.options import load_profile
     from .submit import finished_tasks, submit_spec
 
-    if not host and params.get("profile") and not os.environ.get(envvars.REMOTE_SIDE):
-        from ._slurm.options import load_profile  # a site profile may name the login node: host = "..."
-
-        site = load_profile(params["profile"])
+    site = load_profile(params["profile"]) if params.get("profile") else {}  # read once, here
+    if not host and site and not os.environ.get(envvars.REMOTE_SIDE):  # a site profile may name the login node
         host = site.get("host")
         if ctx.get_parameter_source("remote_dir") is ParameterSource.DEFAULT:
             remote_dir = site.get("remote_dir", remote_dir)
@@ -266,7 +265,7 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
         args = forwarded_args(ctx)
         sys.exit(_remote_call(lambda: submit_hosted(host, remote_dir, args, Path.cwd())))
 
-    spec, templates_dir = build_spec(ctx, params)
+    spec, templates_dir = build_spec(ctx, params, site=site)
     if dry_run:
         click.echo(_render(spec, templates_dir), nl=False)
         if spec.tasks:
@@ -280,8 +279,6 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
     note = driver_note(spec, shipped=True)
     if note:
         click.echo(note, err=True)
-    if snapshot:
-        _warn_uncommitted(Path(spec.chdir or "."))
     if spec.requeue:
         click.echo("note: --requeue: cancel this job with `trainstack cancel JOB`; a plain scancel reads as a "
                    "preemption (Slurm sends both the same SIGTERM) and requeues it", err=True)
@@ -294,6 +291,10 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
         return
     if job.skipped:
         click.echo(f"skipping {len(job.skipped)} task(s) that already finished: {job.skipped}", err=True)
+    if job.snapshot is not None and (job.snapshot.changed or job.snapshot.untracked):  # git asked once per submit
+        names = job.snapshot.changed + job.snapshot.untracked
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        click.echo(f"warning: the job runs uncommitted changes (copied into its folder): {shown}", err=True)
     if job.snapshot is not None and job.snapshot.skipped:
         big = job.snapshot.skipped
         click.echo(f"warning: {len(big)} file(s) over 50 MB are linked into the snapshot, not copied (edits to them "
@@ -314,19 +315,6 @@ def _task_table(spec: LaunchSpec, done: list[int]) -> str:
                  + (f", at most {spec.max_parallel} at once" if spec.max_parallel else "")
                  + f"; run folders under {spec.sweep_dir}")
     return "\n".join(lines)
-
-
-def _warn_uncommitted(cwd: Path) -> None:
-    from ._slurm.snapshot import git_root, git_state
-
-    root = git_root(cwd)
-    if root is None:
-        return
-    _, changed, untracked = git_state(root)
-    if changed or untracked:
-        names = changed + untracked
-        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-        click.echo(f"warning: the job runs uncommitted changes (copied into its folder): {shown}", err=True)
 
 
 @main.command()

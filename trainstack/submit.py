@@ -96,11 +96,11 @@ def submit_spec(spec: LaunchSpec, wait: bool = False, templates_dir: str | None 
     log_dir.mkdir(parents=True, exist_ok=True)  # Slurm cannot create it: a missing one kills the job without a log
     staging = private_dir(log_dir, ".trainstack-submit-")  # becomes the job folder once Slurm named the job
     try:
-        snap = take(Path(spec.chdir or "."), staging / JobFiles.CODE, exclude=[log_dir]) if root is not None \
-            else None
+        snap = take(Path(spec.chdir or "."), staging / JobFiles.CODE, exclude=[log_dir], root=root) \
+            if root is not None else None
         ship_driver(staging / JobFiles.DRIVER)
         script = write_script(staging / JobFiles.SCRIPT, text, mode=0o700)  # --env values may be secrets
-        job = _sbatch_held(exe, spec, script, staging, log_dir, tasks, skipped)
+        job = _sbatch_held(exe, spec, script, staging, log_dir, tasks, skipped, root if snap else None)
     except SnapshotError as exc:
         shutil.rmtree(staging, ignore_errors=True)
         raise SubmitError(str(exc)) from None
@@ -132,11 +132,11 @@ def submit_spec(spec: LaunchSpec, wait: bool = False, templates_dir: str | None 
 
 
 def _sbatch_held(exe: str, spec: LaunchSpec, script: Path, staging: Path, log_dir: Path, tasks: list[int],
-                 skipped: list[int]) -> SubmittedJob:
-    """``sbatch --hold`` the staged script, then move the staging folder to the job folder Slurm's id names."""
+                 skipped: list[int], root: Path | None) -> SubmittedJob:
+    """``sbatch --hold`` the staged script, then move the staging folder to the job folder Slurm's id names
+    (``root``: the repository of the code snapshot in the staging folder, if one was taken)."""
     env = dict(os.environ)
     env.pop(envvars.SNAPSHOT, None)
-    root = git_root(Path(spec.chdir or ".")) if (staging / JobFiles.CODE).is_dir() else None
     if root is not None:  # the job runs from <job folder>/code/<this folder relative to the repository>
         env[envvars.SNAPSHOT] = os.path.relpath(Path(spec.chdir or ".").resolve(), root)
     args = [exe, "--parsable", "--hold"]

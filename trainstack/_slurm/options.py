@@ -93,7 +93,7 @@ def _is_executable(word: str, venv: str | None, cwd: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
-def build_spec(ctx: click.Context, params: dict[str, Any],
+def build_spec(ctx: click.Context, params: dict[str, Any], site: dict[str, Any] | None = None,
                cwd: Path | None = None) -> tuple[LaunchSpec, str | None]:
     """The spec and the site templates folder: profile values (read once) for options left at their defaults,
     absolute paths, the program classified; any bad value becomes a usage error naming its option."""
@@ -101,7 +101,7 @@ def build_spec(ctx: click.Context, params: dict[str, Any],
     params = dict(params)
     profile_path = params.pop("profile", None)
     templates_dir = params.pop("templates_dir", None)
-    profile = load_profile(profile_path) if profile_path else {}
+    profile = site if site is not None and profile_path else load_profile(profile_path) if profile_path else {}
     known = {f.name for f in fields(LaunchSpec)} | set(PROFILE_ONLY)
     for key, value in profile.items():
         if key not in known:

@@ -69,10 +69,11 @@ def git_state(root: Path) -> tuple[str | None, list[str], list[str]]:
     return commit, changed, untracked
 
 
-def take(cwd: Path, dest: Path, exclude: list[Path]) -> Snapshot:
-    """Copy the working tree of the repository holding ``cwd`` into ``dest`` (see the module docstring)."""
+def take(cwd: Path, dest: Path, exclude: list[Path], root: Path | None = None) -> Snapshot:
+    """Copy the working tree of the repository holding ``cwd`` (``root``, when the caller found it) into ``dest``
+    (see the module docstring)."""
     start = time.perf_counter()
-    root = git_root(cwd)
+    root = root or git_root(cwd)
     if root is None:
         raise ValueError(f"{cwd} is not inside a git repository")
     commit, changed, untracked = git_state(root)
