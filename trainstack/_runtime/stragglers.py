@@ -116,7 +116,8 @@ class Stragglers:
                ) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]]]:
         """Each rank's seconds per step and phase over the window, and over its latest interval alone (ranks with
         too few steps in either left out)."""
-        window, latest = {}, {}
+        window: dict[int, dict[str, float]] = {}
+        latest: dict[int, dict[str, float]] = {}
         for rank, beat in everyone.items():
             spent, beats = beat.get("spent"), beat.get("beats")
             if not isinstance(spent, dict) or not isinstance(beats, int):
