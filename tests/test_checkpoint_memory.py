@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainstack._checkpoint import memory
+from trainstack._checkpoint import memformat, memory
 from trainstack.errors import ConfigError
 
 
@@ -65,26 +65,26 @@ def test_a_packed_state_unpacks_to_equal_tensors_of_every_dtype():
                            "param_groups": [{"lr": 0.1}]},
              "rng": {"torch": torch.get_rng_state(), "python": (3, (1, 2), None)}, "flags": torch.tensor([True, False]),
              "epoch": 2, "name": "x"}
-    data = b"".join(bytes(c) for c in memory.packed(state))
-    back = memory.unpacked(bytearray(data))
+    data = b"".join(bytes(c) for c in memformat.packed(state))
+    back = memformat.unpacked(bytearray(data))
     assert back["epoch"] == 2 and back["name"] == "x" and back["rng"]["python"] == (3, (1, 2), None)
     for a, b in [(state["model"]["w"], back["model"]["w"]), (state["model"]["b"], back["model"]["b"]),
                  (state["flags"], back["flags"]), (state["rng"]["torch"], back["rng"]["torch"]),
                  (state["optimizer"]["state"][0]["m"], back["optimizer"]["state"][0]["m"])]:
         assert a.dtype == b.dtype and torch.equal(a, b)
     with pytest.raises(ValueError, match="not a trainstack memory checkpoint"):
-        memory.unpacked(bytearray(b"PK\x03\x04" + bytes(60)))
+        memformat.unpacked(bytearray(b"PK\x03\x04" + bytes(60)))
 
 
 def test_a_staged_state_is_a_copy_training_cannot_change():
     weight = torch.ones(3)
     state = {"model": {"w": weight}, "step": 4, "rng": (1, [2, 3])}
     buffers: dict = {}
-    copy = memory.staged(state, buffers)
+    copy = memformat.staged(state, buffers)
     weight.add_(1)
     assert torch.equal(copy["model"]["w"], torch.ones(3)) and copy["step"] == 4 and copy["rng"] == (1, [2, 3])
-    assert torch.equal(memory.unstaged(copy, state)["model"]["w"], torch.ones(3))
-    again = memory.staged(state, buffers)
+    assert torch.equal(memformat.unstaged(copy, state)["model"]["w"], torch.ones(3))
+    again = memformat.staged(state, buffers)
     assert again["model"]["w"] is buffers["/model/w"] and torch.equal(again["model"]["w"], torch.full((3,), 2.0))
 
 
@@ -124,7 +124,7 @@ def test_a_copy_that_passes_its_checksum_but_cannot_be_decoded_is_passed_over(tm
     import pickle
 
     pickle.dump(os.system, header)  # what an attacker with the user's own files would plant
-    body = memory._MAGIC + len(header.getvalue()).to_bytes(8, "little") + header.getvalue()
+    body = memformat._MAGIC + len(header.getvalue()).to_bytes(8, "little") + header.getvalue()
     copy.path.write_bytes(body)
     manifest = json.loads(copy.path.with_suffix(".json").read_text())
     manifest.update(size=len(body), sha256=hashlib.sha256(body).hexdigest())

@@ -538,45 +538,12 @@ def export(path: str | os.PathLike, output: str | os.PathLike, fmt: str = "safet
     folder: its newest, ``which="best"``/``"last"``) as safetensors into the folder ``output`` -- shards and an
     index above ``max_shard_size`` --, or with ``fmt="hf"`` as a folder ``from_pretrained`` loads (config +
     weights; the checkpoint must come from a ``transformers`` model). Nothing is left half-written."""
-    from ._checkpoint.export import parse_size, require, write_safetensors
+    from ._checkpoint.export import check_output, write_export
 
-    out = Path(output)
-    try:
-        limit = parse_size(max_shard_size)
-    except ValueError as exc:
-        raise CheckpointError(f"--max-shard-size: {exc}") from None
-    if limit < 1024:
-        raise CheckpointError(f"--max-shard-size: {max_shard_size!r} is {limit} byte(s): every tensor would get a "
-                              f"shard of its own. HINT: a size such as 5GB (the default) or 500MB.")
-    if out.exists():
-        if not force:
-            raise CheckpointError(f"{out} exists. HINT: choose a new folder, or pass --force to replace it.")
-        shutil.rmtree(out) if out.is_dir() else out.unlink()
-    require("safetensors", "export")
+    limit = check_output(Path(output), max_shard_size, force)
     state = consolidate(path, which)
-    where = find(path, which)
-    try:
-        if fmt == "safetensors":
-            return write_safetensors(state, out, limit)
-        return _export_hf(where, state, out, max_shard_size)
-    except CheckpointError:
-        raise
-    except OSError as exc:  # an unwritable or missing parent, a full disk: nothing is left half-written
-        raise CheckpointError(f"cannot write {out}: {exc.strerror or exc} ({exc.filename or out}). HINT: -o a "
-                              f"folder you can write, on a file system with room.") from None
-
-
-def _export_hf(where: Path, state: dict[str, Any], out: Path, max_shard_size: str) -> list[Path]:
-    """``export --format hf``: the Hugging Face folder of a transformers model's checkpoint."""
-    from ._checkpoint.export import require, save_pretrained
-
-    config = load_file(where).get("model_config")
-    if not config:
-        raise CheckpointError(f"{where} holds no Hugging Face model config: --format hf needs a checkpoint of a "
-                              f"transformers model (PreTrainedModel) trained with this trainstack. HINT: use --format "
-                              f"safetensors, or the model's own save_pretrained.")
-    require("transformers", "hf")
-    return save_pretrained(config, state, out, max_shard_size)
+    config = load_file(find(path, which)).get("model_config") if fmt == "hf" else None
+    return write_export(state, Path(output), fmt, limit, max_shard_size, config, find(path, which))
 
 
 def consolidate(path: str | os.PathLike, which: str | None = None) -> dict[str, torch.Tensor]:

@@ -17,6 +17,7 @@ from .._files import temp_path
 from ..errors import CheckpointError
 
 __all__ = ["write_safetensors", "save_pretrained", "export_model", "check_exportable", "require", "parse_size", "INDEX",
+           "check_output", "write_export",
            "SINGLE"]
 
 SINGLE = "model.safetensors"
@@ -162,3 +163,42 @@ def check_exportable(how: str | None, model: Any) -> None:
     if how == "hf" and model_config(model) is None:
         raise ConfigError(f"TrainConfig.export_final_model='hf' needs a transformers model (PreTrainedModel); this "
                           f"one is a {type(model).__name__}. HINT: export_final_model='safetensors'.")
+
+
+def check_output(out: Path, max_shard_size: str, force: bool) -> int:
+    """``checkpoint export``'s output and shard size, before any work: the limit in bytes; a clear error for a size
+    that is not one (or would give every tensor a shard of its own) and for an output that exists (``force``: it is
+    replaced)."""
+    try:
+        limit = parse_size(max_shard_size)
+    except ValueError as exc:
+        raise CheckpointError(f"--max-shard-size: {exc}") from None
+    if limit < 1024:
+        raise CheckpointError(f"--max-shard-size: {max_shard_size!r} is {limit} byte(s): every tensor would get a "
+                              f"shard of its own. HINT: a size such as 5GB (the default) or 500MB.")
+    if out.exists():
+        if not force:
+            raise CheckpointError(f"{out} exists. HINT: choose a new folder, or pass --force to replace it.")
+        shutil.rmtree(out) if out.is_dir() else out.unlink()
+    require("safetensors", "export")
+    return limit
+
+
+def write_export(state: dict[str, torch.Tensor], out: Path, fmt: str, limit: int, max_shard_size: str,
+                 config: dict[str, Any] | None, where: Path) -> list[Path]:
+    """The consolidated ``state`` as safetensors (``fmt="safetensors"``) or a Hugging Face folder (``"hf"``, from
+    the checkpoint's ``config``) in ``out``; a clear error naming ``out`` when it cannot be written."""
+    try:
+        if fmt == "safetensors":
+            return write_safetensors(state, out, limit)
+        if not config:
+            raise CheckpointError(f"{where} holds no Hugging Face model config: --format hf needs a checkpoint of a "
+                                  f"transformers model (PreTrainedModel) trained with this trainstack. HINT: use "
+                                  f"--format safetensors, or the model's own save_pretrained.")
+        require("transformers", "hf")
+        return save_pretrained(config, state, out, max_shard_size)
+    except CheckpointError:
+        raise
+    except OSError as exc:  # an unwritable or missing parent, a full disk: nothing is left half-written
+        raise CheckpointError(f"cannot write {out}: {exc.strerror or exc} ({exc.filename or out}). HINT: -o a "
+                              f"folder you can write, on a file system with room.") from None

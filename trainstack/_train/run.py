@@ -29,13 +29,12 @@ from ..checkpoint import (
     check_exportable,
     export_model,
     open_memory,
-    remove_checkpoint,
     restore_memory,
     step_of,
 )
 from ..data import batches_per_epoch, is_infinite, prepare_train
-from ..errors import CheckpointError, ConfigError
-from . import notes, throughput
+from ..errors import ConfigError
+from . import notes, runstore, throughput
 from .evaluate import Evaluator, prepare_eval
 from .handoff import DIVERGED, INTERRUPTED, PREEMPTED
 from .live import hold_warnings
@@ -157,7 +156,8 @@ class Run:
         sharded = cfg.checkpoint_format == "sharded" or cfg.checkpoint_format == "auto" and cfg.strategy in SHARDING
         check_exportable(cfg.export_final_model, trainer.model)
         kept = periodic_kept(cfg, trainer.callbacks.callbacks)
-        self.store, self.uploads = self._open_store(kept)
+        self.store, self.uploads = runstore.open_store(cfg, self.path, acc.is_main_process, kept,
+                                                       trainer.console_print)
         self.checkpointer = Checkpointer(self.path, kept, acc.is_main_process, sharded, cfg.async_checkpoint,
                                          self.uploads)
         if Schedule.memory_every(cfg):
@@ -176,43 +176,6 @@ class Run:
         self._start_reports(self._resume(claim.continuing is not None))
 
     parts: Callable[[], dict[str, Any]]
-
-    def _open_store(self, kept: int | None) -> tuple[Store | None, Uploads | None]:
-        """The checkpoint store, checked reachable and writable on every rank before training; rank 0 uploads."""
-        cfg = self.config
-        if cfg.checkpoint_store is None:
-            return None, None
-        url = cfg.checkpoint_store.rstrip("/") + (f"/{self.path.name}" if cfg.create_subfolder_per_run else "")
-        store = Store(url)
-        store.check()
-        main = self.accelerator.is_main_process
-        return store, Uploads(store, kept, self.trainer.console_print) if main else None
-
-    def _pull_newer(self, store: Store) -> None:
-        """``resume="auto"`` with a checkpoint store: rank 0 downloads the store's newest committed checkpoint when
-        the run folder has none as new (another machine, a lost disk); one that cannot be downloaded whole (damaged,
-        forged) is passed over for the one before it, said, as a damaged local checkpoint is; every rank then sees
-        it."""
-        if self.accelerator.is_main_process:
-            local = self.checkpointer.latest()
-            for (step, _), name in reversed(store.committed()):
-                if local is not None and step_of(local) >= step:
-                    break
-                start = time.perf_counter()
-                try:
-                    got = store.download(name, self.checkpointer.folder)
-                    if got not in self.checkpointer.checkpoints():  # e.g. a sharded folder without its own marker
-                        remove_checkpoint(got)
-                        raise CheckpointError(f"{name} is not a complete {'sharded' if got.is_dir() else 'file'} "
-                                              f"checkpoint once downloaded (its objects lack the commit marker a "
-                                              f"save writes)")
-                except CheckpointError as exc:
-                    self.trainer.console_print(f"trainstack: WARNING: passing over {name} in the store: {exc}")
-                    continue
-                self.trainer.console_print(f"trainstack: downloaded checkpoint {name} from {store.url} in "
-                                           f"{time.perf_counter() - start:.1f} s (the run folder had none as new).")
-                break
-        self.accelerator.barrier()
 
     def _prepare(self, fire: Callable[..., None]) -> None:
         """The model on this rank's device (wrapped), the optimizer following it, the data shards, the step."""
@@ -246,7 +209,8 @@ class Run:
                 jobevents.record("restoring")
             check = lambda state, where: check_same_experiment(state.get("identity"), ours, where)  # noqa: E731
             if cfg.resume == "auto" and self.store is not None:
-                self._pull_newer(self.store)
+                runstore.pull_newer(self.store, self.checkpointer, main, trainer.console_print)
+                self.accelerator.barrier()  # every rank then sees what rank 0 downloaded
             restored = self._from_memory(check) if self.memory is not None else None
             if restored is None:
                 restored = self.checkpointer.restore(self.parts(), None if cfg.resume == "auto" else cfg.resume,
@@ -466,18 +430,7 @@ class Run:
             jobevents.record("failed", step=self.trainer.global_step)
         watchdog.stop()
         if self.uploads is not None:  # the newest committed checkpoint reaches the store, even after a failure
-            up = self.uploads
-            bound = 5 * up.store.timeout
-            if not up.wait(bound):
-                self.trainer.console_print(f"trainstack: WARNING: the upload of {up.in_flight} to {up.store.url} did "
-                                           f"not finish within {bound:g} s (the store does not answer?): the run ends "
-                                           f"without it; its local copy is committed, the store's newest is "
-                                           f"{up.uploaded or 'an earlier one'}.")
-            elif up.uploaded and not failed:
-                skipped = f"; {up.skipped} save(s) not uploaded: a newer one replaced them while one ran" \
-                    if up.skipped else ""
-                self.trainer.console_print(f"Checkpoints committed to {up.store.url}: newest {up.uploaded} (its "
-                                           f"upload: {up.seconds:.1f} s){skipped}.")
+            runstore.finish_uploads(self.uploads, failed, self.trainer.console_print)
         if self.memory is not None:
             self.memory.close(finished=not failed)
         stopper = self.__dict__.get("stopper")
