@@ -5,6 +5,7 @@ crosses processes (the user's objects, config, callbacks, counters, metrics, the
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -120,7 +121,8 @@ class Run:
         self.first_epoch = self.first_step = 0  # where this fit() started (the summary, the first-step note)
         self.last_epoch, self.last_step = 0, NEVER
         self.started = time.monotonic()
-        self.held_warnings: Callable[[], None] | None = None
+        self.failed = False  # how the run ended, for the releases that depend on it (memory, uploads)
+        self.releases = contextlib.ExitStack()  # what _open took, released in reverse by close()
         self.cursor = EpochCursor()
         self.run_id = None
 
@@ -151,13 +153,18 @@ class Run:
                                     cfg.stop_file or os.environ.get(envvars.STOP_FILE), interrupt=True,
                                     announce=acc.is_main_process)
         self.stopper.install()
+        self.releases.callback(self.stopper.restore)
         self.folder = RunFolder(cfg, self.identity, trainer.console_print)
         self.path = self.folder.agree(acc, claim.path, claim.continuing)
+        self.releases.callback(self.folder.release)
         sharded = cfg.checkpoint_format == "sharded" or cfg.checkpoint_format == "auto" and cfg.strategy in SHARDING
         check_exportable(cfg.export_final_model, trainer.model)
         kept = periodic_kept(cfg, trainer.callbacks.callbacks)
         self.store, self.uploads = runstore.open_store(cfg, self.path, acc.is_main_process, kept,
                                                        trainer.console_print)
+        if self.uploads is not None:  # the newest committed checkpoint reaches the store, even after a failure
+            self.releases.callback(lambda up: runstore.finish_uploads(up, self.failed, trainer.console_print),
+                                   self.uploads)
         self.checkpointer = Checkpointer(self.path, kept, acc.is_main_process, sharded, cfg.async_checkpoint,
                                          self.uploads)
         if Schedule.memory_every(cfg):
@@ -167,8 +174,10 @@ class Run:
                 trainer.console_print(f"trainstack: {line}")
             if acc.is_main_process:
                 self.memory.say = trainer.console_print
+            self.releases.callback(lambda memory: memory.close(finished=not self.failed), self.memory)
         watchdog.start(acc.rank, acc.world_size, watchdog.resolve_timeout(cfg.hang_timeout), self.path,
                        watchdog.default_store(), armed=True)
+        self.releases.callback(watchdog.stop)
         if acc.compile_options is not None:  # the first step compiles: a long window, the run's own cache
             self.compile_cache = compiling.use_cache(compiling.cache_folder(self.path, self.folder.run_id))
             watchdog.first_step_window(compiling.window())
@@ -283,7 +292,9 @@ class Run:
                                              bool(live.peak) and acc.compile_options is None,
                                              clock=lambda: trainer.global_step, done=self._plain_step,
                                              first=self._first_step if restored is not None else None)
-        self.held_warnings = hold_warnings(acc.rank) if not acc.is_main_process and self.tracker.bar_on() else None
+        self.releases.callback(self.tracker.close)
+        if not acc.is_main_process and self.tracker.bar_on():  # a bar on rank 0: the others' warnings wait
+            self.releases.callback(hold_warnings(acc.rank))
         nothing_to_train = restored is not None and (trainer.stop_training or trainer.global_step >= self.last_step
                                                      or trainer.current_epoch >= self.last_epoch)
         if acc.is_main_process and not nothing_to_train:  # a no-op re-run leaves the record of what trained
@@ -423,27 +434,13 @@ class Run:
         self.tracker.print(f"trainstack: {reason}")
 
     def close(self, failed: bool = False) -> None:
-        """Release what the run holds; never raises over the error that ended the run (``failed``: rank 0 records
-        how far it got, for the steps a recovery lost)."""
-        self.running = False
+        """Release what the run took, in reverse (the watchdog, the tracker, the memory checkpoints, the last upload,
+        the folder, the signal handlers); never raises over the error that ended the run (``failed``: rank 0
+        records how far it got, for the steps a recovery lost)."""
+        self.running, self.failed = False, failed
         if failed and self.accelerator.is_main_process:
             jobevents.record("failed", step=self.trainer.global_step)
-        watchdog.stop()
-        if self.uploads is not None:  # the newest committed checkpoint reaches the store, even after a failure
-            runstore.finish_uploads(self.uploads, failed, self.trainer.console_print)
-        if self.memory is not None:
-            self.memory.close(finished=not failed)
-        stopper = self.__dict__.get("stopper")
-        if stopper is not None:
-            stopper.restore()
-        tracker = self.__dict__.get("tracker")
-        if tracker is not None:
-            tracker.close()
-        if self.held_warnings is not None:
-            self.held_warnings()
-        folder = self.__dict__.get("folder")
-        if folder is not None:
-            folder.release()
+        self.releases.close()
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("a Run holds one process's handles (process group, files, signal handlers) and never "
