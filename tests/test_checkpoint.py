@@ -211,3 +211,24 @@ def test_an_unreadable_file_says_what_it_is_never_to_load_it_unsafely(tmp_path):
             Checkpointer(tmp_path).restore({"model": _parts()[0]}, tmp_path / name)
         assert expected in str(err.value) and name in str(err.value), err.value
         assert "weights_only` set to `False`" not in str(err.value) and "will likely succeed" not in str(err.value)
+
+
+def test_retention_keeps_the_newest_and_the_protected():
+    """One retention rule for the run folder and the store: the newest ``keep_last``, plus any still uploading."""
+    from trainstack._checkpoint.retention import rotate
+
+    class Shelf:
+        def __init__(self, names):
+            self.names = list(names)
+
+        def periodic_names(self):
+            return list(self.names)
+
+        def remove(self, name):
+            self.names.remove(name)
+
+    shelf = Shelf(["a", "b", "c", "d"])
+    assert rotate(shelf, None) == [] and shelf.names == ["a", "b", "c", "d"]
+    assert rotate(shelf, 2, keep={"a"}) == ["b"]
+    assert shelf.names == ["a", "c", "d"]
+    assert rotate(shelf, 1) == ["a", "c"] and shelf.names == ["d"]

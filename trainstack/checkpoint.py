@@ -36,6 +36,7 @@ from ._checkpoint.failures import why_failed, why_unreadable
 from ._checkpoint.parts import Restored, load_parts, model_config
 from ._checkpoint.parts import state_of as _state_of
 from ._checkpoint.parts import unwrap as _unwrap
+from ._checkpoint.retention import rotate
 from ._checkpoint.rng import capture_rng, gather_rng, restore_rng
 from ._checkpoint.sharded import load_checked as _load_shards
 from ._checkpoint.store import Store, Uploads
@@ -310,12 +311,11 @@ class Checkpointer:
 
     def _rotate(self) -> None:
         """Keep the newest ``keep_last`` periodic checkpoints -- and those still going to the store."""
-        if not self.keep_last:
-            return
-        uploading = self.uploads.protected() if self.uploads is not None else set()
-        for old in self.checkpoints()[: -self.keep_last]:
-            if old.name not in uploading:
-                remove_checkpoint(old)
+        rotate(self, self.keep_last, self.uploads.protected() if self.uploads is not None else ())
+
+    def periodic_names(self) -> list[str]:
+        """The complete periodic checkpoints' names, oldest first (``retention.CheckpointStorage``)."""
+        return [p.name for p in self.checkpoints()]
 
     # -------------------------------------------------------------- restoring
     def load(self, path: str | os.PathLike | None = None) -> tuple[dict[str, Any], Path] | None:

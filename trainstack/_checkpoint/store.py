@@ -34,6 +34,7 @@ from typing import Any
 from .. import _envvars as envvars
 from .._files import temp_path, url_scheme
 from ..errors import CheckpointError, ConfigError
+from .retention import rotate
 
 log = logging.getLogger("trainstack")
 
@@ -197,10 +198,12 @@ class Store:
         if self.fs.exists(self._path(name)):
             self.fs.rm(self._path(name), recursive=True)
 
+    def periodic_names(self) -> list[str]:
+        """The committed periodic checkpoints' names, oldest first (``retention.CheckpointStorage``)."""
+        return [name for _, name in self.committed()]
+
     def rotate(self, keep_last: int | None) -> None:
-        if keep_last:
-            for _, name in self.committed()[:-keep_last]:
-                self.remove(name)
+        rotate(self, keep_last)
 
     # ------------------------------------------------------------------ reading
     def objects(self, name: str) -> dict[str, int]:
