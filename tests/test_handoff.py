@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainstack import TrainConfig, Trainer
 from trainstack._train import handoff
+from trainstack._train.progress import Progress, Stop
 from trainstack.callbacks import CallbackManager
 from trainstack.errors import Preempted, TrainingDiverged
 
@@ -26,7 +27,7 @@ def test_export_then_absorb_carries_the_trained_state(tmp_path):
     trainer = _trainer(tmp_path)
     trainer.fit(DataLoader(TensorDataset(torch.randn(8, 3), torch.randn(8, 1)), batch_size=4))
     result = handoff.export(trainer, {"seed": "None"})
-    assert result is not None and result["epoch"] == 2 and result["global_step"] == 4
+    assert result is not None and result["progress"]["epoch"] == 2 and result["progress"]["step"] == 4
     assert all(not t.requires_grad and t.device.type == "cpu" for t in result["model"].values())
     fresh = _trainer(tmp_path / "b")
     identity = handoff.absorb(fresh, pickle.loads(pickle.dumps(result)), CallbackManager([], True))
@@ -34,6 +35,7 @@ def test_export_then_absorb_carries_the_trained_state(tmp_path):
     for k, v in trainer.model.state_dict().items():
         assert torch.equal(fresh.model.state_dict()[k], v)
     assert fresh.optimizer.state_dict()["state"][0]["step"] == 4 and fresh.run_folder == trainer.run_folder
+    assert (fresh.current_epoch, fresh.global_step, fresh.global_batch) == (2, 4, 4) and not fresh.stop_training
 
 
 def test_a_worker_never_receives_the_launchers_run(tmp_path):
@@ -46,9 +48,23 @@ def test_a_worker_never_receives_the_launchers_run(tmp_path):
 
 def test_a_stopped_run_raises_instead_of_returning(tmp_path):
     trainer = _trainer(tmp_path)
-    trainer.stop_reason = f"{handoff.PREEMPTED} (signal SIGUSR2)"
-    with pytest.raises(Preempted, match="resume='auto'"):
+    handoff.conclude(trainer)  # no stop: the run finished, fit() returns
+    trainer.progress.ask(Stop.PREEMPTED, "preempted (signal SIGUSR2)")
+    with pytest.raises(Preempted, match=r"preempted \(signal SIGUSR2\).*resume='auto'"):
         handoff.conclude(trainer)
-    trainer.stop_reason = f"{handoff.DIVERGED}: the loss became nan"
-    with pytest.raises(TrainingDiverged, match="the loss became nan"):
+    trainer.progress.ask(Stop.DIVERGED, "diverged: the loss became nan")
+    with pytest.raises(TrainingDiverged, match="trainstack: the loss became nan"):
         handoff.conclude(trainer)
+    trainer.progress.ask(Stop.MAX_STEPS, "max_steps=3 reached")
+    handoff.conclude(trainer)  # the step limit finishes a run
+
+
+def test_the_progress_travels_whole_and_only_a_requested_stop_is_recorded():
+    progress = Progress(2, 17, 34, Stop.PREEMPTED, "preempted (signal SIGTERM)")
+    again = Progress.from_state(pickle.loads(pickle.dumps(progress.state_dict())))
+    assert again == progress and not again.finished and again.stopped_by() is None
+    again.ask(Stop.REQUESTED, "EarlyStopping: val_loss did not improve", unless_stopping=True)
+    assert again.why.startswith("preempted")  # the first stop keeps its reason
+    again.resume()
+    again.ask(Stop.REQUESTED, "EarlyStopping: val_loss did not improve")
+    assert again.finished and again.stopped_by() == "EarlyStopping: val_loss did not improve"

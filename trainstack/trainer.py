@@ -33,9 +33,9 @@ from ._runtime import compiling, watchdog
 from ._runtime.watchdog import heartbeat
 from ._train import devrun, handoff, notes, qadence, run
 from ._train.evaluate import Evaluator, default_predict
-from ._train.handoff import DIVERGED, INTERRUPTED, PREEMPTED
 from ._train.live import timed
 from ._train.metrics import EpochSums, MetricLog, nonfinite_loss
+from ._train.progress import Progress, Stop
 from ._train.qadence import UseGrad, check_optimizer, refuse_qadence_hooks
 from ._train.run import Run, outside_counters
 from ._train.runfolder import Claim, RunFolder, run_identity, standalone_checkpointer
@@ -175,9 +175,8 @@ class Trainer:
         self._scheduler_factory, self.scheduler = _scheduler_of(scheduler, scheduler_interval)
         self.accelerator = _accelerator_for(config, model, compiled_by_user)
         check_step_options(config, optimizer, is_custom_step(optimize_step), self.use_grad)
-        self.current_epoch = self.global_step = self.global_batch = 0
+        self.progress = Progress()  # epoch, step, batch and the stop: the Run advances it, the hand-off carries it
         self.run_folder: Path | None = None
-        self.stop_training, self.stop_reason = False, ""
         self.metrics: dict[str, Any] = {}
         self.opt_result = OptimizeResult(0, model, optimizer)
         self.callbacks = CallbackManager(list(config.callbacks), True)
@@ -187,6 +186,44 @@ class Trainer:
         self._identity: dict[str, Any] | None = None  # this experiment's, as its checkpoints record it
         self._run: Run | None = None  # this rank's current (or last) fit(); never pickled
         self._fast_dev_ran = False  # fast_dev_run trained the model: no real run on this Trainer
+
+    # ------------------------------------------------------------------ the position, read from the progress
+    @property
+    def current_epoch(self) -> int:
+        """Finished epochs."""
+        return self.progress.epoch
+
+    @current_epoch.setter
+    def current_epoch(self, value: int) -> None:
+        self.progress.epoch = value
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken."""
+        return self.progress.step
+
+    @global_step.setter
+    def global_step(self, value: int) -> None:
+        self.progress.step = value
+
+    @property
+    def global_batch(self) -> int:
+        """Batches trained (more than steps with gradient accumulation)."""
+        return self.progress.batch
+
+    @global_batch.setter
+    def global_batch(self, value: int) -> None:
+        self.progress.batch = value
+
+    @property
+    def stop_training(self) -> bool:
+        """A stop was asked (``request_stop``, early stopping, a signal, the step limit, a non-finite loss)."""
+        return self.progress.stopping
+
+    @property
+    def stop_reason(self) -> str:
+        """That stop in words ("" without one)."""
+        return self.progress.why
 
     # ------------------------------------------------------------------ gradient mode (qadence switches)
     use_grad = UseGrad()  # this Trainer's mode; set_use_grad sets every Trainer's
@@ -215,7 +252,7 @@ class Trainer:
         if self._scheduler_factory is not None and self.scheduler is None:
             self.scheduler = run.build_scheduler(self._scheduler_factory, self.optimizer,
                                                  self.estimated_stepping_batches, self.scheduler_interval)
-        self.stop_training, self.stop_reason = False, ""
+        self.progress.resume()
         # a second fit() on this Trainer continues its run folder (unless a new folder per run is asked for)
         continuing = self.run_folder if not cfg.create_subfolder_per_run else None
         plan = self.accelerator.plan
@@ -314,7 +351,7 @@ class Trainer:
     def request_stop(self, reason: str) -> None:
         """Ask every rank to stop (agreed by an all-reduce at the next stop check or epoch end), with a final
         checkpoint."""
-        self.stop_training, self.stop_reason = True, reason
+        self.progress.ask(Stop.REQUESTED, reason)
 
     def console_print(self, text: str) -> None:
         """Print from rank 0 only."""
@@ -364,7 +401,7 @@ class Trainer:
                     break
                 self.current_epoch += 1
                 self._end_epoch(active)
-            finished = not self.stop_reason.startswith((PREEMPTED, INTERRUPTED, DIVERGED))
+            finished = self.progress.finished
             if finished:  # only a finished run has an end
                 self._finish(active)
             with watchdog.phase("checkpoint"):
@@ -479,8 +516,7 @@ class Trainer:
         if preempt and epoch < active.last_epoch and step < active.last_step:
             active.stop_gracefully(preempt)
         elif agreed["stop"]:
-            self.stop_training = True
-            self.stop_reason = self.stop_reason or "trainstop_criterion returned True"
+            self.progress.ask(Stop.REQUESTED, "trainstop_criterion returned True", unless_stopping=True)
             active.tracker.print(f"Stopping after epoch {epoch}: {self.stop_reason}.")
 
     def _validate(self, active: Run, position: float | None = None) -> None:

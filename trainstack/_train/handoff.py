@@ -8,14 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .progress import Progress, Stop
+
 if TYPE_CHECKING:
     from ..callbacks import CallbackManager
     from ..trainer import Trainer
 
-__all__ = ["export", "absorb", "to_cpu", "conclude", "PREEMPTED", "INTERRUPTED", "DIVERGED"]
-
-# how a stop_reason starts when the run must not read as finished
-PREEMPTED, INTERRUPTED, DIVERGED = "preempted", "interrupted", "diverged"
+__all__ = ["export", "absorb", "to_cpu", "conclude"]
 
 
 def export(trainer: Trainer, identity: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -33,10 +32,8 @@ def export(trainer: Trainer, identity: dict[str, Any] | None) -> dict[str, Any] 
         return None
     return {"model": to_cpu(model_sd), "optimizer": to_cpu(optim_sd),
             "scheduler": trainer.scheduler.state_dict() if trainer.scheduler else None,
-            "callbacks": trainer.callbacks.state_dict(), "epoch": trainer.current_epoch,
-            "global_step": trainer.global_step, "global_batch": trainer.global_batch,
-            "run_folder": str(trainer.run_folder),
-            "metrics": {k: float(v) for k, v in trainer.metrics.items()}, "stop_reason": trainer.stop_reason,
+            "callbacks": trainer.callbacks.state_dict(), "progress": trainer.progress.state_dict(),
+            "run_folder": str(trainer.run_folder), "metrics": {k: float(v) for k, v in trainer.metrics.items()},
             "identity": identity}
 
 
@@ -54,10 +51,9 @@ def absorb(trainer: Trainer, result: dict[str, Any], callbacks: CallbackManager)
     if result["scheduler"] is not None and trainer.scheduler is not None:
         trainer.scheduler.load_state_dict(result["scheduler"])
     callbacks.load_state_dict(result["callbacks"])
-    trainer.current_epoch, trainer.global_step = result["epoch"], result["global_step"]
-    trainer.global_batch = result.get("global_batch", result["global_step"])
+    trainer.progress = Progress.from_state(result["progress"])
     trainer.run_folder = Path(result["run_folder"])
-    trainer.metrics, trainer.stop_reason = result["metrics"], result["stop_reason"]
+    trainer.metrics = result["metrics"]
     identity = result.get("identity")
     return identity if isinstance(identity, dict) else None
 
@@ -68,15 +64,15 @@ def conclude(trainer: Trainer) -> None:
     ``fit()`` never runs as if it had."""
     from ..errors import Interrupted, Preempted, TrainingDiverged
 
-    reason = trainer.stop_reason
-    if reason.startswith(INTERRUPTED):
-        raise Interrupted(f"trainstack: {reason}; a complete checkpoint is in {trainer.run_folder}. Run again with "
-                          f"resume='auto' to continue exactly where it stopped.")
-    if reason.startswith(PREEMPTED):
-        raise Preempted(f"trainstack: {reason}; a complete checkpoint is in {trainer.run_folder}. Run again with "
-                        f"resume='auto' to continue exactly where it stopped.")
-    if reason.startswith(DIVERGED):
-        raise TrainingDiverged(f"trainstack: {reason[len(DIVERGED) + 2:]}")
+    stop, reason = trainer.progress.stop, trainer.progress.why
+    again = (f"trainstack: {reason}; a complete checkpoint is in {trainer.run_folder}. Run again with resume='auto' "
+             f"to continue exactly where it stopped.")
+    if stop is Stop.INTERRUPTED:
+        raise Interrupted(again)
+    if stop is Stop.PREEMPTED:
+        raise Preempted(again)
+    if stop is Stop.DIVERGED:
+        raise TrainingDiverged(f"trainstack: {reason.removeprefix(Stop.DIVERGED.value + ': ')}")
 
 
 def to_cpu(obj: Any) -> Any:

@@ -37,9 +37,9 @@ from ..data import batches_per_epoch, is_infinite, prepare_train
 from ..errors import ConfigError
 from . import notes, runstore, throughput
 from .evaluate import Evaluator, prepare_eval
-from .handoff import DIVERGED, INTERRUPTED, PREEMPTED
 from .live import hold_warnings
 from .metrics import EpochSums
+from .progress import Stop
 from .resume import EpochCursor, derived_seed
 from .runfolder import Claim, RunFolder, check_same_experiment, record_config, run_identity
 from .schedule import NEVER, Schedule
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from ..config import TrainConfig
     from ..trainer import Trainer
 
-__all__ = ["Run", "build_scheduler", "periodic_kept", "stopped_by", "best_of",
+__all__ = ["Run", "build_scheduler", "periodic_kept", "best_of",
            "outside_counters"]
 
 
@@ -77,14 +77,6 @@ def periodic_kept(cfg: TrainConfig, callbacks: list[Any]) -> int | None:
         return int(cfg.keep_last_checkpoints)
     chosen = any(isinstance(cb, ModelCheckpoint) and not isinstance(cb, SaveBestCheckpoint) for cb in callbacks)
     return 1 if chosen else None
-
-
-def stopped_by(stopping: bool, reason: str) -> str | None:
-    """A stop that ends the run for good (EarlyStopping, a trainstop criterion, ``request_stop``), as checkpoints
-    record it: a resume has nothing left to train. A preemption, a Ctrl-C or the step limit are not such a stop."""
-    if not stopping or not reason or reason.startswith((PREEMPTED, INTERRUPTED, DIVERGED, "max_steps=")):
-        return None
-    return reason
 
 
 class Run:
@@ -336,7 +328,7 @@ class Run:
         self.val_step = int(c.get("val_step", -1))
         self.identity = c.get("identity") or self.identity
         if c.get("stopped_by"):  # the run ended by its own stop: nothing to train (resume_notes says so)
-            trainer.stop_training, trainer.stop_reason = True, str(c["stopped_by"])
+            trainer.progress.ask(Stop.REQUESTED, str(c["stopped_by"]))
         loader = self.train_loader
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(trainer.current_epoch)
@@ -370,7 +362,7 @@ class Run:
                 "partial_epoch": self.cursor.checkpoint(), "best": found or None,
                 "best_val_loss": found["value"] if found.get("name") == "val_loss" else None,
                 "saved_at": time.time(), "identity": self.identity, "run_id": self.run_id,
-                "stopped_by": stopped_by(trainer.stop_training, trainer.stop_reason)}
+                "stopped_by": trainer.progress.stopped_by()}
 
     def finish(self, reason: str, final: dict[str, Any] | None) -> None:
         """The end of a finished run (every rank): the final model exported when asked, then the summary (rank 0):
@@ -401,28 +393,27 @@ class Run:
                 self.stop_gracefully(why)
                 return True
             if agreed["stop"] and not epoch_end:
-                trainer.stop_training = True
-                trainer.stop_reason = trainer.stop_reason or "another rank asked to stop"
+                trainer.progress.ask(Stop.REQUESTED, "another rank asked to stop", unless_stopping=True)
                 self.tracker.print(f"Stopping at step {trainer.global_step}: {trainer.stop_reason}.")
-        if "max_steps" in due and not epoch_end and not trainer.stop_training:
-            trainer.stop_training, trainer.stop_reason = True, f"max_steps={self.config.max_steps} reached"
+        if "max_steps" in due and not epoch_end:
+            trainer.progress.ask(Stop.MAX_STEPS, f"max_steps={self.config.max_steps} reached", unless_stopping=True)
         return trainer.stop_training and not epoch_end
 
     def stop_gracefully(self, why: str) -> None:
         """A signal, the stop file or Ctrl-C: checkpoint (committed), tell the batch script, say how to resume."""
         trainer = self.trainer
-        kind = INTERRUPTED if why == INTERRUPT else PREEMPTED
-        trainer.stop_training, trainer.stop_reason = True, f"{kind} ({why})"
+        kind = Stop.INTERRUPTED if why == INTERRUPT else Stop.PREEMPTED
+        trainer.progress.ask(kind, f"{kind.value} ({why})")
         path = trainer.save_checkpoint()
         with watchdog.phase("checkpoint"):
             path = self.checkpointer.wait() or path  # an asynchronous save must be complete before the job ends
-        if self.accelerator.is_main_process and kind == PREEMPTED:  # tells the batch script: requeue me
+        if self.accelerator.is_main_process and kind is Stop.PREEMPTED:  # tells the batch script: requeue me
             self.stopper.confirm_saved(path or self.checkpointer.latest())
-        line = notes.graceful_stop(kind, why, trainer.current_epoch, trainer.global_step, path,
+        line = notes.graceful_stop(kind.value, why, trainer.current_epoch, trainer.global_step, path,
                                    self.checkpointer.last_save_seconds, self.path)
         self.tracker.print(line)
         if self.accelerator.is_main_process:
-            jobevents.record("graceful_stop", stop=kind, why=why, step=trainer.global_step,
+            jobevents.record("graceful_stop", stop=kind.value, why=why, step=trainer.global_step,
                              line=line.split(". ")[0])
 
     def stop_diverged(self) -> None:
@@ -430,7 +421,7 @@ class Run:
         trainer = self.trainer
         reason = notes.diverged_reason(trainer.metrics.get("train_loss"), trainer.current_epoch,
                                        self.checkpointer.latest())
-        trainer.stop_training, trainer.stop_reason = True, f"{DIVERGED}: {reason}"
+        trainer.progress.ask(Stop.DIVERGED, f"{Stop.DIVERGED.value}: {reason}")
         self.tracker.print(f"trainstack: {reason}")
 
     def close(self, failed: bool = False) -> None:
@@ -453,7 +444,7 @@ def outside_counters(trainer: Trainer, checkpointer: Checkpointer, identity: dic
     found = best_of(trainer.callbacks, checkpointer) or {}
     return {"epoch": trainer.current_epoch, "global_step": trainer.global_step, "global_batch": trainer.global_batch,
             "best": found or None, "saved_at": time.time(), "identity": identity,
-            "stopped_by": stopped_by(trainer.stop_training, trainer.stop_reason)}
+            "stopped_by": trainer.progress.stopped_by()}
 
 
 def best_of(callbacks: CallbackManager, checkpointer: Checkpointer | None) -> dict[str, Any] | None:
