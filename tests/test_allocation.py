@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from trainstack import _jobevents as jobevents
 from trainstack._jobfiles import JobFiles
 from trainstack._slurm.allocation import Allocation, NodePool
 from trainstack._slurm.plan import Plan, Recovery, build_plan
@@ -256,6 +257,61 @@ def test_the_first_failing_task_is_the_steps_status_not_sruns(tmp_path, job):
     assert status == 7
     assert any("rank 1 on node1 failed first (exit status 7 at" in line and "srun's 143 is the stop of the others"
                in line for line in job.said), job.said
+
+
+def test_a_lost_node_without_a_spare_continues_on_the_survivors_above_min_nodes(tmp_path, job):
+    """Shrink: node3 of 3 lost, no spare, --min-nodes 2 -> step 1 runs on node1,node2 at once (no requeue), every
+    count in its launch follows (srun --nodes, --ntasks) and the trainer is told the planned world."""
+    slurm = FakeSlurm(["node1", "node2", "node3"], [{"fail": [{"rank": 5, "host": "node3", "code": 1}], "hang": True},
+                                                   {}], lost=("node3",))
+    status, alloc = job(plan(tmp_path, nodes=3, min_nodes=2), slurm)
+    assert status == 0, job.said
+    assert [nodelist(a) for a in slurm.launched] == ["node1,node2,node3", "node1,node2"]
+    assert "--nodes=2" in slurm.launched[1] and "--ntasks=4" in slurm.launched[1], slurm.launched[1]
+    assert not any(c[0] == "requeue" for c in slurm.calls)
+    assert "no spare left (node3 lost): continuing on 2 of 3 nodes (node1,node2) from the newest complete state, at " \
+           "its exact sample, without a requeue" in job.said, job.said
+    shrunk = alloc.step_env(["node1", "node2"])
+    assert shrunk["TRAINSTACK_PLANNED_WORLD"] == "6" and "TRAINSTACK_PLANNED_WORLD" not in alloc.step_env(
+        ["node1", "node2", "node3"])
+    events = jobevents.read(alloc.files.folder, kind="shrink")
+    assert events and events[0]["planned"] == 3 and events[0]["nodes"] == "node1,node2", events
+
+
+def test_below_min_nodes_the_job_is_requeued_and_says_why(tmp_path, job):
+    slurm = FakeSlurm(["node1", "node2"], [{"fail": [{"rank": 3, "host": "node2", "code": 1}], "hang": True}],
+                      lost=("node2",), serving={"node1": True, "node2": True, "node3": True})
+    status, _ = job(plan(tmp_path, min_nodes=2), slurm)
+    assert status == 0 and ("requeue", "100") in slurm.calls and len(slurm.launched) == 1
+    assert not any("continuing on" in line for line in job.said), job.said
+    status, _ = job(plan(tmp_path / "three", nodes=3, min_nodes=3), FakeSlurm(
+        ["node1", "node2", "node3"], [{"fail": [{"rank": 5, "host": "node3", "code": 1}], "hang": True}],
+        lost=("node3",)))
+    assert "only 2 usable node(s) left (node3 lost), fewer than --min-nodes 3: the job is requeued" in job.said, \
+        job.said
+
+
+def test_a_node_check_without_a_spare_shrinks_instead_of_requeueing_above_min_nodes(tmp_path, job):
+    slurm = FakeSlurm(["node1", "node2"], [{}], rates={"node2": 10.0})
+    status, alloc = job(plan(tmp_path, node_check=True, min_nodes=1), slurm)
+    assert status == 0, job.said
+    assert [nodelist(a) for a in slurm.launched] == ["node1"] and "--nodes=1" in slurm.launched[0]
+    assert [c for c in slurm.calls if c[0] == "node_check"] == [("node_check", ("node1", "node2"))]  # not again
+    assert not any(c[0] == "requeue" for c in slurm.calls)
+    assert any("node2 named by the node check): continuing on 1 of 2 nodes (node1)" in line for line in job.said)
+
+
+def test_a_launch_on_fewer_nodes_rewrites_every_count_and_nothing_else():
+    spec = dict(setup="multi-node", nodes=4, cpu=True, procs_per_node=2, requeue=True, min_nodes=2,
+                program=["train.py", "--nodes=4"])
+    torchrun = build_plan(LaunchSpec(**spec, launcher="torchrun")).launch.on(3, 2)
+    assert "--nnodes=3" in torchrun.command and "--nodes=3" in torchrun.srun and torchrun.program[-1] == "--nodes=4"
+    accelerate = "accelerate launch --num_processes {num_processes} --num_machines {num_machines} t.py"
+    custom = build_plan(LaunchSpec(**{**spec, "program": []}, launcher="custom", command=accelerate)).launch.on(3, 2)
+    assert custom.env["TS_NUM_MACHINES"] == "3" and custom.env["TS_NUM_PROCESSES"] == "6"
+    with pytest.raises(ValueError, match="--min-nodes.*5 is not between 1 and --nodes 4"):
+        LaunchSpec(**{**spec, "min_nodes": 5})
+    assert any("at least 2 of 4" in line for line in build_plan(LaunchSpec(**spec)).explain())
 
 
 def test_the_launch_and_the_plan_it_comes_from(tmp_path):

@@ -15,7 +15,7 @@ __all__ = ["Variable", "VARIABLES", "positive_number"] + [
     "SWEEP_ARGS", "SUBMISSION", "SLURM_FN", "STOP_FILE", "STOP_SIGNALS", "SUBMIT_DIR", "TIMEOUT_S", "COMPILE_CACHE",
     "COMPILE_TIMEOUT", "PEAK_TFLOPS", "HOST", "REMOTE_DIR", "REMOTE_TRAINSTACK", "SSH_CONFIG", "SSH_REUSE_ONLY",
     "REMOTE_INDEX_DIR", "REMOTE_SIDE", "MEMORY_DIR", "NODE_NAME", "STRAGGLER_RATIO", "ATTEMPT", "STEP",
-    "STORE_TIMEOUT"]
+    "STORE_TIMEOUT", "PLANNED_WORLD"]
 
 
 class Variable(NamedTuple):
@@ -96,6 +96,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TRAINSTACK_STEP", "--requeue job scripts",
              "The job step of this allocation that runs the program (0, then 1, 2, ... after retries in the "
              "allocation)."),
+    Variable("TRAINSTACK_PLANNED_WORLD", "--min-nodes job scripts",
+             "Set on a step that runs on fewer nodes than planned (no spare left): the planned number of processes. "
+             "The Trainer keeps the global batch by multiplying gradient_accumulation_steps by planned/actual "
+             "where it divides, and says so."),
     Variable("TRAINSTACK_JOB_DIR", "job scripts",
              "This job's folder (task folder for an array task): rank logs, hang reports, debug requests."),
     Variable("TRAINSTACK_RUN_DIR", "sweep scripts",
@@ -141,14 +145,14 @@ REMOTE_SIDE = "TRAINSTACK_REMOTE_SIDE"
 MEMORY_DIR, NODE_NAME = "TRAINSTACK_MEMORY_DIR", "TRAINSTACK_NODE_NAME"
 STRAGGLER_RATIO = "TRAINSTACK_STRAGGLER_RATIO"
 STORE_TIMEOUT = "TRAINSTACK_STORE_TIMEOUT"
-ATTEMPT, STEP = "TRAINSTACK_ATTEMPT", "TRAINSTACK_STEP"
+ATTEMPT, STEP, PLANNED_WORLD = "TRAINSTACK_ATTEMPT", "TRAINSTACK_STEP", "TRAINSTACK_PLANNED_WORLD"
 assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PRELOAD, START_METHOD, PIN_MEMORY,
                                          FAST_TENSOR_PATH, PROGRESS, STOP_SIGNALS, STOP_FILE, NPROCS, COMPUTE_SETUP,
                                          JOB_DIR, RUN_DIR, SNAPSHOT, SUBMIT_DIR, RANK_LOG, NODE_LOG, ERROR_REPORT,
                                          INTERRUPT_FILE, COMPILE_CACHE, COMPILE_TIMEOUT,
                                          PEAK_TFLOPS, HOST, REMOTE_DIR, REMOTE_TRAINSTACK, SSH_CONFIG,
                                          SSH_REUSE_ONLY, REMOTE_INDEX_DIR, REMOTE_SIDE, MEMORY_DIR, NODE_NAME,
-                                         STRAGGLER_RATIO, ATTEMPT, STEP, STORE_TIMEOUT))
+                                         STRAGGLER_RATIO, ATTEMPT, STEP, STORE_TIMEOUT, PLANNED_WORLD))
 
 
 @overload

@@ -98,6 +98,9 @@ HELP = {
     "spare_nodes": "With --requeue: K more nodes than --nodes, kept in the allocation: a crash is retried as a new "
                    "job step in the same allocation, and a node the verdict blames (or that stopped answering) is "
                    "replaced by a spare -- seconds, not a requeue.",
+    "min_nodes": "With --requeue: a lost or named node with no spare left continues the run on the M or more nodes "
+                 "that survive, at once, at the exact sample (the global batch kept by gradient accumulation where "
+                 "the world divides), instead of a requeue. Default: off (--nodes).",
     "node_check": "Check every node before training (compute, GPUs, memory, /dev/shm, job-folder writes, an "
                   "all-reduce ring): a slow or broken node is named and, with --requeue, left out (a spare takes "
                   "its place). Default: on for more than one node. Thresholds: node_check_thresholds in the "
@@ -141,7 +144,7 @@ def _spec_option(name: str) -> Any:
 
 
 _INTS = ("nodes", "gpus_per_node", "procs_per_node", "cpus_per_task", "max_requeues", "max_retries", "max_restarts",
-         "max_parallel", "spare_nodes")
+         "max_parallel", "spare_nodes", "min_nodes")
 
 
 def _spec_options(fn: Any) -> Any:

@@ -48,9 +48,12 @@ class NodePool:
         self.lost: list[str] = []
         self.left_out: list[str] = []
 
+    def usable(self) -> list[str]:
+        return [h for h in self.allocated if h not in self.lost and h not in self.left_out]
+
     def choose(self, count: int) -> list[str] | None:
         """The first ``count`` usable hosts, or None when fewer are left."""
-        usable = [h for h in self.allocated if h not in self.lost and h not in self.left_out]
+        usable = self.usable()
         return usable[:count] if len(usable) >= count else None
 
     def lose(self, hosts: list[str]) -> None:
@@ -216,7 +219,7 @@ class Allocation:
     def argv(self, nodes: list[str]) -> list[str]:
         """The step's command: srun on ``nodes`` (with --requeue: exactly these, beside a failed step's remains),
         every task through the exit-record wrapper, then the command and the program."""
-        launch = self.plan.launch
+        launch = self.plan.launch.on(len(nodes), self.plan.procs_per_node)
         srun = list(launch.srun)
         if self.plan.recovery.requeue:
             srun += [f"--ntasks={len(nodes) * launch.tasks_per_node}", f"--nodelist={','.join(nodes)}", "--overlap"]
@@ -229,10 +232,13 @@ class Allocation:
         step), the attempt's counters."""
         port = self._port()
         job = self.slurm.job_id
-        env = {**self.job.env, **self.plan.launch.env, "MASTER_ADDR": nodes[0], "MASTER_PORT": str(port),
+        launch = self.plan.launch.on(len(nodes), self.plan.procs_per_node)
+        env = {**self.job.env, **launch.env, "MASTER_ADDR": nodes[0], "MASTER_PORT": str(port),
                "PET_RDZV_ENDPOINT": f"{nodes[0]}:{port}",
                "PET_RDZV_ID": f"{job}.{self.step}" if self.plan.recovery.requeue else job,
                envvars.ATTEMPT: str(self.files.runs_before()), envvars.STEP: str(self.step)}
+        if len(nodes) < self.plan.nodes:  # a shrunk step: the trainer keeps the planned global batch
+            env[envvars.PLANNED_WORLD] = str(self.plan.nodes * self.plan.procs_per_node)
         if "CUSTOM_COMMAND" in env and self.job.task_args:
             env["CUSTOM_COMMAND"] += " " + " ".join(shlex.quote(a) for a in self.job.task_args)
         return env
@@ -285,6 +291,10 @@ class Allocation:
                 self.job.say(f"node check: leaving out {','.join(named)}; the step runs on {','.join(chosen)}")
                 nodes = chosen
                 continue
+            survivors = self.survivors(f"{','.join(named)} named by the node check")
+            if survivors is not None:  # checked just now, with the node named
+                nodes = survivors
+                break
             budget = policy.Budget(policy.spent(self.files.folder, "nodecheck"), self.plan.recovery.max_retries)
             go, line = policy.node_check_failed(self.files.folder, named, budget, self._context(nodes))
             self.job.warn(line)
@@ -330,13 +340,34 @@ class Allocation:
         if blamed:
             self.pool.leave_out([blamed])
         left = self.slurm.seconds_left()
-        chosen = self.pool.choose(self.plan.nodes)
-        if kind == "crash" and (left is None or left >= r.min_step_s) and chosen is not None:
-            return Retry(chosen)
+        if kind == "crash" and (left is None or left >= r.min_step_s):
+            chosen = self.pool.choose(self.plan.nodes) or self.survivors(self._gone())
+            if chosen is not None:
+                return Retry(chosen)
         note = policy.history(folder)[-1].get("exclusion_note") if kind == "crash" else None
         if note:
             self.job.warn(note)
         return Requeue(kind, policy.excluded(folder))
+
+    def survivors(self, why: str) -> list[str] | None:
+        """Shrink, the rung between a spare and a requeue: with no spare left, the step runs on the usable nodes
+        when at least ``--min-nodes`` are (the trainer keeps the global batch: ``TRAINSTACK_PLANNED_WORLD``)."""
+        low, usable = self.plan.recovery.min_nodes, self.pool.usable()[: self.plan.nodes]
+        if not low:
+            return None
+        if len(usable) < low:
+            self.job.warn(f"only {len(usable)} usable node(s) left ({why}), fewer than --min-nodes {low}: the job "
+                          f"is requeued")
+            return None
+        self.job.say(f"no spare left ({why}): continuing on {len(usable)} of {self.plan.nodes} nodes "
+                     f"({','.join(usable)}) from the newest complete state, at its exact sample, without a requeue")
+        self.job.event("shrink", usable, self.step, planned=self.plan.nodes, why=why)
+        return usable
+
+    def _gone(self) -> str:
+        lost, out = ",".join(self.pool.lost), ",".join(h for h in self.pool.left_out if h not in self.pool.lost)
+        return "; ".join(p for p in (f"{lost} lost" if lost else "", f"{out} left out" if out else "") if p) \
+            or "a node is missing"
 
     def _probe(self, nodes: list[str]) -> None:
         """Ask every host of a failed step (a trivial step, 5 s at most): one that does not answer is lost, named in

@@ -190,6 +190,7 @@ def recoveries(folder: Path) -> list[dict]:
         relaunch = _first(evs, "relaunch", ended)
         if relaunch is None:
             continue
+        shrink = next((e for e in evs if e.get("kind") == "shrink" and ended <= e["time"] <= relaunch["time"]), None)
         seen = [e for e in evs if e.get("kind") == "detected" and e.get("attempt") == attempt
                 and e.get("step_index") == index and e["time"] <= ended]
         times = {"fault": row.get("fault_time"), "detected": seen[-1]["time"] if seen else None,
@@ -211,7 +212,8 @@ def recoveries(folder: Path) -> list[dict]:
                     "total": round(times["first_step"] - start, 2) if times["first_step"] and start else None,
                     "resumed_at": resumed["step"] if resumed else None, "steps_lost": lost,
                     "resumed_from": ("memory" if resumed.get("memory") else "durable checkpoint") if resumed
-                    else None})
+                    else None,
+                    "shrunk": {"planned": shrink.get("planned"), "why": shrink.get("why")} if shrink else None})
     return out
 
 
@@ -221,11 +223,16 @@ def describe(recovery: dict) -> str:
     phases = ", ".join(f"{name} {sec:.1f} s" for name, sec in recovery["phases"].items() if sec is not None)
     nodes = f" on {recovery['nodes']}" if recovery.get("nodes") else ""
     where = "in the allocation" if recovery["where"] == "in allocation" else "by a requeue"
+    shrunk = recovery.get("shrunk")
+    if shrunk and recovery.get("nodes"):
+        count = len(str(recovery["nodes"]).split(","))
+        where = f"continued on {count} of {shrunk['planned']} nodes ({shrunk['why']}), {where}"
     lost = f", {recovery['steps_lost']} step(s) lost" if recovery.get("steps_lost") is not None else ""
     source = " from memory" if recovery.get("resumed_from") == "memory" else ""
     at = f"; resumed{source} at step {recovery['resumed_at']}{lost}" if recovery.get("resumed_at") is not None else \
         "; not resumed yet"
-    return f"recovered {where}{nodes}{total}" + (f" ({phases})" if phases else "") + at
+    verb = "" if shrunk else "recovered "
+    return f"{verb}{where}{nodes}{total}" + (f" ({phases})" if phases else "") + at
 
 
 def _first(evs: list[dict], kind: str, after: float) -> dict | None:

@@ -29,6 +29,8 @@ _LISTS = ("bind", "setup_cmd", "program")
 _PATHS = ("log_dir", "chdir", "venv")
 #: Options a profile may set that are not LaunchSpec fields.
 PROFILE_ONLY = ("templates_dir", "host", "remote_dir")
+#: options that ask for retries, which happen by requeueing: each turns --requeue on (said)
+IMPLY_REQUEUE = ("max_retries", "retry_on", "spare_nodes", "min_nodes")
 
 
 def load_profile(path: str) -> dict[str, Any]:
@@ -112,9 +114,9 @@ def build_spec(ctx: click.Context, params: dict[str, Any], site: dict[str, Any] 
             params[key] = _profile_value(key, value, str(profile_path))
     if templates_dir is None and profile.get("templates_dir") is not None:
         templates_dir = _profile_templates(str(profile_path), profile["templates_dir"])
-    retries = [f"--{k.replace('_', '-')}" for k in ("max_retries", "retry_on", "spare_nodes") if k in ctx.params
+    retries = [f"--{k.replace('_', '-')}" for k in IMPLY_REQUEUE if k in ctx.params
                and ctx.get_parameter_source(k) is click.core.ParameterSource.COMMANDLINE]
-    retries += [f"{k} in {profile_path}" for k in ("max_retries", "retry_on", "spare_nodes") if k in profile
+    retries += [f"{k} in {profile_path}" for k in IMPLY_REQUEUE if k in profile
                 and f"--{k.replace('_', '-')}" not in retries and not (k == "spare_nodes" and not profile[k])]
     if retries and not params.get("requeue"):  # retries happen by requeueing: asking for them asks for it
         click.echo(f"note: {' and '.join(retries)} imply --requeue (a failed attempt is retried in the "

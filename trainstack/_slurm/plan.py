@@ -38,6 +38,18 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)
     torchrun: bool = False
 
+    def on(self, nodes: int, procs_per_node: int) -> Launch:
+        """This launch on ``nodes`` nodes -- fewer than planned after a shrink: srun's ``--nodes``, torchrun's
+        ``--nnodes`` and a custom command's machine and process counts follow (the program's words never change)."""
+        def sized(words: list[str]) -> list[str]:
+            return [f"{w.split('=')[0]}={nodes}" if w.startswith(("--nodes=", "--nnodes=")) else w for w in words]
+
+        env = dict(self.env)
+        if "TS_NUM_MACHINES" in env:
+            env.update(TS_NUM_MACHINES=str(nodes), TS_NUM_PROCESSES=str(nodes * procs_per_node))
+        return Launch(sized(self.srun), self.tasks_per_node, self.task_log, sized(self.command), self.program, env,
+                      self.torchrun)
+
 
 @dataclass(frozen=True)
 class Recovery:
@@ -51,6 +63,7 @@ class Recovery:
     retry_on: list[str] = field(default_factory=list)
     teardown_grace_s: float = TEARDOWN_GRACE_S
     min_step_s: int = MIN_STEP_SECONDS
+    min_nodes: int | None = None  # shrink: a step may run on this many of ``Plan.nodes`` when no spare is left
 
 
 @dataclass(frozen=True)
@@ -135,6 +148,9 @@ class Plan:
                       f"at least {r.min_step_s} s left; {spare} a lost or named node",
                       f"a failed step's tasks are killed {r.teardown_grace_s:g} s after its first failure; its "
                       f"hosts are probed, one that does not answer is lost",
+                      *([f"with no spare left, the run continues on the surviving nodes (at least {r.min_nodes} of "
+                         f"{self.nodes}) at the exact sample, the global batch kept by gradient accumulation"]
+                        if r.min_nodes else []),
                       "otherwise, or on a graceful stop (the time limit's warning, a preemption), the job is "
                       "requeued leaving out the hosts blamed (scontrol requeue, ExcNodeList, StartTime=now)"
                       + (f"; at most {r.max_requeues} requeues at the time limit" if r.max_requeues is not None
@@ -162,7 +178,8 @@ def build_plan(spec: LaunchSpec) -> Plan:
     sweep = Sweep(spec.sweep_dir, [{"args": t["args"], "signature": t["signature"]} for t in spec.tasks]) \
         if spec.tasks else None
     recovery = Recovery(spec.requeue, spec.stop_signal is not None, spec.max_retries, spec.max_requeues,
-                        list(parse_retry_on(spec.retry_on)))
+                        list(parse_retry_on(spec.retry_on)),
+                        min_nodes=spec.min_nodes if spec.min_nodes != spec.nodes else None)
     kind = f"{spec.setup}, launcher {spec.launcher}" + (" (CPU, gloo)" if spec.cpu else "")
     return Plan(kind, spec.nodes, spec.spare_nodes, spec.procs, 0 if spec.cpu else spec.procs,
                 JobPaths.prefix(spec.log_dir, spec.job_name), launch, probe, recovery, check, sweep, not spec.cpu)

@@ -106,6 +106,7 @@ class LaunchSpec:
     max_retries: int = 3
     retry_on: str = ",".join(DEFAULT_RETRY_ON)
     spare_nodes: int = 0
+    min_nodes: int | None = None
     node_check: bool | None = None
     node_check_thresholds: dict[str, float] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -140,7 +141,7 @@ class LaunchSpec:
             _expect(name, getattr(self, name), kind)
         if isinstance(self.retry_on, (list, tuple)):  # a list of kinds, as a profile writes it
             object.__setattr__(self, "retry_on", ",".join(map(str, self.retry_on)))
-        for name in ("gpus_per_node", "procs_per_node", "cpus_per_task", "max_requeues"):
+        for name in ("gpus_per_node", "procs_per_node", "cpus_per_task", "max_requeues", "min_nodes"):
             if getattr(self, name) is not None:
                 _expect(name, getattr(self, name), int)
         for name in ("cpu", "exclusive", "requeue", "explain"):
@@ -284,6 +285,12 @@ class LaunchSpec:
         if self.spare_nodes and not self.requeue:
             raise SpecError("--spare-nodes", "spare nodes take over from a failed one when a crash is retried: "
                                              "add --requeue (the retry policy: --max-retries, --retry-on)")
+        if self.min_nodes is not None:
+            if not 1 <= self.min_nodes <= self.nodes:
+                raise SpecError("--min-nodes", f"{self.min_nodes} is not between 1 and --nodes {self.nodes}")
+            if not self.requeue:
+                raise SpecError("--min-nodes", "a job continues on the nodes that survive when a crash is retried in "
+                                               "its allocation: add --requeue")
         try:
             parse_retry_on(self.retry_on)
         except ValueError as exc:

@@ -43,7 +43,8 @@ from .progress import Stop
 from .resume import EpochCursor, derived_seed
 from .runfolder import Claim, RunFolder, check_same_experiment, record_config, run_identity
 from .schedule import NEVER, Schedule
-from .steps import AMP_DTYPES, Step, autocast_precision, make_step, track_optimizer_steps
+from .shrink import keep_global_batch
+from .steps import AMP_DTYPES, Step, autocast_precision, is_custom_step, make_step, track_optimizer_steps
 from .tracker import Span, Tracker, banner_info
 
 if TYPE_CHECKING:
@@ -138,6 +139,9 @@ class Run:
         trainer, acc, cfg = self.trainer, self.accelerator, self.config
         acc.setup()
         self.running = True
+        self.config = cfg = keep_global_batch(cfg, acc.world_size, os.environ.get(envvars.PLANNED_WORLD),
+                                              trainer.use_grad and not is_custom_step(trainer.optimize_step),
+                                              trainer.console_print)
         if cfg.seed is not None:
             seed_everything(cfg.seed + acc.rank)
         self._prepare(fire)
@@ -290,7 +294,7 @@ class Run:
         nothing_to_train = restored is not None and (trainer.stop_training or trainer.global_step >= self.last_step
                                                      or trainer.current_epoch >= self.last_epoch)
         if acc.is_main_process and not nothing_to_train:  # a no-op re-run leaves the record of what trained
-            record_config(cfg, self.path)
+            record_config(trainer.config, self.path)  # as planned: a shrink is said, not recorded
         self.schedule = Schedule.of_run(cfg, self.tracker.periods(), self.val_loader is not None,
                                         trainer.callbacks.period("optimizer_step"),
                                         notes.UNBOUNDED_REPORT if self.per_epoch is None else 0, self.last_step)
