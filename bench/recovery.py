@@ -8,6 +8,9 @@ steps). Cases, one run each (``--repeats`` for more):
   takes node2's place in the same allocation.
 * ``requeue after node loss``: the same without a spare: the job is requeued without node2, Slurm's hold on the
   requeued job released.
+* ``shrink after node loss``: the same without a spare, ``--min-nodes 1``: the run continues on node1 in the same
+  allocation (2 ranks, the global batch kept by gradient accumulation); not run under ``--baseline`` (no shrink
+  there: compare with its ``requeue after node loss``).
 * ``requeue today`` (``--today REF``, ~3 min): a crash under the trainstack of git commit REF (before in-allocation
   recovery): requeued, Slurm's hold and the queue in between.
 
@@ -36,7 +39,8 @@ PROGRAM = REPO / "tests" / "slurm" / "_recovery_train.py"
 FAULT_AT = 22  # rank 0 reached this step: the last checkpoint is step 20
 
 
-def submit(out: Path, env: dict[str, str], launcher: str, spare: int, trainstack: Path = REPO) -> str:
+def submit(out: Path, env: dict[str, str], launcher: str, spare: int, trainstack: Path = REPO,
+           min_nodes: int | None = None) -> str:
     """The recovery program as a --requeue job on partition spares; its job id."""
     extra = {"PYTHONPATH": str(trainstack)} if trainstack != REPO else {}
     args = [sys.executable, "-m", "trainstack", "submit", "--setup", "multi-node", "--nodes", "2", "--cpu",
@@ -44,7 +48,8 @@ def submit(out: Path, env: dict[str, str], launcher: str, spare: int, trainstack
             "--log-dir", str(out / "logs"), "--requeue", "--partition", "spares", "--no-snapshot",
             "--env", f"PROBE_OUT={out}", "--env", "STEP_SLEEP=0.3", "--venv", str(Path(sys.executable).parents[1]),
             *[a for k, v in extra.items() for a in ("--env", f"{k}={v}")],
-            *(["--spare-nodes", str(spare)] if spare else []), str(PROGRAM)]
+            *(["--spare-nodes", str(spare)] if spare else []),
+            *(["--min-nodes", str(min_nodes)] if min_nodes else []), str(PROGRAM)]
     done = subprocess.run(args, cwd=out, env={**env, **extra}, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"submit failed: {done.stdout}{done.stderr}")
@@ -56,7 +61,8 @@ def measure(case: str, env: dict[str, str], launcher: str, work: Path, today: Pa
     out = Path(tempfile.mkdtemp(prefix=case.replace(" ", "-") + "-", dir=work))
     out.chmod(0o777)
     node_loss = "node loss" in case
-    job = submit(out, env, launcher, spare=1 if case.startswith("spare") else 0, trainstack=today or REPO)
+    job = submit(out, env, launcher, spare=1 if case.startswith("spare") else 0, trainstack=today or REPO,
+                 min_nodes=1 if case.startswith("shrink") else None)
     wait_until(lambda: reached(out) >= FAULT_AT and len(rank_pids(out, "node2")) == 2, 180, f"step {FAULT_AT}")
     if node_loss:
         fault = kill_node(out, "node2", Path(env["SLURM_CONF"]))
@@ -110,12 +116,13 @@ def main() -> None:
     env.setdefault("SLURM_CONF", "/tmp/trainstack-slurm/slurm.conf")
     work = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
     work.chmod(0o777)
-    cases = ["in-allocation crash", "spare after node loss", "requeue after node loss"]
+    cases = ["in-allocation crash", "spare after node loss", "shrink after node loss", "requeue after node loss"]
     today = worktree(args.today, work) if args.today else None
     base = worktree(args.baseline, work / "base") if args.baseline else None
     if today is not None:
         cases.insert(0, "requeue today")
-    runs = [(c, None) for c in cases] + ([(c, base) for c in cases if c != "requeue today"] if base else [])
+    runs = [(c, None) for c in cases] + ([(c, base) for c in cases if c not in ("requeue today", "shrink after "
+                                                                                 "node loss")] if base else [])
     rows: dict[tuple[str, Path | None], list[dict]] = {run: [] for run in runs}
     try:
         for _ in range(args.repeats):
@@ -142,8 +149,9 @@ def main() -> None:
     for case in cases:
         if case == "requeue today":
             continue
-        mine, theirs = rows[(case, None)], rows[(case, base)]
+        mine, theirs = rows[(case, None)], rows.get((case, base)) or rows[("requeue after node loss", base)]
         a, b = (statistics.median(r["seconds"] for r in x) for x in (mine, theirs))
+        case += " (vs its requeue)" if (case, base) not in rows else ""
         print(f"| {case} | {a:.1f} s | {b:.1f} s | {a / b:.2f}x | {statistics.median(r['lost'] for r in mine):.0f}"
               f" / {statistics.median(r['lost'] for r in theirs):.0f} |")
 

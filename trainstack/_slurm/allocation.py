@@ -18,6 +18,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -66,6 +67,21 @@ class NodePool:
         self.left_out = [h for h in self.left_out if h not in hosts]
 
 
+class Probe:
+    """Are a failed step's hosts still there? Asked in the background from the moment the failure is known, so the
+    answer (a lost host's 5 s of silence) overlaps the step's teardown instead of following it."""
+
+    def __init__(self, slurm: Slurm, hosts: list[str]) -> None:
+        self._answers: dict[str, bool] = {}
+        self._thread = threading.Thread(target=lambda: self._answers.update(slurm.answering(hosts)), daemon=True,
+                                        name="trainstack-probe")
+        self._thread.start()
+
+    def answers(self) -> dict[str, bool]:
+        self._thread.join()
+        return dict(self._answers)
+
+
 @dataclass(frozen=True)
 class Finish:
     """The run finished: the job ends with status 0."""
@@ -110,7 +126,7 @@ class Allocation:
     """The loop of one job's allocation. ``slurm`` is every Slurm command it runs; ``env`` the job's environment."""
 
     def __init__(self, plan: Plan, slurm: Slurm, env: Mapping[str, str], script: Path | None = None,
-                 poll_s: float = 0.5, kill_after_s: float = 2.0,
+                 poll_s: float = 0.25, kill_after_s: float = 1.0,
                  emit: Callable[[str, bool], None] | None = None) -> None:
         self.plan, self.slurm = plan, slurm
         self.poll_s, self.kill_after_s = poll_s, kill_after_s
@@ -120,6 +136,7 @@ class Allocation:
         self.step = 0
         self.stop_kind: str | None = None
         self.checked: set[tuple[str, ...]] = set()
+        self.probe: Probe | None = None  # the failed step's hosts, asked since its failure
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
@@ -181,16 +198,17 @@ class Allocation:
         proc = self.slurm.launch(self.argv(nodes), self.step_env(nodes), self.job.cwd)
         grace = self.plan.recovery.teardown_grace_s
         failed_at = kill_at = None
+        self.probe = None
         while True:
             code = proc.poll()
             if code is not None:
                 if failed_at is None and (code != 0 or self.files.has_exits()):
-                    self.job.event("detected", nodes, self.step)
+                    self._detected(nodes)
                 break
             now = time.monotonic()
             if failed_at is None and self.files.has_exits():
                 failed_at = now
-                self.job.event("detected", nodes, self.step)
+                self._detected(nodes)
             if failed_at is not None and kill_at is None and self.plan.recovery.requeue and now - failed_at >= grace:
                 self.job.warn(f"the step did not end {grace:g} s after its first failure: killing its tasks")
                 self.slurm.kill_steps(keep=SENTINEL)
@@ -202,6 +220,12 @@ class Allocation:
         saved, finished = self.files.stop_answers()
         self.files.clear_stop()
         return StepEnd(self._first_failure(code if code >= 0 else 128 - code), saved, finished)
+
+    def _detected(self, nodes: list[str]) -> None:
+        """The step's first failure: recorded, and its hosts probed at once, while the step is torn down."""
+        self.job.event("detected", nodes, self.step)
+        if self.plan.recovery.requeue:
+            self.probe = Probe(self.slurm, nodes)
 
     def _first_failure(self, status: int) -> int:
         """srun returns the largest status of its tasks, which after one failed is the SIGTERM (143) that
@@ -370,9 +394,9 @@ class Allocation:
             or "a node is missing"
 
     def _probe(self, nodes: list[str]) -> None:
-        """Ask every host of a failed step (a trivial step, 5 s at most): one that does not answer is lost, named in
-        ``lost`` with the ranks it ran."""
-        answers = self.slurm.answering(nodes)
+        """Every host of a failed step asked (a trivial step, 5 s at most; started at the failure, see ``Probe``):
+        one that does not answer is lost, named in ``lost`` with the ranks it ran."""
+        answers = (self.probe or Probe(self.slurm, nodes)).answers()
         per = self.plan.procs_per_node
         lost = {h: list(range(i * per, i * per + per)) for i, h in enumerate(nodes) if not answers.get(h)}
         if lost:

@@ -36,8 +36,9 @@ PLACEHOLDERS = ("num_processes", "num_machines", "machine_rank", "main_process_i
 MAX_GPUS_PER_NODE = 16
 DEFAULT_CPUS_PER_GPU_PROCESS = 4
 #: In-allocation recovery (--requeue): a step whose first task failed is killed this many seconds later if it has
-#: not ended (a lost node never answers srun); a crash is retried in the allocation only with this much time left.
-TEARDOWN_GRACE_S = 3
+#: not ended (a lost node never answers srun; its hosts are probed meanwhile); a crash is retried in the allocation
+#: only with this much time left.
+TEARDOWN_GRACE_S = 0.5
 MIN_STEP_SECONDS = 60
 #: The pre-flight node check's time budget (seconds; a site's ``node_check_thresholds.budget_s`` may change it).
 NODE_CHECK_BUDGET_S = 30
