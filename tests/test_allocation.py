@@ -272,6 +272,7 @@ def test_a_lost_node_without_a_spare_continues_on_the_survivors_above_min_nodes(
     assert "no spare left (node3 lost): continuing on 2 of 3 nodes (node1,node2) from the newest complete state, at " \
            "its exact sample, without a requeue" in job.said, job.said
     shrunk = alloc.step_env(["node1", "node2"])
+    assert shrunk["TRAINSTACK_NPROCS"] == "4"  # the job script's 6 would spawn 6 processes on the 2 nodes
     assert shrunk["TRAINSTACK_PLANNED_WORLD"] == "6" and "TRAINSTACK_PLANNED_WORLD" not in alloc.step_env(
         ["node1", "node2", "node3"])
     events = jobevents.read(alloc.files.folder, kind="shrink")

@@ -261,8 +261,9 @@ class Allocation:
                "PET_RDZV_ENDPOINT": f"{nodes[0]}:{port}",
                "PET_RDZV_ID": f"{job}.{self.step}" if self.plan.recovery.requeue else job,
                envvars.ATTEMPT: str(self.files.runs_before()), envvars.STEP: str(self.step)}
-        if len(nodes) < self.plan.nodes:  # a shrunk step: the trainer keeps the planned global batch
+        if len(nodes) < self.plan.nodes:  # a shrunk step: its own process count; the trainer keeps the global batch
             env[envvars.PLANNED_WORLD] = str(self.plan.nodes * self.plan.procs_per_node)
+            env[envvars.NPROCS] = str(len(nodes) * self.plan.procs_per_node)
         if "CUSTOM_COMMAND" in env and self.job.task_args:
             env["CUSTOM_COMMAND"] += " " + " ".join(shlex.quote(a) for a in self.job.task_args)
         return env
