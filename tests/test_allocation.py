@@ -51,6 +51,9 @@ class FakeSlurm(Slurm):
     def partition_nodes(self) -> dict[str, bool]:
         return dict(self.serving)
 
+    def log_path(self) -> Path | None:
+        return None
+
     def launch(self, argv, env, cwd=None, output=None):  # noqa: ANN001 -- as Slurm.launch
         if "trainstack._slurm.sentinel" in argv:
             self.calls.append(("sentinel", nodelist(argv)))

@@ -135,8 +135,8 @@ def test_killed_and_resumed_runs_are_one_run_with_the_uninterrupted_history(tmp_
     pytest.importorskip({"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}[tool])
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     _finish(_start(reference, tool, _env(tmp_path, "reference")))
-    landed = _killed_until_done(killed, tool, _env(tmp_path, "killed"), kills=5, seed=len(tool))
-    assert landed >= 4, f"only {landed} kills landed before the run ended"
+    landed = _killed_until_done(killed, tool, _env(tmp_path, "killed"), kills=3, seed=len(tool))
+    assert landed >= 2, f"only {landed} kills landed before the run ended"
     assert _jsonl(killed) == _jsonl(reference)
     run_id = json.loads((killed / "run.json").read_text())["run_id"]
     if tool == "mlflow":

@@ -3,6 +3,7 @@ rank wins over the cascade, each class is recognised, a running job has none."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 
@@ -161,3 +162,24 @@ def test_ranks_whose_heartbeats_stopped_on_a_node_that_answers_are_a_collective_
     found = verdict("FAILED", folder, None, 75)
     assert found.kind == "collective failure" and found.rank == 2 and found.host == "node2", found
     assert found.summary.startswith("ranks 2, 3 (node2) stopped answering at step 40: their heartbeats stopped")
+
+
+def test_a_worker_torchrun_saw_killed_is_killed_not_its_agents_exit(tmp_path):
+    """Under torchrun a task is a node's agent, whose status is 1 for any worker failure: the verdict is the worker
+    failure the agents reported first in this attempt (the root cause with the earliest time), rank and signal."""
+    def block(when: str, rank: int, code: str) -> str:
+        return (f"Root Cause (first observed failure):\n[0]:\n  time      : {when}\n  host      : localhost\n"
+                f"  rank      : {rank} (local_rank: 1)\n  exitcode  : {code} (pid: 15646)\n  error_file: <N/A>\n"
+                f"  traceback : x\n")
+    log = tmp_path / "job.out"
+    log.write_text(block("2026-11-28_11:25:27", 3, "1") + block("2026-11-28_11:25:24", 1, "-9  (SIGKILL)")
+                   + block("2020-01-01_00:00:00", 2, "-11"))  # an earlier attempt's: not this one's
+    started = datetime.datetime(2026, 11, 28, 11, 25).astimezone()  # this attempt's start
+    folder = _job(tmp_path, {}, extra={"exits/node-0": f"{started.timestamp() + 27} 1 node-0 node1\n",
+                                       "started": f"{started.isoformat()}\n"})
+    found = verdict("FAILED", folder, log, 1)
+    assert found.kind == "killed (signal 9)" and found.rank == 1 and found.host == "node1", found
+    (log.parent / "job.out").write_text(block("2026-11-28_11:25:24", 1, "-11"))
+    assert verdict("FAILED", folder, log, 1).kind == "crashed (signal)"
+    (log.parent / "job.out").write_text(block("2026-11-28_11:25:24", 1, "1"))  # a plain status: the agent's end
+    assert verdict("FAILED", folder, log, 1).kind == "exited"

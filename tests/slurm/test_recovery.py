@@ -112,12 +112,13 @@ def tmp_root(tmp_path_factory):
 
 
 def test_a_killed_rank_resumes_in_the_allocation_bitwise(cluster, tmp_root):
-    """SIGKILL of rank 1 mid-epoch: a new step of the same allocation (Restarts=0), resumed from the last
-    checkpoint, the final parameters bitwise equal to the uninterrupted run's; status/why show the phases."""
-    ref = reference(tmp_root, "srun")
+    """SIGKILL of rank 1 mid-epoch under torchrun: a new step of the same allocation (Restarts=0) with a rendezvous
+    of its own, resumed from the last checkpoint, the final parameters bitwise equal to the uninterrupted run's;
+    status/why show the phases."""
+    ref = reference(tmp_root, "torchrun")
     out = tmp_root / "crash"
     out.mkdir(mode=0o777)
-    job = submit_spec(spec(out))
+    job = submit_spec(spec(out, "torchrun"))
     wait_until(lambda: reached(out) >= 22, 120, "step 22")
     killed = kill_rank(out, "node1", 1)
     assert wait_for(job, timeout=240) == 0, job.log_path.read_text()
@@ -140,9 +141,9 @@ def memory_folders(job_id: str) -> list[Path]:
     return list(Path("/dev/shm").glob(f"trainstack-*/job-{job_id}-*"))
 
 
-# srun (a task per rank) and torchrun (a task per node, its rendezvous per step); spawn's one task per node runs the
-# same driver path as torchrun's (the plan's launch words differ: tests/test_render.py, tests/test_allocation.py)
-@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+# srun here (a task per rank, with memory checkpoints); torchrun's relaunch as a new step (a task per node, its
+# rendezvous per step) is the killed-rank test's; the launch words per launcher: tests/test_allocation.py
+@pytest.mark.parametrize("launcher", ["srun"])
 def test_a_lost_node_is_replaced_by_a_spare_bitwise(cluster, tmp_root, launcher):
     """Every process of the step on node2 and node2's slurmd killed: node3 takes its place in the same
     allocation (node2 named and left out), the run ends bitwise equal to the uninterrupted one. Under srun the run

@@ -47,7 +47,8 @@ def _wait_until(predicate, timeout, what):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+# torchrun: the signal goes through its agent to the workers; srun's direct path requeues in the two tests below
+@pytest.mark.parametrize("launcher", ["torchrun"])
 def test_signal_checkpoint_requeue_resume(slurm_env, shared_tmp, monkeypatch, launcher):
     for k, v in slurm_env.items():
         monkeypatch.setenv(k, v)

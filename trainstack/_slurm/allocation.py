@@ -137,6 +137,7 @@ class Allocation:
         self.stop_kind: str | None = None
         self.checked: set[tuple[str, ...]] = set()
         self.probe: Probe | None = None  # the failed step's hosts, asked since its failure
+        self.log: Path | None = None
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
@@ -353,7 +354,7 @@ class Allocation:
         if kind == "crash":
             self._probe(nodes)
             budget = policy.Budget(policy.spent(folder, "crash"), r.max_retries, "--max-retries")
-            go, line = policy.decide(folder, ended.status, tuple(r.retry_on), budget, where)
+            go, line = policy.decide(folder, ended.status, tuple(r.retry_on), budget, where, self.log)
         else:
             limit = r.max_requeues if kind == "timeout" else None
             budget = policy.Budget(policy.spent(folder, kind), limit, "--max-requeues")
@@ -434,6 +435,7 @@ class Allocation:
     def _begin(self) -> None:
         """The job's record and environment, the pool of its hosts, the signals, the sentinel, the versions."""
         self.pool = NodePool(self.job.begin())
+        self.log = self.slurm.log_path()  # the job's own log: what torchrun's agents said of their workers
         if self.plan.recovery.graceful_stop:
             signal.signal(signal.SIGUSR1, lambda *_: self._stop("timeout", "SIGUSR1"))
             signal.signal(signal.SIGUSR2, lambda *_: self._stop("timeout", "SIGUSR2"))

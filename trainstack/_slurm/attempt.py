@@ -81,11 +81,12 @@ def parse_retry_on(text: str) -> tuple[str, ...]:
 
 
 def decide(folder: Path, status: int, retry_on: tuple[str, ...] = DEFAULT_RETRY_ON, budget: Budget = Budget(),
-           where: Context = Context()) -> tuple[bool, str]:
-    """(retry?, the line that says why) for the attempt that just crashed with ``status``; recorded in
-    ``verdicts.jsonl`` with the decision. A retry the budget does not allow is recorded as not retried."""
+           where: Context = Context(), log: Path | None = None) -> tuple[bool, str]:
+    """(retry?, the line that says why) for the attempt that just crashed with ``status`` (``log``: the job's own,
+    where launchers such as torchrun's agents report what their workers did); recorded in ``verdicts.jsonl`` with
+    the decision. A retry the budget does not allow is recorded as not retried."""
     files = JobFiles(folder)
-    found = verdict("FAILED", folder, None, status)
+    found = verdict("FAILED", folder, log, status)
     cause = f"{found.kind}: {found.summary.split(';')[0]}"
     host = found.host or _host_of_rank(found.rank, where)
     exits = files.exits()  # first first

@@ -233,10 +233,36 @@ def last_step(folder: Path | None) -> int | None:
     return max(steps) if steps else None
 
 
+_ROOT_CAUSE = re.compile(r"^Root Cause \(first observed failure\):\n\[\d+\]:\n\s+time\s*:\s*(?P<time>\S+)\n"
+                         r"\s+host\s*:.*\n\s+rank\s*:\s*(?P<rank>\d+).*\n\s+exitcode\s*:\s*(?P<code>-?\d+)",
+                         re.MULTILINE)
+
+
+def _torchrun_root_cause(ev: Evidence) -> tuple[int, int] | None:
+    """The first worker failure torchrun's agents reported in this attempt ("Root Cause (first observed
+    failure)"): (rank, its exit code, negative for a signal) -- what a node task's own status (the agent's 1)
+    hides."""
+    import datetime
+
+    found = []
+    for m in _ROOT_CAUSE.finditer(ev.combined):
+        try:
+            when = datetime.datetime.strptime(m.group("time"), "%Y-%m-%d_%H:%M:%S").timestamp()
+        except ValueError:
+            continue
+        if when >= int(ev.since) - 1:
+            found.append((when, int(m.group("rank")), int(m.group("code"))))
+    return min(found)[1:] if found else None
+
+
 def _ended_without_traceback(ev: Evidence, first: Exit) -> Verdict | None:
     """The verdict for the first failing task when it left no traceback: killed, crashed by a signal, or an error
-    status of its own; None for the stop every task gets (SIGTERM, SIGINT, SIGHUP)."""
+    status of its own; None for the stop every task gets (SIGTERM, SIGINT, SIGHUP). A torchrun agent's task (its
+    status 1 for any worker failure) is judged by the worker failure it reported."""
     lines = _last_lines(ev, first)
+    cause = _torchrun_root_cause(ev) if first.rank is None else None
+    if cause is not None and cause[1] < 0:  # a worker killed by a signal: judged as that rank's own end
+        first = Exit(first.time, 128 - cause[1], f"rank-{cause[0]}", first.host)
     if first.code == 137:
         return Verdict("killed (signal 9)", f"a process was killed with signal 9 ({first.where}): the kernel's OOM "
                        f"killer, Slurm's memory limit or a kill -9", first.rank, first.host,
