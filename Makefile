@@ -42,6 +42,9 @@ test: $(VENV)/.installed  ## the suite (unit, distributed, real Slurm when avail
 test-slow: $(VENV)/.installed  ## the slow tests (whole Slurm workflows, requeues, examples): CI runs them too
 	$(PY) -m pytest -m "slow and not bench" $(PYTEST_ARGS)
 
+test-ci: $(VENV)/.installed  ## CI's tests: make test + make test-slow + bench-smoke, the real-Slurm group beside the rest, then the timing tests alone
+	scripts/test-ci.sh $(PYTEST_ARGS)
+
 test-fast: $(VENV)/.installed  ## unit tests only (no process spawning, no Slurm)
 	$(PY) -m pytest -m "not distributed and not slurm and not slow" $(PYTEST_ARGS)
 

@@ -2,6 +2,8 @@
 # Build the project's CPU image from the repository's own Dockerfile and train inside it (CI; root; Debian host).
 #
 #   scripts/ci-image.sh            # make image-test runs this
+#   TRAINSTACK_CI_SLURM_GATE=FILE  # CI: build and test in the image beside the test lanes, the Slurm part once FILE
+#                                  # exists (the tests no longer use the local Slurm)
 #
 # What this machine needs and users never do lives here, not in the Dockerfile:
 #   * no registry: the base image is made with debootstrap (--variant=minbase bookworm) + docker import, with the
@@ -151,6 +153,10 @@ owners=$(find "$work/runs" -printf '%u\n' | sort -u | tr '\n' ' ')
 
 # ---- the generated apptainer script through Slurm, docker standing in for apptainer -----------------------------
 SLURM_JOB="skipped (no local Slurm)"
+if [[ -n ${TRAINSTACK_CI_SLURM_GATE:-} ]]; then  # CI builds the image beside the tests: Slurm is theirs until then
+  log "waiting for $TRAINSTACK_CI_SLURM_GATE (the tests' use of the local Slurm ends)"
+  while [[ ! -e $TRAINSTACK_CI_SLURM_GATE ]]; do sleep 2; done
+fi
 if [[ -n ${SLURM_CONF:-} ]] && command -v sbatch >/dev/null && scontrol ping >/dev/null 2>&1; then
   log "generated --container apptainer script on the local 2-node Slurm (docker run as apptainer)"
   job=$(mktemp -d "$STATE/slurm.XXXX")

@@ -41,6 +41,7 @@ def rate(pause: float) -> float:
         proc.wait(timeout=10)
 
 
+@pytest.mark.alone  # compares its own rates: another process's load would be the finding
 def test_a_moment_stopped_does_not_make_a_node_slow():
     """Stopped for as long as it measures: a rate over the whole time would halve; the best window does not."""
     steady = max(rate(0.0) for _ in range(2))

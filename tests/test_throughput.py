@@ -115,6 +115,7 @@ class SlowSGD(torch.optim.SGD):
         return super().step(closure)
 
 
+@pytest.mark.alone  # shares of a step's time
 def test_the_step_time_is_split_into_data_optimizer_and_the_rest(tmp_path, capsys):
     def slow_mse(model, batch):  # 15 ms of "forward": the optimizer takes two thirds of a step
         time.sleep(0.015)

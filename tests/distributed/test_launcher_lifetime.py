@@ -69,6 +69,7 @@ def _ppid(pid: int) -> int:
         return -1
 
 
+@pytest.mark.alone  # the workers' end within seconds
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_workers_and_the_fork_server_die_with_a_killed_launcher(tmp_path, sig):
     proc, run = _start_long_run(tmp_path)

