@@ -13,8 +13,8 @@ NPROCS ?= 2
 PYTEST_ARGS ?=
 SLURM_CONF_PATH := /tmp/trainstack-slurm/slurm.conf
 
-.PHONY: help venv install run test test-slow test-fast test-dist test-slurm test-gpu gpu-check gpu-wheels lint lint-hpc typecheck bench bench-smoke \
-        bench-peers bench-gpu bench-slurm bench-recovery bench-memory bench-store bench-compile bench-startup image-test docs docs-serve slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
+.PHONY: help venv install run test test-slow test-ci test-fast test-dist test-slurm test-gpu gpu-check gpu-wheels lint lint-hpc typecheck bench bench-smoke \
+        bench-peers bench-gpu bench-slurm bench-recovery bench-memory bench-store bench-compile bench-llm bench-startup image-test docs docs-serve slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
         apptainer-build nccl-check clean
 
 help:  ## list targets
@@ -184,6 +184,9 @@ bench-store: $(VENV)/.installed  ## checkpoints in an object store (a local S3 s
 
 bench-gpu: $(VENV)/.installed  ## one GPU: raw vs Accelerator vs Trainer.fit vs peers (steps/s, syncs/step, memory)
 	$(PY) bench/gpu.py $(BENCH_ARGS)
+
+bench-llm: $(VENV)/.installed  ## a Llama-shaped decoder (1b, 8b-proxy): tokens/s, TFLOP/s, MFU by formula; raw vs Trainer.fit
+	$(PY) bench/llm.py $(BENCH_ARGS)
 
 bench-compile: $(VENV)/.installed  ## torch.compile: raw compiled loop vs Trainer(compile=True), first step cold vs warm cache
 	$(PY) bench/compile.py $(BENCH_ARGS)

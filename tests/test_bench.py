@@ -69,3 +69,12 @@ def test_checkpoint_store_bench_runs(run_py):
     out = run_py([sys.executable, str(ROOT / "bench/checkpoint_store.py"), "--width", "256", "--layers", "2",
                   "--reps", "1"], timeout=300).stdout
     assert "| file |" in out and "| sharded |" in out, out
+
+
+def test_llm_bench_dry_run(run_py):
+    """bench/llm.py (make bench-llm): the Llama-shaped decoder, the raw loop and Trainer.fit, the table and the MFU
+    formula's columns, on the CPU at the tiny size (the GPU rows need a GPU: scripts/gpu-check.sh)."""
+    out = run_py([sys.executable, str(ROOT / "bench/llm.py"), "--device", "cpu", "--size", "tiny", "--compile",
+                  "off"], timeout=300).stdout
+    assert "| tiny | off | bf16 | raw |" in out and "| tiny | off | bf16 | trainer |" in out, out
+    assert "MFU (formula)" in out and "torchtitan" in out, out
