@@ -57,6 +57,7 @@ from ._runtime import loop as _loop
 from ._runtime import preload as _preload
 from ._runtime.layout import ProcessPlan, WorkerContext, plan_processes
 from ._runtime.parallel import Layout, Parallelism, lay_out, plan_layout
+from ._runtime.placement import on_copy_stream
 from ._runtime.spawn import ProcessGroupSession, launch
 from ._runtime.watchdog import heartbeat, resolve_timeout, watched
 from .data import DictDataLoader
@@ -423,6 +424,8 @@ class Accelerator(AccelerateAPI):
         device = self.device
         if device.type == "cpu" and self.data_dtype is None:
             return batch  # nothing to move or cast: the raw loop does no work here either
+        if device.type == "cuda":  # the copy beside the step before, not behind it (_runtime/placement.py)
+            return on_copy_stream(batch, device, lambda b: _move(b, device, self.data_dtype, self.dtype))
         return _move(batch, device, self.data_dtype, self.dtype)
 
     # ------------------------------------------------------------------ collectives

@@ -4,6 +4,7 @@ precision, the examples, doctor and nccl_check, and the clear errors of GPU-only
 from __future__ import annotations
 
 import sys
+import time
 import warnings
 
 import pytest
@@ -44,6 +45,30 @@ def test_prepare_and_prepare_batch_on_cuda():
     assert x.dtype == torch.float32 and labels.dtype == torch.int64  # integer labels are never cast
     loader = acc.prepare(DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4))
     assert loader.pin_memory  # pinned on CUDA: asynchronous copies
+
+
+def test_a_batch_is_copied_beside_the_step_before_not_behind_it():
+    """prepare_batch issues the host-to-GPU copy on a copy stream of its own: it completes while a long kernel still
+    runs on the compute stream (the step before), without a host synchronisation, and the compute stream waits for
+    it before using the batch."""
+    from trainstack._runtime import placement
+
+    acc = Accelerator(compute_setup="gpu", dtype=torch.float32)
+    acc.prepare(nn.Linear(4, 4))
+    host = (torch.randn(512, 1024).pin_memory(), torch.arange(512).pin_memory())
+    busy = torch.randn(8192, 8192, device="cuda")
+    torch.cuda.synchronize()
+    for _ in range(20):  # ~0.1-0.5 s of fp32 matmuls queued on the compute stream: "the step before"
+        busy = busy @ busy / 8192
+    syncs = _syncs(lambda: acc.prepare_batch(host))
+    moved = acc.prepare_batch(host)
+    copy_stream = placement._STREAMS[torch.cuda.current_device()]
+    deadline = time.monotonic() + 2
+    while not copy_stream.query() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert copy_stream.query() and not torch.cuda.current_stream().query(), "the copy waited behind the compute"
+    assert syncs == 0
+    assert torch.equal(moved[0].cpu(), host[0]) and torch.equal(moved[1].cpu(), host[1])
 
 
 def _syncs(run) -> int:
