@@ -35,7 +35,7 @@ from ._train import devrun, handoff, notes, qadence, run
 from ._train.evaluate import Evaluator, default_predict
 from ._train.live import timed
 from ._train.metrics import EpochSums, MetricLog, nonfinite_loss
-from ._train.progress import Progress, Stop
+from ._train.progress import Progress, ProgressView, Stop
 from ._train.qadence import UseGrad, check_optimizer, refuse_qadence_hooks
 from ._train.run import Run, outside_counters
 from ._train.runfolder import Claim, RunFolder, run_identity, standalone_checkpointer
@@ -135,7 +135,7 @@ def _eval_loader(kind: str, loader: Any) -> Any:
     return checked
 
 
-class Trainer:
+class Trainer(ProgressView):
     """Train ``model`` with ``optimizer`` as ``config`` says, on ``config.nprocs`` processes.
 
     ``loss_fn`` is ``"mse"``, ``"cross_entropy"`` or ``(model, batch) -> loss | (loss, metrics)``; metrics are
@@ -186,44 +186,6 @@ class Trainer:
         self._identity: dict[str, Any] | None = None  # this experiment's, as its checkpoints record it
         self._run: Run | None = None  # this rank's current (or last) fit(); never pickled
         self._fast_dev_ran = False  # fast_dev_run trained the model: no real run on this Trainer
-
-    # ------------------------------------------------------------------ the position, read from the progress
-    @property
-    def current_epoch(self) -> int:
-        """Finished epochs."""
-        return self.progress.epoch
-
-    @current_epoch.setter
-    def current_epoch(self, value: int) -> None:
-        self.progress.epoch = value
-
-    @property
-    def global_step(self) -> int:
-        """Optimizer steps taken."""
-        return self.progress.step
-
-    @global_step.setter
-    def global_step(self, value: int) -> None:
-        self.progress.step = value
-
-    @property
-    def global_batch(self) -> int:
-        """Batches trained (more than steps with gradient accumulation)."""
-        return self.progress.batch
-
-    @global_batch.setter
-    def global_batch(self, value: int) -> None:
-        self.progress.batch = value
-
-    @property
-    def stop_training(self) -> bool:
-        """A stop was asked (``request_stop``, early stopping, a signal, the step limit, a non-finite loss)."""
-        return self.progress.stopping
-
-    @property
-    def stop_reason(self) -> str:
-        """That stop in words ("" without one)."""
-        return self.progress.why
 
     # ------------------------------------------------------------------ gradient mode (qadence switches)
     use_grad = UseGrad()  # this Trainer's mode; set_use_grad sets every Trainer's

@@ -8,7 +8,7 @@ import enum
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Progress", "Stop"]
+__all__ = ["Progress", "ProgressView", "Stop"]
 
 
 class Stop(enum.Enum):
@@ -72,3 +72,46 @@ class Progress:
         stop = state.get("stop")
         return cls(int(state["epoch"]), int(state["step"]), int(state["batch"]), Stop(stop) if stop else None,
                    str(state.get("why", "")))
+
+
+class ProgressView:
+    """The Trainer's position and stop, as its users read them (Lightning's names), over its one ``Progress``."""
+
+    progress: Progress
+
+    @property
+    def current_epoch(self) -> int:
+        """Finished epochs."""
+        return self.progress.epoch
+
+    @current_epoch.setter
+    def current_epoch(self, value: int) -> None:
+        self.progress.epoch = value
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken."""
+        return self.progress.step
+
+    @global_step.setter
+    def global_step(self, value: int) -> None:
+        self.progress.step = value
+
+    @property
+    def global_batch(self) -> int:
+        """Batches trained (more than steps with gradient accumulation)."""
+        return self.progress.batch
+
+    @global_batch.setter
+    def global_batch(self, value: int) -> None:
+        self.progress.batch = value
+
+    @property
+    def stop_training(self) -> bool:
+        """A stop was asked (``request_stop``, early stopping, a signal, the step limit, a non-finite loss)."""
+        return self.progress.stopping
+
+    @property
+    def stop_reason(self) -> str:
+        """That stop in words ("" without one)."""
+        return self.progress.why
