@@ -7,8 +7,9 @@
 # Parts, most important first, each under its own limit and the overall budget: facts (device, driver, torch,
 # CUDA, NCCL, the packages trainstack needs), trainstack doctor, python -m trainstack.nccl_check, the GPU tests
 # (tests/gpu: host syncs, exact resume no/bf16/fp16, memory + sharded checkpoints on CUDA, the examples), the GPU
-# bench (bench/gpu.py: steps/s vs a raw loop, syncs/step, peak memory, start-up, MFU by hand vs reported), compile
-# cold vs warm (bench/compile.py --device cuda), an fp8 probe and the bf16 vs fp8 bench. Packages the machine lacks
+# Llama-shaped rows (bench/llm.py: 1b compiled raw vs data-resident vs Trainer.fit; the 8b-proxy in bf16 vs fp8:
+# tokens/s, TFLOP/s, MFU by formula and as reported), compile cold vs warm (bench/compile.py --device cuda), the GPU
+# bench (bench/gpu.py: steps/s vs a raw loop and peers, syncs/step, memory, start-up) and an fp8 probe. Packages the machine lacks
 # travel as wheels in WHEELS (default .whl) and AO_WHEELS (torchao versions), `make gpu-wheels` fills both; they
 # are installed to private folders first. GPU_CHECK_PARTS=facts,fp8,... runs only the parts so named.
 # shellcheck disable=SC2317  # facts and fp8_probe run through `timeout bash -c` (exported functions)
@@ -133,16 +134,21 @@ EOF
 export -f facts fp8_probe
 XDIST=()
 "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 3)
+# most important first: what runs out of budget is said, not lost
 part facts 30 0 facts
-part "trainstack doctor" 60 0 "$PY" -m trainstack doctor --compute-setup "$([[ $GPU == 1 ]] && echo gpu || echo cpu)"
-part "nccl_check" 90 1 "$PY" -m trainstack.nccl_check --compute-setup gpu --nprocs 1
-part "test-gpu (tests/gpu)" 200 0 "$PY" -m pytest tests/gpu -m gpu -rs -p no:cacheprovider "${XDIST[@]}" --durations=10
-part "bench-gpu (raw vs trainstack vs peers)" 150 1 "$PY" bench/gpu.py --reps 1 --steps 120
-part "compile cold vs warm" 110 1 "$PY" bench/compile.py --device cuda --reps 1 --steps 60
+part "trainstack doctor" 30 0 "$PY" -m trainstack doctor --compute-setup "$([[ $GPU == 1 ]] && echo gpu || echo cpu)"
+part "nccl_check" 60 1 "$PY" -m trainstack.nccl_check --compute-setup gpu --nprocs 1
+# host syncs, the copy stream, exact resume, memory + durable checkpoints from CUDA, fp8, the examples
+part "test-gpu (tests/gpu)" 150 0 "$PY" -m pytest tests/gpu -m gpu -rs -p no:cacheprovider "${XDIST[@]}" --durations=10
+# the Llama-shaped rows (bench/llm.py): 1b compiled, raw vs data-resident vs Trainer.fit; then bf16 vs fp8 on the
+# 8b-proxy's widths -- 40 steps each (10 warm-up, 25 timed), one process per row
+part "llm 1b bf16 compile (raw, resident, trainer)" 170 1 "$PY" bench/llm.py --sizes 1b --reps 1 --steps 40 \
+  --json "${REPORT%.md}-llm-1b.jsonl"
+part "llm 8b-proxy bf16 vs fp8 compile (trainer)" 150 1 "$PY" bench/llm.py --sizes 8b-proxy --systems trainer \
+  --precision bf16,fp8 --reps 1 --steps 40 --json "${REPORT%.md}-llm-8b.jsonl"
+part "compile cold vs warm" 90 1 "$PY" bench/compile.py --device cuda --reps 1 --steps 60
+part "bench-gpu (raw vs trainstack vs peers)" 90 1 "$PY" bench/gpu.py --reps 1 --steps 120 --workloads mlp,gpt
 part "fp8 probe" 30 1 fp8_probe
-part "fp8 test (mixed_precision='fp8' trains)" 60 1 "$PY" -m pytest tests/gpu -k fp8 -rs -p no:cacheprovider
-part "fp8 bench (bf16 vs fp8)" 150 1 "$PY" bench/gpu.py --workloads gpt2k,gpt2k-fp8 --systems raw,trainer --reps 1 \
-  --steps 100
 
 {
   echo "# trainstack GPU check ($(date -u +%Y-%m-%dT%H:%MZ), ${SECONDS} s of a ${BUDGET} s budget)"
