@@ -395,7 +395,8 @@ class Accelerator(AccelerateAPI):
         model = model.to(device=self.device, dtype=self.dtype) if self.dtype else model.to(self.device)
         layout = self.layout
         model, self.device_mesh = lay_out(model, layout, self.parallelism, self.strategy, self.device.type,
-                                          self.is_main_process, (self.fsdp_blocks, self.fsdp_min_params))
+                                          self.is_main_process, (self.fsdp_blocks, self.fsdp_min_params),
+                                          compiled=self.compile_options is not None)
         wrapped = model
         if self.world_size > 1 and dist.is_initialized():
             if not any(p.requires_grad for p in model.parameters()):

@@ -205,3 +205,15 @@ def test_activation_checkpointing_under_compile_gives_the_plain_gradients():
     acc = Accelerator(compute_setup="cpu", activation_checkpointing="full", fsdp_blocks=("Sequential",), compile=True)
     _, got = _saved_bytes(acc.prepare_model(plain()), x)
     assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_fp8_that_will_not_pay_is_said_before_the_run():
+    """mixed_precision='fp8' warns where it would cost instead of pay: eager float8, small layers, nothing converted."""
+    from trainstack._runtime.parallel import fp8_note
+
+    assert fp8_note([(4096, 14336), (14336, 4096)], compiled=True) is None  # the 8B widths, compiled: it pays
+    eager = fp8_note([(4096, 14336)], compiled=False)
+    assert eager and "without compile" in eager and "0.56x" in eager and "compile=True" in eager
+    small = fp8_note([(2048, 8192), (768, 768)], compiled=True)
+    assert small and "largest Linear is 2048 wide" in small and "without compile" not in small
+    assert "no Linear layer" in (fp8_note([], compiled=True) or "")

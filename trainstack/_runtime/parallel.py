@@ -180,9 +180,33 @@ def parallelize(fn: Callable[..., Any], model: nn.Module, mesh: DeviceMesh | Non
     return model
 
 
-def to_float8(model: nn.Module, device_type: str) -> None:
+#: fp8 pays for large matrix products only: below this smaller dimension, float8's casts and scales cost more than
+#: its faster GEMMs save (torchao's own tables; a 4-layer d=2048 GPT ran at 0.56x bf16 eager on an H200).
+FP8_MIN_DIM = 4096
+
+
+def fp8_note(shapes: list[tuple[int, int]], compiled: bool) -> str | None:
+    """What to say before an fp8 run that will likely be slower than bf16 (None when it should pay)."""
+    if not shapes:
+        return ("mixed_precision='fp8' found no Linear layer whose sizes are multiples of 16: nothing runs in fp8, "
+                "the run is bf16 with float8's bookkeeping. HINT: mixed_precision='bf16'.")
+    largest = max(min(s) for s in shapes)
+    why = []
+    if not compiled:
+        why.append("without compile, float8's scaling runs as separate kernels (0.56x bf16 measured on an H200)")
+    if largest < FP8_MIN_DIM:
+        why.append(f"its largest Linear is {largest} wide, under the ~{FP8_MIN_DIM} where float8 GEMMs pay")
+    if not why:
+        return None
+    return (f"mixed_precision='fp8' will likely be slower than bf16 here: {'; and '.join(why)}. HINT: compile=True "
+            f"with layers of {FP8_MIN_DIM}+ (bench/llm.py --precision bf16,fp8 measures it), else "
+            f"mixed_precision='bf16'.")
+
+
+def to_float8(model: nn.Module, device_type: str) -> list[tuple[int, int]]:
     """``mixed_precision="fp8"``: torchao's float8 training for every Linear whose sizes fp8 kernels take
-    (multiples of 16), in place; a clear error where fp8 cannot run (a CPU, a GPU before Hopper/Ada, no torchao)."""
+    (multiples of 16), in place; a clear error where fp8 cannot run (a CPU, a GPU before Hopper/Ada, no torchao).
+    The converted layers' (in, out) sizes."""
     import importlib.util
 
     import torch
@@ -201,8 +225,12 @@ def to_float8(model: nn.Module, device_type: str) -> None:
                           "pip install torchao (the build matching your torch).")
     from torchao.float8 import convert_to_float8_training
 
-    convert_to_float8_training(model, module_filter_fn=lambda module, fqn: isinstance(module, nn.Linear) and
-                               module.in_features % 16 == 0 and module.out_features % 16 == 0)
+    def takes(module: nn.Module, fqn: str) -> bool:
+        return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+    shapes = [(m.in_features, m.out_features) for name, m in model.named_modules() if takes(m, name)]
+    convert_to_float8_training(model, module_filter_fn=takes)
+    return shapes
 
 
 def _some_names(model: nn.Module) -> str:
@@ -211,7 +239,8 @@ def _some_names(model: nn.Module) -> str:
 
 
 def lay_out(model: nn.Module, layout: Layout, parallelism: Parallelism, strategy: str, device_type: str,
-            is_main: bool, blocks: tuple[Sequence[str] | None, int]) -> tuple[nn.Module, DeviceMesh | None]:
+            is_main: bool, blocks: tuple[Sequence[str] | None, int],
+            compiled: bool = False) -> tuple[nn.Module, DeviceMesh | None]:
     """Before compile and sharding, in torchtitan's order: the mesh (collective; for FSDP/HSDP or a parallelize
     hook), the user's hook, then activation checkpointing of the blocks (``blocks``: ``fsdp_blocks`` and
     ``fsdp_min_params``) or of the modules the policy picks."""
@@ -225,7 +254,11 @@ def lay_out(model: nn.Module, layout: Layout, parallelism: Parallelism, strategy
     if strategy == "hsdp" and layout.replicate == 1 and world > 1 and is_main:
         print(HSDP_ONE_REPLICA_NOTE, flush=True)
     if parallelism.float8:
-        to_float8(model, device_type)
+        note = fp8_note(to_float8(model, device_type), compiled)
+        if note and is_main:
+            import logging
+
+            logging.getLogger("trainstack").warning(note)
     if parallelism.parallelize_fn is not None:
         model = parallelize(parallelism.parallelize_fn, model, mesh, layout)
     policy = parallelism.activation_checkpointing
