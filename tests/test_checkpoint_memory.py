@@ -174,3 +174,20 @@ def test_a_failed_save_is_said_counted_and_its_recovery_said(tmp_path, monkeypat
     assert (mem.rounds, mem.failed_rounds, mem.newest_complete) == (4, 2, 12)
     assert len(said) == 2 and "the memory checkpoint of step 6 failed" in said[0] and \
         "the newest complete set is step 3" in said[0] and "work again at step 12" in said[1], said
+
+
+def test_a_set_written_by_more_processes_is_passed_over_with_the_reason(tmp_path, monkeypatch):
+    """A shrunk run (the driver continued on fewer nodes) finds its node's copies of a 2-process set: a memory set
+    lays out one process's state each and does not reshard, so it is passed over, said, for the durable one."""
+    import json
+
+    mem = _one_process(tmp_path, monkeypatch, run="run-a")
+    mem.save(7, {"model": {"w": torch.ones(3)}, "global_step": 7})
+    mem.wait()
+    (copy,) = mem.files.copies(1)
+    manifest = json.loads(copy.path.with_suffix(".json").read_text())
+    copy.path.with_suffix(".json").write_text(json.dumps({**manifest, "world": 2}))  # as a 2-process run left it
+    assert mem.restore(newer_than=5) is None
+    assert mem.last_passed_over == ["step 7: written by 2 processes, this run has 1 (a memory set does not "
+                                    "reshard; the durable checkpoint does)"]
+    assert mem.restore(newer_than=7) is None and mem.last_passed_over == []  # not newer than the durable one

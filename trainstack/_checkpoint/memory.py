@@ -470,6 +470,12 @@ class MemoryCheckpoints:
                         where = "its own memory" if holder == owner else f"the copy on {self.nodes[holder]}"
                         passed_over.append(f"rank {owner}'s step {step} in {where}: {reason}")
                         holders[owner] = holders[owner][1:]
+        other = [(c.step, c.world) for c in self.files.all_copies() if c.run == self.files.run
+                 and c.world != self.world and c.step > newer_than]
+        if other:  # a shrunk (or grown) run: a set lays out one process's state each, it does not reshard
+            step, world = max(other)
+            passed_over.append(f"step {step}: written by {world} processes, this run has {self.world} (a memory set "
+                               f"does not reshard; the durable checkpoint does)")
         self.last_passed_over = passed_over
         return None
 
