@@ -137,7 +137,7 @@ def _regression() -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.flip(1)), batch_size=8)
 
 
-def test_a_tensor_parallel_plan_through_the_hook_equals_the_plain_model(tmp_path):
+def test_a_tensor_parallel_plan_through_the_hook_equals_the_plain_model(tmp_path, capfd):
     plain, tp = _mlp(), _mlp()
     Trainer(plain, torch.optim.SGD(plain.parameters(), lr=0.1), TrainConfig(
         compute_setup="cpu", max_iter=2, log_folder=tmp_path / "plain", verbose=False), loss_fn="mse").fit(
@@ -148,6 +148,8 @@ def test_a_tensor_parallel_plan_through_the_hook_equals_the_plain_model(tmp_path
     for (name, a), b in zip(plain.state_dict().items(), trained.state_dict().values(), strict=True):
         b = b.full_tensor() if hasattr(b, "full_tensor") else b
         assert torch.allclose(a, b, atol=1e-5), name
+    said = capfd.readouterr()
+    assert "redistributing" not in said.out + said.err  # the final gather's expected 2-step all_gather: not a warning
 
 
 def test_clear_errors_for_layouts_that_cannot_be(tmp_path):

@@ -7,7 +7,8 @@ submodules holding at least ``fsdp_min_params`` parameters each (a size-based po
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -102,9 +103,26 @@ def full_state(model: nn.Module, optimizer: Any) -> tuple[dict[str, Any], dict[s
     )
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_sd = get_model_state_dict(model, options=options)
-    optim_sd = get_optimizer_state_dict(model, optimizer, options=options) if optimizer is not None else None
+    with _quiet_redistribute():
+        model_sd = get_model_state_dict(model, options=options)
+        optim_sd = get_optimizer_state_dict(model, optimizer, options=options) if optimizer is not None else None
     return model_sd, optim_sd
+
+
+@contextlib.contextmanager
+def _quiet_redistribute() -> Iterator[None]:
+    """Gathering an FSDP + tensor-parallel state whole, torch warns on every rank that it takes "2 sequential
+    all_gather operations" for a strided shard: true, expected for this one gather at the end, and nothing the user
+    can act on -- so it is not printed (torch's own logger, for this call only)."""
+    import logging
+
+    logger = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def fqn_optimizer_to_indexed(state: dict[str, Any]) -> dict[str, Any]:
