@@ -563,7 +563,8 @@ def fetch(job_id: str, host: str, what: str, output: str | None) -> None:
 
 @main.group()
 def checkpoint() -> None:
-    """Inspect checkpoints, turn them into one plain state dict, export them (safetensors, Hugging Face)."""
+    """Inspect checkpoints, turn them into one plain state dict, export them (safetensors, Hugging Face), free the
+    memory checkpoints an ended job left."""
 
 
 _WHICH = [click.option("--best", "which", flag_value="best", help="A run folder's best checkpoint (ModelCheckpoint, "
@@ -585,6 +586,23 @@ def _checkpoint_path(path: str) -> None:
     if not url_scheme(path) and not Path(path).exists():
         raise click.BadParameter(f"{path!r} does not exist here (with --host it is read on the login node)",
                                  param_hint="'PATH'")
+
+
+@checkpoint.command("free-memory")
+@click.argument("job_id")
+@click.option("--wait", "wait_s", type=click.IntRange(1, 3600), default=60, show_default=True,
+              help="Seconds to wait for the job's nodes (srun --immediate).")
+@_hosted
+def checkpoint_free_memory(job_id: str, wait_s: int) -> None:
+    """Free the memory checkpoints an ended job left in its nodes' /dev/shm (a plain scancel of a --requeue job, a
+    lost batch host, a kill -9): a one-task step on each of its nodes removes that job's folders only."""
+    from ._slurm.memoryfree import free_memory
+
+    hosts, folders = free_memory(job_id, wait_s)
+    if not folders:
+        click.echo(f"job {job_id}: no memory checkpoints recorded as left (freed at its end, or it kept none)")
+        return
+    click.echo(f"freed {len(folders)} memory checkpoint folder(s) of job {job_id} on {', '.join(hosts)}")
 
 
 @checkpoint.command("inspect")

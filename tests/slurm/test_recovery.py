@@ -188,6 +188,22 @@ def test_the_batch_script_frees_the_memory_of_killed_processes(cluster, tmp_root
     assert not memory_folders(job.job_id), "a failed job's memory checkpoints are freed by its batch script"
 
 
+def test_memory_a_killed_driver_left_is_freed_by_one_command(cluster, tmp_root):
+    """The whole job SIGKILLed, its driver too (nothing ran its end): the memory checkpoints stay in /dev/shm, and
+    `trainstack checkpoint free-memory JOB` frees them on the job's nodes -- that job's folders only."""
+    out = tmp_root / "memory-left"
+    out.mkdir(mode=0o777)
+    job = submit_spec(spec(out, spare=0, requeue=False, memory_every=2))
+    wait_until(lambda: reached(out) >= 6 and memory_folders(job.job_id), 120, "step 6")
+    subprocess.run(["scancel", "--full", "--signal=KILL", job.job_id], check=True, timeout=30)
+    wait_for(job, timeout=120)
+    assert memory_folders(job.job_id), "nothing was left to free: the test would prove nothing"
+    said = subprocess.run([sys.executable, "-m", "trainstack", "checkpoint", "free-memory", job.job_id], env=cluster,
+                          capture_output=True, text=True, timeout=180)
+    assert said.returncode == 0 and "freed" in said.stdout, said.stdout + said.stderr
+    assert not memory_folders(job.job_id)
+
+
 def test_a_python_error_is_not_retried(cluster, tmp_root):
     """A deterministic error: one verdict, no second step, no requeue."""
     out = tmp_root / "error"
