@@ -20,7 +20,7 @@ from typing import Any
 from . import _envvars as envvars
 from ._files import read_jsonl
 
-__all__ = ["JobFiles", "Exit", "EXIT_RECORD_SH", "DRIVER_SILENT_S"]
+__all__ = ["JobFiles", "Exit", "EXIT_RECORD_SH", "DRIVER_SILENT_S", "DRIVER_QUIET_S"]
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,11 @@ if [[ "$rc" -ne 0 ]]; then
 fi
 exit "$rc"'''
 
-#: Seconds without the driver's heartbeat (touched every 5 s) after which it counts as gone: its batch host lost.
+#: Seconds without the driver's heartbeat (touched every 5 s) after which it counts as gone: its batch host lost
+#: (the sentinel requeues the job then). ``status`` and ``why`` say so from ``DRIVER_QUIET_S`` on (three missed beats),
+#: so the user reads it before the requeue, not only after.
 DRIVER_SILENT_S = 30.0
+DRIVER_QUIET_S = 15.0
 
 #: The line written into every rank and node log when an attempt (or a job step of it) starts: a verdict reads only
 #: what follows the last one.

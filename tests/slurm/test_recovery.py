@@ -282,8 +282,9 @@ def test_a_lost_batch_host_is_requeued_by_the_sentinel(cluster, tmp_root):
     conf = Path(cluster["SLURM_CONF"])
     try:
         killed = kill_batch_host(out, job.job_id, "node1", conf)
-        wait_until(lambda: "no driver for" in ts(cluster, "status", job.job_id), 90, "status: no driver", poll=2)
-        assert "no process of it is known to run" in ts(cluster, "why", job.job_id)
+        # status and why say it from 15 s of silence on; the sentinel requeues at 30 s
+        wait_until(lambda: "no driver for" in ts(cluster, "status", job.job_id) and "no process of it is known to run"
+                   in ts(cluster, "why", job.job_id), 90, "status and why: no driver", poll=1)
         assert wait_for(job, timeout=300) == 0, job.log_path.read_text()
     finally:
         restore_nodes(cluster)

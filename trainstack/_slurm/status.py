@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import _jobevents as events
-from .._jobfiles import DRIVER_SILENT_S, JobFiles
+from .._jobfiles import DRIVER_QUIET_S, JobFiles
 from . import index
 from .jobfolder import JobPaths
 from .jobs import JobError, JobInfo, check_job_id, job_folder, job_infos
@@ -105,7 +105,7 @@ def _from_slurm(info: JobInfo) -> TaskStatus:
     silent = JobFiles(folder).driver_silent_for() if folder is not None and state == "RUNNING" else None
     if state == "PENDING" and info.reason and info.reason != "None":
         state = f"PENDING ({info.reason})"
-    elif silent is not None and silent > DRIVER_SILENT_S:  # the batch host lost: nothing of the job runs
+    elif silent is not None and silent > DRIVER_QUIET_S:  # the batch host lost? nothing of the job runs
         state = f"RUNNING (no driver for {silent:.0f} s)"
     elif state not in ("RUNNING", "COMPLETED") and info.exit_code not in (None, "0:0"):
         state = f"{state} (exit {info.exit_code})"

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import _jobevents as events
-from .._jobfiles import ATTEMPT_MARK, DRIVER_SILENT_S, Exit, JobFiles
+from .._jobfiles import ATTEMPT_MARK, DRIVER_QUIET_S, Exit, JobFiles
 
 __all__ = ["Verdict", "verdict", "KINDS", "HOST_FAULTS", "last_step", "exit_records"]
 
@@ -128,7 +128,7 @@ def verdict(state: str, folder: Path | None, log: Path | None, status: int | Non
     base = state.split(" (")[0].split()[0] if state else "UNKNOWN"
     if base in ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED"):
         silent = JobFiles(folder).driver_silent_for() if folder is not None and base == "RUNNING" else None
-        if silent is not None and silent > DRIVER_SILENT_S:
+        if silent is not None and silent > DRIVER_QUIET_S:
             return Verdict("running", f"the job holds its nodes but no process of it is known to run: its driver has "
                            f"not answered for {silent:.0f} s (its batch host lost?); the sentinel on another node "
                            f"requeues it without that host, else trainstack cancel the job")
