@@ -196,6 +196,7 @@ def test_a_line_costs_one_sync_however_many_metrics_it_shows(tmp_path):
     assert counts[0] - counts[1] == 5, counts
 
 
+@pytest.mark.alone  # two throughputs of one run compared
 def test_the_summary_throughput_leaves_out_the_warm_up(tmp_path, capsys):
     """A first step of 1.5 s (a compile, a GPU's warm-up) is not throughput: the summary's rate agrees with the
     live lines', not with steps / wall time (which made a GPU's summary MFU 6.4 % where its lines said 10.8 %)."""

@@ -55,6 +55,7 @@ def _resumed(output: str) -> list[tuple[int, str]]:
     return [(int(step), how) for step, how in re.findall(r"Resumed from memory at step (\d+) \(([^)]*)\)", output)]
 
 
+@pytest.mark.alone  # faults timed against the background save thread
 def test_each_fault_resumes_from_the_newest_complete_copies_bitwise(run_py, tmp_path, references):
     """One run, five faults on rank 3 (memory every 3 steps, durable every 10), torchrun restarting the group:
     step 5, the process dies -> every rank from its own memory (step 3); step 10, rank 1's newest copy truncated ->

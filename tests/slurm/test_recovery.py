@@ -189,8 +189,9 @@ def test_the_batch_script_frees_the_memory_of_killed_processes(cluster, tmp_root
 
 
 def test_memory_a_killed_driver_left_is_freed_by_one_command(cluster, tmp_root):
-    """The whole job SIGKILLed, its driver too (nothing ran its end): the memory checkpoints stay in /dev/shm, and
-    `trainstack checkpoint free-memory JOB` frees them on the job's nodes -- that job's folders only."""
+    """The whole job cancelled with SIGKILL: its driver is killed, or -- where it still runs its end -- can start no
+    job step to free the memory checkpoints (it says so and keeps their listing); `trainstack checkpoint free-memory
+    JOB` frees them on the job's nodes, that job's folders only."""
     out = tmp_root / "memory-left"
     out.mkdir(mode=0o777)
     job = submit_spec(spec(out, spare=0, requeue=False, memory_every=2))
@@ -200,7 +201,7 @@ def test_memory_a_killed_driver_left_is_freed_by_one_command(cluster, tmp_root):
     assert memory_folders(job.job_id), "nothing was left to free: the test would prove nothing"
     said = subprocess.run([sys.executable, "-m", "trainstack", "checkpoint", "free-memory", job.job_id], env=cluster,
                           capture_output=True, text=True, timeout=180)
-    assert said.returncode == 0 and "freed" in said.stdout, said.stdout + said.stderr
+    assert said.returncode == 0 and "freed 1 memory checkpoint folder(s)" in said.stdout, said.stdout + said.stderr
     assert not memory_folders(job.job_id)
 
 

@@ -175,8 +175,13 @@ class BatchJob:
             script = ('while IFS= read -r d; do [[ "$d" == */trainstack-*/job-"$SLURM_JOB_ID"-* ]] && rm -rf -- '
                       '"$d"; done < "$1"')
             listing = str(self.files.path(JobFiles.MEMORY_FOLDERS))
-            self.slurm.each(self.hosts, ["bash", "-c", script, "_", listing], timeout=10)
-            self.files.forget_memory_folders()
+            answers = self.slurm.each(self.hosts, ["bash", "-c", script, "_", listing], timeout=10)
+            missed = [host for host, ok in answers.items() if not ok]
+            if missed:  # a cancelled job starts no step: the listing stays for the command that frees them
+                self.warn(f"memory checkpoints not freed on {','.join(missed)} (no job step ran there): "
+                          f"`trainstack checkpoint free-memory {self.requeue_id}` frees them")
+            else:
+                self.files.forget_memory_folders()
         self._done.set()
         self.files.driver_ended(f"exit {status}")
 
