@@ -20,7 +20,8 @@ failures = sorted(scenario.get("fail", []), key=lambda f: f.get("delay", 0.0))
 for f in failures:
     time.sleep(max(0.0, start + f.get("delay", 0.0) - time.monotonic()))
     (job / "exits").mkdir(exist_ok=True)
-    (job / "exits" / f"rank-{f['rank']}").write_text(f"{time.time()} {f['code']} rank-{f['rank']} {f['host']}\n")
+    step = f.get("step", os.environ.get("TRAINSTACK_STEP", "0"))  # a late record of the step before names that one
+    (job / "exits" / f"rank-{f['rank']}").write_text(f"{time.time()} {f['code']} rank-{f['rank']} {f['host']} {step}\n")
 while scenario.get("hang"):  # a lost node: srun never returns until it is killed
     time.sleep(0.05)
 stop = os.environ.get("TRAINSTACK_STOP_FILE")

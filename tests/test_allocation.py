@@ -262,6 +262,18 @@ def test_the_first_failing_task_is_the_steps_status_not_sruns(tmp_path, job):
                in line for line in job.said), job.said
 
 
+def test_a_task_of_the_step_before_that_dies_late_is_not_the_new_steps_failure(tmp_path, job):
+    """Rank 1 killed; step 1 starts at once while step 0's remains still die: rank 3 of step 0 records its end
+    during step 1. The record names step 0, so step 1 is not torn down for it and finishes."""
+    slurm = FakeSlurm(["node1", "node2"], [{"fail": [{"rank": 1, "host": "node1", "code": 137}]},
+                                          {"fail": [{"rank": 3, "host": "node2", "code": 1, "step": 0}],
+                                           "status": 0, "duration": 0.5}])
+    status, alloc = job(plan(tmp_path), slurm)
+    assert status == 0, job.said
+    assert len(slurm.launched) == 2 and not any("killing its tasks" in line for line in job.said[1:]), job.said
+    assert [x.step for x in alloc.files.exits()] == [0] and alloc.files.exits(1) == []
+
+
 def test_a_lost_node_without_a_spare_continues_on_the_survivors_above_min_nodes(tmp_path, job):
     """Shrink: node3 of 3 lost, no spare, --min-nodes 2 -> step 1 runs on node1,node2 at once (no requeue), every
     count in its launch follows (srun --nodes, --ntasks) and the trainer is told the planned world."""

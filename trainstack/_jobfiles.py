@@ -31,6 +31,7 @@ class Exit:
     code: int
     unit: str  # rank-<r> (one task per rank: srun) or node-<n> (one task per node: torchrun, spawn, custom)
     host: str
+    step: int | None = None  # the job step (TRAINSTACK_STEP) it belonged to; None in a record without one
 
     @property
     def rank(self) -> int | None:
@@ -63,7 +64,8 @@ else
 fi
 if [[ "$rc" -ne 0 ]]; then
   mkdir -p "$TRAINSTACK_JOB_DIR/exits" 2>/dev/null
-  echo "$(date +%s.%N) $rc $unit ${SLURMD_NODENAME:-$(hostname)}" > "$TRAINSTACK_JOB_DIR/exits/$unit" 2>/dev/null
+  echo "$(date +%s.%N) $rc $unit ${SLURMD_NODENAME:-$(hostname)} ${TRAINSTACK_STEP:-0}" \
+    > "$TRAINSTACK_JOB_DIR/exits/$unit" 2>/dev/null
 fi
 exit "$rc"'''
 
@@ -182,21 +184,25 @@ class JobFiles:
         shutil.rmtree(self.path(self.EXITS), ignore_errors=True)
         self.path(self.LOST).unlink(missing_ok=True)
 
-    def exits(self) -> list[Exit]:
-        """The failing tasks of the current step, first first."""
+    def exits(self, step: int | None = None) -> list[Exit]:
+        """The failing tasks of job step ``step`` (None: of the newest step any record names), first first. A task
+        of the step before that dies after the next one started (its remains are killed, not waited for) records
+        its step, so it never reads as the new step's failure."""
         found = []
         folder = self.path(self.EXITS)
         for path in sorted(folder.glob("*")) if folder.is_dir() else []:
             parts = _read(path).split()
             try:
-                found.append(Exit(float(parts[0]), int(parts[1]), parts[2], parts[3]))
+                found.append(Exit(float(parts[0]), int(parts[1]), parts[2], parts[3],
+                                  int(parts[4]) if len(parts) > 4 else None))
             except (IndexError, ValueError):
                 continue
-        return sorted(found, key=lambda x: x.time)
+        if step is None:
+            step = max((x.step for x in found if x.step is not None), default=None)
+        return sorted((x for x in found if x.step is None or step is None or x.step == step), key=lambda x: x.time)
 
-    def has_exits(self) -> bool:
-        folder = self.path(self.EXITS)
-        return folder.is_dir() and any(folder.iterdir())
+    def has_exits(self, step: int | None = None) -> bool:
+        return bool(self.exits(step))
 
     def write_lost(self, hosts: dict[str, list[int]]) -> None:
         """The hosts that did not answer after the step failed, with the ranks each ran."""

@@ -203,11 +203,11 @@ class Allocation:
         while True:
             code = proc.poll()
             if code is not None:
-                if failed_at is None and (code != 0 or self.files.has_exits()):
+                if failed_at is None and (code != 0 or self.files.has_exits(self.step)):
                     self._detected(nodes)
                 break
             now = time.monotonic()
-            if failed_at is None and self.files.has_exits():
+            if failed_at is None and self.files.has_exits(self.step):
                 failed_at = now
                 self._detected(nodes)
             if failed_at is not None and kill_at is None and self.plan.recovery.requeue and now - failed_at >= grace:
@@ -231,7 +231,7 @@ class Allocation:
     def _first_failure(self, status: int) -> int:
         """srun returns the largest status of its tasks, which after one failed is the SIGTERM (143) that
         --kill-on-bad-exit sent the others: the step's status is the first failing task's."""
-        exits = self.files.exits()
+        exits = self.files.exits(self.step)
         if status == 0 or not exits:
             return status
         first = exits[0]
