@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 SLURM_CONF_PATH := /tmp/trainstack-slurm/slurm.conf
 
 .PHONY: help venv install run test test-slow test-ci test-fast test-dist test-slurm test-gpu gpu-check gpu-wheels lint lint-hpc typecheck bench bench-smoke \
-        bench-peers bench-gpu bench-slurm bench-recovery bench-memory bench-store bench-compile bench-llm bench-startup image-test docs docs-serve slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
+        bench-peers bench-gpu bench-slurm bench-recovery bench-memory bench-store bench-compile bench-llm bench-startup image-test image-gpu docs docs-serve slurm-up slurm-down run-multinode render-examples wheel docker-build docker-run \
         apptainer-build nccl-check clean
 
 help:  ## list targets
@@ -110,21 +110,24 @@ define need_engine
 	@command -v $(1) >/dev/null || { echo "error: '$(1)' not found. $(2)"; exit 1; }
 endef
 
-# CPU variant: ubuntu:24.04 + the CPU torch index, labelled truthfully. DOCKER_BUILD_ARGS comes last, so it can
-# override any of these (another BASE_IMAGE, --network host, a local TORCH_INDEX_URL: see scripts/ci-image.sh).
-CPU_BUILD_ARGS := --build-arg BASE_IMAGE=ubuntu:24.04 --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu \
-  --build-arg CUDA_LABEL=none --build-arg NCCL_LABEL=none
+# CPU variant: the CPU torch index. DOCKER_BUILD_ARGS comes last, so it can override any of these (another
+# BASE_IMAGE, --network host, a local TORCH_INDEX_URL: see scripts/image-lib.sh).
+CPU_BUILD_ARGS := --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 DOCKER_BUILD_ARGS ?=
 # The commit's time, not the clock: the same commit builds the same labels (and they sit in the last layer anyway).
 CREATED := $(shell git log -1 --format=%cI 2>/dev/null || echo unknown)
 VARIANT_TAG := $(if $(filter cpu,$(DOCKER_VARIANT)),-cpu)
+BUILD_FLAGS = --build-arg TORCH_VERSION=$(TORCH_VERSION) --build-arg REVISION=$(REVISION) --build-arg CREATED=$(CREATED) \
+  $(if $(filter cpu,$(DOCKER_VARIANT)),$(CPU_BUILD_ARGS)) $(DOCKER_BUILD_ARGS)
 
-docker-build:  ## build the CUDA image (CPU: DOCKER_VARIANT=cpu; extra flags: DOCKER_BUILD_ARGS="--network host ...")
+# Two builds: the image up to its runtime stage, then the labelled stage with the CUDA/NCCL versions the first one
+# recorded (/opt/trainstack/build-args.txt): the labels are read from the image, and the second build is seconds.
+docker-build:  ## build the GPU image (CPU: DOCKER_VARIANT=cpu; extra flags: DOCKER_BUILD_ARGS="--network host ...")
 	$(call need_engine,$(CONTAINER_ENGINE),Install Docker (or set CONTAINER_ENGINE=podman); images cannot be built without an engine.)
 	@$(CONTAINER_ENGINE) info >/dev/null 2>&1 || { echo "error: the $(CONTAINER_ENGINE) daemon is not running (only the client is installed?)."; exit 1; }
-	$(CONTAINER_ENGINE) build -t $(IMAGE)$(VARIANT_TAG) \
-	  --build-arg TORCH_VERSION=$(TORCH_VERSION) --build-arg REVISION=$(REVISION) --build-arg CREATED=$(CREATED) \
-	  $(if $(filter cpu,$(DOCKER_VARIANT)),$(CPU_BUILD_ARGS)) $(DOCKER_BUILD_ARGS) .
+	$(CONTAINER_ENGINE) build --target runtime -t $(IMAGE)$(VARIANT_TAG) $(BUILD_FLAGS) .
+	$(CONTAINER_ENGINE) build -t $(IMAGE)$(VARIANT_TAG) $(BUILD_FLAGS) \
+	  $$($(CONTAINER_ENGINE) run --rm --network none --entrypoint cat $(IMAGE)$(VARIANT_TAG) /opt/trainstack/build-args.txt) .
 
 docker-run:  ## run the demo in the image (GPU when available)
 	$(call need_engine,$(CONTAINER_ENGINE),Install Docker (or set CONTAINER_ENGINE=podman).)
@@ -132,6 +135,9 @@ docker-run:  ## run the demo in the image (GPU when available)
 
 image-test: $(VENV)/.installed  ## CI: own dockerd, local base image, build the CPU image, train + resume inside it
 	scripts/ci-image.sh
+
+image-gpu: $(VENV)/.installed  ## build the GPU image here (no GPU needed), check it inside, report size and build times
+	scripts/image-gpu.sh
 
 wheel: $(VENV)/.installed  ## build the project wheel into dist/
 	$(PIP) wheel -q --no-deps --wheel-dir dist .

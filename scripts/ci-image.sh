@@ -5,132 +5,31 @@
 #   TRAINSTACK_CI_SLURM_GATE=FILE  # CI: build and test in the image beside the test lanes, the Slurm part once FILE
 #                                  # exists (the tests no longer use the local Slurm)
 #
-# What this machine needs and users never do lives here, not in the Dockerfile:
-#   * no registry: the base image is made with debootstrap (--variant=minbase bookworm) + docker import, with the
-#     host's extra CA certificates added and PIP_CERT set, and a uid-1000 user as ubuntu:24.04 has one;
-#   * PyPI's torch wheels are CUDA builds: the host's CPU wheel (/opt/wheels) is served from a local simple index
-#     (TORCH_INDEX_URL), otherwise the official CPU index is used.
-# It starts its own dockerd (own socket, by pid) and stops it on exit. Then, inside the image: labels, trainstack
-# doctor, the 2-process demo as uid 1000, examples/classification.py writing under /workspace, checkpoint -> resume
-# into a bind-mounted folder as uid 1000, a warm rebuild with a new revision (cache check), and the generated
-# apptainer script run through the local Slurm (scripts/slurm-local.sh up) with docker standing in for apptainer.
-# Timings and the image size go to $STATE/image-report.json.
+# The registry-free base, our own dockerd and the local CPU torch index: scripts/image-lib.sh. Inside the image:
+# labels, trainstack doctor, the 2-process demo as uid 1000, examples/classification.py writing under /workspace,
+# checkpoint -> resume into a bind-mounted folder as uid 1000, a warm rebuild with a new revision (cache check), and
+# the generated apptainer script through the local Slurm (scripts/slurm-local.sh up) with docker standing in for
+# apptainer: 2 nodes x 2 processes, every one of them inside the image (each process records its node and Python),
+# checkpoint under torchrun, resume under srun. Timings and the image size go to $STATE/image-report.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 STATE=${TRAINSTACK_CI_STATE:-/var/tmp/trainstack-ci-image}
-DATA_ROOT=${TRAINSTACK_DOCKER_ROOT:-/var/lib/trainstack-docker}
-BASE=trainstack-ci-base:bookworm
-IMAGE=trainstack:ci-cpu
-TORCH_VERSION=$(sed -n 's/^TORCH_VERSION ?= //p' Makefile)
-export DOCKER_HOST="unix://$STATE/docker.sock"
-mkdir -p "$STATE"
+# shellcheck source=scripts/image-lib.sh
+source scripts/image-lib.sh
 
-log() { printf '\n=== ci-image: %s\n' "$*"; }
-fail() { printf 'ci-image: FAILED: %s\n' "$*" >&2; exit 1; }
-now() { date +%s.%N; }
-since() { python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 1))" "$1" "$(now)"; }
-
-# ---- tools ---------------------------------------------------------------------------------------------------
-need=()
-command -v dockerd >/dev/null || need+=(docker.io)
-command -v debootstrap >/dev/null || need+=(debootstrap)
-if [[ ${#need[@]} -gt 0 ]]; then
-  log "apt-get install ${need[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
-DOCKER=/usr/bin/docker; [[ -x $DOCKER ]] || DOCKER=$(command -v docker)
-
-# ---- our own dockerd, stopped on exit ------------------------------------------------------------------------
-SERVER_PID=""
-cleanup() {
-  if [[ -n $SERVER_PID ]]; then kill "$SERVER_PID" 2>/dev/null || true; fi
-  if [[ -s $STATE/dockerd.pid ]]; then
-    pid=$(cat "$STATE/dockerd.pid")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    kill -9 "$pid" 2>/dev/null || true
-  fi
-}
-trap cleanup EXIT
-if [[ -s $STATE/dockerd.pid ]] && kill -0 "$(cat "$STATE/dockerd.pid")" 2>/dev/null; then
-  kill "$(cat "$STATE/dockerd.pid")"; sleep 2
-fi
-log "dockerd (data root $DATA_ROOT)"
-dockerd --iptables=false --ip6tables=false --bridge=none --storage-driver=overlay2 \
-  --host "$DOCKER_HOST" --pidfile "$STATE/dockerd.pid" --data-root "$DATA_ROOT" --exec-root "$STATE/exec" \
-  >"$STATE/dockerd.log" 2>&1 &
-for _ in $(seq 60); do "$DOCKER" info >/dev/null 2>&1 && break; sleep 0.5; done
-"$DOCKER" info >/dev/null 2>&1 || { tail -20 "$STATE/dockerd.log"; fail "dockerd did not start"; }
-
-# ---- the base image ------------------------------------------------------------------------------------------
-T0=$(now)
-if ! "$DOCKER" image inspect "$BASE" >/dev/null 2>&1; then
-  mirror=$(sed -n 's/^URIs: *\(http[^ ]*debian\/\{0,1\}\)$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -1)
-  mirror=${mirror:-http://deb.debian.org/debian}
-  log "debootstrap bookworm from $mirror"
-  rootfs="$STATE/rootfs"
-  rm -rf "$rootfs"
-  debootstrap --variant=minbase --include=ca-certificates bookworm "$rootfs" "$mirror" >"$STATE/debootstrap.log" 2>&1 \
-    || { tail -20 "$STATE/debootstrap.log"; fail "debootstrap"; }
-  cp /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/" 2>/dev/null || true
-  chroot "$rootfs" update-ca-certificates >/dev/null
-  chroot "$rootfs" useradd --create-home --uid 1000 ubuntu  # as ubuntu:24.04 and the CUDA images have
-  rm -rf "$rootfs/var/cache/apt/archives"/*.deb "$rootfs/var/lib/apt/lists"/*
-  tar -C "$rootfs" -c . | "$DOCKER" import \
-    --change 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' \
-    --change 'ENV PIP_EXTRA_INDEX_URL=https://pypi.org/simple' \
-    --change 'CMD ["/bin/bash"]' - "$BASE" >/dev/null
-  rm -rf "$rootfs"
-fi
-BASE_S=$(since "$T0")
-
-# ---- torch: the local CPU wheel through a local simple index --------------------------------------------------
-wheel=$(find /opt/wheels -maxdepth 1 -name "torch-$TORCH_VERSION+cpu-*.whl" 2>/dev/null | head -1 || true)
-if [[ -n $wheel ]]; then
-  index="$STATE/index"
-  rm -rf "$index"; mkdir -p "$index/simple/torch"
-  ln -s "$wheel" "$index/$(basename "$wheel")"
-  href=$(basename "$wheel" | sed 's/+/%2B/')
-  printf '<html><body><a href="../../%s">%s</a></body></html>\n' "$href" "$(basename "$wheel")" \
-    >"$index/simple/torch/index.html"
-  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  python3 -m http.server --bind 127.0.0.1 --directory "$index" "$port" >"$STATE/index.log" 2>&1 &
-  SERVER_PID=$!
-  TORCH_INDEX="http://127.0.0.1:$port/simple"
-else
-  TORCH_INDEX=https://download.pytorch.org/whl/cpu
-fi
-
-# ---- build through the Makefile, cold then warm ----------------------------------------------------------------
-build() {  # $1: revision label
-  make --no-print-directory docker-build DOCKER_VARIANT=cpu IMAGE=trainstack:ci CONTAINER_ENGINE="$DOCKER" \
-    REVISION="$1" DOCKER_BUILD_ARGS="--network host --build-arg BASE_IMAGE=$BASE --build-arg TORCH_INDEX_URL=$TORCH_INDEX"
-}
-if [[ ${TRAINSTACK_CI_COLD:-1} == 1 ]]; then
-  "$DOCKER" image rm -f "$IMAGE" >/dev/null 2>&1 || true
-  "$DOCKER" builder prune -af >/dev/null 2>&1 || true
-  "$DOCKER" image prune -f >/dev/null 2>&1 || true
-fi
-log "cold build"
-T0=$(now); build "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"; COLD_S=$(since "$T0")
-before=$("$DOCKER" image inspect --format '{{json .RootFS.Layers}}' "$IMAGE")
-log "warm build with a new revision (must hit the cache up to the labels)"
-T0=$(now); build ci-warm-check; WARM_S=$(since "$T0")
-after=$("$DOCKER" image inspect --format '{{json .RootFS.Layers}}' "$IMAGE")
-[[ $before == "$after" ]] || fail "a new revision changed filesystem layers (labels must come last)"
-SIZE_MB=$(( $("$DOCKER" image inspect --format '{{.Size}}' "$IMAGE") / 1000000 ))
+image_tools
+image_dockerd
+T0=$(now); image_base; BASE_S=$(since "$T0")
+image_cpu_index
+image_build_cold_warm cpu "--build-arg TORCH_INDEX_URL=$TORCH_INDEX"
+image_checks "$IMAGE"
 
 # ---- inside the image ------------------------------------------------------------------------------------------
-label() { "$DOCKER" image inspect --format "{{index .Config.Labels \"$1\"}}" "$IMAGE"; }
-[[ $(label cuda.version) == none && $(label nccl.version) == none ]] || fail "CPU image labels: cuda=$(label cuda.version) nccl=$(label nccl.version)"
-[[ $(label org.opencontainers.image.revision) == ci-warm-check ]] || fail "revision label not updated"
-[[ $("$DOCKER" image inspect --format '{{.Config.User}}' "$IMAGE") == 1000:1000 ]] || fail "image does not run as uid 1000"
+[[ $(image_label "$IMAGE" cuda.version) == none && $(image_label "$IMAGE" nccl.version) == none ]] \
+  || fail "CPU image labels: cuda=$(image_label "$IMAGE" cuda.version) nccl=$(image_label "$IMAGE" nccl.version)"
 
 run() { "$DOCKER" run --rm --network none --shm-size=1g "$@"; }
-log "trainstack doctor"
-run "$IMAGE" trainstack doctor
 log "the 2-process demo (CMD, uid 1000)"
 T0=$(now); demo=$(run "$IMAGE" 2>&1) || { echo "$demo"; fail "demo"; }; DEMO_S=$(since "$T0")
 echo "$demo" | tail -3
@@ -158,24 +57,41 @@ if [[ -n ${TRAINSTACK_CI_SLURM_GATE:-} ]]; then  # CI builds the image beside th
   while [[ ! -e $TRAINSTACK_CI_SLURM_GATE ]]; do sleep 2; done
 fi
 if [[ -n ${SLURM_CONF:-} ]] && command -v sbatch >/dev/null && scontrol ping >/dev/null 2>&1; then
-  log "generated --container apptainer script on the local 2-node Slurm (docker run as apptainer)"
+  log "every process of a 2-node job inside the image: the generated --container apptainer scripts on the local Slurm"
   job=$(mktemp -d "$STATE/slurm.XXXX")
   mkdir -p "$job/bin"
   sed "s|@DOCKER@|$DOCKER|; s|@IMAGE@|$IMAGE|; s|@DOCKER_HOST@|$DOCKER_HOST|" tests/containers/apptainer-via-docker.sh \
     >"$job/bin/apptainer"
   chmod +x "$job/bin/apptainer"
-  cp examples/demo.py "$job/"
+  cp tests/containers/resume_job.py "$job/"
   touch "$job/trainstack.sif"
-  (cd "$job" && PATH="$job/bin:$PATH" "$ROOT/.venv/bin/trainstack" generate --setup multi-node --nodes 2 \
-     --procs-per-node 2 --cpu --launcher torchrun --container apptainer --image "$job/trainstack.sif" \
-     --bind "$job:$job" --job-name ci-image --time 00:05:00 -o job.sbatch -- demo.py --epochs 3)
+  slurm_run() {  # $1: launcher, $2: epochs, $3: tag -- one generated job, waited for
+    (cd "$job" && PATH="$job/bin:$PATH" "$ROOT/.venv/bin/trainstack" generate --setup multi-node --nodes 2 \
+       --procs-per-node 2 --cpu --launcher "$1" --container apptainer --image "$job/trainstack.sif" \
+       --bind "$job:$job" --job-name "ci-image-$3" --time 00:05:00 -o "$3.sbatch" -- \
+       resume_job.py --folder runs/multi --epochs "$2" --nprocs 4 --records records --tag "$3")
+    (cd "$job" && PATH="$job/bin:$PATH" sbatch --wait "$3.sbatch") || { cat "$job"/logs/*"$3"*.out >&2; fail "Slurm job $3"; }
+    cat "$job"/logs/ci-image-"$3"-*.out
+  }
   T0=$(now)
-  (cd "$job" && PATH="$job/bin:$PATH" sbatch --wait job.sbatch) || { cat "$job"/logs/*.out; fail "Slurm job"; }
+  first=$(slurm_run torchrun 2 first)
+  second=$(slurm_run srun 4 second)
   SLURM_S=$(since "$T0")
-  out=$(cat "$job"/logs/*.out)
-  grep -q "training on 4 process(es)" <<<"$out" || { echo "$out"; fail "the job did not train on 4 processes"; }
-  grep -q "in-container: /opt/trainstack/versions.json" <<<"$out" || { echo "$out"; fail "not run in the image"; }
-  SLURM_JOB="2 nodes x 2 processes in the image, ${SLURM_S}s"
+  grep -Eq "Continuing at +epoch 2" <<<"$second" || { echo "$second"; fail "the srun job did not resume the torchrun job's checkpoint"; }
+  grep -q '"end_epoch": 4' <<<"$second" || { echo "$second"; fail "the resumed job did not finish epoch 4"; }
+  python3 - "$job/records" <<'PY' || { echo "$first"; echo "$second"; fail "a process ran outside the image"; }
+import json, sys
+from pathlib import Path
+for tag in ("first", "second"):
+    records = [json.loads(p.read_text()) for p in sorted(Path(sys.argv[1]).glob(f"{tag}-rank*.json"))]
+    assert sorted(r["rank"] for r in records) == [0, 1, 2, 3], (tag, records)
+    outside = [r for r in records if not r["in_image"] or r["prefix"] != "/opt/venv"]
+    assert not outside, f"{tag}: processes on the host's Python: {outside}"
+    nodes = sorted({r["node"] for r in records})
+    assert len(nodes) == 2, f"{tag}: all processes on {nodes}: the other node never entered the image"
+    print(f"{tag}: ranks 0-3 inside the image (prefix /opt/venv) on {', '.join(nodes)}")
+PY
+  SLURM_JOB="2 nodes x 2 processes, all inside the image: checkpoint under torchrun, resume under srun, ${SLURM_S}s"
   echo "$SLURM_JOB"
 fi
 

@@ -27,14 +27,13 @@ def _dockerfile():
     return DockerfileParser(path=str(ROOT / "Dockerfile"))
 
 
-def _final_args(parser):
-    """ARG defaults of the final stage (dockerfile-parse's .args covers only part of it)."""
-    args, stage = {}, -1
+def _stage_args(parser):
+    """ARG defaults of the stages (dockerfile-parse's .args covers only part of them); a later stage's win."""
+    args: dict[str, str] = {}
+    seen_from = False
     for item in parser.structure:
-        if item["instruction"] == "FROM":
-            stage += 1
-            args = {}
-        if item["instruction"] == "ARG" and "=" in item["value"]:
+        seen_from = seen_from or item["instruction"] == "FROM"
+        if seen_from and item["instruction"] == "ARG" and "=" in item["value"]:
             key, value = item["value"].split("=", 1)
             args[key] = value.strip('"')
     return args
@@ -61,9 +60,9 @@ def _global_arg(name: str) -> str:
 
 def test_dockerfile_pins_labels_and_hygiene():
     p = _dockerfile()
-    args = _final_args(p)
+    args = _stage_args(p)
     assert p.is_multistage
-    assert _global_arg("BASE_IMAGE") == PINS["cuda-base-image"]
+    assert _global_arg("BASE_IMAGE") == PINS["base-image"]
     assert args["TORCH_VERSION"] == PINS["torch-version"]
     assert args["TORCH_INDEX_URL"] == PINS["torch-index-url"]
     assert args["TRAINSTACK_VERSION"] == __version__
@@ -78,6 +77,13 @@ def test_dockerfile_pins_labels_and_hygiene():
     for lib in ("libibverbs1", "ibverbs-providers", "librdmacm1"):
         assert lib in text
     assert "--no-install-recommends" in text and "torch.cuda.nccl.version()" in text
+    # issue 53: no CUDA base under the CUDA wheels (a second CUDA runtime and cuDNN), what the container toolkit and
+    # Triton need, and the tested stack pinned against a user's pip install
+    assert "nvidia/cuda" not in _global_arg("BASE_IMAGE")
+    assert "NVIDIA_VISIBLE_DEVICES=all" in envs and "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in envs
+    assert "PIP_CONSTRAINT=/etc/pip/constraint.txt" in envs and "pip freeze" in text
+    for package in ("python3-dev", "gcc"):
+        assert package in text
     assert re.search(r"^USER 1000", text, re.M) and (ROOT / ".dockerignore").exists()
     assert "trainstack-*.whl" in text  # the project is installed from its wheel
 
@@ -96,7 +102,7 @@ def test_every_base_is_a_build_arg_and_no_frontend_is_fetched():
             image, _, name = value.partition(" AS ")
             assert image == "${BASE_IMAGE}" or image in stages, f"FROM {image} is neither a build arg nor a stage"
             stages.append(name.strip())
-    assert stages[-1] == "runtime"
+    assert stages[-2:] == ["runtime", "labelled"]
 
 
 def test_workspace_belongs_to_the_user_the_image_runs_as():
@@ -121,40 +127,53 @@ def test_metadata_comes_after_every_layer_so_new_revisions_hit_the_cache():
     assert "date " not in make and "CREATED := $(shell git log -1 --format=%cI" in make
 
 
-def _label_check(cuda_label: str, nccl_label: str) -> subprocess.CompletedProcess:
-    """The Dockerfile's build-time check, run here with this torch (a CPU build)."""
+def _label_check(cuda_label: str, nccl_label: str, versions: dict) -> subprocess.CompletedProcess:
+    """The labelled stage's build-time check, run here against a versions.json of our own."""
     text = (ROOT / "Dockerfile").read_text()
-    code = re.search(r'python -c "(import json, torch, trainstack;.*?)"\n', text, re.S).group(1)
-    code = code.replace("\\\n", "\n").replace("/opt/trainstack/versions.json", os.devnull)
+    code = re.search(r'RUN python -c "(import json; v = json.load.*?)"\n', text, re.S).group(1)
+    record = Path(os.environ.get("TMPDIR", "/tmp")) / f"versions-{os.getpid()}.json"
+    record.write_text(__import__("json").dumps(versions))
+    code = code.replace("\\\n", "\n").replace("/opt/trainstack/versions.json", str(record))
     code = code.replace("${CUDA_LABEL}", cuda_label).replace("${NCCL_LABEL}", nccl_label)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    try:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    finally:
+        record.unlink()
 
 
 def test_labels_must_tell_the_truth_or_the_build_fails():
-    """Issue 14.4: the CPU image was labelled cuda 12.8 / NCCL bundled-with-torch."""
-    import torch
-
-    assert torch.version.cuda is None, "this check is written for the CPU torch of CI"
-    assert _label_check("none", "none").returncode == 0
-    lie = _label_check("12.8", "bundled-with-torch")
+    """Issue 14.4: the CPU image was labelled cuda 12.8 / NCCL bundled-with-torch. Issue 53: the labels are read
+    back from the image (build-args.txt), and a label that disagrees with versions.json fails the build."""
+    cpu = {"cuda": None, "nccl": None}
+    gpu = {"cuda": "13.0", "nccl": "2.29.7"}
+    assert _label_check("none", "none", cpu).returncode == 0
+    assert _label_check("unstated", "unstated", gpu).returncode == 0  # a plain `docker build .` says nothing
+    assert _label_check("13.0", "2.29.7", gpu).returncode == 0
+    lie = _label_check("12.8", "2.29.7", gpu)
     assert lie.returncode != 0 and "cuda.version label" in lie.stderr
-    assert "nccl.version label" in _label_check("none", "2.27.3").stderr
+    assert "nccl.version label" in _label_check("none", "2.27.3", cpu).stderr
+    text = (ROOT / "Dockerfile").read_text()
+    assert "/opt/trainstack/build-args.txt" in text and "--build-arg CUDA_LABEL=" in text
     make = subprocess.run(["make", "--no-print-directory", "-n", "docker-build", "DOCKER_VARIANT=cpu",
                            "CONTAINER_ENGINE=true",
                            "DOCKER_BUILD_ARGS=--network host --build-arg BASE_IMAGE=local:base"],
-                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    build = make[make.index("true build"):]
-    assert "--build-arg CUDA_LABEL=none --build-arg NCCL_LABEL=none" in build
-    # DOCKER_BUILD_ARGS comes after the variant's defaults, so it wins
-    assert build.index("BASE_IMAGE=ubuntu:24.04") < build.index("--network host --build-arg BASE_IMAGE=local:base")
-    assert build.rstrip().endswith(".") and "-t trainstack:" in build and "-cpu" in build
+                          cwd=ROOT, capture_output=True, text=True, check=True).stdout.replace("\\\n", " ")
+    first, second = [line for line in make.splitlines() if line.startswith("true build")]
+    assert "--target runtime" in first and "--target" not in second
+    # the second build's labels are the image's own record, read back from the first
+    assert "$(true run --rm --network none --entrypoint cat trainstack:" in second
+    assert "/opt/trainstack/build-args.txt)" in second
+    for build in (first, second):
+        # DOCKER_BUILD_ARGS comes after the variant's defaults, so it wins
+        assert build.index("whl/cpu") < build.index("--network host --build-arg BASE_IMAGE=local:base")
+        assert build.rstrip().endswith(".") and "-t trainstack:" in build and "-cpu" in build
 
 
 def test_every_test_file_the_build_files_cite_exists():
     """Issue 14.5: tests/test_versions.py was cited in three places and did not exist."""
     cited = set()
     for name in ("Dockerfile", "Makefile", "pyproject.toml", "apptainer.def", "apptainer-standalone.def",
-                 "README.md", ".ci/run", "scripts/ci-image.sh"):
+                 "README.md", ".ci/run", "scripts/ci-image.sh", "scripts/image-gpu.sh", "scripts/image-lib.sh"):
         cited |= set(re.findall(r"\b(tests/[\w/.-]+\.(?:py|sh))\b", (ROOT / name).read_text()))
     assert cited and "tests/test_containers.py" in cited
     assert [c for c in cited if not (ROOT / c).exists()] == []
@@ -164,11 +183,13 @@ def test_makefile_and_defs_agree_with_the_pins():
     make = (ROOT / "Makefile").read_text()
     assert re.search(r"^TORCH_VERSION \?= (\S+)$", make, re.M).group(1) == PINS["torch-version"]
     d = check_def((ROOT / "apptainer-standalone.def").read_text())
-    assert d.header["from"] == PINS["cuda-base-image"]
+    assert d.header["from"] == PINS["base-image"]
     assert d.arguments["TORCH_VERSION"] == PINS["torch-version"]
     assert d.arguments["TORCH_INDEX_URL"] == PINS["torch-index-url"]
     assert d.arguments["TRAINSTACK_VERSION"] == __version__ == d.labels["org.opencontainers.image.version"]
     assert d.labels["torch.version"] == PINS["torch-version"]
+    # CUDA and NCCL labels come from the image ($APPTAINER_LABELS in %post), never written by hand
+    assert "cuda.version" not in d.labels and '>> "$APPTAINER_LABELS"' in " ".join(d.body("post"))
     assert PINS["torch-version"].startswith(__import__("torch").__version__.split("+")[0])
     default = check_def((ROOT / "apptainer.def").read_text())
     assert default.arguments["IMAGE"] == f"trainstack:{__version__}" == default_image()

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from trainstack._runtime.doctor import Facts, _match_ifname, diagnose, gather_facts, run_doctor, suggest_ifname
+from trainstack._runtime.doctor import Facts, diagnose, gather_facts, run_doctor, suggest_ifname
+from trainstack._transport import match_ifname
 
 IFACES = {"lo": ["127.0.0.1"], "docker0": ["172.17.0.1"], "eth0": ["10.0.0.5"], "ib0": ["192.168.1.5"]}
 
@@ -52,9 +53,9 @@ def test_missing_scontrol_in_a_job_is_a_note_not_a_failure():
 
 def test_ifname_syntax_and_suggestion():
     names = list(IFACES)
-    assert _match_ifname("eth", names) == ["eth0"]
-    assert _match_ifname("^docker,lo", names) == ["eth0", "ib0"]
-    assert _match_ifname("=eth0", names) == ["eth0"] and _match_ifname("=eth", names) == []
+    assert match_ifname("eth", names) == ["eth0"]
+    assert match_ifname("^docker,lo", names) == ["eth0", "ib0"]
+    assert match_ifname("=eth0", names) == ["eth0"] and match_ifname("=eth", names) == []
     assert suggest_ifname(IFACES) == "eth0"
 
 

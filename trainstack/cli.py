@@ -21,6 +21,7 @@ from ._slurm.options import build_spec
 from ._slurm.plan import driver_note
 from ._slurm.program import FORMS
 from ._slurm.spec import spec_defaults
+from ._transport import TRANSPORTS
 from ._version import __version__
 from .render import CONTAINERS, LAUNCHERS, SETUPS, LaunchSpec, SpecError, render
 
@@ -108,6 +109,9 @@ HELP = {
     "env": "KEY=VALUE exported in the job (repeatable).",
     "nccl_ifname": "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME, e.g. ib0 or ^docker,lo.",
     "nccl_debug": "NCCL_DEBUG level (INFO): per-process logs in the log folder.",
+    "nccl_transport": "Require NCCL's network (ib, efa, socket): a node where it is missing fails at start with the "
+                      "reason (the library, the device, the port) instead of silently running on TCP sockets "
+                      "(NCCL_NET is set, NCCL's init lines kept for `why`).",
     "container": "Run inside an image, keeping the Slurm environment.",
     "image": "With --container: the .sif file (apptainer) or image reference (pyxis, e.g. "
              "nvcr.io#nvidia/pytorch:25.08-py3).",
@@ -124,7 +128,7 @@ HELP = {
     "python": "The interpreter on the nodes.",
     "chdir": "Working directory of the job (default: here).",
 }
-_CHOICES = {"setup": SETUPS, "launcher": LAUNCHERS, "container": CONTAINERS}
+_CHOICES = {"setup": SETUPS, "launcher": LAUNCHERS, "container": CONTAINERS, "nccl_transport": tuple(TRANSPORTS)}
 _METAVARS = {"env": "KEY=VALUE", "sweep": "KEY=V1,V2,..."}
 
 
@@ -671,11 +675,14 @@ def checkpoint_export(path: str, output: str, fmt: str, max_shard_size: str, whi
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--compute-setup", type=click.Choice(["auto", "gpu", "cpu"]), default="auto", show_default=True,
               help="What the job will ask for: 'gpu' makes a missing GPU a problem.")
-def doctor(as_json: bool, compute_setup: str) -> None:
+@click.option("--nccl-transport", type=click.Choice(tuple(TRANSPORTS)), default=None,
+              help="The NCCL network the job requires: what this host lacks for it (the library, the device, the port) "
+                   "is a problem. Default: TRAINSTACK_NCCL_TRANSPORT, as a generated script sets it.")
+def doctor(as_json: bool, compute_setup: str, nccl_transport: str | None) -> None:
     """Check this machine/job for what breaks distributed training; exit 1 with a fix for each problem."""
     from ._runtime.doctor import run_doctor
 
-    sys.exit(run_doctor(as_json=as_json, compute_setup=compute_setup))
+    sys.exit(run_doctor(as_json=as_json, compute_setup=compute_setup, nccl_transport=nccl_transport))
 
 
 @main.command(name="env")

@@ -1,6 +1,6 @@
-"""Errors that cross the process boundary as themselves: a worker's ConfigError (or divergence) is written into its
-plain-text failure report with a header line, and the launching process raises that class again -- also a
-WorkerError with the rank -- so ``except ConfigError`` works the same on 1 and N processes."""
+"""Errors that cross the process boundary as themselves: a worker's ConfigError (a divergence, a missing NCCL
+transport) is written into its plain-text failure report with a header line, and the launching process raises that
+class again -- also a WorkerError with the rank -- so ``except ConfigError`` works the same on 1 and N processes."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import functools
 import json
 from typing import Any
 
+from .._transport import TransportError
 from ..errors import ConfigError, TrainingDiverged, TrainstackError, UnknownField, WorkerError
 
 __all__ = ["carried_header", "worker_error"]
 
 
 _CLASSES: dict[str, type[TrainstackError]] = {"ConfigError": ConfigError, "UnknownField": UnknownField,
-                                              "TrainingDiverged": TrainingDiverged}
+                                              "TrainingDiverged": TrainingDiverged, "TransportError": TransportError}
 _MARK = "trainstack-error: "
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _envvars as envvars
+from .._transport import REQUIRED_ENV, match_ifname, preflight
 
 __all__ = ["Facts", "Finding", "gather_facts", "diagnose", "run_doctor"]
 
@@ -46,6 +47,8 @@ class Facts:
     tools: dict[str, str | None] = field(default_factory=dict)
     ancestors: list[str] = field(default_factory=list)
     in_container: str | None = None
+    transport: str | None = None  # the NCCL transport required (--nccl-transport / TRAINSTACK_NCCL_TRANSPORT)
+    transport_problems: list[str] = field(default_factory=list)  # why this host cannot provide it
 
 
 @dataclass
@@ -119,9 +122,12 @@ def _container(environ: Mapping[str, str]) -> str | None:
     return None
 
 
-def gather_facts(environ: Mapping[str, str] | None = None) -> Facts:
+def gather_facts(environ: Mapping[str, str] | None = None, nccl_transport: str | None = None) -> Facts:
     env = dict(os.environ if environ is None else environ)
     f = Facts(environ=env, python=platform.python_version())
+    f.transport = nccl_transport or env.get(REQUIRED_ENV) or None
+    if f.transport:
+        f.transport_problems = preflight(f.transport, env)
     _torch_facts(f)
     f.interfaces = _interfaces()
     ib = Path("/sys/class/infiniband")
@@ -131,15 +137,6 @@ def gather_facts(environ: Mapping[str, str] | None = None) -> Facts:
     f.ancestors = _ancestors()
     f.in_container = _container(env)
     return f
-
-
-def _match_ifname(spec: str, names: list[str]) -> list[str]:
-    """Interfaces an NCCL_SOCKET_IFNAME value selects: prefixes, ``^`` excludes, ``=`` exact names."""
-    exclude = spec.startswith("^")
-    exact = spec.lstrip("^").startswith("=")
-    items = [s for s in spec.lstrip("^").lstrip("=").split(",") if s]
-    hit = [n for n in names if any((n == s) if exact else n.startswith(s) for s in items)]
-    return [n for n in names if n not in hit] if exclude else hit
 
 
 def suggest_ifname(interfaces: dict[str, list[str]]) -> str | None:
@@ -163,13 +160,15 @@ def diagnose(f: Facts, compute_setup: str = "auto") -> list[Finding]:
                                       "compute_setup='cpu'"))
     names = list(f.interfaces)
     spec = env.get("NCCL_SOCKET_IFNAME")
-    if spec and not _match_ifname(spec, names):
+    if spec and not match_ifname(spec, names):
         out.append(Finding("problem", f"NCCL_SOCKET_IFNAME={spec!r} matches none of this host's interfaces "
                                       f"({', '.join(names)}). Fix: unset it or use e.g. "
                                       f"NCCL_SOCKET_IFNAME={suggest_ifname(f.interfaces) or '<interface>'}"))
     gloo = env.get("GLOO_SOCKET_IFNAME")
     if gloo and gloo not in names:
         out.append(Finding("problem", f"GLOO_SOCKET_IFNAME={gloo!r} is not an interface here ({', '.join(names)})."))
+    for problem in f.transport_problems:
+        out.append(Finding("problem", f"NCCL transport {f.transport} is required: {problem}"))
     if f.ib_devices and not all(f.verbs_libs.values()):
         missing = [lib for lib, ok in f.verbs_libs.items() if not ok]
         out.append(Finding("problem", f"InfiniBand devices {f.ib_devices} are present but {missing} are missing: NCCL "
@@ -237,14 +236,16 @@ def _report(f: Facts) -> dict[str, Any]:
     return {"trainstack": __version__, "python": f.python, "platform": platform.platform(), "torch": f.torch,
             "cuda": f.cuda, "cudnn": f.cudnn, "nccl": f.nccl, "nccl_available": f.nccl_available, "gpus": f.gpus,
             "launcher": launcher, "container": f.in_container, "infiniband": f.ib_devices, "verbs_libs": f.verbs_libs,
+            "nccl_transport": (f"{f.transport}: " + ("ok" if not f.transport_problems else "MISSING")
+                               if f.transport else "not required (--nccl-transport ib|efa|socket)"),
             "interfaces": f.interfaces, "suggested_NCCL_SOCKET_IFNAME": suggest_ifname(f.interfaces),
             "tools": f.tools, "hangs": hang_settings(f.environ), "environment": env}
 
 
 def run_doctor(as_json: bool = False, report_only: bool = False, compute_setup: str = "auto",
-               facts: Facts | None = None) -> int:
+               facts: Facts | None = None, nccl_transport: str | None = None) -> int:
     """Print the report (and the findings); return 1 when there is a problem (0 with ``report_only``)."""
-    f = facts or gather_facts()
+    f = facts or gather_facts(nccl_transport=nccl_transport)
     report = _report(f)
     findings = [] if report_only else diagnose(f, compute_setup)
     if as_json:

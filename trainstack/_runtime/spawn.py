@@ -51,6 +51,7 @@ import torch.distributed as dist
 import torch.multiprocessing as tmp
 
 from .. import _envvars as envvars
+from .. import _transport
 from .._files import atomic_write
 from ..errors import Interrupted, LaunchError, Preempted, TrainingHung
 from . import layout as _layout
@@ -135,8 +136,18 @@ class ProcessGroupSession:
             self.store = dist.TCPStore(ctx.master_addr, ctx.master_port, is_master=self.host_store,
                                        timeout=timeout, wait_for_workers=False)
             store = dist.PrefixStore("pg", self.store)
-        dist.init_process_group(self.pg_backend, store=store, rank=ctx.rank, world_size=ctx.world_size,
-                                timeout=timeout, device_id=device_id)
+        # a required NCCL transport (--nccl-transport): this host is checked before NCCL starts, and NCCL's own
+        # init lines (eager with device_id) must show that network -- a silent fallback to TCP is an error
+        required = _transport.check_before_init() if self.backend == "nccl" else None
+        try:
+            dist.init_process_group(self.pg_backend, store=store, rank=ctx.rank, world_size=ctx.world_size,
+                                    timeout=timeout, device_id=device_id)
+        except Exception as exc:
+            if required:
+                _transport.confirm_after_init(required, error=exc)
+            raise
+        if required:
+            _transport.confirm_after_init(required)
 
     def start_for_process(self) -> None:
         """Join for the rest of the process and leave cleanly at its exit: a group left to the interpreter's

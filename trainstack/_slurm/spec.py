@@ -19,6 +19,8 @@ from typing import Any
 
 from .._choices import PORT_BASE, PORT_SPAN
 from .._files import url_scheme
+from .._transport import TRANSPORTS
+from .._transport import step_env as transport_env
 from ..errors import ConfigError
 from .attempt import DEFAULT_RETRY_ON, parse_retry_on
 from .jobfolder import JobPaths, safe_name
@@ -113,6 +115,7 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)
     nccl_ifname: str | None = None
     nccl_debug: str | None = None
+    nccl_transport: str | None = None
     container: str = "none"
     image: str | None = None
     bind: list[str] = field(default_factory=list)
@@ -185,6 +188,11 @@ class LaunchSpec:
                                        f"multi-node")
         if self.cpu and self.gpus_per_node is not None:
             raise SpecError("--gpus-per-node", "cannot be combined with --cpu (CPU-only nodes, gloo)")
+        if self.nccl_transport is not None and self.nccl_transport not in TRANSPORTS:
+            raise SpecError("--nccl-transport", f"{self.nccl_transport!r} is not one of {', '.join(TRANSPORTS)}")
+        if self.nccl_transport is not None and self.cpu:
+            raise SpecError("--nccl-transport", f"{self.nccl_transport!r} is NCCL's network, and a --cpu job "
+                                                f"communicates with gloo: drop one of the two")
         if not self.cpu and self.procs_per_node is not None:
             raise SpecError("--procs-per-node", "only applies with --cpu; on GPU nodes use --gpus-per-node")
         count, option = (self.procs_per_node, "--procs-per-node") if self.cpu else (self.gpus_per_node,
@@ -461,6 +469,8 @@ class LaunchSpec:
                    omp_threads=self.omp_threads, task_cpus=self.task_cpus, procs_per_task=self.procs_per_task,
                    container_mounts=self.container_mounts, node_check_on=self.node_check_on,
                    node_check_budget=int(self.node_check_thresholds.get("budget_s", NODE_CHECK_BUDGET_S)),
+                   transport_env=transport_env(self.nccl_transport, f"{self.log_dir}/nccl.%h.%p.log",
+                                               self.nccl_debug) if self.nccl_transport else {},
                    node_check_args=[word for key, value in self.node_check_thresholds.items() if key != "budget_s"
                                     for word in (f"--{key.replace('_', '-')}", f"{value:g}")])
         return ctx

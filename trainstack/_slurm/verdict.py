@@ -17,13 +17,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import _jobevents as events
+from .. import _transport
 from .._jobfiles import ATTEMPT_MARK, DRIVER_QUIET_S, Exit, JobFiles
 
 __all__ = ["Verdict", "verdict", "KINDS", "HOST_FAULTS", "last_step", "exit_records"]
 
 KINDS = ("completed", "cancelled", "preempted", "time limit", "hang", "cuda out-of-memory", "cuda error",
-         "killed (signal 9)", "crashed (signal)", "collective failure", "node failure", "python error", "exited",
-         "running", "unknown")
+         "killed (signal 9)", "crashed (signal)", "collective failure", "node failure", "nccl transport",
+         "python error", "exited", "running", "unknown")
 #: Verdicts that blame the machine, not the program: a requeue leaves the host out.
 HOST_FAULTS = ("cuda error", "node failure")
 
@@ -44,6 +45,7 @@ _SIGKILL = re.compile(r"killed by SIGKILL|oom-kill|OUT_OF_MEMORY|exit code 137\b
 _GRACEFUL = re.compile(r"^Graceful stop at epoch \d+, step \d+|^Interrupted at epoch \d+, step \d+", re.MULTILINE)
 _NOT_REQUEUED = re.compile(r"^trainstack: stopped gracefully with a complete checkpoint \((\w+)\); not requeued",
                            re.MULTILINE)
+_NCCL_NOT_FOUND = re.compile(r"Error ?: network (?P<net>.+?) not found")
 _HANG_LINE = "trainstack hang report: no rank made progress for"
 _JOB_HEADER = "=== trainstack job "  # the batch script's first line of each attempt in the combined log
 _SRUN_EXIT = re.compile(r"^srun: error: (?P<host>\S+): tasks? (?P<task>\d+)(?:-\d+)?: "
@@ -68,6 +70,10 @@ _HINTS = {
     "cuda error": ["a requeued attempt leaves the host out (--requeue); `trainstack doctor` on that node",
                    "if it follows the job to every host, it is the program: CUDA_LAUNCH_BLOCKING=1 finds the kernel"],
     "node failure": ["--requeue runs the job again; Slurm drains the failed node (sinfo -R shows why)"],
+    "nccl transport": ["`trainstack doctor --nccl-transport KIND` on the host named here says what is missing",
+                       "in a container: the image needs the RDMA user space (the trainstack images carry it) and the "
+                       "runtime must bring /dev/infiniband and the site's network plugin (docs/how-to/containers.md)",
+                       "NCCL's own init lines: nccl.HOST.PID.log in the log folder"],
     "preempted": ["with --requeue the job continues from its checkpoint"],
     "exited": ["a program that exits with an error status on its own fails the same way again: fix it, then "
                "resume='auto' (--retry-on exited retries it)", "the rank's own log: trainstack logs JOB --rank N"],
@@ -301,6 +307,9 @@ def _first_failure(ev: Evidence, folder: Path | None) -> Verdict | None:
     host = _host(ev, rank, folder)
     where = f" on rank {rank}" + (f" ({host})" if host else "") if rank is not None else ""
     text = f"{kind_line}{': ' + message if message else ''}"
+    transport = _transport_failure(ev, folder, kind_line, message)
+    if transport is not None:
+        return Verdict("nccl transport", f"{transport[:400]}{where}", rank, host, [text[:300], frame])
     if _CUDA_OOM.search(kind_line) or _CUDA_OOM.search(message):
         return Verdict("cuda out-of-memory", f"CUDA out of memory{where}", rank, host, [text, frame])
     if _CUDA_FAULT.search(message):
@@ -311,6 +320,19 @@ def _first_failure(ev: Evidence, folder: Path | None) -> Verdict | None:
     others = sorted(r for r in errors if r != rank and r is not None)
     cascade = f"; ranks {', '.join(map(str, others))} failed after it" if others else ""
     return Verdict("python error", f"{text[:200]}{where} at {frame}{cascade}", rank, host, [text, frame])
+
+
+def _transport_failure(ev: Evidence, folder: Path | None, kind_line: str, message: str) -> str | None:
+    """A required NCCL transport that was missing: trainstack's own check said so (TransportError), or NCCL failed
+    on the NCCL_NET it was given -- the reason then comes from NCCL's init lines in the log folder."""
+    if kind_line.split(".")[-1] == "TransportError":
+        return message
+    found = _NCCL_NOT_FOUND.search(f"{message}\n{ev.combined}")
+    required = _transport.by_network(found["net"]) if found else None
+    if required is None:
+        return None
+    files = [p for p in folder.parent.glob("nccl.*.log") if _newer(p, ev.since)] if folder is not None else []
+    return _transport.judge(required.name, _transport.read_init_files(files, extra=f"{message}\n{ev.combined}"))
 
 
 def _is_collective(kind_line: str, message: str) -> bool:
