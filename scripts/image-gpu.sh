@@ -26,10 +26,9 @@ image_checks "$IMAGE"
 
 log "sizes"
 "$DOCKER" history --format '{{.Size}}\t{{.CreatedBy}}' "$IMAGE" | awk -F'\t' '$1 !~ /^0B$/ {print $1 "\t" substr($2, 1, 110)}'
-# shellcheck disable=SC2016  # expanded inside the container
-parts=$("$DOCKER" run --rm --network none "$IMAGE" bash -c \
-  'du -sm /opt/venv /opt/venv/lib/python3*/site-packages/nvidia /opt/venv/lib/python3*/site-packages/torch \
-     /opt/venv/lib/python3*/site-packages/triton 2>/dev/null | awk "{print \$1}" | paste -sd" "')
+# shellcheck disable=SC2016  # expanded inside the container (one du each: du -s counts a folder once)
+parts=$("$DOCKER" run --rm --network none "$IMAGE" bash -c 'cd /opt/venv/lib/python3*/site-packages &&
+  for d in /opt/venv nvidia torch triton; do du -sm "$d" | cut -f1; done | paste -sd" "')
 read -r VENV_MB NVIDIA_MB TORCH_MB TRITON_MB <<<"$parts"
 BASE_MB=$(( $("$DOCKER" image inspect --format '{{.Size}}' "$BASE") / 1000000 ))
 CPU_MB=null

@@ -201,21 +201,21 @@ def step_env(name: str, debug_file: str, nccl_debug: str | None = None) -> dict[
 # NCCL's own lines (NCCL_DEBUG=INFO, subsystems INIT,NET), as 2.18-2.29 print them
 _USING_NETWORK = re.compile(r"NCCL INFO Using network (?P<net>.+?)\s*$")
 _NET_DEVICES = re.compile(r"NCCL INFO (?P<line>NET/(?:IB|Socket|OFI)\s*: Using .+?)\s*$")
-_NOT_FOUND = re.compile(r"NCCL WARN (?P<line>Error ?: network (?P<net>.+?) not found\.?)\s*$")
-_CAUSES = (
-    (re.compile(r"Failed to open libibverbs\.so"), "libibverbs could not be opened (the RDMA user space is missing: "
-                                                   "libibverbs1 and ibverbs-providers)"),
-    (re.compile(r"NET/IB\s*: No device found"), "NCCL found no InfiniBand/RoCE device (none on the host, or not "
-                                                "bound into the container: /dev/infiniband)"),
-    (re.compile(r"NET/Plugin\s*:.*(?:Could not find|No plugin found|cannot open shared object|returned 2)"),
+_NOT_FOUND = re.compile(r"(?P<line>Error ?: network (?P<net>.+?) not found\.?)\s*$")  # also as torch repeats it
+_CAUSES = (  # (pattern, the transports it explains, the cause in words)
+    (re.compile(r"Failed to open libibverbs\.so"), ("ib",),
+     "libibverbs could not be opened (the RDMA user space is missing: libibverbs1 and ibverbs-providers)"),
+    (re.compile(r"NET/IB\s*: No device found"), ("ib",),
+     "NCCL found no InfiniBand/RoCE device (none on the host, or not bound into the container: /dev/infiniband)"),
+    (re.compile(r"NET/Plugin\s*:.*(?:Could not find|No plugin found|cannot open shared object|returned 2)"), ("efa",),
      "NCCL's network plugin (libnccl-net*.so) was not found: the site's aws-ofi-nccl module or container hook is "
      "not loaded"),
-    (re.compile(r"NET/OFI.*(?:No eligible providers|Unable to find a protocol|fi_getinfo|OFI plugin initPlugin "
-                r"failed)"), "the aws-ofi-nccl plugin found no usable libfabric provider (efa/cxi)"),
+    (re.compile(r"NET/OFI.*(?:No eligible providers|Unable to find a protocol|fi_getinfo|initPlugin failed)"),
+     ("efa",), "the aws-ofi-nccl plugin found no usable libfabric provider (efa/cxi)"),
     (re.compile(r"NET/IB.*(?:ibv_open_device|ibv_query_port|Port \d+ is not active|link is down)", re.IGNORECASE),
-     "an RDMA device is present but unusable (port down, or no permission on /dev/infiniband)"),
+     ("ib",), "an RDMA device is present but unusable (port down, or no permission on /dev/infiniband)"),
     (re.compile(r"Bootstrap\s*: no socket interface found|NET/Socket\s*: No usable listening interface"),
-     "no socket interface matches NCCL_SOCKET_IFNAME"),
+     ("socket", "ib", "efa"), "no socket interface matches NCCL_SOCKET_IFNAME"),
 )
 
 
@@ -225,8 +225,9 @@ class NcclInit:
 
     networks: set[str] = field(default_factory=set)  # "IB", "Socket", "AWS Libfabric", ...
     devices: list[str] = field(default_factory=list)  # "NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:..."
-    causes: list[str] = field(default_factory=list)  # why a network was not available, de-duplicated
+    causes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # why a network was missing -> transports
     not_found: str | None = None  # "Error: network IB not found." (NCCL_NET named a network it does not have)
+    not_found_net: str | None = None  # "IB"
 
     def add(self, line: str) -> None:
         if m := _USING_NETWORK.search(line):
@@ -235,10 +236,13 @@ class NcclInit:
             if m["line"] not in self.devices:
                 self.devices.append(m["line"])
         elif m := _NOT_FOUND.search(line):
-            self.not_found = m["line"]
-        for pattern, cause in _CAUSES:
-            if pattern.search(line) and cause not in self.causes:
-                self.causes.append(cause)
+            self.not_found, self.not_found_net = m["line"], m["net"]
+        for pattern, transports, cause in _CAUSES:
+            if pattern.search(line):
+                self.causes[cause] = transports
+
+    def causes_for(self, name: str) -> list[str]:
+        return [cause for cause, transports in self.causes.items() if name in transports]
 
     @property
     def seen(self) -> bool:
@@ -248,8 +252,7 @@ class NcclInit:
 def read_init(lines: Iterable[str]) -> NcclInit:
     init = NcclInit()
     for line in lines:
-        if "NCCL " in line:
-            init.add(line)
+        init.add(line)
     return init
 
 
@@ -271,7 +274,11 @@ def read_init_files(paths: Iterable[Path], extra: str = "") -> NcclInit:
 def judge(name: str, init: NcclInit) -> str | None:
     """None when NCCL used the required transport; otherwise the reason, in a sentence that names the fix."""
     t = transport(name)
-    because = f": {'; '.join(init.causes)}" if init.causes else ""
+    causes = init.causes_for(t.name)
+    because = f": {'; '.join(causes)}" if causes else ""
+    if init.not_found and not t.is_network(init.not_found_net or ""):
+        return (f"NCCL transport {t.name} was required but NCCL_NET named another network (\"{init.not_found}\"). "
+                f"Fix: unset NCCL_NET; trainstack sets it to {t.nccl_net!r} for --nccl-transport {t.name}")
     if init.not_found:
         return (f"NCCL transport {t.name} was required (NCCL_NET={t.nccl_net}) and NCCL has no such network "
                 f"(\"{init.not_found}\"){because}. Fix: {t.fix}")

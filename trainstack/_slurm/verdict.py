@@ -327,12 +327,13 @@ def _transport_failure(ev: Evidence, folder: Path | None, kind_line: str, messag
     on the NCCL_NET it was given -- the reason then comes from NCCL's init lines in the log folder."""
     if kind_line.split(".")[-1] == "TransportError":
         return message
-    found = _NCCL_NOT_FOUND.search(f"{message}\n{ev.combined}")
+    said = "\n".join([message, ev.combined, *ev.texts.values()])
+    found = _NCCL_NOT_FOUND.search(said)
     required = _transport.by_network(found["net"]) if found else None
     if required is None:
         return None
     files = [p for p in folder.parent.glob("nccl.*.log") if _newer(p, ev.since)] if folder is not None else []
-    return _transport.judge(required.name, _transport.read_init_files(files, extra=f"{message}\n{ev.combined}"))
+    return _transport.judge(required.name, _transport.read_init_files(files, extra=said))
 
 
 def _is_collective(kind_line: str, message: str) -> bool:
