@@ -77,7 +77,7 @@ if [[ -n ${SLURM_CONF:-} ]] && command -v sbatch >/dev/null && scontrol ping >/d
   first=$(slurm_run torchrun 2 first)
   second=$(slurm_run srun 4 second)
   SLURM_S=$(since "$T0")
-  grep -Eq "Continuing at +epoch 2" <<<"$second" || { echo "$second"; fail "the srun job did not resume the torchrun job's checkpoint"; }
+  grep -Eq "Continuing at +=? *epoch 2" <<<"$second" || { echo "$second"; fail "the srun job did not resume the torchrun job's checkpoint"; }
   grep -q '"end_epoch": 4' <<<"$second" || { echo "$second"; fail "the resumed job did not finish epoch 4"; }
   python3 - "$job/records" <<'PY' || { echo "$first"; echo "$second"; fail "a process ran outside the image"; }
 import json, sys

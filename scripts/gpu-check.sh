@@ -12,7 +12,7 @@
 # bench (bench/gpu.py: steps/s vs a raw loop and peers, syncs/step, memory, start-up) and an fp8 probe. Packages the machine lacks
 # travel as wheels in WHEELS (default .whl) and AO_WHEELS (torchao versions), `make gpu-wheels` fills both; they
 # are installed to private folders first. GPU_CHECK_PARTS=facts,fp8,... runs only the parts so named.
-# shellcheck disable=SC2317  # facts and fp8_probe run through `timeout bash -c` (exported functions)
+# shellcheck disable=SC2317,SC2329  # facts and fp8_probe run through `timeout bash -c` (exported functions)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 export PY=${PYTHON:-python3}

@@ -23,8 +23,8 @@ from pathlib import Path
 from .errors import LaunchError
 
 __all__ = ["Transport", "TRANSPORTS", "TransportError", "NcclInit", "transport", "missing_libraries", "preflight",
-           "step_env", "read_init", "read_init_files", "judge", "match_ifname", "by_network", "own_debug_files", "check_before_init",
-           "confirm_after_init", "REQUIRED_ENV"]
+           "step_env", "read_init", "read_init_files", "judge", "match_ifname", "by_network", "own_debug_files",
+           "check_before_init", "confirm_after_init", "REQUIRED_ENV"]
 
 #: The variable a generated script sets to the required transport; the runtime checks it before NCCL starts.
 REQUIRED_ENV = "TRAINSTACK_NCCL_TRANSPORT"
@@ -133,9 +133,12 @@ def rdma_ports(root: str = "/") -> list[Port]:
     out = []
     for dev in sorted(Path(root, "sys/class/infiniband").glob("*")):
         for port in sorted((dev / "ports").glob("*")):
-            read = (lambda name, p=port: (p / name).read_text().strip() if (p / name).is_file() else "?")
-            out.append(Port(dev.name, port.name, read("state"), read("link_layer")))
+            out.append(Port(dev.name, port.name, _read(port / "state"), _read(port / "link_layer")))
     return out
+
+
+def _read(path: Path) -> str:
+    return path.read_text().strip() if path.is_file() else "?"
 
 
 def _is_efa(device: str, root: str) -> bool:
