@@ -5,7 +5,7 @@ user space, a device not bound in, a hook not loaded), NCCL quietly uses TCP soc
 slower with no error. A required transport closes that door twice: ``NCCL_NET`` names the network, so NCCL itself
 fails ("Error: network IB not found.") instead of falling back, and a pre-flight check of this host says *why* before
 the process group starts (the library that does not load, the port that is down). After NCCL's init its own INFO
-lines say which network it chose; :func:`read_init` reads them and :func:`judge` turns them into the reason.
+lines say which network it chose; `read_init` reads them and `judge` turns them into the reason.
 
 Torch-free: the generated scripts, ``trainstack doctor``, ``why`` and the runtime all use it.
 """
@@ -308,7 +308,7 @@ def own_debug_files(env: Mapping[str, str] | None = None, pid: int | None = None
 
 def check_before_init(env: Mapping[str, str] | None = None, root: str = "/") -> str | None:
     """The required transport (``TRAINSTACK_NCCL_TRANSPORT``) checked on this host before NCCL starts: raises
-    :class:`TransportError` naming what is missing; returns the transport's name (None when none is required)."""
+    ``TransportError`` naming what is missing; returns the transport's name (None when none is required)."""
     env = os.environ if env is None else env
     name = env.get(REQUIRED_ENV)
     if not name:
@@ -326,7 +326,7 @@ def check_before_init(env: Mapping[str, str] | None = None, root: str = "/") -> 
 
 def confirm_after_init(name: str, env: Mapping[str, str] | None = None, error: BaseException | None = None) -> None:
     """After NCCL's init (or its failure, ``error``): its own lines in this process's debug file must show the
-    required network; raises :class:`TransportError` with the reason otherwise."""
+    required network; raises ``TransportError`` with the reason otherwise."""
     init = read_init_files(own_debug_files(env), extra=str(error or ""))
     reason = judge(name, init)
     if reason:
