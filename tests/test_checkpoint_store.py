@@ -10,8 +10,6 @@ import os
 import re
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -19,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import torchrun_exe
+from helpers import moto_s3, torchrun_exe
 
 pytest.importorskip("s3fs")
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
@@ -27,41 +25,10 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 SCRIPT = str(Path(__file__).with_name("_store_train.py"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def _moto():
-    """moto's S3 server on a free port of 127.0.0.1: (its environment for the clients, its process)."""
-    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
-    if exe is None:
-        pytest.skip("moto[server] is not installed (pip install 'moto[server]')")
-    port = _free_port()
-    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            if time.monotonic() > deadline or proc.poll() is not None:
-                pytest.fail(f"moto_server did not start on port {port}")
-            time.sleep(0.1)
-        yield {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
-               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}, proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 @pytest.fixture(scope="module")
 def s3_server():
     """moto's S3 server for this module; its environment for the clients."""
-    with _moto() as (env, _):
+    with moto_s3() as (env, _):
         yield env
 
 
@@ -253,7 +220,7 @@ def test_a_store_that_stops_answering_never_stops_training(run_py, tmp_path, mon
     skipped, each said -- and the end waits a bounded time for the last upload, said; exit 0."""
     import s3fs
 
-    with _moto() as (env, server):
+    with moto_s3() as (env, server):
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         s3fs.S3FileSystem(skip_instance_cache=True).mkdir("frozen")

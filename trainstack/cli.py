@@ -334,7 +334,8 @@ def _task_table(spec: LaunchSpec, done: list[int]) -> str:
 def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool, submission: str | None) -> None:
     """State, nodes, elapsed time, restarts, progress/ETA and the last metric line of jobs (one row per array
     task); without JOBID, your queued and running jobs and the last jobs trainstack submitted. Works without Slurm
-    accounting."""
+    accounting. A run's checkpoint store URL (s3://bucket/run) shows the run's attempts across clusters: where each
+    ran, from which step, and which guarantee held."""
     import json
 
     from ._slurm.status import format_table, job_status, my_jobs, slurm_problem
@@ -344,6 +345,15 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool, 
 
         click.echo(json.dumps({"job": find_submission(submission)}))
         return
+    stores = [j for j in job_ids if "://" in j]
+    if stores:  # a run's checkpoint store: the run across clusters, one line per attempt
+        from ._lease import describe
+
+        for url in stores:
+            click.echo("\n".join(describe(url)))
+        job_ids = tuple(j for j in job_ids if "://" not in j)
+        if not job_ids:
+            return
 
     rows = [row for job_id in job_ids for row in job_status(job_id)] if job_ids else my_jobs(limit)
     if as_json:

@@ -33,6 +33,7 @@ from typing import Any
 
 from .. import _envvars as envvars
 from .._files import temp_path, url_scheme
+from .._lease import Lease, StaleLease, history, in_lineage
 from ..errors import CheckpointError, ConfigError
 from .retention import rotate
 
@@ -143,7 +144,9 @@ class Store:
 
     # ------------------------------------------------------------------ listing
     def committed(self) -> list[tuple[tuple[int, int], str]]:
-        """Committed periodic checkpoints as ``((step, epoch), name)``, oldest first."""
+        """Committed periodic checkpoints of the run's one lineage as ``((step, epoch), name)``, oldest first: a
+        marker a writer wrote after another attempt took the run over (its lease epoch older than a later epoch that
+        starts before its step) is passed over."""
         self.fs.invalidate_cache(self.root)
         try:
             entries = self.fs.ls(self.root, detail=False)
@@ -157,7 +160,25 @@ class Store:
                 m = _NAME.match(name)
                 if m:
                     found.append(((int(m.group(2)), int(m.group(1))), name))
+        epochs = history(self.fs, self.root)
+        later = [e for e in epochs if e["epoch"] > 1]
+        if later:  # only markers past the earliest takeover can be outside the lineage: read just those
+            cut = min(e.get("base_step") or 0 for e in later)
+            found = [(key, name) for key, name in found
+                     if key[0] <= cut or in_lineage(key[0], self._epoch_of(name), epochs)]
         return sorted(found)
+
+    def _epoch_of(self, name: str) -> int | None:
+        try:
+            epoch = self.manifest(name).get("epoch")
+        except (CheckpointError, ValueError):
+            return None
+        return epoch if isinstance(epoch, int) else None
+
+    def lease(self, holder: dict[str, Any]) -> Lease:
+        """This run's single-writer lease in the store (``ConfigError`` where the store has no conditional writes
+        trainstack knows)."""
+        return Lease(self.fs, self.root, self.url, holder)
 
     def newest(self) -> tuple[int, str] | None:
         """(step, name) of the newest committed checkpoint, or None."""
@@ -172,8 +193,9 @@ class Store:
                 from None
 
     # ------------------------------------------------------------------ writing
-    def upload(self, local: Path) -> None:
-        """Upload the committed local checkpoint ``local`` (a file or a sharded folder), then its marker."""
+    def upload(self, local: Path, lease: Lease | None = None) -> None:
+        """Upload the committed local checkpoint ``local`` (a file or a sharded folder), then its marker -- only while
+        ``lease`` still holds the run (``StaleLease`` otherwise, nothing committed); the marker carries its epoch."""
         name = local.name
         files = sorted(p for p in local.rglob("*") if p.is_file()) if local.is_dir() else [local]
         objects = {("" if p == local else p.relative_to(local).as_posix()): p.stat().st_size for p in files}
@@ -187,7 +209,10 @@ class Store:
             self.fs.put([str(p) for p in files], [posixpath.join(target, rel) for rel in objects])
         else:
             self.fs.put_file(str(local), target)
-        manifest = {"name": name, "objects": objects, "sharded": local.is_dir(), "committed_at": time.time()}
+        manifest = {"name": name, "objects": objects, "sharded": local.is_dir(), "committed_at": time.time(),
+                    "epoch": lease.epoch if lease is not None else None}
+        if lease is not None:
+            lease.check()
         self.fs.pipe_file(marker, json.dumps(manifest).encode())
 
     def remove(self, name: str) -> None:
@@ -312,8 +337,10 @@ class Uploads:
     upload is said (the local copy stays committed) and the next save uploads again; the end of a run waits a
     bounded time for the last one."""
 
-    def __init__(self, store: Store, keep_last: int | None, say: Callable[[str], None]) -> None:
-        self.store, self.keep_last, self._say = store, keep_last, say
+    def __init__(self, store: Store, keep_last: int | None, say: Callable[[str], None],
+                 lease: Lease | None = None) -> None:
+        self.store, self.keep_last, self._say, self.lease = store, keep_last, say, lease
+        self.stale: str | None = None  # another attempt took the run over: why this writer stopped committing
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.in_flight: str | None = None  # the checkpoint being uploaded
@@ -331,7 +358,9 @@ class Uploads:
 
     def submit(self, local: Path) -> None:
         """Upload ``local`` in the background; while an upload runs, it waits in the slot (a newer save replaces
-        it there, said)."""
+        it there, said). Raises ``StaleLease`` once another attempt has taken the run over: this one stops."""
+        if self.stale is not None:
+            raise StaleLease(self.stale)
         with self._lock:
             if self.in_flight is not None:
                 if self.pending is not None:
@@ -357,8 +386,12 @@ class Uploads:
     def _upload(self, local: Path) -> None:
         start = time.perf_counter()
         try:
-            self.store.upload(local)
+            self.store.upload(local, self.lease)
             self.store.rotate(self.keep_last)
+        except StaleLease as exc:
+            self.stale = str(exc)
+            self._say(f"trainstack: ERROR: {local.name} is NOT committed to {self.store.url}: {exc}")
+            return
         except Exception as exc:  # noqa: BLE001 -- any client's error: said, training goes on
             self.failed = f"{type(exc).__name__}: {self.store.masked(str(exc))}"
             self._say(f"trainstack: WARNING: could not upload checkpoint {local.name} to {self.store.url}: "

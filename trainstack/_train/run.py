@@ -157,7 +157,7 @@ class Run:
         check_exportable(cfg.export_final_model, trainer.model)
         kept = periodic_kept(cfg, trainer.callbacks.callbacks)
         self.store, self.uploads = runstore.open_store(cfg, self.path, acc.is_main_process, kept,
-                                                       trainer.console_print)
+                                                       trainer.console_print, acc.world_size)
         if self.uploads is not None:  # the newest committed checkpoint reaches the store, even after a failure
             self.releases.callback(lambda up: runstore.finish_uploads(up, self.failed, trainer.console_print),
                                    self.uploads)

@@ -10,7 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import _lease
 from ..checkpoint import Checkpointer, CheckpointError, Store, Uploads, remove_checkpoint, step_of
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -18,16 +20,61 @@ if TYPE_CHECKING:
 __all__ = ["open_store", "pull_newer", "finish_uploads"]
 
 
-def open_store(config: TrainConfig, path: Path, is_main: bool, kept: int | None, say: Callable[[str], None]
-               ) -> tuple[Store | None, Uploads | None]:
+def open_store(config: TrainConfig, path: Path, is_main: bool, kept: int | None, say: Callable[[str], None],
+               world_size: int = 1) -> tuple[Store | None, Uploads | None]:
     """The run's store (its own prefix with ``create_subfolder_per_run``), checked reachable and writable on every
-    rank before training; rank 0 uploads."""
+    rank before training; rank 0 takes the run's single-writer lease there (``trainstack._lease``) and uploads."""
     if config.checkpoint_store is None:
         return None, None
     url = config.checkpoint_store.rstrip("/") + (f"/{path.name}" if config.create_subfolder_per_run else "")
     store = Store(url)
     store.check()
-    return store, Uploads(store, kept, say) if is_main else None
+    if not is_main:
+        return store, None
+    return store, Uploads(store, kept, say, take_lease(store, world_size, say))
+
+
+def take_lease(store: Store, world_size: int, say: Callable[[str], None]) -> _lease.Lease | None:
+    """Become the run's one writer, starting its lineage at the store's newest committed checkpoint, and say what
+    this attempt keeps from the one before (the portability contract). A store without conditional writes has no
+    lease: said, or refused where one is required (``TRAINSTACK_LEASE=required``: runs that move between clusters)."""
+    import os
+
+    try:
+        lease = store.lease(_lease.holder_here())
+    except ConfigError as exc:
+        if os.environ.get("TRAINSTACK_LEASE") == "required":
+            raise
+        say(f"trainstack: note: {exc} Checkpoints are committed without a lease (one writer per run unchecked).")
+        return None
+    newest = store.newest()
+    before = _lease.attempts(store.fs, store.root)
+    now = fingerprint(world_size)
+    epoch = lease.take(newest[0] if newest else None, now)
+    previous = before[-1] if before else None
+    where = f" after {previous.get('cluster')} job {previous.get('job')}" if previous else ""
+    say(f"trainstack: this attempt writes {store.url} as epoch {epoch}{where}: "
+        f"{_lease.portability(previous.get('fingerprint') if previous else None, now)}.")
+    return lease
+
+
+def fingerprint(world_size: int) -> dict[str, object]:
+    """What bitwise equality across attempts depends on: the GPU model, driver, CUDA, NCCL, torch and layout."""
+    import os
+
+    import torch
+
+    cuda = torch.cuda.is_available()
+    driver = None
+    if cuda:
+        try:
+            driver = torch.cuda.get_device_properties(0).name and str(torch._C._cuda_getDriverVersion())
+        except Exception:  # noqa: BLE001 -- private API, best effort
+            driver = None
+    nodes = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or "1"
+    return {"gpu": torch.cuda.get_device_name(0) if cuda else "cpu", "driver": driver,
+            "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+            "torch": torch.__version__, "world_size": world_size, "layout": f"{nodes} node(s), {world_size} process(es)"}
 
 
 def pull_newer(store: Store, checkpointer: Checkpointer, is_main: bool, say: Callable[[str], None]) -> None:

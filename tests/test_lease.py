@@ -1,0 +1,180 @@
+"""One writer per run (issue 55): the lease taken with a real S3-compatible server's conditional writes (moto's server
+mode on 127.0.0.1) and with a lock on a local folder; a race of many takers gives each its own epoch; a writer that
+lost the lease commits nothing; two training runs on one store (a split brain) end with one committed lineage; each
+attempt says what it keeps from the one before."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, moto_s3
+
+from trainstack import _lease
+from trainstack.errors import ConfigError
+
+pytest.importorskip("s3fs")
+pytestmark = [pytest.mark.timeout(300)]
+SCRIPT = str(Path(__file__).with_name("_store_train.py"))
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    with moto_s3() as (env, _):
+        yield env
+
+
+@pytest.fixture
+def bucket(s3_server, monkeypatch):
+    for key, value in s3_server.items():
+        monkeypatch.setenv(key, value)
+    import s3fs
+
+    name = f"ts-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem(skip_instance_cache=True).mkdir(name)
+    return name
+
+
+def _store(url: str):
+    from trainstack._checkpoint.store import Store
+
+    return Store(url)
+
+
+@pytest.fixture(params=["s3", "local"])
+def url(request, tmp_path):
+    if request.param == "s3":
+        return f"s3://{request.getfixturevalue('bucket')}/runs/r1"
+    return str(tmp_path / "store")
+
+
+def test_a_second_attempt_takes_over_and_the_first_may_not_commit(url):
+    a = _store(url).lease({"cluster": "alpha", "job": "11", "host": "a1"})
+    assert a.take(None, {"gpu": "cpu"}) == 1
+    a.check()
+    b = _store(url).lease({"cluster": "beta", "job": "907", "host": "b3"})
+    assert b.take(8) == 2
+    b.check()
+    with pytest.raises(_lease.StaleLease, match=r"held at epoch 2 by beta job 907 on b3, and this writer holds "
+                                                r"epoch 1\. It stops without committing"):
+        a.check()
+    store = _store(url)
+    epochs = _lease.history(store.fs, store.root)
+    assert [(e["epoch"], e["cluster"], e["base_step"]) for e in epochs] == [(1, "alpha", None), (2, "beta", 8)]
+    assert [r["epoch"] for r in _lease.attempts(store.fs, store.root)] == [1, 2]
+
+
+def test_many_takers_at_once_each_get_their_own_epoch(url):
+    """The conditional write is what makes this hold: a read-then-write without it hands one epoch out twice."""
+    got: list[int] = []
+
+    def take(i: int) -> None:
+        got.append(_store(url).lease({"cluster": f"c{i}", "host": "h"}).take(None, tries=50))
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(got) == [1, 2, 3, 4, 5, 6]
+    store = _store(url)
+    assert [e["epoch"] for e in _lease.history(store.fs, store.root)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_store_without_conditional_writes_is_refused_for_a_lease(monkeypatch):
+    from trainstack._train.runstore import take_lease
+
+    store = _store("memory://ts-lease-test/run")
+    with pytest.raises(ConfigError, match=r"knows no conditional write for memory://.*cannot keep one writer"):
+        store.lease({"cluster": "x"})
+    said: list[str] = []
+    assert take_lease(store, 1, said.append) is None and "committed without a lease" in said[0]
+    monkeypatch.setenv("TRAINSTACK_LEASE", "required")
+    with pytest.raises(ConfigError, match="memory://"):
+        take_lease(store, 1, said.append)
+
+
+def _marker(store, name: str, epoch: int | None) -> None:
+    store.fs.pipe_file(store._path(name), b"x")
+    store.fs.pipe_file(store._path(name + ".committed"), json.dumps(
+        {"name": name, "objects": {"": 1}, "sharded": False, "epoch": epoch}).encode())
+
+
+def test_markers_a_stale_writer_slipped_in_are_outside_the_lineage(url):
+    """The instant between a writer's check and its marker: that marker is passed over by every reader."""
+    store = _store(url)
+    a = store.lease({"cluster": "alpha"})
+    a.take(None)
+    for step in (4, 8):
+        _marker(store, f"ckpt-e00001-s{step:09d}.pt", 1)
+    b = store.lease({"cluster": "beta"})
+    b.take(8)  # beta resumes from step 8
+    _marker(store, "ckpt-e00001-s000000012.pt", 1)  # alpha's, after beta took over
+    _marker(store, "ckpt-e00001-s000000016.pt", 2)  # beta's own
+    names = [name for _, name in store.committed()]
+    assert names == ["ckpt-e00001-s000000004.pt", "ckpt-e00001-s000000008.pt", "ckpt-e00001-s000000016.pt"]
+    assert store.newest() == (16, "ckpt-e00001-s000000016.pt")
+    assert _lease.in_lineage(12, None, _lease.history(store.fs, store.root)) is False  # no epoch: from before
+
+
+def _train(out: Path, store: str, cluster: str, **env: object) -> subprocess.Popen:
+    """One training attempt of the run (tests/_store_train.py on one process), as if on cluster ``cluster``."""
+    full = {**os.environ, "STORE": store, "TRAINSTACK_CLUSTER": cluster, "PYTHONPATH": str(ROOT),
+            "RANK": "0", **{k: str(v) for k, v in env.items()}}
+    return subprocess.Popen([sys.executable, SCRIPT, str(out)], env=full, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def test_two_clusters_running_one_run_end_with_one_lineage_and_the_stale_writer_named(bucket, tmp_path):
+    """A split brain: alpha trains slowly; beta starts the same run from the store and takes it over; alpha's next
+    commit is refused and it stops, naming beta; the store's lineage is alpha's up to beta's start, then beta's."""
+    url = f"s3://{bucket}/split"
+    alpha = _train(tmp_path / "alpha", url, "alpha", STEPS=40, EVERY=2, STEP_SLEEP=0.25)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(step >= 4 for (step, _), _ in _store(url).committed()):
+            time.sleep(0.2)
+        beta = _train(tmp_path / "beta", url, "beta", STEPS=16, EVERY=2, STEP_SLEEP=0.05)
+        beta_out, _ = beta.communicate(timeout=180)
+        assert beta.returncode == 0, beta_out[-3000:]
+        alpha_out, _ = alpha.communicate(timeout=180)
+    finally:
+        for proc in (alpha,):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert alpha.returncode != 0, alpha_out[-3000:]
+    assert "another attempt took this run over" in alpha_out and "by beta" in alpha_out, alpha_out[-3000:]
+    assert "this attempt writes" in beta_out and "as epoch 2 after alpha" in beta_out
+    assert "bitwise equality held (same GPU model, driver, CUDA, NCCL, torch and layout)" in beta_out
+    store = _store(url)
+    epochs = _lease.history(store.fs, store.root)
+    base = epochs[-1]["base_step"]
+    assert [e["cluster"] for e in epochs] == ["alpha", "beta"] and base >= 4
+    lineage = store.committed()
+    assert lineage[-1][0][0] > base and store.manifest(lineage[-1][1])["epoch"] == 2  # beta's is the newest
+    for (step, _), name in lineage:
+        epoch = store.manifest(name).get("epoch")
+        assert (epoch == 1 and step <= base) or epoch == 2, (name, epoch, base)
+    lines = _lease.describe(url)
+    assert lines[0].endswith("2 attempt(s); the writer now is epoch 2 (beta on " + epochs[-1]["host"] + ")")
+    assert "epoch 1: alpha" in lines[1] and "fresh" in lines[1]
+    assert "epoch 2: beta" in lines[2] and f"from step {base}" in lines[2]
+
+
+def test_the_portability_contract_names_what_changed():
+    same = {"gpu": "NVIDIA H100 80GB HBM3", "driver": "580", "cuda": "13.0", "nccl": "2.29.7", "torch": "2.13.0",
+            "world_size": 16, "layout": "2 node(s), 16 process(es)"}
+    assert "bitwise equality held" in _lease.portability(same, dict(same))
+    moved = {**same, "gpu": "NVIDIA A100-SXM4-80GB", "world_size": 8, "layout": "1 node(s), 8 process(es)"}
+    said = _lease.portability(same, moved)
+    assert said.startswith("exact data position and optimizer state hold; bitwise equality NOT guaranteed: ")
+    assert "gpu NVIDIA H100 80GB HBM3 -> NVIDIA A100-SXM4-80GB" in said and "world_size 16 -> 8" in said
+    assert _lease.portability(None, same) == "first attempt of this run"
