@@ -4,9 +4,21 @@
 # spares is node1-3 (a spare node for in-allocation recovery).
 # Facts and settings: ../shared/docs/hpc.md (e). Needs root and Debian's slurm-wlm + munge.
 # Usage: scripts/slurm-local.sh up|down|status|env
+# A second, independent cluster beside it (another ClusterName, state folder, ports and node names; the same munge):
+#   TRAINSTACK_SLURM_CLUSTER=beta scripts/slurm-local.sh up   -> /tmp/trainstack-slurm-beta, nodes beta1-beta2
 set -euo pipefail
 
-STATE_DIR="${TRAINSTACK_SLURM_DIR:-/tmp/trainstack-slurm}"
+CLUSTER="${TRAINSTACK_SLURM_CLUSTER:-trainstack}"
+if [[ $CLUSTER == trainstack ]]; then
+  DEFAULT_DIR=/tmp/trainstack-slurm; N=node; CTLD=26817; SLURMD=26818; NODE_PORT=27001; FULL=1
+else
+  [[ $CLUSTER =~ ^[a-z][a-z0-9]{0,9}$ ]] || { echo "slurm-local: TRAINSTACK_SLURM_CLUSTER=$CLUSTER: lower-case letters and digits, at most 10" >&2; exit 1; }
+  # ports from the name, away from the first cluster's
+  off=$(( ($(printf '%s' "$CLUSTER" | cksum | cut -d' ' -f1) % 40 + 1) * 20 ))
+  DEFAULT_DIR=/tmp/trainstack-slurm-$CLUSTER; N=$CLUSTER; CTLD=$((26817 + off)); SLURMD=$((26818 + off))
+  NODE_PORT=$((27001 + off)); FULL=0
+fi
+STATE_DIR="${TRAINSTACK_SLURM_DIR:-$DEFAULT_DIR}"
 CONF="$STATE_DIR/slurm.conf"
 CPUS="${TRAINSTACK_SLURM_CPUS:-$(nproc)}"
 # Each fake node advertises all host cores: 2 nodes x 2 tasks need 2 CPUs per node.
@@ -17,12 +29,12 @@ die() { echo "slurm-local: $*" >&2; exit 1; }
 write_conf() {
   mkdir -p "$STATE_DIR/state" "$STATE_DIR/spool" "$STATE_DIR/log"
   cat > "$CONF" <<CONF
-ClusterName=trainstack
+ClusterName=$CLUSTER
 SlurmctldHost=localhost
 SlurmUser=root
 SlurmdUser=root
-SlurmctldPort=26817
-SlurmdPort=26818
+SlurmctldPort=$CTLD
+SlurmdPort=$SLURMD
 AuthType=auth/munge
 StateSaveLocation=$STATE_DIR/state
 SlurmdSpoolDir=$STATE_DIR/spool/%n
@@ -47,22 +59,28 @@ SlurmdTimeout=30
 # ended jobs leave slurmctld quickly, as on a busy cluster: trainstack status must fall back to the job folder
 MinJobAge=10
 GresTypes=gpu
-NodeName=node[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[27001-27002] CPUs=$CPUS RealMemory=4000 Gres=gpu:2 State=UNKNOWN
+NodeName=${N}[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$NODE_PORT-$((NODE_PORT + 1))] CPUs=$CPUS RealMemory=4000 Gres=gpu:2 State=UNKNOWN
+PartitionName=debug Nodes=${N}[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+CONF
+  if [[ $FULL == 1 ]]; then cat >> "$CONF" <<CONF
 NodeName=node3 NodeHostname=localhost NodeAddr=127.0.0.1 Port=27003 CPUs=$CPUS RealMemory=4000 State=UNKNOWN
-PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 PartitionName=cpuonly Nodes=node3 MaxTime=INFINITE State=UP OverSubscribe=NO
 PartitionName=spares Nodes=node[1-3] MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
+  fi
   # Fake GPUs: Slurm fills CUDA_VISIBLE_DEVICES/SLURM_GPUS_ON_NODE as on a real GPU node.
   cat > "$STATE_DIR/gres.conf" <<CONF
 AutoDetect=off
-NodeName=node[1-2] Name=gpu File=/dev/tty[1-2]
+NodeName=${N}[1-2] Name=gpu File=/dev/tty[1-2]
 CONF
 }
 
 ensure_hosts() {
   # MASTER_ADDR=node1 must resolve on every "node".
   grep -qE '^127\.0\.0\.1[[:space:]].*\bnode3\b' /etc/hosts || echo "127.0.0.1 node1 node2 node3" >> /etc/hosts
+  if [[ $FULL == 0 ]]; then
+    grep -qE "^127\.0\.0\.1[[:space:]].*\b${N}2\b" /etc/hosts || echo "127.0.0.1 ${N}1 ${N}2" >> /etc/hosts
+  fi
 }
 
 start_munge() {
@@ -96,9 +114,9 @@ up() {
   ensure_hosts
   start_munge
   slurmctld -f "$CONF"
-  slurmd -f "$CONF" -N node1
-  slurmd -f "$CONF" -N node2
-  slurmd -f "$CONF" -N node3
+  slurmd -f "$CONF" -N "${N}1"
+  slurmd -f "$CONF" -N "${N}2"
+  if [[ $FULL == 1 ]]; then slurmd -f "$CONF" -N node3; fi
   wait_idle
   echo "slurm-local: up. Use: export SLURM_CONF=$CONF"
 }

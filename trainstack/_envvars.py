@@ -77,6 +77,14 @@ VARIABLES: tuple[Variable, ...] = (
              "Seconds one checkpoint-store request may take (S3's read timeout; the reachability check at start), "
              "default 60; the end of a run waits five times that for its last upload. Training never waits for "
              "the store."),
+    Variable("TRAINSTACK_CHECKPOINT_STORE", "trainstack",
+             "A run across clusters (trainstack submit --cluster ... --store URL): the run's checkpoint store, used "
+             "as TrainConfig.checkpoint_store (which must be unset or the same; resume='auto')."),
+    Variable("TRAINSTACK_LEASE", "trainstack",
+             "required: a checkpoint store without conditional writes is refused (runs across clusters set it); "
+             "otherwise such a store commits without the single-writer lease, said once."),
+    Variable("TRAINSTACK_CLUSTER", "trainstack",
+             "The cluster an attempt runs on, as the run's records name it (default: SLURM_CLUSTER_NAME)."),
     Variable("TRAINSTACK_PIN_MEMORY", "you", "0 turns off pinned host memory for prepared loaders on CUDA."),
     Variable("TRAINSTACK_FAST_TENSOR_PATH", "you",
              "0 turns off the whole-batch indexing of in-memory TensorDatasets (identical batches either way)."),
@@ -145,6 +153,7 @@ REMOTE_SIDE = "TRAINSTACK_REMOTE_SIDE"
 MEMORY_DIR, NODE_NAME = "TRAINSTACK_MEMORY_DIR", "TRAINSTACK_NODE_NAME"
 STRAGGLER_RATIO = "TRAINSTACK_STRAGGLER_RATIO"
 STORE_TIMEOUT = "TRAINSTACK_STORE_TIMEOUT"
+CHECKPOINT_STORE, LEASE, CLUSTER = "TRAINSTACK_CHECKPOINT_STORE", "TRAINSTACK_LEASE", "TRAINSTACK_CLUSTER"
 ATTEMPT, STEP, PLANNED_WORLD = "TRAINSTACK_ATTEMPT", "TRAINSTACK_STEP", "TRAINSTACK_PLANNED_WORLD"
 assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PRELOAD, START_METHOD, PIN_MEMORY,
                                          FAST_TENSOR_PATH, PROGRESS, STOP_SIGNALS, STOP_FILE, NPROCS, COMPUTE_SETUP,
@@ -152,7 +161,8 @@ assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PREL
                                          INTERRUPT_FILE, COMPILE_CACHE, COMPILE_TIMEOUT,
                                          PEAK_TFLOPS, HOST, REMOTE_DIR, REMOTE_TRAINSTACK, SSH_CONFIG,
                                          SSH_REUSE_ONLY, REMOTE_INDEX_DIR, REMOTE_SIDE, MEMORY_DIR, NODE_NAME,
-                                         STRAGGLER_RATIO, ATTEMPT, STEP, STORE_TIMEOUT, PLANNED_WORLD))
+                                         STRAGGLER_RATIO, ATTEMPT, STEP, STORE_TIMEOUT, PLANNED_WORLD,
+                                         CHECKPOINT_STORE, LEASE, CLUSTER))
 
 
 @overload

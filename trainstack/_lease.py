@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from . import _envvars as envvars
 from .errors import CheckpointError, ConfigError
 
 __all__ = ["Lease", "StaleLease", "LeaseConflict", "history", "attempts", "in_lineage", "portability", "LEASE"]
@@ -183,7 +184,7 @@ class Lease:
 
 def holder_here(environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, Any]:
     """Who is taking the lease: the cluster, job and host (Slurm's names where they are)."""
-    return {"cluster": environ.get("SLURM_CLUSTER_NAME") or environ.get("TRAINSTACK_CLUSTER") or "local",
+    return {"cluster": environ.get(envvars.CLUSTER) or environ.get("SLURM_CLUSTER_NAME") or "local",
             "job": environ.get("SLURM_JOB_ID"), "host": socket.gethostname(), "pid": os.getpid()}
 
 

@@ -254,14 +254,31 @@ def generate(ctx: click.Context, output: str | None, force: bool, dry_run: bool,
                    "the job runs from that copy (TRAINSTACK_HOST).")
 @click.option("--remote-dir", envvar=envvars.REMOTE_DIR, default="trainstack-remote", show_default=True,
               help="With --host: the folder on the login node (relative to its home) that holds the shipped code.")
+@click.option("--cluster", "clusters", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="One run across several clusters (repeat: each a site profile -- host or slurm_conf, partition, "
+                   "nodes -- for one cluster): trainstack places the run where it starts first, follows it here, "
+                   "and moves it when it is preempted or waits while another cluster is free. Needs --store.")
+@click.option("--store", default=None, metavar="URL",
+              help="With --cluster: the run's checkpoint store, reachable from every cluster (s3://...); each "
+                   "attempt takes the run's lease there and resumes from its newest committed checkpoint.")
+@click.option("--move-cost", type=float, default=None, metavar="SECONDS",
+              help="With --cluster: what a move costs (upload, download, start-up, a cold compile cache); default: "
+                   "the run's measured moves, else 120.")
+@click.option("--test-only", is_flag=True, help="Print when a job would start ({\"start_in_s\": ...}, sbatch "
+                                                "--test-only and the partition's state); submit nothing.")
 @click.pass_context
 def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: bool, host: str | None,
-           remote_dir: str, **params: Any) -> None:
+           remote_dir: str, clusters: tuple[str, ...], store: str | None, move_cost: float | None, test_only: bool,
+           **params: Any) -> None:
     """Render, create the job folder, sbatch; print the job id, its folder and its log."""
     from ._slurm.options import load_profile
     from .submit import finished_tasks, submit_spec
 
+    if clusters:
+        sys.exit(_follow_clusters(ctx, clusters, store, move_cost))
     site = load_profile(params["profile"]) if params.get("profile") else {}  # read once, here
+    if site.get("slurm_conf") and not (host or site.get("host")):  # a second Slurm reachable from this machine
+        os.environ["SLURM_CONF"] = str(site["slurm_conf"])
     if not host and site and not os.environ.get(envvars.REMOTE_SIDE):  # a site profile may name the login node
         host = site.get("host")
         if ctx.get_parameter_source("remote_dir") is ParameterSource.DEFAULT:
@@ -273,6 +290,11 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
         sys.exit(_remote_call(lambda: submit_hosted(host, remote_dir, args, Path.cwd())))
 
     spec, templates_dir = build_spec(ctx, params, site=site)
+    if test_only:
+        from .submit import expected_start
+
+        click.echo(json.dumps(expected_start(_render(spec, templates_dir), spec.partition)))
+        return
     if dry_run:
         click.echo(_render(spec, templates_dir), nl=False)
         if spec.tasks:
@@ -322,6 +344,33 @@ def _task_table(spec: LaunchSpec, done: list[int]) -> str:
                  + (f", at most {spec.max_parallel} at once" if spec.max_parallel else "")
                  + f"; run folders under {spec.sweep_dir}")
     return "\n".join(lines)
+
+
+def _follow_clusters(ctx: click.Context, paths: tuple[str, ...], store: str | None, move_cost: float | None) -> int:
+    """``submit --cluster A --cluster B --store URL``: the follower keeps the run going across the clusters."""
+    from ._slurm.clusters import DEFAULT_MOVE_COST_S, Cluster, Follower
+    from ._slurm.hosted import forwarded_args
+    from ._slurm.options import load_profile
+
+    if store is None or "://" not in store:
+        raise click.UsageError(f"--cluster needs --store URL: the run's checkpoint store every cluster reaches "
+                               f"(got {store!r}). HINT: --store s3://bucket/runs/my-run")
+    if len(paths) < 2:
+        raise click.UsageError("--cluster names one cluster; a run across clusters needs two or more (one cluster: "
+                               "--profile)")
+    for name in ("profile", "host", "dry_run", "hold"):
+        if ctx.params.get(name):
+            raise click.UsageError(f"--{name.replace('_', '-')} does not go with --cluster: each cluster's profile "
+                                   f"names its host and options")
+    clusters = [Cluster.from_profile(p, load_profile(p)) for p in paths]
+    names = [c.name for c in clusters]
+    if len(set(names)) != len(names):
+        raise click.UsageError(f"two --cluster profiles name the same cluster ({names}): give each a `cluster` key")
+    args = forwarded_args(ctx, drop=("host", "remote_dir", "clusters", "store", "move_cost", "wait", "test_only",
+                                     "profile"))
+    follower = Follower(clusters, args[1:], store, lambda line: click.echo(line, err=True),
+                        move_cost_s=move_cost if move_cost is not None else DEFAULT_MOVE_COST_S)
+    return follower.run()
 
 
 @main.command()

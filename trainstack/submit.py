@@ -31,7 +31,7 @@ from .render import render
 
 __all__ = ["SubmitError", "SubmittedJob", "FunctionJob", "write_script", "submit", "submit_spec", "sbatch_path",
            "find_submission", "SUBMISSION_MARK",
-           "submit_function", "finished_tasks", "wait_for"]
+           "submit_function", "finished_tasks", "wait_for", "expected_start"]
 
 
 class SubmitError(TrainstackError, RuntimeError):
@@ -66,6 +66,35 @@ def sbatch_path() -> str:
         raise SubmitError("sbatch not found on PATH. HINT: run on a Slurm login node, or use `trainstack generate` "
                           "to write the script and submit it there.")
     return exe
+
+
+def expected_start(script: str, partition: str | None) -> dict[str, Any]:
+    """When a job of ``script`` would start here: ``sbatch --test-only`` (the queue and the nodes), and the
+    partition's state, which ``--test-only`` does not weigh (a partition that is down starts nothing). For a run
+    across clusters (``trainstack._slurm.clusters``): ``{"start_in_s": seconds or None, "reason": ...}``."""
+    import tempfile
+
+    from ._slurm.clusters import parse_test_only
+
+    exe = sbatch_path()
+    sinfo = shutil.which("sinfo")
+    states = subprocess.run([sinfo or "sinfo", "-h", "-o", "%P %a"], capture_output=True, text=True,
+                            timeout=60).stdout.split("\n") if sinfo else []
+    parts = {line.split()[0]: line.split()[1] for line in states if len(line.split()) == 2}
+    name = partition or next((p.rstrip("*") for p in parts if p.endswith("*")), None)
+    state = parts.get(name or "") or parts.get(f"{name}*")
+    cluster = os.environ.get("SLURM_CLUSTER_NAME")
+    if state is not None and state != "up":
+        return {"start_in_s": None, "reason": f"partition {name} is {state}", "cluster": cluster}
+    with tempfile.NamedTemporaryFile("w", suffix=".sbatch", delete=False) as fh:
+        fh.write(script)
+    try:
+        out = subprocess.run([exe, "--test-only", fh.name], capture_output=True, text=True, timeout=60)
+    finally:
+        os.unlink(fh.name)
+    said = (out.stderr + out.stdout).strip()
+    start = parse_test_only(said)
+    return {"start_in_s": start, "reason": said.splitlines()[-1] if said else "no answer", "cluster": cluster}
 
 
 def finished_tasks(spec: LaunchSpec) -> list[int]:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import _envvars as envvars
 from .. import _lease
 from ..checkpoint import Checkpointer, CheckpointError, Store, Uploads, remove_checkpoint, step_of
 from ..errors import ConfigError
@@ -43,7 +44,7 @@ def take_lease(store: Store, world_size: int, say: Callable[[str], None]) -> _le
     try:
         lease = store.lease(_lease.holder_here())
     except ConfigError as exc:
-        if os.environ.get("TRAINSTACK_LEASE") == "required":
+        if os.environ.get(envvars.LEASE) == "required":
             raise
         say(f"trainstack: note: {exc} Checkpoints are committed without a lease (one writer per run unchecked).")
         return None
@@ -68,13 +69,14 @@ def fingerprint(world_size: int) -> dict[str, object]:
     driver = None
     if cuda:
         try:
-            driver = torch.cuda.get_device_properties(0).name and str(torch._C._cuda_getDriverVersion())
+            driver = str(torch._C._cuda_getDriverVersion())
         except Exception:  # noqa: BLE001 -- private API, best effort
             driver = None
     nodes = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or "1"
     return {"gpu": torch.cuda.get_device_name(0) if cuda else "cpu", "driver": driver,
             "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
-            "torch": torch.__version__, "world_size": world_size, "layout": f"{nodes} node(s), {world_size} process(es)"}
+            "torch": torch.__version__, "world_size": world_size,
+            "layout": f"{nodes} node(s), {world_size} process(es)"}
 
 
 def pull_newer(store: Store, checkpointer: Checkpointer, is_main: bool, say: Callable[[str], None]) -> None:

@@ -1,0 +1,40 @@
+"""Where a run across clusters goes next (trainstack._slurm.clusters): the pure decisions, every case."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from trainstack._slurm.clusters import DEFAULT_MARGIN_S, choose, parse_test_only
+
+
+@pytest.mark.parametrize("starts, current, expected", [
+    ({"a": 0.0, "b": 0.0}, None, "a"),                 # first placement: the first that starts (ties: by name)
+    ({"a": 600.0, "b": 30.0}, None, "b"),              # no move yet: nothing to pay
+    ({"a": None, "b": 500.0}, None, "b"),              # a partition down
+    ({"a": None, "b": None}, None, None),              # nowhere now: wait
+    ({"a": 0.0, "b": 0.0}, "b", "b"),                  # a tie stays
+    ({"a": 0.0, "b": 100.0}, "b", "b"),                # better by 100 s, a move costs 120: stay
+    ({"a": 0.0, "b": 150.0}, "b", "b"),                # better by 150 s: within cost + margin (180): stay
+    ({"a": 0.0, "b": 250.0}, "b", "a"),                # better by 250 s: past cost + margin: move
+    ({"a": 0.0, "b": 400.0}, "b", "a"),                # better by 400 s: move
+    ({"a": 0.0, "b": None}, "b", "a"),                 # the current cluster cannot start it (blocked): move
+    ({"a": None, "b": None, "c": 10.0}, "a", "c"),
+])
+def test_choose(starts, current, expected):
+    assert choose(starts, current, move_cost_s=120.0, margin_s=DEFAULT_MARGIN_S) == expected
+
+
+def test_a_costlier_move_needs_a_bigger_win():
+    starts = {"a": 0.0, "b": 400.0}
+    assert choose(starts, "b", move_cost_s=120.0, margin_s=60.0) == "a"
+    assert choose(starts, "b", move_cost_s=600.0, margin_s=60.0) == "b"
+
+
+def test_parse_test_only():
+    now = time.mktime(time.strptime("2026-11-28T14:50:00", "%Y-%m-%dT%H:%M:%S"))
+    said = "sbatch: Job 3 to start at 2026-11-28T14:51:01 using 2 processors on nodes beta[1-2] in partition debug"
+    assert parse_test_only(said, now) == 61.0
+    assert parse_test_only("sbatch: Job 3 to start at 2026-11-28T14:40:00 using 2 processors", now) == 0.0
+    assert parse_test_only("allocation failure: Requested node configuration is not available", now) is None

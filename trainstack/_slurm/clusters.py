@@ -1,0 +1,217 @@
+"""One run across several clusters: where to run next, and the follower that keeps the run going wherever there are
+nodes (``trainstack submit --cluster a.toml --cluster b.toml --store URL``).
+
+Each cluster is a site profile (its login node as ``host``, or ``slurm_conf`` for a second Slurm on this machine;
+its partition, nodes, container, scratch). The run's single source of truth is its checkpoint store: every attempt
+takes the run's lease there and resumes from its newest committed checkpoint (``trainstack._lease``), so the jobs on
+the clusters are caches of one run. The follower runs where the user is (``submit`` without returning, or
+``--hedge``): it asks each cluster when a job would start (``sbatch --test-only``, and whether the partition is up),
+submits where the run starts first once the cost of a move is counted, and watches the job; when the job ends
+without finishing (preempted, its node lost, a time limit) or waits in a queue while another cluster would start it
+sooner by more than the move costs plus a margin, the run moves: the job is cancelled (never two writers: the lease
+would stop the older anyway) and submitted on the other cluster, which resumes at the exact sample.
+Every decision is a pure function below, unit-tested; only ``Follower`` talks to clusters (through trainstack's own
+CLI, here or over ssh). Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Cluster", "choose", "Follower", "MOVABLE", "DEFAULT_MOVE_COST_S", "DEFAULT_MARGIN_S"]
+
+#: Verdicts after which the run continues elsewhere (or here again): the job did not fail by itself.
+MOVABLE = ("preempted", "node failure", "time limit", "terminated", "unknown")
+#: A move's cost when the run has not measured one: upload + download of a checkpoint, start-up, a cold compile.
+DEFAULT_MOVE_COST_S = 120.0
+#: Hysteresis: a move must win by this much more than its cost (no flapping between two similar queues).
+DEFAULT_MARGIN_S = 60.0
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """One cluster of the run: a name, its site profile, and how to reach its Slurm (``host`` over ssh, or
+    ``slurm_conf`` on this machine)."""
+
+    name: str
+    profile: str
+    host: str | None = None
+    slurm_conf: str | None = None
+
+    @classmethod
+    def from_profile(cls, path: str, profile: dict[str, Any]) -> Cluster:
+        name = str(profile.get("cluster") or Path(path).stem)
+        return cls(name, path, profile.get("host"), profile.get("slurm_conf"))
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("TRAINSTACK_HOST", None)
+        if self.slurm_conf:
+            env["SLURM_CONF"] = self.slurm_conf
+        return env
+
+    def trainstack(self, args: Sequence[str], timeout: float = 600) -> subprocess.CompletedProcess:
+        """``trainstack ARGS`` for this cluster (``--host`` added where it has one), as a child process."""
+        host = ["--host", self.host] if self.host and args and args[0] in ("status", "cancel", "why") else []
+        return subprocess.run([sys.executable, "-m", "trainstack", *args[:1], *host, *args[1:]], env=self.env(),
+                              capture_output=True, text=True, timeout=timeout)
+
+
+def choose(starts: dict[str, float | None], current: str | None, move_cost_s: float, margin_s: float) -> str | None:
+    """Where the run should be: the cluster whose job would start first, a move counted at its cost plus a margin
+    against the cluster the run is on (``current``); None when no cluster can start it. ``starts`` maps each
+    cluster to the seconds until a job there would start (None: not now -- a partition down, no such nodes)."""
+    def cost(name: str) -> float:
+        wait = starts.get(name)
+        if wait is None:
+            return math.inf
+        return wait if name == current or current is None else wait + move_cost_s
+
+    ranked = sorted(starts, key=lambda n: (cost(n), n != current, n))
+    best = ranked[0] if ranked else None
+    if best is None or math.isinf(cost(best)):
+        return None
+    if current is not None and best != current and cost(current) - cost(best) <= margin_s \
+            and not math.isinf(cost(current)):
+        return current  # not worth moving: within the margin
+    return best
+
+
+def parse_test_only(text: str, now: float | None = None) -> float | None:
+    """Seconds until ``sbatch --test-only`` says the job would start ("sbatch: Job 3 to start at
+    2026-11-28T14:51:01 using ..."); None when it says it cannot."""
+    import re
+
+    m = re.search(r"to start at (\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})", text)
+    if not m:
+        return None
+    at = time.mktime(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S"))
+    return max(0.0, at - (time.time() if now is None else now))
+
+
+@dataclass
+class Move:
+    """One placement of the run: where, which job, when it was decided and why."""
+
+    cluster: str
+    job: str
+    decided: float
+    reason: str
+
+
+@dataclass
+class Follower:
+    """Keeps one run going across ``clusters`` until it completes or fails by itself. ``submit_args``: the submit
+    command line for one cluster (without ``--profile``), the run's store given to the job by its environment."""
+
+    clusters: list[Cluster]
+    submit_args: list[str]
+    store: str
+    say: Callable[[str], None]
+    move_cost_s: float = DEFAULT_MOVE_COST_S
+    margin_s: float = DEFAULT_MARGIN_S
+    poll_s: float = 5.0
+    max_moves: int = 20
+    moves: list[Move] = field(default_factory=list)
+
+    def _named(self, name: str) -> Cluster:
+        return next(c for c in self.clusters if c.name == name)
+
+    def expected_starts(self) -> dict[str, float | None]:
+        starts: dict[str, float | None] = {}
+        for cluster in self.clusters:
+            out = cluster.trainstack(["submit", "--profile", cluster.profile, "--test-only", *self.submit_args],
+                                     timeout=300)
+            try:
+                starts[cluster.name] = json.loads(out.stdout.strip().splitlines()[-1]).get("start_in_s")
+            except (ValueError, IndexError, AttributeError):
+                starts[cluster.name] = None
+                self.say(f"trainstack: {cluster.name}: cannot tell when a job would start there "
+                         f"({(out.stderr or out.stdout).strip().splitlines()[-1:] or ['no answer']})")
+        return starts
+
+    def _job_env(self, cluster: Cluster) -> list[str]:
+        return ["--env", f"TRAINSTACK_CHECKPOINT_STORE={self.store}", "--env", "TRAINSTACK_LEASE=required",
+                "--env", f"TRAINSTACK_CLUSTER={cluster.name}"]
+
+    def submit(self, cluster: Cluster, reason: str) -> Move:
+        args = ["submit", "--profile", cluster.profile, *self._job_env(cluster), *self.submit_args]
+        out = cluster.trainstack(args, timeout=600)
+        job = next((line.split()[1] for line in out.stdout.splitlines() if line.startswith("job ")), None)
+        if out.returncode != 0 or job is None:
+            raise RuntimeError(f"submitting on {cluster.name} failed: {(out.stderr or out.stdout).strip()[-800:]}")
+        move = Move(cluster.name, job, time.time(), reason)
+        self.moves.append(move)
+        self.say(f"trainstack: run on {cluster.name}: job {job} ({reason})")
+        return move
+
+    def state(self, move: Move) -> tuple[str, str | None]:
+        """(Slurm state, the verdict's kind once it ended) of the run's job."""
+        out = self._named(move.cluster).trainstack(["status", "--json", move.job], timeout=120)
+        try:
+            rows = json.loads(out.stdout[out.stdout.index("["):])
+        except ValueError:
+            return "UNKNOWN", None
+        row = rows[0] if rows else {}
+        state = str(row.get("state") or "UNKNOWN")
+        if not row.get("ended"):
+            return state, None
+        why = self._named(move.cluster).trainstack(["why", "--json", move.job], timeout=120)
+        try:
+            kind = json.loads(why.stdout[why.stdout.index("{"):]).get("kind")
+        except ValueError:
+            kind = "unknown"
+        return state, str(kind)
+
+    def run(self) -> int:
+        """Place, submit, watch and move until the run completes (0) or fails by itself (1)."""
+        move: Move | None = None
+        while True:
+            if move is None:
+                if len(self.moves) >= self.max_moves:
+                    self.say(f"trainstack: the run moved {len(self.moves)} times; stopping (max {self.max_moves})")
+                    return 1
+                where = None
+                while where is None:
+                    starts = self.expected_starts()
+                    where = choose(starts, self.moves[-1].cluster if self.moves else None, self.move_cost_s,
+                                   self.margin_s)
+                    if where is None:
+                        self.say(f"trainstack: no cluster can start the run now ({starts}); asking again in "
+                                 f"{self.poll_s * 6:g} s")
+                        time.sleep(self.poll_s * 6)
+                reason = "first placement" if not self.moves else f"continued after {self.moves[-1].cluster}"
+                move = self.submit(self._named(where), f"{reason}; expected start in {starts[where]:.0f} s")
+            time.sleep(self.poll_s)
+            state, kind = self.state(move)
+            if kind == "completed" or state == "COMPLETED":
+                self.say(f"trainstack: the run completed on {move.cluster} (job {move.job}) after "
+                         f"{len(self.moves)} placement(s)")
+                return 0
+            if kind is not None:
+                if kind not in MOVABLE:
+                    self.say(f"trainstack: job {move.job} on {move.cluster} failed by itself ({kind}): the run "
+                             f"stops (trainstack why --host ... {move.job})")
+                    return 1
+                self.say(f"trainstack: job {move.job} on {move.cluster} ended: {kind}; the run continues")
+                move = None
+                continue
+            if state.split()[0] in ("PENDING", "REQUEUED", "REQUEUE_HOLD"):  # a preempted job waits here again
+                starts = self.expected_starts()
+                here = starts.get(move.cluster)
+                best = choose(starts, move.cluster, self.move_cost_s, self.margin_s)
+                if best is not None and best != move.cluster:
+                    self.say(f"trainstack: job {move.job} waits on {move.cluster} (expected start: "
+                             f"{'never now' if here is None else f'{here:.0f} s'}); {best} starts it in "
+                             f"{starts[best]:.0f} s, a move costing ~{self.move_cost_s:.0f} s: moving")
+                    self._named(move.cluster).trainstack(["cancel", move.job], timeout=120)
+                    move = None
