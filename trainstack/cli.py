@@ -293,7 +293,7 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
     if test_only:
         from .submit import expected_start
 
-        click.echo(json.dumps(expected_start(_render(spec, templates_dir), spec.partition)))
+        click.echo(json.dumps(expected_start(_render(spec, templates_dir), spec.partition, spec.world_size)))
         return
     if dry_run:
         click.echo(_render(spec, templates_dir), nl=False)

@@ -68,7 +68,7 @@ def sbatch_path() -> str:
     return exe
 
 
-def expected_start(script: str, partition: str | None) -> dict[str, Any]:
+def expected_start(script: str, partition: str | None, world_size: int | None = None) -> dict[str, Any]:
     """When a job of ``script`` would start here: ``sbatch --test-only`` (the queue and the nodes), and the
     partition's state, which ``--test-only`` does not weigh (a partition that is down starts nothing). For a run
     across clusters (``trainstack._slurm.clusters``): ``{"start_in_s": seconds or None, "reason": ...}``."""
@@ -85,7 +85,8 @@ def expected_start(script: str, partition: str | None) -> dict[str, Any]:
     state = parts.get(name or "") or parts.get(f"{name}*")
     cluster = os.environ.get("SLURM_CLUSTER_NAME")
     if state is not None and state != "up":
-        return {"start_in_s": None, "reason": f"partition {name} is {state}", "cluster": cluster}
+        return {"start_in_s": None, "reason": f"partition {name} is {state}", "cluster": cluster,
+                "world_size": world_size}
     with tempfile.NamedTemporaryFile("w", suffix=".sbatch", delete=False) as fh:
         fh.write(script)
     try:
@@ -94,7 +95,8 @@ def expected_start(script: str, partition: str | None) -> dict[str, Any]:
         os.unlink(fh.name)
     said = (out.stderr + out.stdout).strip()
     start = parse_test_only(said)
-    return {"start_in_s": start, "reason": said.splitlines()[-1] if said else "no answer", "cluster": cluster}
+    return {"start_in_s": start, "reason": said.splitlines()[-1] if said else "no answer", "cluster": cluster,
+            "world_size": world_size}
 
 
 def finished_tasks(spec: LaunchSpec) -> list[int]:

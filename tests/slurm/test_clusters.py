@@ -46,8 +46,8 @@ def s3():
         yield env
 
 
-def _profile(path: Path, name: str, conf: str) -> str:
-    path.write_text(f'cluster = "{name}"\nslurm_conf = "{conf}"\n')
+def _profile(path: Path, name: str, conf: str, procs: int | None = None) -> str:
+    path.write_text(f'cluster = "{name}"\nslurm_conf = "{conf}"\n' + (f"procs_per_node = {procs}\n" if procs else ""))
     return str(path)
 
 
@@ -70,45 +70,36 @@ def _first_time(run: Path) -> float:
     return json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["time"]
 
 
-def test_a_preempted_run_moves_to_the_other_cluster_and_ends_as_if_it_never_moved(slurm_env, beta, s3, shared_tmp,
-                                                                                    monkeypatch):
+def _bucket(s3, monkeypatch) -> str:
     import s3fs
 
-    env = {**slurm_env, **s3, "PYTHONPATH": str(ROOT)}
     for key, value in s3.items():
         monkeypatch.setenv(key, value)
     bucket = f"ts-{uuid.uuid4().hex[:10]}"
     s3fs.S3FileSystem(skip_instance_cache=True).mkdir(bucket)
-    alpha_profile = _profile(shared_tmp / "alpha.toml", "alpha", slurm_env["SLURM_CONF"])
-    beta_profile = _profile(shared_tmp / "beta.toml", "beta", beta)
-    job = ["--setup", "multi-gpu", "--cpu", "--procs-per-node", "2", "--job-name", "trainstack-test",
-           "--time", "00:10:00", "--log-dir", str(shared_tmp / "logs"), "--no-snapshot"]
+    return bucket
 
-    # the run that never moves: alpha alone, the same world size
-    ref_root = shared_tmp / "ref"
-    ref = subprocess.run([sys.executable, "-m", "trainstack", "submit", "--profile", alpha_profile, *job, "--wait",
-                          "--env", f"OUT_ROOT={ref_root}", "--env", "TRAINSTACK_CLUSTER=alpha",
-                          "--env", f"TRAINSTACK_CHECKPOINT_STORE=s3://{bucket}/ref", "--", PROGRAM],
-                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
 
-    moved_root = shared_tmp / "moved"
-    url = f"s3://{bucket}/moved"
+JOB = ["--setup", "multi-gpu", "--cpu", "--job-name", "trainstack-test", "--time", "00:10:00", "--no-snapshot"]
+
+
+def _move(env: dict[str, str], alpha_conf: str, profiles: list[str], url: str, root: Path, logs: Path,
+          extra: list[str]) -> tuple[str, float]:
+    """The follower on alpha and beta; once alpha committed step 6 to the store, alpha's partition goes down and
+    the job is requeued there (preempted: it waits). The follower's output and when alpha was preempted."""
+    from trainstack._checkpoint.store import Store
+
     follower = subprocess.Popen(
-        [sys.executable, "-m", "trainstack", "submit", "--cluster", alpha_profile, "--cluster", beta_profile,
-         "--store", url, "--move-cost", "30", *job, "--env", f"OUT_ROOT={moved_root}", "--env", "STEP_SLEEP=0.4",
-         "--", PROGRAM], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
-    said: list[str] = []
-    alpha_env = {**env, "SLURM_CONF": slurm_env["SLURM_CONF"]}
+        [sys.executable, "-m", "trainstack", "submit", *[w for p in profiles for w in ("--cluster", p)],
+         "--store", url, "--move-cost", "30", *JOB, *extra, "--log-dir", str(logs), "--env", f"OUT_ROOT={root}",
+         "--env", "STEP_SLEEP=0.4", "--", PROGRAM], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    alpha_env = {**env, "SLURM_CONF": alpha_conf}
     try:
-        from trainstack._checkpoint.store import Store
-
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not any(step >= 6 for (step, _), _ in Store(url).committed()):
             time.sleep(0.5)
         assert any(step >= 6 for (step, _), _ in Store(url).committed()), "alpha committed nothing to the store"
-        # preempt on alpha: its partition goes down and the job is requeued there, so it waits
         subprocess.run(["scontrol", "update", "PartitionName=debug", "State=DOWN"], env=alpha_env, check=True)
         jobs = subprocess.run(["squeue", "-h", "-n", "trainstack-test", "-o", "%i"], env=alpha_env,
                               capture_output=True, text=True).stdout.split()
@@ -116,17 +107,39 @@ def test_a_preempted_run_moves_to_the_other_cluster_and_ends_as_if_it_never_move
         subprocess.run(["scontrol", "requeue", jobs[0]], env=alpha_env, check=True)
         preempted = time.time()
         out, _ = follower.communicate(timeout=360)
-        said = out.splitlines()
     finally:
         subprocess.run(["scontrol", "update", "PartitionName=debug", "State=UP"], env=alpha_env)
         if follower.poll() is None:
             os.killpg(follower.pid, 9)
             follower.wait()
-    text = "\n".join(said)
-    assert follower.returncode == 0, text[-4000:]
-    assert re.search(r"run on alpha: job \d+ \(first placement", text), text
-    assert "waits on alpha" in text and "moving" in text and re.search(r"run on beta: job \d+", text), text
-    assert "the run completed on beta" in text, text
+    assert follower.returncode == 0, out[-4000:]
+    assert re.search(r"run on alpha: job \d+ \(first placement", out), out
+    assert "waits on alpha" in out and "moving" in out and re.search(r"run on beta: job \d+", out), out
+    assert "the run completed on beta" in out, out
+    return out, preempted
+
+
+def test_a_preempted_run_moves_to_the_other_cluster_and_ends_as_if_it_never_moved(slurm_env, beta, s3, shared_tmp,
+                                                                                    monkeypatch):
+    bucket = _bucket(s3, monkeypatch)
+    env = {**slurm_env, **s3, "PYTHONPATH": str(ROOT)}
+    alpha_profile = _profile(shared_tmp / "alpha.toml", "alpha", slurm_env["SLURM_CONF"])
+    beta_profile = _profile(shared_tmp / "beta.toml", "beta", beta)
+    two = ["--procs-per-node", "2"]
+
+    # the run that never moves: alpha alone, the same world size
+    ref_root = shared_tmp / "ref"
+    ref = subprocess.run([sys.executable, "-m", "trainstack", "submit", "--profile", alpha_profile, *JOB, *two,
+                          "--log-dir", str(shared_tmp / "logs"), "--wait", "--env", f"OUT_ROOT={ref_root}",
+                          "--env", "TRAINSTACK_CLUSTER=alpha",
+                          "--env", f"TRAINSTACK_CHECKPOINT_STORE=s3://{bucket}/ref", "--", PROGRAM],
+                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
+
+    moved_root = shared_tmp / "moved"
+    url = f"s3://{bucket}/moved"
+    _, preempted = _move(env, slurm_env["SLURM_CONF"], [alpha_profile, beta_profile], url, moved_root,
+                         shared_tmp / "logs", two)
 
     # the same parameters and losses as the run that never moved
     mine, theirs = _final(moved_root / "beta"), _final(ref_root / "alpha")
@@ -147,3 +160,60 @@ def test_a_preempted_run_moves_to_the_other_cluster_and_ends_as_if_it_never_move
     lines = _lease.describe(url)
     assert "the writer now is epoch 2 (beta" in lines[0]
     assert "epoch 1: alpha" in lines[1] and "epoch 2: beta" in lines[2] and "bitwise equality held" in lines[2]
+
+
+def _ids(path: Path) -> list[list[int]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_move_to_a_cluster_with_fewer_processes_keeps_the_global_batch_and_every_sample_once(
+        slurm_env, beta, s3, shared_tmp, monkeypatch):
+    """alpha runs 2 processes, beta 1 (each profile says): after the move beta accumulates 2 batches per step, so
+    an epoch is the same 12 steps, and epoch 1 -- half on alpha, half on beta -- trains on each of the 96 samples
+    once; bitwise equality is not promised across the change, and the attempt says so."""
+    bucket = _bucket(s3, monkeypatch)
+    env = {**slurm_env, **s3, "PYTHONPATH": str(ROOT)}
+    alpha_profile = _profile(shared_tmp / "alpha.toml", "alpha", slurm_env["SLURM_CONF"], procs=2)
+    beta_profile = _profile(shared_tmp / "beta.toml", "beta", beta, procs=1)
+    root, url = shared_tmp / "moved", f"s3://{bucket}/moved"
+    _move(env, slurm_env["SLURM_CONF"], [alpha_profile, beta_profile], url, root, shared_tmp / "logs", [])
+    log = "\n".join(p.read_text() for p in (shared_tmp / "logs").rglob("*.out"))
+    assert "running on 1 of the 2 planned processes: gradient_accumulation_steps 1 -> 2" in log
+    assert "bitwise equality NOT guaranteed: world_size 2 -> 1" in log
+    steps = {step for step, _ in _losses(root / "beta" / "run")}
+    resumed, last = min(steps) - 1, max(steps)
+    assert last == 24  # 12 steps per epoch on either cluster: the global batch kept
+    alpha = [ids for rank in (0, 1) for ids in _ids(root / "alpha" / f"ids-rank{rank}.jsonl")[:resumed]]
+    beta_rows = _ids(root / "beta" / "ids-rank0.jsonl")
+    assert len(beta_rows) == 2 * (last - resumed)  # two batches per step
+    epoch1 = alpha + beta_rows[:2 * (12 - resumed)]
+    assert sorted(i for row in epoch1 for i in row) == list(range(96))  # every sample of epoch 1 once
+    epoch2 = beta_rows[2 * (12 - resumed):]
+    assert sorted(i for row in epoch2 for i in row) == list(range(96))
+
+
+def test_the_first_placement_picks_the_cluster_with_free_nodes(slurm_env, beta, shared_tmp):
+    """alpha's two nodes are taken by another job: sbatch --test-only there says later, beta's are free -- the run
+    goes to beta; once alpha's partition is down it cannot start there at all."""
+    from trainstack._slurm.clusters import Cluster, Follower, choose
+
+    alpha_env = {**slurm_env}
+    blocker = subprocess.run(["sbatch", "--parsable", "--job-name", "trainstack-test", "--nodes", "2", "--exclusive",
+                              "--time", "00:05:00", "--output", "/dev/null", "--wrap", "sleep 240"],
+                             env=alpha_env, capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run(["squeue", "-h", "-j", blocker, "-o", "%T"], env=alpha_env, capture_output=True,
+                             text=True).stdout.strip() != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        clusters = [Cluster("alpha", _profile(shared_tmp / "a.toml", "alpha", slurm_env["SLURM_CONF"]),
+                            slurm_conf=slurm_env["SLURM_CONF"]),
+                    Cluster("beta", _profile(shared_tmp / "b.toml", "beta", beta), slurm_conf=beta)]
+        follower = Follower(clusters, ["--setup", "multi-node", "--nodes", "2", "--cpu", "--procs-per-node", "1",
+                                       "--time", "00:05:00", "--", "train.py"], "s3://unused/run", print)
+        starts = follower.expected_starts()
+        assert starts["beta"] is not None and starts["beta"] < 30
+        assert starts["alpha"] is None or starts["alpha"] > 60, starts  # behind the 240 s job
+        assert choose(starts, None, 120.0, 60.0) == "beta"
+    finally:
+        subprocess.run(["scancel", blocker], env=alpha_env)

@@ -122,6 +122,8 @@ class Follower:
     poll_s: float = 5.0
     max_moves: int = 20
     moves: list[Move] = field(default_factory=list)
+    worlds: dict[str, int] = field(default_factory=dict)  # each cluster's number of processes, as its submit says
+    planned_world: int | None = None  # the first placement's: a move elsewhere keeps its global batch
 
     def _named(self, name: str) -> Cluster:
         return next(c for c in self.clusters if c.name == name)
@@ -132,7 +134,10 @@ class Follower:
             out = cluster.trainstack(["submit", "--profile", cluster.profile, "--test-only", *self.submit_args],
                                      timeout=300)
             try:
-                starts[cluster.name] = json.loads(out.stdout.strip().splitlines()[-1]).get("start_in_s")
+                answer = json.loads(out.stdout.strip().splitlines()[-1])
+                starts[cluster.name] = answer.get("start_in_s")
+                if isinstance(answer.get("world_size"), int):
+                    self.worlds[cluster.name] = answer["world_size"]
             except (ValueError, IndexError, AttributeError):
                 starts[cluster.name] = None
                 self.say(f"trainstack: {cluster.name}: cannot tell when a job would start there "
@@ -140,8 +145,17 @@ class Follower:
         return starts
 
     def _job_env(self, cluster: Cluster) -> list[str]:
-        return ["--env", f"TRAINSTACK_CHECKPOINT_STORE={self.store}", "--env", "TRAINSTACK_LEASE=required",
-                "--env", f"TRAINSTACK_CLUSTER={cluster.name}"]
+        """The job's part of the run: its store, the lease required, its cluster's name, and -- on a cluster with
+        another number of processes than the first placement -- the planned world, so the trainer keeps the global
+        batch by gradient accumulation (and says when it cannot)."""
+        env = [f"TRAINSTACK_CHECKPOINT_STORE={self.store}", "TRAINSTACK_LEASE=required",
+               f"TRAINSTACK_CLUSTER={cluster.name}"]
+        world = self.worlds.get(cluster.name)
+        if self.planned_world is None:
+            self.planned_world = world
+        elif world is not None and world != self.planned_world:
+            env.append(f"TRAINSTACK_PLANNED_WORLD={self.planned_world}")
+        return [word for item in env for word in ("--env", item)]
 
     def submit(self, cluster: Cluster, reason: str) -> Move:
         args = ["submit", "--profile", cluster.profile, *self._job_env(cluster), *self.submit_args]
