@@ -1,23 +1,28 @@
 """One run across two clusters, for real (issue 55): the local Slurm ("alpha") and a second, independent Slurm
 ("beta": its own ClusterName, slurmctld, nodes and state), one S3-compatible store (moto's server on 127.0.0.1)
-they both reach. The follower (`trainstack submit --cluster alpha.toml --cluster beta.toml --store URL`) places the
-run on alpha; alpha's partition goes down and the job is preempted (requeued there, so it waits); the follower moves
-the run to beta, which resumes from the store -- and the run ends with the same parameters and the same losses as a
-run that never moved, one run id, one lineage in the store."""
+they both reach; each cluster named by a profile and reached from this machine (slurm_conf) or, in the last test,
+through its own sshd and Unix account, as from a laptop. The follower (`trainstack submit --cluster alpha.toml
+--cluster beta.toml --store URL`) places the run on alpha; alpha's partition goes down and the job is preempted
+(requeued there, so it waits); the follower moves the run to beta, which resumes from the store -- and the run ends
+with the same parameters and the same losses as a run that never moved, one run id, one lineage in the store."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 import torch
+from _sshd import VENV, account, keys, remote_install, sshd
 from helpers import ROOT, moto_s3
 
 from trainstack import _lease
@@ -217,3 +222,97 @@ def test_the_first_placement_picks_the_cluster_with_free_nodes(slurm_env, beta, 
         assert choose(starts, None, 120.0, 60.0) == "beta"
     finally:
         subprocess.run(["scancel", blocker], env=alpha_env)
+
+
+@pytest.fixture(scope="module")
+def accounts(slurm_env, beta, s3):
+    """Each cluster behind its own login: tsalpha's sshd gives alpha's SLURM_CONF, tsbeta's beta's (both the store's
+    endpoint); an ssh config naming them as a laptop user has it."""
+    if os.geteuid() != 0 or not shutil.which("sshd") or not shutil.which("rsync"):
+        pytest.skip("needs root, openssh-server and rsync (CI installs them)")
+    trainstack = remote_install()
+    tmp = keys("trainstack-clusters-")
+    runtime = Path(tempfile.mkdtemp(prefix="tsr-", dir="/tmp"))
+    config = tmp / "ssh_config"
+    with contextlib.ExitStack() as stack:
+        hosts = []
+        for user, conf in (("tsalpha", slurm_env["SLURM_CONF"]), ("tsbeta", beta)):
+            account(user)
+            port = stack.enter_context(sshd(tmp, user, {"SLURM_CONF": conf, **s3}, tmp / "authorized_keys"))
+            hosts.append(f"Host {user}\n  HostName 127.0.0.1\n  Port {port}\n  User {user}\n"
+                         f"  IdentityFile {tmp}/id\n  IdentitiesOnly yes\n  UserKnownHostsFile {tmp}/known_hosts\n"
+                         f"  StrictHostKeyChecking accept-new\n")
+        config.write_text("".join(hosts))
+        env = {**slurm_env, **s3, "TRAINSTACK_SSH_CONFIG": str(config), "XDG_RUNTIME_DIR": str(runtime),
+               "TRAINSTACK_REMOTE_TRAINSTACK": str(trainstack), "TRAINSTACK_REMOTE_INDEX_DIR": str(tmp / "index"),
+               "PYTHONPATH": str(ROOT)}
+        env.pop("TRAINSTACK_HOST", None)
+        try:
+            yield env, tmp
+        finally:
+            for user in ("tsalpha", "tsbeta"):
+                subprocess.run(["ssh", "-F", str(config), "-o", f"ControlPath={runtime}/trainstack-ssh/%C", "-O",
+                                "exit", user], capture_output=True, timeout=30)
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_from_a_laptop_each_cluster_behind_its_own_login(accounts, slurm_env, s3, monkeypatch):
+    """The same move with every command over ssh: the code shipped to each account by rsync, the job submitted,
+    watched, preempted on alpha (tsalpha), continued on beta (tsbeta) from the store; one run id, one lineage."""
+    env, tmp = accounts
+    bucket = _bucket(s3, monkeypatch)
+    repo = tmp / "laptop"
+    repo.mkdir()
+    shutil.copy(ROOT / PROGRAM, repo / "train.py")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
+                   check=True)
+    out_root = Path(tempfile.mkdtemp(prefix="ts-across-", dir="/tmp"))
+    out_root.chmod(0o777)
+    profiles = []
+    for name in ("alpha", "beta"):
+        profile = tmp / f"{name}.toml"
+        profile.write_text(f'cluster = "{name}"\nhost = "ts{name}"\npython = "{VENV}/bin/python"\n'
+                           f"procs_per_node = 2\n")
+        profile.chmod(0o644)
+        profiles += ["--cluster", str(profile)]
+    url = f"s3://{bucket}/remote"
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "trainstack", "submit", *profiles, "--store", url, "--move-cost", "30",
+         "--setup", "multi-gpu", "--cpu", "--job-name", "trainstack-test", "--time", "00:10:00",
+         "--env", f"OUT_ROOT={out_root}", "--env", "STEP_SLEEP=0.4", "--env", f"PYTHONPATH={VENV}/src",
+         "--", "train.py"], env=env, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    alpha_env = {**env, "SLURM_CONF": slurm_env["SLURM_CONF"]}
+    from trainstack._checkpoint.store import Store
+
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not any(step >= 6 for (step, _), _ in Store(url).committed()):
+            if follower.poll() is not None:
+                break
+            time.sleep(0.5)
+        assert any(step >= 6 for (step, _), _ in Store(url).committed()), follower.communicate(timeout=30)[0]
+        subprocess.run(["scontrol", "update", "PartitionName=debug", "State=DOWN"], env=alpha_env, check=True)
+        jobs = subprocess.run(["squeue", "-h", "-u", "tsalpha", "-o", "%i"], env=alpha_env, capture_output=True,
+                              text=True).stdout.split()
+        subprocess.run(["scontrol", "requeue", jobs[0]], env=alpha_env, check=True)
+        out, _ = follower.communicate(timeout=400)
+    finally:
+        subprocess.run(["scontrol", "update", "PartitionName=debug", "State=UP"], env=alpha_env)
+        if follower.poll() is None:
+            os.killpg(follower.pid, 9)
+            follower.wait()
+    try:
+        assert follower.returncode == 0, out[-4000:]
+        assert re.search(r"run on alpha: job \d+", out) and re.search(r"run on beta: job \d+", out), out
+        assert "the run completed on beta" in out, out
+        assert (out_root / "beta" / "final.pt").exists()
+        ids = {json.loads((out_root / c / "run" / "run.json").read_text())["run_id"] for c in ("alpha", "beta")}
+        assert len(ids) == 1
+        lines = _lease.describe(url)
+        assert "epoch 1: alpha" in lines[1] and "epoch 2: beta" in lines[2], lines
+    finally:
+        shutil.rmtree(out_root, ignore_errors=True)

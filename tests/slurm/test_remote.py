@@ -10,7 +10,6 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,45 +17,17 @@ import time
 from pathlib import Path
 
 import pytest
+from _sshd import VENV, free_port, remote_install
 from helpers import ROOT
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(500)]
 USER = "tsremote"
-VENV = Path("/opt/tsremote-venv")  # the remote account's own install: trainstack and a CPU torch
 PROGRAM = """import os, sys, time
 from helper import VERSION
 for step in range(1, int(os.environ.get("STEPS", "6")) + 1):
     print(f"epoch 1 | step {step} | loss {1 / step:.4f} | version {VERSION} | args {sys.argv[1:]}", flush=True)
     time.sleep(float(os.environ.get("PAUSE", "0.5")))
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _remote_install() -> Path:
-    """tsremote's trainstack: a venv of the system python with the CLI's dependencies, this checkout on its path."""
-    import torch
-
-    if not (VENV / "bin" / "python").exists():
-        subprocess.run(["/usr/bin/python3", "-m", "venv", str(VENV)], check=True, timeout=120)
-    if subprocess.run([str(VENV / "bin" / "python"), "-c", "import torch, click, jinja2, rich, hostlist"],
-                      capture_output=True).returncode != 0:  # torch pinned as here (the CPU wheel), first
-        subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", f"torch=={torch.__version__.split('+')[0]}",
-                        "numpy"], check=True, timeout=600)
-        subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", "click>=8.1", "jinja2>=3.1", "rich>=13",
-                        "python-hostlist>=1.23"], check=True, timeout=300)
-    src = VENV / "src"  # this checkout's package, where the account can read it (a CI checkout may not be)
-    shutil.rmtree(src, ignore_errors=True)
-    shutil.copytree(ROOT / "trainstack", src / "trainstack", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "templates", src / "templates")
-    wrapper = VENV / "bin" / "trainstack-remote"
-    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={src} exec {VENV}/bin/python -m trainstack \"$@\"\n")
-    wrapper.chmod(0o755)
-    return wrapper
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +39,7 @@ def cluster(slurm_env):
         subprocess.run(["useradd", "-m", "-s", "/bin/bash", USER], check=True)
     subprocess.run(["usermod", "-p", "*", USER], check=True)  # no password, but not locked: sshd refuses a locked one
     home = Path(pwd.getpwnam(USER).pw_dir)
-    trainstack = _remote_install()
+    trainstack = remote_install()
     tmp = Path(tempfile.mkdtemp(prefix="trainstack-sshd-", dir="/tmp"))  # sshd reads the keys as the user:
     tmp.chmod(0o755)  # pytest's own folders (0700) are out of its reach
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "host_key")], check=True)
@@ -76,7 +47,7 @@ def cluster(slurm_env):
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "other")], check=True)
     (tmp / "authorized_keys").write_text((tmp / "id.pub").read_text())
     (tmp / "authorized_keys").chmod(0o644)
-    port = _free_port()
+    port = free_port()
     conf = tmp / "sshd_config"
     conf.write_text(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp}/host_key\nPidFile {tmp}/sshd.pid\n"
                     f"AuthorizedKeysFile {tmp}/authorized_keys\nStrictModes no\nPasswordAuthentication no\n"
@@ -91,7 +62,7 @@ def cluster(slurm_env):
     # wrongkey: another HostName for the same server, so it cannot ride on tscluster's multiplexed connection
     config.write_text(f"Host tscluster\n{common}  IdentityFile {tmp}/id\n"
                       f"Host wrongkey\n{common.replace('127.0.0.1', 'localhost')}  IdentityFile {tmp}/other\n"
-                      f"Host nowhere\n  HostName 127.0.0.1\n  Port {_free_port()}\n  User {USER}\n")
+                      f"Host nowhere\n  HostName 127.0.0.1\n  Port {free_port()}\n  User {USER}\n")
     runtime = Path(tempfile.mkdtemp(prefix="tsr-", dir="/tmp"))  # short: the sockets live in it, not a fallback
     env = {**slurm_env, "TRAINSTACK_SSH_CONFIG": str(config), "XDG_RUNTIME_DIR": str(runtime),
            "TRAINSTACK_REMOTE_TRAINSTACK": str(trainstack), "TRAINSTACK_REMOTE_INDEX_DIR": str(tmp / "index"),
