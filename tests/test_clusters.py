@@ -38,3 +38,20 @@ def test_parse_test_only():
     assert parse_test_only(said, now) == 61.0
     assert parse_test_only("sbatch: Job 3 to start at 2026-11-28T14:40:00 using 2 processors", now) == 0.0
     assert parse_test_only("allocation failure: Requested node configuration is not available", now) is None
+
+
+def test_the_run_ledger_across_clusters():
+    from trainstack._goodput import run_ledger
+
+    alpha = {"ledger": {"parts": {"queue": 5.0, "startup": 4.0, "compile": 2.0, "productive": 30.0}}, "left": True}
+    beta = {"ledger": {"parts": {"queue": 1.0, "startup": 6.0, "compile": 3.0, "productive": 20.0}},
+            "moved_in": True, "download_s": 1.5}
+    found = run_ledger([alpha, beta], wall_s=80.0)
+    parts = found["parts"]
+    assert parts["pending_elsewhere"] == 5.0 and parts["queue"] == 1.0  # alpha's wait: the run left it
+    assert parts["transfer"] == 1.5 and parts["startup"] == 4.0 + 4.5
+    assert parts["cold_cache"] == 3.0 and parts["compile"] == 2.0  # beta's first compile after the move
+    assert parts["productive"] == 50.0 and parts["other"] == 80.0 - 71.0
+    assert found["goodput"] == round(50 / 80, 4) and found["total_s"] == 80.0
+    # hedged jobs overlap: the total is what was spent, never less
+    assert run_ledger([beta, beta], wall_s=10.0)["total_s"] == 60.0

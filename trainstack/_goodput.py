@@ -35,7 +35,7 @@ from typing import Any
 from . import _jobevents as jobevents
 from ._jobfiles import JobFiles
 
-__all__ = ["PARTS", "ledger", "format_ledger"]
+__all__ = ["PARTS", "RUN_PARTS", "ledger", "run_ledger", "format_ledger"]
 
 PARTS = ("queue", "startup", "node_check", "compile", "checkpoint", "eval", "data_wait", "productive", "rollback",
          "recovery", "other")
@@ -179,3 +179,31 @@ def _short(seconds: float) -> str:
         return f"{seconds:.1f} s"
     minutes, sec = divmod(int(round(seconds)), 60)
     return f"{minutes}m {sec:02d}s" if minutes < 60 else f"{minutes // 60}h {minutes % 60:02d}m"
+
+
+#: A run across clusters adds three parts to a job's: the queue of a cluster the run then left, the download of
+#: its checkpoint at a new cluster, and the first compilation on a cluster the run moved to (a cold cache).
+RUN_PARTS = (*PARTS, "pending_elsewhere", "transfer", "cold_cache")
+
+
+def run_ledger(jobs: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    """The ledger of one run across clusters from its jobs' own ledgers (``ledger``), each with ``left`` (the run
+    moved away while it waited or after it ended), ``moved_in`` (a job on a cluster the run came to) and
+    ``download_s`` (its checkpoint download), over the follower's wall time ``wall_s``."""
+    totals = dict.fromkeys(RUN_PARTS, 0.0)
+    for job in jobs:
+        parts = dict((job.get("ledger") or {}).get("parts") or {})
+        if job.get("left"):
+            totals["pending_elsewhere"] += parts.pop("queue", 0.0)
+        transfer = min(float(job.get("download_s") or 0.0), parts.get("startup", 0.0))
+        parts["startup"] = parts.get("startup", 0.0) - transfer
+        totals["transfer"] += transfer
+        if job.get("moved_in"):
+            totals["cold_cache"] += parts.pop("compile", 0.0)
+        for name, seconds in parts.items():
+            totals[name] = totals.get(name, 0.0) + float(seconds)
+    covered = sum(totals.values())
+    totals["other"] += max(0.0, wall_s - covered)  # the follower's own time: polls, decisions, submissions
+    total = max(wall_s, covered, 1e-9)  # hedged jobs overlap
+    return {"total_s": round(total, 2), "parts": {k: round(v, 2) for k, v in totals.items()},
+            "goodput": round(totals["productive"] / total, 4), "jobs": len(jobs)}

@@ -171,6 +171,12 @@ class Lease:
             return epoch
         raise LeaseConflict(f"{self.url}: the lease changed {tries} times while this attempt tried to take it")
 
+    def note(self, **fields: Any) -> None:
+        """Add ``fields`` to this attempt's record (its own object: no other writer touches it)."""
+        path = posixpath.join(self.root, ATTEMPTS, f"epoch-{self.epoch:04d}.json")
+        record = json.loads(self.fs.cat_file(path))
+        self.fs.pipe_file(path, json.dumps({**record, **fields}, indent=1).encode())
+
     def check(self) -> None:
         """Raise ``StaleLease`` when another attempt holds the run now: called before every commit marker."""
         current = self._io.read(LEASE)

@@ -264,18 +264,20 @@ def generate(ctx: click.Context, output: str | None, force: bool, dry_run: bool,
 @click.option("--move-cost", type=float, default=None, metavar="SECONDS",
               help="With --cluster: what a move costs (upload, download, start-up, a cold compile cache); default: "
                    "the run's measured moves, else 120.")
+@click.option("--hedge", is_flag=True, help="With --cluster: submit to every cluster that can start the run and "
+                                            "keep the job that starts first (the others are cancelled).")
 @click.option("--test-only", is_flag=True, help="Print when a job would start ({\"start_in_s\": ...}, sbatch "
                                                 "--test-only and the partition's state); submit nothing.")
 @click.pass_context
 def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: bool, host: str | None,
-           remote_dir: str, clusters: tuple[str, ...], store: str | None, move_cost: float | None, test_only: bool,
-           **params: Any) -> None:
+           remote_dir: str, clusters: tuple[str, ...], store: str | None, move_cost: float | None, hedge: bool,
+           test_only: bool, **params: Any) -> None:
     """Render, create the job folder, sbatch; print the job id, its folder and its log."""
     from ._slurm.options import load_profile
     from .submit import finished_tasks, submit_spec
 
     if clusters:
-        sys.exit(_follow_clusters(ctx, clusters, store, move_cost))
+        sys.exit(_follow_clusters(ctx, clusters, store, move_cost, hedge))
     site = load_profile(params["profile"]) if params.get("profile") else {}  # read once, here
     if site.get("slurm_conf") and not (host or site.get("host")):  # a second Slurm reachable from this machine
         os.environ["SLURM_CONF"] = str(site["slurm_conf"])
@@ -346,7 +348,8 @@ def _task_table(spec: LaunchSpec, done: list[int]) -> str:
     return "\n".join(lines)
 
 
-def _follow_clusters(ctx: click.Context, paths: tuple[str, ...], store: str | None, move_cost: float | None) -> int:
+def _follow_clusters(ctx: click.Context, paths: tuple[str, ...], store: str | None, move_cost: float | None,
+                     hedge: bool) -> int:
     """``submit --cluster A --cluster B --store URL``: the follower keeps the run going across the clusters."""
     from ._slurm.clusters import DEFAULT_MOVE_COST_S, Cluster, Follower
     from ._slurm.hosted import forwarded_args
@@ -367,9 +370,9 @@ def _follow_clusters(ctx: click.Context, paths: tuple[str, ...], store: str | No
     if len(set(names)) != len(names):
         raise click.UsageError(f"two --cluster profiles name the same cluster ({names}): give each a `cluster` key")
     args = forwarded_args(ctx, drop=("host", "remote_dir", "clusters", "store", "move_cost", "wait", "test_only",
-                                     "profile"))
+                                     "profile", "hedge"))
     follower = Follower(clusters, args[1:], store, lambda line: click.echo(line, err=True),
-                        move_cost_s=move_cost if move_cost is not None else DEFAULT_MOVE_COST_S)
+                        move_cost_s=move_cost if move_cost is not None else DEFAULT_MOVE_COST_S, hedge=hedge)
     return follower.run()
 
 
@@ -406,7 +409,7 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool, 
 
     rows = [row for job_id in job_ids for row in job_status(job_id)] if job_ids else my_jobs(limit)
     if as_json:
-        click.echo(json.dumps([{**vars(r), "log": str(r.log) if r.log else None,
+        click.echo(json.dumps([{**vars(r), "ended": r.ended, "log": str(r.log) if r.log else None,
                                 "folder": str(r.folder) if r.folder else None,
                                 "progress": r.progress.as_dict() if r.progress else None} for r in rows], indent=2))
     elif rows:

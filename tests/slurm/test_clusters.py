@@ -121,6 +121,18 @@ def _move(env: dict[str, str], alpha_conf: str, profiles: list[str], url: str, r
     assert re.search(r"run on alpha: job \d+ \(first placement", out), out
     assert "waits on alpha" in out and "moving" in out and re.search(r"run on beta: job \d+", out), out
     assert "the run completed on beta" in out, out
+    assert "the run across 2 cluster(s), 2 job(s): goodput" in out, out
+    # the run's ledger across clusters, in the store: alpha's wait after the preemption, beta's download
+    from trainstack._checkpoint.store import Store
+
+    store = Store(url)
+    store.fs.invalidate_cache()  # this process listed the prefix before the follower wrote the ledger
+    assert store.fs.exists(f"{store.root}/run-ledger.json"), out[-3000:]
+    found = json.loads(store.fs.cat_file(f"{store.root}/run-ledger.json"))
+    assert found["jobs"] == 2 and found["parts"]["pending_elsewhere"] > 0 and found["parts"]["startup"] > 0
+    beta_attempt = _lease.attempts(store.fs, store.root)[-1]
+    assert beta_attempt["cluster"] == "beta" and beta_attempt["download_s"] >= 0 and beta_attempt["downloaded"]
+    assert found["parts"]["transfer"] == pytest.approx(beta_attempt["download_s"], abs=0.01)
     return out, preempted
 
 
@@ -143,8 +155,9 @@ def test_a_preempted_run_moves_to_the_other_cluster_and_ends_as_if_it_never_move
 
     moved_root = shared_tmp / "moved"
     url = f"s3://{bucket}/moved"
-    _, preempted = _move(env, slurm_env["SLURM_CONF"], [alpha_profile, beta_profile], url, moved_root,
-                         shared_tmp / "logs", two)
+    out, preempted = _move(env, slurm_env["SLURM_CONF"], [alpha_profile, beta_profile], url, moved_root,
+                           shared_tmp / "logs", two)
+    print("\n" + next(line for line in out.splitlines() if "goodput" in line))
 
     # the same parameters and losses as the run that never moved
     mine, theirs = _final(moved_root / "beta"), _final(ref_root / "alpha")
@@ -165,6 +178,33 @@ def test_a_preempted_run_moves_to_the_other_cluster_and_ends_as_if_it_never_move
     lines = _lease.describe(url)
     assert "the writer now is epoch 2 (beta" in lines[0]
     assert "epoch 1: alpha" in lines[1] and "epoch 2: beta" in lines[2] and "bitwise equality held" in lines[2]
+
+
+def test_hedged_the_first_job_to_start_is_kept(slurm_env, beta, s3, shared_tmp, monkeypatch):
+    """--hedge: the run is submitted to both clusters; the first job that runs is kept, the other cancelled; the run
+    completes with one lineage whichever of them took the lease last."""
+    bucket = _bucket(s3, monkeypatch)
+    env = {**slurm_env, **s3, "PYTHONPATH": str(ROOT)}
+    profiles = [_profile(shared_tmp / "alpha.toml", "alpha", slurm_env["SLURM_CONF"]),
+                _profile(shared_tmp / "beta.toml", "beta", beta)]
+    url = f"s3://{bucket}/hedged"
+    out = subprocess.run(
+        [sys.executable, "-m", "trainstack", "submit", *[w for p in profiles for w in ("--cluster", p)], "--hedge",
+         "--store", url, *JOB, "--procs-per-node", "2", "--log-dir", str(shared_tmp / "logs"),
+         "--env", f"OUT_ROOT={shared_tmp / 'hedged'}", "--", PROGRAM], env=env, cwd=ROOT, capture_output=True,
+        text=True, timeout=400)
+    said = out.stdout + out.stderr
+    assert out.returncode == 0, said[-4000:]
+    assert re.search(r"run on alpha: job \d+ \(first placement; hedged", said), said
+    assert re.search(r"run on beta: job \d+ \(first placement; hedged", said), said
+    assert re.search(r"cancelled job \d+ on (alpha|beta): the hedge's job \d+ on (alpha|beta) started first", said)
+    assert "the run completed on" in said
+    from trainstack._checkpoint.store import Store
+
+    store = Store(url)
+    epochs = _lease.history(store.fs, store.root)
+    newest = store.committed()[-1]
+    assert newest[0][0] == 24 and store.manifest(newest[1])["epoch"] == epochs[-1]["epoch"]
 
 
 def _ids(path: Path) -> list[list[int]]:

@@ -30,7 +30,7 @@ from typing import Any
 __all__ = ["Cluster", "choose", "Follower", "MOVABLE", "DEFAULT_MOVE_COST_S", "DEFAULT_MARGIN_S"]
 
 #: Verdicts after which the run continues elsewhere (or here again): the job did not fail by itself.
-MOVABLE = ("preempted", "node failure", "time limit", "terminated", "unknown")
+MOVABLE = ("preempted", "node failure", "time limit", "terminated", "superseded", "unknown")
 #: A move's cost when the run has not measured one: upload + download of a checkpoint, start-up, a cold compile.
 DEFAULT_MOVE_COST_S = 120.0
 #: Hysteresis: a move must win by this much more than its cost (no flapping between two similar queues).
@@ -100,18 +100,23 @@ def parse_test_only(text: str, now: float | None = None) -> float | None:
 
 @dataclass
 class Move:
-    """One placement of the run: where, which job, when it was decided and why."""
+    """One placement of the run: where, which job, when it was decided and why; ``left`` once the run moved away
+    from it, ``ledger`` its own goodput ledger once it ended."""
 
     cluster: str
     job: str
     decided: float
     reason: str
+    left: bool = False
+    ledger: dict[str, Any] | None = None
 
 
 @dataclass
 class Follower:
     """Keeps one run going across ``clusters`` until it completes or fails by itself. ``submit_args``: the submit
-    command line for one cluster (without ``--profile``), the run's store given to the job by its environment."""
+    command line for one cluster (without ``--profile``), the run's store given to the job by its environment.
+    ``hedge``: submit to every cluster that can start the run and keep the first job that starts (the others are
+    cancelled; the lease keeps one writer even if two start together)."""
 
     clusters: list[Cluster]
     submit_args: list[str]
@@ -121,6 +126,7 @@ class Follower:
     margin_s: float = DEFAULT_MARGIN_S
     poll_s: float = 5.0
     max_moves: int = 20
+    hedge: bool = False
     moves: list[Move] = field(default_factory=list)
     worlds: dict[str, int] = field(default_factory=dict)  # each cluster's number of processes, as its submit says
     planned_world: int | None = None  # the first placement's: a move elsewhere keeps its global batch
@@ -169,7 +175,7 @@ class Follower:
         return move
 
     def state(self, move: Move) -> tuple[str, str | None]:
-        """(Slurm state, the verdict's kind once it ended) of the run's job."""
+        """(Slurm state, the verdict's kind once it ended) of the run's job; its ledger kept once it ended."""
         out = self._named(move.cluster).trainstack(["status", "--json", move.job], timeout=120)
         try:
             rows = json.loads(out.stdout[out.stdout.index("["):])
@@ -181,30 +187,64 @@ class Follower:
             return state, None
         why = self._named(move.cluster).trainstack(["why", "--json", move.job], timeout=120)
         try:
-            kind = json.loads(why.stdout[why.stdout.index("{"):]).get("kind")
+            found = json.loads(why.stdout[why.stdout.index("{"):])
         except ValueError:
-            kind = "unknown"
-        return state, str(kind)
+            return state, "unknown"
+        move.ledger = found.get("goodput")
+        return state, str(found.get("kind") or "unknown")
+
+    def leave(self, move: Move, why: str) -> None:
+        """Cancel the run's job there (the run goes elsewhere); its ledger is read once it ended."""
+        self._named(move.cluster).trainstack(["cancel", move.job], timeout=120)
+        move.left = True
+        self.say(f"trainstack: cancelled job {move.job} on {move.cluster}: {why}")
+
+    def place(self) -> Move | None:
+        """Submit where the run starts first (a move counted at its cost); hedged: everywhere it can start, keeping
+        the first job that runs. None once the run has moved ``max_moves`` times."""
+        if len(self.moves) >= self.max_moves:
+            self.say(f"trainstack: the run moved {len(self.moves)} times; stopping (max {self.max_moves})")
+            return None
+        previous = next((m.cluster for m in reversed(self.moves) if not m.left), None) if self.moves else None
+        while True:
+            starts = self.expected_starts()
+            where = choose(starts, previous, self.move_cost_s, self.margin_s)
+            if where is not None:
+                break
+            self.say(f"trainstack: no cluster can start the run now ({starts}); asking again in "
+                     f"{self.poll_s * 6:g} s")
+            time.sleep(self.poll_s * 6)
+        reason = "first placement" if not self.moves else f"continued after {self.moves[-1].cluster}"
+        if not self.hedge:
+            return self.submit(self._named(where), f"{reason}; expected start in {starts[where]:.0f} s")
+        hedged = [self.submit(self._named(name), f"{reason}; hedged, expected start in {wait:.0f} s")
+                  for name, wait in sorted(starts.items(), key=lambda kv: (kv[1] is None, kv[1] or 0.0))
+                  if wait is not None]
+        while True:
+            time.sleep(self.poll_s)
+            states = {m.job: self.state(m) for m in hedged}
+            kept = next((m for m in hedged if states[m.job][0] == "RUNNING" or states[m.job][1] is not None), None)
+            if kept is not None:
+                for other in hedged:
+                    if other is not kept:
+                        self.leave(other, f"the hedge's job {kept.job} on {kept.cluster} started first")
+                return kept
 
     def run(self) -> int:
-        """Place, submit, watch and move until the run completes (0) or fails by itself (1)."""
+        """Place, submit, watch and move until the run completes (0) or fails by itself (1); then the run's ledger
+        across clusters (said, and written to the store as ``run-ledger.json``)."""
+        started = time.time()
+        code = self._follow()
+        self.report(time.time() - started)
+        return code
+
+    def _follow(self) -> int:
         move: Move | None = None
         while True:
             if move is None:
-                if len(self.moves) >= self.max_moves:
-                    self.say(f"trainstack: the run moved {len(self.moves)} times; stopping (max {self.max_moves})")
+                move = self.place()
+                if move is None:
                     return 1
-                where = None
-                while where is None:
-                    starts = self.expected_starts()
-                    where = choose(starts, self.moves[-1].cluster if self.moves else None, self.move_cost_s,
-                                   self.margin_s)
-                    if where is None:
-                        self.say(f"trainstack: no cluster can start the run now ({starts}); asking again in "
-                                 f"{self.poll_s * 6:g} s")
-                        time.sleep(self.poll_s * 6)
-                reason = "first placement" if not self.moves else f"continued after {self.moves[-1].cluster}"
-                move = self.submit(self._named(where), f"{reason}; expected start in {starts[where]:.0f} s")
             time.sleep(self.poll_s)
             state, kind = self.state(move)
             if kind == "completed" or state == "COMPLETED":
@@ -214,7 +254,7 @@ class Follower:
             if kind is not None:
                 if kind not in MOVABLE:
                     self.say(f"trainstack: job {move.job} on {move.cluster} failed by itself ({kind}): the run "
-                             f"stops (trainstack why --host ... {move.job})")
+                             f"stops (trainstack why {move.job} on {move.cluster})")
                     return 1
                 self.say(f"trainstack: job {move.job} on {move.cluster} ended: {kind}; the run continues")
                 move = None
@@ -227,5 +267,43 @@ class Follower:
                     self.say(f"trainstack: job {move.job} waits on {move.cluster} (expected start: "
                              f"{'never now' if here is None else f'{here:.0f} s'}); {best} starts it in "
                              f"{starts[best]:.0f} s, a move costing ~{self.move_cost_s:.0f} s: moving")
-                    self._named(move.cluster).trainstack(["cancel", move.job], timeout=120)
+                    self.leave(move, f"the run moves to {best}")
                     move = None
+
+    def report(self, wall_s: float) -> None:
+        """The run's goodput across its clusters: each job's ledger, the queues it left, the checkpoint downloads
+        of its moves, the cold compiles after them."""
+        from .._goodput import format_ledger, run_ledger
+
+        for move in self.moves:
+            if move.ledger is None:
+                self.state(move)
+        downloads: dict[tuple[str, str], float] = {}
+        try:
+            import fsspec
+
+            from .._lease import attempts
+
+            fs, root = fsspec.core.url_to_fs(self.store)
+            downloads = {(str(a.get("cluster")), str(a.get("job"))): float(a.get("download_s") or 0.0)
+                         for a in attempts(fs, root)}
+        except Exception as exc:  # noqa: BLE001 -- the store may not be reachable from where the follower runs
+            self.say(f"trainstack: the run's attempts in {self.store} cannot be read here ({type(exc).__name__}): "
+                     f"its ledger leaves transfers out")
+        seen: set[str] = set()
+        jobs = []
+        for move in self.moves:
+            jobs.append({"ledger": move.ledger, "left": move.left, "moved_in": bool(seen) and move.cluster not in seen,
+                         "download_s": downloads.get((move.cluster, move.job), 0.0)})
+            seen.add(move.cluster)
+        found = run_ledger(jobs, wall_s)
+        self.say(f"trainstack: the run across {len(seen)} cluster(s), {len(self.moves)} job(s): "
+                 f"{format_ledger(found)}")
+        try:
+            import fsspec
+
+            fs, root = fsspec.core.url_to_fs(self.store)
+            fs.pipe_file(f"{root.rstrip('/')}/run-ledger.json", json.dumps(
+                {**found, "moves": [vars(m) for m in self.moves]}, indent=1, default=str).encode())
+        except Exception as exc:  # noqa: BLE001 -- the store may not be reachable from where the follower runs
+            self.say(f"trainstack: the run's ledger is not written to {self.store} ({type(exc).__name__}: {exc})")

@@ -23,7 +23,7 @@ from .._jobfiles import ATTEMPT_MARK, DRIVER_QUIET_S, Exit, JobFiles
 __all__ = ["Verdict", "verdict", "KINDS", "HOST_FAULTS", "last_step", "exit_records"]
 
 KINDS = ("completed", "cancelled", "preempted", "time limit", "hang", "cuda out-of-memory", "cuda error",
-         "killed (signal 9)", "crashed (signal)", "collective failure", "node failure", "nccl transport",
+         "killed (signal 9)", "crashed (signal)", "collective failure", "node failure", "nccl transport", "superseded",
          "python error", "exited", "running", "unknown")
 #: Verdicts that blame the machine, not the program: a requeue leaves the host out.
 HOST_FAULTS = ("cuda error", "node failure")
@@ -70,6 +70,9 @@ _HINTS = {
     "cuda error": ["a requeued attempt leaves the host out (--requeue); `trainstack doctor` on that node",
                    "if it follows the job to every host, it is the program: CUDA_LAUNCH_BLOCKING=1 finds the kernel"],
     "node failure": ["--requeue runs the job again; Slurm drains the failed node (sinfo -R shows why)"],
+    "superseded": ["another attempt of the run (another job, or another cluster) took its lease: this one stopped "
+                   "without committing, so the run keeps one lineage; `trainstack status STORE_URL` shows the "
+                   "attempts"],
     "nccl transport": ["`trainstack doctor --nccl-transport KIND` on the host named here says what is missing",
                        "in a container: the image needs the RDMA user space (the trainstack images carry it) and the "
                        "runtime must bring /dev/infiniband and the site's network plugin (docs/how-to/containers.md)",
@@ -307,6 +310,8 @@ def _first_failure(ev: Evidence, folder: Path | None) -> Verdict | None:
     host = _host(ev, rank, folder)
     where = f" on rank {rank}" + (f" ({host})" if host else "") if rank is not None else ""
     text = f"{kind_line}{': ' + message if message else ''}"
+    if kind_line.split(".")[-1] == "StaleLease":
+        return Verdict("superseded", f"{message[:400]}{where}", rank, host, [text[:300], frame])
     transport = _transport_failure(ev, folder, kind_line, message)
     if transport is not None:
         return Verdict("nccl transport", f"{transport[:400]}{where}", rank, host, [text[:300], frame])

@@ -214,7 +214,8 @@ class Run:
                 jobevents.record("restoring")
             check = lambda state, where: check_same_experiment(state.get("identity"), ours, where)  # noqa: E731
             if cfg.resume == "auto" and self.store is not None:
-                runstore.pull_newer(self.store, self.checkpointer, main, trainer.console_print)
+                runstore.pull_newer(self.store, self.checkpointer, main, trainer.console_print,
+                                    self.uploads.lease if self.uploads is not None else None)
                 self.accelerator.barrier()  # every rank then sees what rank 0 downloaded
             restored = self._from_memory(check) if self.memory is not None else None
             if restored is None:

@@ -79,7 +79,8 @@ def fingerprint(world_size: int) -> dict[str, object]:
             "layout": f"{nodes} node(s), {world_size} process(es)"}
 
 
-def pull_newer(store: Store, checkpointer: Checkpointer, is_main: bool, say: Callable[[str], None]) -> None:
+def pull_newer(store: Store, checkpointer: Checkpointer, is_main: bool, say: Callable[[str], None],
+               lease: _lease.Lease | None = None) -> None:
     """``resume="auto"``: rank 0 downloads the store's newest committed checkpoint when the run folder has none as
     new (another machine, a lost disk); one that cannot be downloaded whole (damaged, forged, incomplete) is passed
     over for the one before it, said, as a damaged local checkpoint is."""
@@ -99,8 +100,11 @@ def pull_newer(store: Store, checkpointer: Checkpointer, is_main: bool, say: Cal
         except CheckpointError as exc:
             say(f"trainstack: WARNING: passing over {name} in the store: {exc}")
             continue
-        say(f"trainstack: downloaded checkpoint {name} from {store.url} in {time.perf_counter() - start:.1f} s "
+        seconds = time.perf_counter() - start
+        say(f"trainstack: downloaded checkpoint {name} from {store.url} in {seconds:.1f} s "
             f"(the run folder had none as new).")
+        if lease is not None:  # the run's ledger counts it as transfer (a move between clusters)
+            lease.note(download_s=round(seconds, 3), downloaded=name)
         return
 
 
