@@ -55,3 +55,14 @@ def test_the_run_ledger_across_clusters():
     assert found["goodput"] == round(50 / 80, 4) and found["total_s"] == 80.0
     # hedged jobs overlap: the total is what was spent, never less
     assert run_ledger([beta, beta], wall_s=10.0)["total_s"] == 60.0
+
+
+def test_a_move_costs_what_the_runs_earlier_moves_cost():
+    from trainstack._slurm.clusters import measured_move_cost
+
+    def move(moved_in, startup, compile_s):
+        return {"moved_in": moved_in, "ledger": {"parts": {"startup": startup, "compile": compile_s, "queue": 50}}}
+
+    ledger = {"moves": [move(False, 40.0, 5.0), move(True, 20.0, 10.0), move(True, 30.0, 0.0)]}
+    assert measured_move_cost(ledger) == 30.0  # (30 + 30) / 2: the jobs the run came to; queues are not the move
+    assert measured_move_cost({"moves": [move(False, 40.0, 5.0)]}) is None and measured_move_cost(None) is None

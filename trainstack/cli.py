@@ -371,6 +371,18 @@ def _follow_clusters(ctx: click.Context, paths: tuple[str, ...], store: str | No
         raise click.UsageError(f"two --cluster profiles name the same cluster ({names}): give each a `cluster` key")
     args = forwarded_args(ctx, drop=("host", "remote_dir", "clusters", "store", "move_cost", "wait", "test_only",
                                      "profile", "hedge"))
+    if move_cost is None:  # what this run's earlier moves cost, where an earlier follower recorded them
+        from ._slurm.clusters import measured_move_cost
+
+        try:
+            import fsspec
+
+            fs, root = fsspec.core.url_to_fs(store)
+            move_cost = measured_move_cost(json.loads(fs.cat_file(f"{root.rstrip('/')}/run-ledger.json")))
+        except (OSError, ValueError, ImportError):
+            move_cost = None
+        if move_cost is not None:
+            click.echo(f"trainstack: a move costs ~{move_cost:.0f} s (this run's earlier moves)", err=True)
     follower = Follower(clusters, args[1:], store, lambda line: click.echo(line, err=True),
                         move_cost_s=move_cost if move_cost is not None else DEFAULT_MOVE_COST_S, hedge=hedge)
     return follower.run()
@@ -487,6 +499,19 @@ def _retry_line(folder: Path | None) -> str:
     return "\n".join(lines)
 
 
+def _attempt_contract(log: Path | None) -> str | None:
+    """What the job's attempt of a run kept from the one before (a run across clusters: the lease epoch it wrote
+    as, and which guarantee held), as its log said it."""
+    if log is None:
+        return None
+    try:
+        text = Path(log).read_text(errors="replace")
+    except OSError:
+        return None
+    said = [line for line in text.splitlines() if "trainstack: this attempt writes " in line]
+    return said[-1].split("trainstack: ", 1)[1].strip() if said else None
+
+
 @main.command()
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -509,13 +534,16 @@ def why(job_id: str, as_json: bool) -> None:
                 found.kind, found.summary = "pending", note
         recovered = recoveries(row.folder) if row.folder is not None else []
         spent = ledger(row.folder)
+        contract = _attempt_contract(row.log)
         if as_json:
             click.echo(json.dumps({**dataclasses.asdict(found), "recoveries": recovered, "goodput": spent,
-                                   **health(row.folder)}))
+                                   "attempt": contract, **health(row.folder)}))
             continue
         click.echo(f"job {row.job} ({row.name}): {found.line()}")
         for line in found.evidence:
             click.echo(f"  | {line}")
+        if contract:
+            click.echo(f"  run: {contract}")
         for line in health_lines(row.folder) + ([format_ledger(spent)] if spent else []):
             click.echo(f"  {line}")
         for recovery in recovered:

@@ -178,6 +178,11 @@ def test_a_preempted_run_moves_to_the_other_cluster_and_ends_as_if_it_never_move
     lines = _lease.describe(url)
     assert "the writer now is epoch 2 (beta" in lines[0]
     assert "epoch 1: alpha" in lines[1] and "epoch 2: beta" in lines[2] and "bitwise equality held" in lines[2]
+    # why says which guarantee the attempt kept
+    job = re.search(r"run on beta: job (\d+)", out).group(1)
+    why = subprocess.run([sys.executable, "-m", "trainstack", "why", job], env={**env, "SLURM_CONF": beta},
+                         capture_output=True, text=True, timeout=120).stdout
+    assert "run: this attempt writes" in why and "as epoch 2 after alpha" in why and "bitwise equality held" in why
 
 
 def test_hedged_the_first_job_to_start_is_kept(slurm_env, beta, s3, shared_tmp, monkeypatch):

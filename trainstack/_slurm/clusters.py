@@ -86,6 +86,14 @@ def choose(starts: dict[str, float | None], current: str | None, move_cost_s: fl
     return best
 
 
+def measured_move_cost(previous: dict[str, Any] | None) -> float | None:
+    """What the run's earlier moves cost (``run-ledger.json`` of an earlier follower of the run): the mean of start-up,
+    transfer and cold compile of the jobs on a cluster the run came to; None when it has none."""
+    moved = [m for m in (previous or {}).get("moves", []) if m.get("moved_in") and m.get("ledger")]
+    costs = [sum(float(m["ledger"]["parts"].get(k, 0.0)) for k in ("startup", "compile")) for m in moved]
+    return sum(costs) / len(costs) if costs else None
+
+
 def parse_test_only(text: str, now: float | None = None) -> float | None:
     """Seconds until ``sbatch --test-only`` says the job would start ("sbatch: Job 3 to start at
     2026-11-28T14:51:01 using ..."); None when it says it cannot."""
@@ -293,7 +301,8 @@ class Follower:
         seen: set[str] = set()
         jobs = []
         for move in self.moves:
-            jobs.append({"ledger": move.ledger, "left": move.left, "moved_in": bool(seen) and move.cluster not in seen,
+            jobs.append({"cluster": move.cluster, "job": move.job, "ledger": move.ledger, "left": move.left,
+                         "moved_in": bool(seen) and move.cluster not in seen,
                          "download_s": downloads.get((move.cluster, move.job), 0.0)})
             seen.add(move.cluster)
         found = run_ledger(jobs, wall_s)
@@ -304,6 +313,7 @@ class Follower:
 
             fs, root = fsspec.core.url_to_fs(self.store)
             fs.pipe_file(f"{root.rstrip('/')}/run-ledger.json", json.dumps(
-                {**found, "moves": [vars(m) for m in self.moves]}, indent=1, default=str).encode())
+                {**found, "moves": [{**vars(m), **j} for m, j in zip(self.moves, jobs, strict=True)]}, indent=1,
+                default=str).encode())
         except Exception as exc:  # noqa: BLE001 -- the store may not be reachable from where the follower runs
             self.say(f"trainstack: the run's ledger is not written to {self.store} ({type(exc).__name__}: {exc})")
