@@ -136,12 +136,12 @@ def test_two_clusters_running_one_run_end_with_one_lineage_and_the_stale_writer_
     """A split brain: alpha trains slowly; beta starts the same run from the store and takes it over; alpha's next
     commit is refused and it stops, naming beta; the store's lineage is alpha's up to beta's start, then beta's."""
     url = f"s3://{bucket}/split"
-    alpha = _train(tmp_path / "alpha", url, "alpha", STEPS=40, EVERY=2, STEP_SLEEP=0.25)
+    alpha = _train(tmp_path / "alpha", url, "alpha", STEPS=400, EVERY=2, STEP_SLEEP=0.25)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not any(step >= 4 for (step, _), _ in _store(url).committed()):
             time.sleep(0.2)
-        beta = _train(tmp_path / "beta", url, "beta", STEPS=16, EVERY=2, STEP_SLEEP=0.05)
+        beta = _train(tmp_path / "beta", url, "beta", STEPS=200, EVERY=2, STEP_SLEEP=0.05)
         beta_out, _ = beta.communicate(timeout=180)
         assert beta.returncode == 0, beta_out[-3000:]
         alpha_out, _ = alpha.communicate(timeout=180)
@@ -178,3 +178,36 @@ def test_the_portability_contract_names_what_changed():
     assert said.startswith("exact data position and optimizer state hold; bitwise equality NOT guaranteed: ")
     assert "gpu NVIDIA H100 80GB HBM3 -> NVIDIA A100-SXM4-80GB" in said and "world_size 16 -> 8" in said
     assert _lease.portability(None, same) == "first attempt of this run"
+
+
+def test_a_checkpoint_staged_in_a_clusters_scratch_is_taken_instead_of_downloaded(bucket, tmp_path):
+    """trainstack checkpoint stage puts the newest committed checkpoint in a scratch folder while the job waits; the
+    job takes it from there when it matches its marker, and downloads it when it does not."""
+    url = f"s3://{bucket}/staged"
+    first = _train(tmp_path / "alpha", url, "alpha", STEPS=8, EVERY=4)
+    out, _ = first.communicate(timeout=180)
+    assert first.returncode == 0, out[-3000:]
+    scratch = tmp_path / "scratch"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    staged = subprocess.run([sys.executable, "-m", "trainstack", "checkpoint", "stage", url, str(scratch)],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert staged.returncode == 0 and "staged ckpt-" in staged.stdout, staged.stdout + staged.stderr
+    name = staged.stdout.split()[1]
+    beta = _train(tmp_path / "beta", url, "beta", STEPS=12, EVERY=4, TRAINSTACK_STAGED=scratch)
+    out, _ = beta.communicate(timeout=180)
+    assert beta.returncode == 0, out[-3000:]
+    assert f"took checkpoint {name} pre-staged in {scratch}" in out and "downloaded checkpoint" not in out, out
+    store = _store(url)
+    record = _lease.attempts(store.fs, store.root)[-1]
+    assert record["cluster"] == "beta" and record["staged"] is True and record["downloaded"] == name
+    # a staged copy that does not match its marker is not taken: the store's own copy is downloaded
+    again = subprocess.run([sys.executable, "-m", "trainstack", "checkpoint", "stage", url, str(scratch)],
+                           capture_output=True, text=True, timeout=120, env=env)
+    newest = again.stdout.split()[1]
+    assert newest != name
+    victim = scratch / newest
+    victim.write_bytes(victim.read_bytes()[:-10])
+    gamma = _train(tmp_path / "gamma", url, "gamma", STEPS=16, EVERY=4, TRAINSTACK_STAGED=scratch)
+    out, _ = gamma.communicate(timeout=180)
+    assert gamma.returncode == 0, out[-3000:]
+    assert "pre-staged" not in out and f"downloaded checkpoint {newest}" in out, out

@@ -39,7 +39,7 @@ from ._checkpoint.parts import unwrap as _unwrap
 from ._checkpoint.retention import rotate
 from ._checkpoint.rng import capture_rng, gather_rng, restore_rng
 from ._checkpoint.sharded import load_checked as _load_shards
-from ._checkpoint.store import Store, Uploads
+from ._checkpoint.store import Store, Uploads, adopt, stage
 from ._files import TEMP_RE, create_new, fsync_path, temp_path, url_scheme
 from .errors import CheckpointError, UnreadableCheckpoint
 
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CheckpointError", "Checkpointer", "Restored", "atomic_save", "capture_rng", "restore_rng",
            "checkpoint_name", "has_checkpoint", "load_file", "find", "consolidate", "describe", "load_checkpoint",
-           "write_checkpoint", "Store", "Uploads", "export_model", "check_exportable"]
+           "write_checkpoint", "Store", "Uploads", "export_model", "check_exportable", "stage", "adopt"]
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1

@@ -699,6 +699,22 @@ def checkpoint_free_memory(job_id: str, wait_s: int) -> None:
     click.echo(f"freed {len(folders)} memory checkpoint folder(s) of job {job_id} on {', '.join(hosts)}")
 
 
+@checkpoint.command("stage")
+@click.argument("store")
+@click.argument("folder", type=click.Path(file_okay=False))
+@_hosted
+def checkpoint_stage(store: str, folder: str) -> None:
+    """Download a run's newest committed checkpoint from its STORE (s3://...) into FOLDER (a cluster's scratch), so a
+    job of the run that waits there starts without the download (TRAINSTACK_STAGED=FOLDER)."""
+    from ._files import url_scheme
+    from .checkpoint import stage
+
+    if not url_scheme(store):
+        raise click.BadParameter(f"{store!r} is not a store URL (s3://bucket/run)", param_hint="'STORE'")
+    name = stage(store, Path(folder))
+    click.echo(f"staged {name} in {folder}" if name else f"nothing to stage: {store} has no committed checkpoint")
+
+
 @checkpoint.command("inspect")
 @click.argument("path")
 @_which

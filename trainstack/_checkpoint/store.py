@@ -39,7 +39,7 @@ from .retention import rotate
 
 log = logging.getLogger("trainstack")
 
-__all__ = ["Store", "Uploads", "COMMITTED"]
+__all__ = ["Store", "Uploads", "COMMITTED", "stage", "adopt"]
 
 COMMITTED = ".committed"
 _NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)(\.pt)?$")
@@ -302,6 +302,46 @@ class Store:
         finally:
             _remove(temp)
         return final
+
+
+def stage(url: str, folder: Path) -> str | None:
+    """Pre-stage: the store's newest committed checkpoint downloaded into ``folder`` (a cluster's scratch) while the
+    run's job waits there, so it starts without the download; its name (None when there is none)."""
+    store = Store(url)
+    newest = store.newest()
+    if newest is None:
+        return None
+    store.download(newest[1], folder)
+    return newest[1]
+
+
+def adopt(store: Store, name: str, staged: Path, folder: Path) -> bool:
+    """The pre-staged copy of ``name`` (``staged/name``), checked against its marker (every object, its size), copied
+    into ``folder`` under a temp name and renamed; False when there is none or it does not match (then the store's
+    own download runs)."""
+    source = staged / name
+    if not source.exists():
+        return False
+    objects = store.objects(name)
+    sizes = ({rel: (source / rel).stat().st_size if (source / rel).is_file() else None for rel in objects}
+             if source.is_dir() else {"": source.stat().st_size})
+    if sizes != objects:
+        return False
+    final = folder / name
+    if final.exists():
+        return True
+    folder.mkdir(parents=True, exist_ok=True)
+    temp = temp_path(final, owner=0)
+    _remove(temp)
+    try:
+        if source.is_dir():
+            shutil.copytree(source, temp)
+        else:
+            shutil.copy2(source, temp)
+        temp.rename(final)
+    finally:
+        _remove(temp)
+    return True
 
 
 def _inside(rel: str) -> bool:

@@ -46,11 +46,12 @@ class Cluster:
     profile: str
     host: str | None = None
     slurm_conf: str | None = None
+    scratch: str | None = None  # where the run's newest checkpoint is pre-staged while its job waits there
 
     @classmethod
     def from_profile(cls, path: str, profile: dict[str, Any]) -> Cluster:
         name = str(profile.get("cluster") or Path(path).stem)
-        return cls(name, path, profile.get("host"), profile.get("slurm_conf"))
+        return cls(name, path, profile.get("host"), profile.get("slurm_conf"), profile.get("scratch"))
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -62,6 +63,9 @@ class Cluster:
     def trainstack(self, args: Sequence[str], timeout: float = 600) -> subprocess.CompletedProcess:
         """``trainstack ARGS`` for this cluster (``--host`` added where it has one), as a child process."""
         host = ["--host", self.host] if self.host and args and args[0] in ("status", "cancel", "why") else []
+        if self.host and args[:2] == ["checkpoint", "stage"]:
+            return subprocess.run([sys.executable, "-m", "trainstack", "checkpoint", "stage", "--host", self.host,
+                                   *args[2:]], env=self.env(), capture_output=True, text=True, timeout=timeout)
         return subprocess.run([sys.executable, "-m", "trainstack", *args[:1], *host, *args[1:]], env=self.env(),
                               capture_output=True, text=True, timeout=timeout)
 
@@ -138,6 +142,7 @@ class Follower:
     moves: list[Move] = field(default_factory=list)
     worlds: dict[str, int] = field(default_factory=dict)  # each cluster's number of processes, as its submit says
     planned_world: int | None = None  # the first placement's: a move elsewhere keeps its global batch
+    _staged: set[str] = field(default_factory=set)  # the jobs whose cluster got the newest checkpoint pre-staged
 
     def _named(self, name: str) -> Cluster:
         return next(c for c in self.clusters if c.name == name)
@@ -164,12 +169,27 @@ class Follower:
         batch by gradient accumulation (and says when it cannot)."""
         env = [f"TRAINSTACK_CHECKPOINT_STORE={self.store}", "TRAINSTACK_LEASE=required",
                f"TRAINSTACK_CLUSTER={cluster.name}"]
+        if cluster.scratch:
+            env.append(f"TRAINSTACK_STAGED={self.staged_dir(cluster)}")
         world = self.worlds.get(cluster.name)
         if self.planned_world is None:
             self.planned_world = world
         elif world is not None and world != self.planned_world:
             env.append(f"TRAINSTACK_PLANNED_WORLD={self.planned_world}")
         return [word for item in env for word in ("--env", item)]
+
+    def staged_dir(self, cluster: Cluster) -> str:
+        """The run's pre-staging folder in the cluster's scratch (one per run: its store's last path part)."""
+        return f"{str(cluster.scratch).rstrip('/')}/{self.store.rstrip('/').rsplit('/', 1)[-1]}"
+
+    def prestage(self, move: Move) -> None:
+        """While the run's job waits on a cluster with a scratch folder, its newest checkpoint goes there."""
+        cluster = self._named(move.cluster)
+        if not cluster.scratch or not self.moves[:-1]:  # the first placement has nothing to take yet
+            return
+        out = cluster.trainstack(["checkpoint", "stage", self.store, self.staged_dir(cluster)], timeout=1800)
+        said = (out.stdout or out.stderr).strip().splitlines()
+        self.say(f"trainstack: {move.cluster}: {said[-1] if said else 'staging said nothing'}")
 
     def submit(self, cluster: Cluster, reason: str) -> Move:
         args = ["submit", "--profile", cluster.profile, *self._job_env(cluster), *self.submit_args]
@@ -268,6 +288,9 @@ class Follower:
                 move = None
                 continue
             if state.split()[0] in ("PENDING", "REQUEUED", "REQUEUE_HOLD"):  # a preempted job waits here again
+                if move.job not in self._staged:
+                    self._staged.add(move.job)
+                    self.prestage(move)
                 starts = self.expected_starts()
                 here = starts.get(move.cluster)
                 best = choose(starts, move.cluster, self.move_cost_s, self.margin_s)

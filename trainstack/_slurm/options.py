@@ -28,7 +28,7 @@ __all__ = ["build_spec", "load_profile", "PROFILE_ONLY", "check_submittable"]
 _LISTS = ("bind", "setup_cmd", "program")
 _PATHS = ("log_dir", "chdir", "venv")
 #: Options a profile may set that are not LaunchSpec fields.
-PROFILE_ONLY = ("templates_dir", "host", "remote_dir", "cluster", "slurm_conf")
+PROFILE_ONLY = ("templates_dir", "host", "remote_dir", "cluster", "slurm_conf", "scratch")
 #: options that ask for retries, which happen by requeueing: each turns --requeue on (said)
 IMPLY_REQUEUE = ("max_retries", "retry_on", "spare_nodes", "min_nodes")
 

@@ -5,6 +5,7 @@ calls these; the store itself is ``trainstack.checkpoint.Store``.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from .. import _envvars as envvars
 from .. import _lease
-from ..checkpoint import Checkpointer, CheckpointError, Store, Uploads, remove_checkpoint, step_of
+from ..checkpoint import Checkpointer, CheckpointError, Store, Uploads, adopt, remove_checkpoint, step_of
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
@@ -91,6 +92,13 @@ def pull_newer(store: Store, checkpointer: Checkpointer, is_main: bool, say: Cal
         if local is not None and step_of(local) >= step:
             return
         start = time.perf_counter()
+        staged = os.environ.get(envvars.STAGED)
+        if staged and adopt(store, name, Path(staged), checkpointer.folder):
+            seconds = time.perf_counter() - start
+            say(f"trainstack: took checkpoint {name} pre-staged in {staged} ({seconds:.1f} s, no download).")
+            if lease is not None:
+                lease.note(download_s=round(seconds, 3), downloaded=name, staged=True)
+            return
         try:
             got = store.download(name, checkpointer.folder)
             if got not in checkpointer.checkpoints():  # e.g. a sharded folder without its own commit marker
