@@ -274,10 +274,12 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
            test_only: bool, **params: Any) -> None:
     """Render, create the job folder, sbatch; print the job id, its folder and its log."""
     from ._slurm.options import load_profile
-    from .submit import finished_tasks, submit_spec
+    from .submit import finished_tasks, submission_notes, submit_spec, task_table
 
     if clusters:
-        sys.exit(_follow_clusters(ctx, clusters, store, move_cost, hedge))
+        from ._slurm.clusters import follow_command
+
+        sys.exit(follow_command(ctx, clusters, store, move_cost, hedge))
     site = load_profile(params["profile"]) if params.get("profile") else {}  # read once, here
     if site.get("slurm_conf") and not (host or site.get("host")):  # a second Slurm reachable from this machine
         os.environ["SLURM_CONF"] = str(site["slurm_conf"])
@@ -300,7 +302,7 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
     if dry_run:
         click.echo(_render(spec, templates_dir), nl=False)
         if spec.tasks:
-            click.echo(_task_table(spec, finished_tasks(spec)), err=True)
+            click.echo(task_table(spec, finished_tasks(spec)), err=True)
         return
     from ._slurm.options import check_submittable
     from .submit import sbatch_path
@@ -320,72 +322,12 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
         click.echo(f"all {len(spec.tasks)} tasks of this sweep already finished (in {spec.sweep_dir}); "
                    f"nothing submitted")
         return
-    if job.skipped:
-        click.echo(f"skipping {len(job.skipped)} task(s) that already finished: {job.skipped}", err=True)
-    if job.snapshot is not None and (job.snapshot.changed or job.snapshot.untracked):  # git asked once per submit
-        names = job.snapshot.changed + job.snapshot.untracked
-        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-        click.echo(f"warning: the job runs uncommitted changes (copied into its folder): {shown}", err=True)
-    if job.snapshot is not None and job.snapshot.skipped:
-        big = job.snapshot.skipped
-        click.echo(f"warning: {len(big)} file(s) over 50 MB are linked into the snapshot, not copied (edits to them "
-                   f"reach the job): {', '.join(big[:5])}{' ...' if len(big) > 5 else ''}", err=True)
+    for line in submission_notes(job):
+        click.echo(line, err=True)
     held = " (held: scontrol release " + job.job_id + ")" if hold else ""
     click.echo(f"job {job.job_id}{held} folder {job.job_dir} log {job.log_path}")
     if wait:
         sys.exit(job.exit_code or 0)
-
-
-def _task_table(spec: LaunchSpec, done: list[int]) -> str:
-    lines = [f"{'TASK':<5} {'SIGNATURE':<13} {'STATE':<9} ARGUMENTS"]
-    for i, task in enumerate(spec.tasks):
-        lines.append(f"{i:<5} {task['signature']:<13} {'finished' if i in done else 'to run':<9} "
-                     f"{shlex.join(task['args'])}")
-    todo = len(spec.tasks) - len(done)
-    lines.append(f"{todo} of {len(spec.tasks)} task(s) would run"
-                 + (f", at most {spec.max_parallel} at once" if spec.max_parallel else "")
-                 + f"; run folders under {spec.sweep_dir}")
-    return "\n".join(lines)
-
-
-def _follow_clusters(ctx: click.Context, paths: tuple[str, ...], store: str | None, move_cost: float | None,
-                     hedge: bool) -> int:
-    """``submit --cluster A --cluster B --store URL``: the follower keeps the run going across the clusters."""
-    from ._slurm.clusters import DEFAULT_MOVE_COST_S, Cluster, Follower
-    from ._slurm.hosted import forwarded_args
-    from ._slurm.options import load_profile
-
-    if store is None or "://" not in store:
-        raise click.UsageError(f"--cluster needs --store URL: the run's checkpoint store every cluster reaches "
-                               f"(got {store!r}). HINT: --store s3://bucket/runs/my-run")
-    if len(paths) < 2:
-        raise click.UsageError("--cluster names one cluster; a run across clusters needs two or more (one cluster: "
-                               "--profile)")
-    for name in ("profile", "host", "dry_run", "hold"):
-        if ctx.params.get(name):
-            raise click.UsageError(f"--{name.replace('_', '-')} does not go with --cluster: each cluster's profile "
-                                   f"names its host and options")
-    clusters = [Cluster.from_profile(p, load_profile(p)) for p in paths]
-    names = [c.name for c in clusters]
-    if len(set(names)) != len(names):
-        raise click.UsageError(f"two --cluster profiles name the same cluster ({names}): give each a `cluster` key")
-    args = forwarded_args(ctx, drop=("host", "remote_dir", "clusters", "store", "move_cost", "wait", "test_only",
-                                     "profile", "hedge"))
-    if move_cost is None:  # what this run's earlier moves cost, where an earlier follower recorded them
-        from ._slurm.clusters import measured_move_cost
-
-        try:
-            import fsspec
-
-            fs, root = fsspec.core.url_to_fs(store)
-            move_cost = measured_move_cost(json.loads(fs.cat_file(f"{root.rstrip('/')}/run-ledger.json")))
-        except (OSError, ValueError, ImportError):
-            move_cost = None
-        if move_cost is not None:
-            click.echo(f"trainstack: a move costs ~{move_cost:.0f} s (this run's earlier moves)", err=True)
-    follower = Follower(clusters, args[1:], store, lambda line: click.echo(line, err=True),
-                        move_cost_s=move_cost if move_cost is not None else DEFAULT_MOVE_COST_S, hedge=hedge)
-    return follower.run()
 
 
 @main.command()
@@ -427,7 +369,7 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool, 
     elif rows:
         click.echo(format_table(rows))
         if job_ids:  # named jobs: why each ended one ended
-            from ._slurm.report import health_lines
+            from ._slurm.report import attempt_rows, health_lines, retry_line
             from ._slurm.verdict import verdict
 
             for row in rows:
@@ -436,8 +378,8 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool, 
                 elif row.progress is not None:
                     click.echo(f"{row.job}: {row.progress.text()} (from the log line of "
                                f"{row.progress.age_s:.0f} s ago)")
-                extra = _attempt_rows(row.folder) if attempts else "\n".join(
-                    [f"  {line}" for line in health_lines(row.folder)] + [_retry_line(row.folder)]).rstrip()
+                extra = attempt_rows(row.folder) if attempts else "\n".join(
+                    [f"  {line}" for line in health_lines(row.folder)] + [retry_line(row.folder)]).rstrip()
                 if extra:
                     click.echo(extra)
     remote = None
@@ -457,61 +399,6 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool, 
         click.echo("no jobs: nothing queued or running, and trainstack submitted none yet.")
 
 
-def _attempt_rows(folder: Path | None) -> str:
-    """``status --attempts``: one row per ended attempt of a requeued job (its verdicts.jsonl), then the hosts left
-    out."""
-    from ._goodput import format_ledger, ledger
-    from ._slurm.attempt import describe, history, recoveries
-    from ._slurm.report import health_lines
-
-    rows = history(folder) if folder is not None else []
-    spent = ledger(folder)
-    extra = [f"  {line}" for line in health_lines(folder) + ([format_ledger(spent)] if spent else [])]
-    if folder is None or not rows:
-        return "\n".join(["  no attempt recorded (verdicts.jsonl is written by --requeue jobs when an attempt ends "
-                          "early)", *extra])
-    found = {(r["attempt"], r["step_index"]): r for r in recoveries(folder)}
-    lines = []
-    for r in rows:
-        name = f"{r['attempt']}.{r['step_index']}" if r.get("step_index") else f"{r['attempt']}"
-        lines.append(f"  attempt {name}: {r['cause']} (last step {r.get('step')}, exit {r.get('status')}"
-                     + (f", on {r['host']}" if r.get("host") else "") + ")"
-                     + (f" -> {'retried' if r['retried'] else 'stopped'}" if "retried" in r else ""))
-        recovery = found.get((r["attempt"], r.get("step_index", 0)))
-        if recovery is not None:
-            lines.append(f"    {describe(recovery)}")
-    if spent:
-        lines += [f"  step {st['attempt']}.{st['step_index']}: " + ", ".join(
-            f"{k.replace('_', ' ')} {v:.1f} s" for k, v in st["parts"].items() if v >= 0.05) for st in spent["steps"]]
-    return "\n".join(lines + extra + [_retry_line(folder)]).rstrip()
-
-
-def _retry_line(folder: Path | None) -> str:
-    """The retry policy's last word on a job (why it was not retried) and the hosts its attempts left out."""
-    from ._slurm.attempt import history
-
-    rows = history(folder) if folder is not None else []
-    lines = [f"  {rows[-1]['decision']}"] if rows and rows[-1].get("retried") is False else []
-    left_out = [r for r in rows if r.get("retried") and r.get("excluded")]
-    if left_out:
-        lines.append(f"  excluded hosts: {', '.join(left_out[-1]['excluded'])} (blamed by a verdict: left out of "
-                     f"what followed -- the next step of the allocation, or the requeued attempt)")
-    return "\n".join(lines)
-
-
-def _attempt_contract(log: Path | None) -> str | None:
-    """What the job's attempt of a run kept from the one before (a run across clusters: the lease epoch it wrote
-    as, and which guarantee held), as its log said it."""
-    if log is None:
-        return None
-    try:
-        text = Path(log).read_text(errors="replace")
-    except OSError:
-        return None
-    said = [line for line in text.splitlines() if "trainstack: this attempt writes " in line]
-    return said[-1].split("trainstack: ", 1)[1].strip() if said else None
-
-
 @main.command()
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -522,7 +409,7 @@ def why(job_id: str, as_json: bool) -> None:
     lines from its logs and job folder, and what to do about it."""
     from ._goodput import format_ledger, ledger
     from ._slurm.attempt import describe, recoveries
-    from ._slurm.report import health, health_lines
+    from ._slurm.report import attempt_contract, health, health_lines
     from ._slurm.status import job_status, pending_note
     from ._slurm.verdict import verdict
 
@@ -534,7 +421,7 @@ def why(job_id: str, as_json: bool) -> None:
                 found.kind, found.summary = "pending", note
         recovered = recoveries(row.folder) if row.folder is not None else []
         spent = ledger(row.folder)
-        contract = _attempt_contract(row.log)
+        contract = attempt_contract(row.log)
         if as_json:
             click.echo(json.dumps({**dataclasses.asdict(found), "recoveries": recovered, "goodput": spent,
                                    "attempt": contract, **health(row.folder)}))

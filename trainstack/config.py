@@ -20,7 +20,6 @@ from typing import Any, overload
 import torch
 from torch import nn
 
-from . import _envvars as envvars
 from ._choices import (
     BACKENDS,
     CHECKPOINT_FORMATS,
@@ -33,6 +32,7 @@ from ._choices import (
     TRACKING_TOOLS,
 )
 from ._files import url_scheme
+from ._lease import run_store
 from ._runtime.compiling import compile_options
 from ._runtime.parallel import Parallelism
 from .errors import ConfigError, UnknownField
@@ -281,18 +281,7 @@ class TrainConfig:
         if self.export_final_model not in (None, "safetensors", "hf"):
             raise ConfigError(f"TrainConfig.export_final_model={self.export_final_model!r} must be 'safetensors', "
                               f"'hf' or None.")
-        across = os.environ.get(envvars.CHECKPOINT_STORE)  # a run across clusters (submit --cluster --store)
-        if across:
-            if self.checkpoint_store not in (None, across):
-                raise ConfigError(f"TrainConfig.checkpoint_store={self.checkpoint_store!r}, but this run across "
-                                  f"clusters keeps its checkpoints in {across!r} ({envvars.CHECKPOINT_STORE}, "
-                                  f"trainstack submit --store). HINT: leave checkpoint_store unset in the program.")
-            if self.resume != "auto" or self.create_subfolder_per_run:
-                raise ConfigError(f"this run moves between clusters ({envvars.CHECKPOINT_STORE}={across}), so each "
-                                  f"attempt must resume from the store: TrainConfig.resume={self.resume!r} and "
-                                  f"create_subfolder_per_run={self.create_subfolder_per_run!r}. HINT: resume='auto' "
-                                  f"and one fixed log_folder.")
-            self.checkpoint_store = across
+        self.checkpoint_store = run_store(self.checkpoint_store, self.resume, self.create_subfolder_per_run)
         if self.checkpoint_store is not None and not url_scheme(self.checkpoint_store):
             raise ConfigError(f"TrainConfig.checkpoint_store={self.checkpoint_store!r} must be a URL such as "
                               f"s3://bucket/prefix. HINT: checkpoints already go to the run folder "

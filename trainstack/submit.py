@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -31,7 +32,7 @@ from .render import render
 
 __all__ = ["SubmitError", "SubmittedJob", "FunctionJob", "write_script", "submit", "submit_spec", "sbatch_path",
            "find_submission", "SUBMISSION_MARK",
-           "submit_function", "finished_tasks", "wait_for", "expected_start"]
+           "submit_function", "finished_tasks", "wait_for", "expected_start", "task_table", "submission_notes"]
 
 
 class SubmitError(TrainstackError, RuntimeError):
@@ -97,6 +98,35 @@ def expected_start(script: str, partition: str | None, world_size: int | None = 
     start = parse_test_only(said)
     return {"start_in_s": start, "reason": said.splitlines()[-1] if said else "no answer", "cluster": cluster,
             "world_size": world_size}
+
+
+def task_table(spec: LaunchSpec, done: list[int]) -> str:
+    """A sweep's tasks, finished or to run (``submit --dry-run``)."""
+    lines = [f"{'TASK':<5} {'SIGNATURE':<13} {'STATE':<9} ARGUMENTS"]
+    for i, task in enumerate(spec.tasks):
+        lines.append(f"{i:<5} {task['signature']:<13} {'finished' if i in done else 'to run':<9} "
+                     f"{shlex.join(task['args'])}")
+    todo = len(spec.tasks) - len(done)
+    lines.append(f"{todo} of {len(spec.tasks)} task(s) would run"
+                 + (f", at most {spec.max_parallel} at once" if spec.max_parallel else "")
+                 + f"; run folders under {spec.sweep_dir}")
+    return "\n".join(lines)
+
+
+def submission_notes(job: SubmittedJob) -> list[str]:
+    """What a submission says beside its job id: tasks skipped, uncommitted changes run, big files linked."""
+    notes = []
+    if job.skipped:
+        notes.append(f"skipping {len(job.skipped)} task(s) that already finished: {job.skipped}")
+    if job.snapshot is not None and (job.snapshot.changed or job.snapshot.untracked):  # git asked once per submit
+        names = job.snapshot.changed + job.snapshot.untracked
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        notes.append(f"warning: the job runs uncommitted changes (copied into its folder): {shown}")
+    if job.snapshot is not None and job.snapshot.skipped:
+        big = job.snapshot.skipped
+        notes.append(f"warning: {len(big)} file(s) over 50 MB are linked into the snapshot, not copied (edits to "
+                     f"them reach the job): {', '.join(big[:5])}{' ...' if len(big) > 5 else ''}")
+    return notes
 
 
 def finished_tasks(spec: LaunchSpec) -> list[int]:

@@ -19,7 +19,7 @@ from .attempt import history
 from .nodecheck import describe as describe_check
 from .nodecheck import read_checks
 
-__all__ = ["health", "health_lines", "write_report"]
+__all__ = ["health", "health_lines", "write_report", "attempt_rows", "retry_line", "attempt_contract"]
 
 
 def health(folder: Path | None, since: float = 0.0, until: float | None = None) -> dict[str, Any]:
@@ -87,3 +87,56 @@ def write_report(folder: Path, restart: int, step_index: int) -> Path:
     path = files.report(restart, step_index, ".txt")
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def attempt_rows(folder: Path | None) -> str:
+    """``status --attempts``: one row per ended attempt of a requeued job (its verdicts.jsonl), then the hosts left
+    out."""
+    from .attempt import describe, recoveries
+
+    rows = history(folder) if folder is not None else []
+    spent = ledger(folder)
+    extra = [f"  {line}" for line in health_lines(folder) + ([format_ledger(spent)] if spent else [])]
+    if folder is None or not rows:
+        return "\n".join(["  no attempt recorded (verdicts.jsonl is written by --requeue jobs when an attempt ends "
+                          "early)", *extra])
+    found = {(r["attempt"], r["step_index"]): r for r in recoveries(folder)}
+    lines = []
+    for r in rows:
+        name = f"{r['attempt']}.{r['step_index']}" if r.get("step_index") else f"{r['attempt']}"
+        lines.append(f"  attempt {name}: {r['cause']} (last step {r.get('step')}, exit {r.get('status')}"
+                     + (f", on {r['host']}" if r.get("host") else "") + ")"
+                     + (f" -> {'retried' if r['retried'] else 'stopped'}" if "retried" in r else ""))
+        recovery = found.get((r["attempt"], r.get("step_index", 0)))
+        if recovery is not None:
+            lines.append(f"    {describe(recovery)}")
+    if spent:
+        lines += [f"  step {st['attempt']}.{st['step_index']}: " + ", ".join(
+            f"{k.replace('_', ' ')} {v:.1f} s" for k, v in st["parts"].items() if v >= 0.05) for st in spent["steps"]]
+    return "\n".join(lines + extra + [retry_line(folder)]).rstrip()
+
+
+def retry_line(folder: Path | None) -> str:
+    """The retry policy's last word on a job (why it was not retried) and the hosts its attempts left out."""
+    from .attempt import history
+
+    rows = history(folder) if folder is not None else []
+    lines = [f"  {rows[-1]['decision']}"] if rows and rows[-1].get("retried") is False else []
+    left_out = [r for r in rows if r.get("retried") and r.get("excluded")]
+    if left_out:
+        lines.append(f"  excluded hosts: {', '.join(left_out[-1]['excluded'])} (blamed by a verdict: left out of "
+                     f"what followed -- the next step of the allocation, or the requeued attempt)")
+    return "\n".join(lines)
+
+
+def attempt_contract(log: Path | None) -> str | None:
+    """What the job's attempt of a run kept from the one before (a run across clusters: the lease epoch it wrote
+    as, and which guarantee held), as its log said it."""
+    if log is None:
+        return None
+    try:
+        text = Path(log).read_text(errors="replace")
+    except OSError:
+        return None
+    said = [line for line in text.splitlines() if "trainstack: this attempt writes " in line]
+    return said[-1].split("trainstack: ", 1)[1].strip() if said else None
