@@ -70,7 +70,8 @@ def fingerprint(world_size: int) -> dict[str, object]:
     driver = None
     if cuda:
         try:
-            driver = str(torch._C._cuda_getDriverVersion())
+            version = getattr(torch._C, "_cuda_getDriverVersion", None)  # the CUDA driver API's version number
+            driver = str(version()) if version is not None else None
         except Exception:  # noqa: BLE001 -- private API, best effort
             driver = None
     nodes = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or "1"
