@@ -38,6 +38,10 @@ MOVABLE = ("preempted", "node failure", "time limit", "terminated", "superseded"
 DEFAULT_MOVE_COST_S = 120.0
 #: Hysteresis: a move must win by this much more than its cost (no flapping between two similar queues).
 DEFAULT_MARGIN_S = 60.0
+#: While the run's job waits, every cluster is asked again this often (each ask renders and test-submits there).
+LOOK_EVERY_S = 20.0
+#: Polls in a row in which neither Slurm nor the job folder knows the run's job: it is gone, the run continues.
+LOST_POLLS = 12
 
 
 @dataclass(frozen=True)
@@ -271,6 +275,7 @@ class Follower:
 
     def _follow(self) -> int:
         move: Move | None = None
+        unknown, looked = 0, 0.0
         while True:
             if move is None:
                 move = self.place()
@@ -278,6 +283,9 @@ class Follower:
                     return 1
             time.sleep(self.poll_s)
             state, kind = self.state(move)
+            unknown = unknown + 1 if state == "UNKNOWN" else 0
+            if unknown >= LOST_POLLS:  # neither Slurm nor the job folder knows the job any more
+                kind = "unknown"
             if kind == "completed" or state == "COMPLETED":
                 self.say(f"trainstack: the run completed on {move.cluster} (job {move.job}) after "
                          f"{len(self.moves)} placement(s)")
@@ -290,10 +298,12 @@ class Follower:
                 self.say(f"trainstack: job {move.job} on {move.cluster} ended: {kind}; the run continues")
                 move = None
                 continue
-            if state.split()[0] in ("PENDING", "REQUEUED", "REQUEUE_HOLD"):  # a preempted job waits here again
-                if move.job not in self._staged:
-                    self._staged.add(move.job)
-                    self.prestage(move)
+            waiting = state.split()[0] in ("PENDING", "REQUEUED", "REQUEUE_HOLD")  # a preempted job waits here again
+            if waiting and move.job not in self._staged:
+                self._staged.add(move.job)
+                self.prestage(move)
+            if waiting and time.monotonic() - looked >= LOOK_EVERY_S:  # asking every cluster ships code to each
+                looked = time.monotonic()
                 starts = self.expected_starts()
                 here = starts.get(move.cluster)
                 best = choose(starts, move.cluster, self.move_cost_s, self.margin_s)
