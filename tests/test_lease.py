@@ -200,6 +200,10 @@ def test_a_checkpoint_staged_in_a_clusters_scratch_is_taken_instead_of_downloade
     store = _store(url)
     record = _lease.attempts(store.fs, store.root)[-1]
     assert record["cluster"] == "beta" and record["staged"] is True and record["downloaded"] == name
+    first_record = _lease.attempts(store.fs, store.root)[0]
+    assert len(record["config_hash"]) == 16
+    assert record["config_hash"] != first_record["config_hash"]  # max_steps 8 -> 12: the records tell them apart
+    assert set(record["image"]) >= {"path"} and isinstance(record["code"], dict)
     # a staged copy that does not match its marker is not taken: the store's own copy is downloaded
     again = subprocess.run([sys.executable, "-m", "trainstack", "checkpoint", "stage", url, str(scratch)],
                            capture_output=True, text=True, timeout=120, env=env)

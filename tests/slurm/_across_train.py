@@ -1,8 +1,8 @@
-"""A run that moves between clusters (tests/slurm/test_across_clusters.py): its checkpoint store comes from the environment
-(TRAINSTACK_CHECKPOINT_STORE, set by trainstack submit --cluster ... --store), its run folder is the cluster's own
-(OUT_ROOT/<TRAINSTACK_CLUSTER>: clusters share no file system), checkpoints every 2 steps, STEP_SLEEP per step.
-Every rank appends the sample ids of each batch it trains on to OUT_ROOT/<cluster>/ids-rank<R>.jsonl; rank 0 saves
-the final parameters to OUT_ROOT/<cluster>/final.pt."""
+"""A run that moves between clusters (tests/slurm/test_across_clusters.py): its checkpoint store comes from the
+environment (TRAINSTACK_CHECKPOINT_STORE, set by trainstack submit --cluster ... --store), its run folder is the
+cluster's own (OUT_ROOT/<TRAINSTACK_CLUSTER>: clusters share no file system), checkpoints every 2 steps, STEP_SLEEP
+per step. Every rank appends the sample ids of each batch it trains on to OUT_ROOT/<cluster>/ids-rank<R>.jsonl;
+rank 0 saves the final parameters to OUT_ROOT/<cluster>/final.pt."""
 
 from __future__ import annotations
 

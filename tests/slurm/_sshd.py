@@ -1,7 +1,7 @@
 """A real OpenSSH server in front of a local Slurm, for the `--host` tests (test_remote.py) and the runs across
-clusters (test_across_clusters.py): a second Unix account with its own trainstack install, its own sshd (-f config on a free
-port of 127.0.0.1, a throw-away host key, started and stopped by pid), and the environment each login gets (SetEnv:
-the cluster's SLURM_CONF, a store's endpoint)."""
+clusters (test_across_clusters.py): a second Unix account with its own trainstack install, its own sshd (-f config
+on a free port of 127.0.0.1, a throw-away host key, started and stopped by pid), and the environment each login gets
+(SetEnv: the cluster's SLURM_CONF, a store's endpoint)."""
 
 from __future__ import annotations
 

@@ -33,10 +33,29 @@ def open_store(config: TrainConfig, path: Path, is_main: bool, kept: int | None,
     store.check()
     if not is_main:
         return store, None
-    return store, Uploads(store, kept, say, take_lease(store, world_size, say))
+    return store, Uploads(store, kept, say, take_lease(store, world_size, say, _config_hash(config)))
 
 
-def take_lease(store: Store, world_size: int, say: Callable[[str], None]) -> _lease.Lease | None:
+def _config_hash(config: TrainConfig) -> str:
+    """A short hash of the configuration's plain fields (what the attempt trained with; not its folders)."""
+    import dataclasses
+    import hashlib
+
+    def plain(value: object) -> bool:  # callables and objects print their address: not the same run to run
+        if isinstance(value, (list, tuple)):
+            return all(plain(v) for v in value)
+        if isinstance(value, dict):
+            return all(plain(v) for v in value.values())
+        return value is None or isinstance(value, (str, int, float, bool))
+
+    where = ("log_folder", "root_folder")  # each cluster's own folders: not what the run trains with
+    text = repr(sorted((f.name, repr(getattr(config, f.name))) for f in dataclasses.fields(config)
+                       if f.name not in where and plain(getattr(config, f.name))))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def take_lease(store: Store, world_size: int, say: Callable[[str], None],
+               config_hash: str | None = None) -> _lease.Lease | None:
     """Become the run's one writer, starting its lineage at the store's newest committed checkpoint, and say what
     this attempt keeps from the one before (the portability contract). A store without conditional writes has no
     lease: said, or refused where one is required (``TRAINSTACK_LEASE=required``: runs that move between clusters)."""
@@ -53,11 +72,33 @@ def take_lease(store: Store, world_size: int, say: Callable[[str], None]) -> _le
     before = _lease.attempts(store.fs, store.root)
     now = fingerprint(world_size)
     epoch = lease.take(newest[0] if newest else None, now)
+    lease.note(**provenance(config_hash))
     previous = before[-1] if before else None
     where = f" after {previous.get('cluster')} job {previous.get('job')}" if previous else ""
     say(f"trainstack: this attempt writes {store.url} as epoch {epoch}{where}: "
         f"{_lease.portability(previous.get('fingerprint') if previous else None, now)}.")
     return lease
+
+
+def provenance(config_hash: str | None) -> dict[str, object]:
+    """What an attempt ran besides the hardware: the image (its path and the versions it records), the code (the
+    submission's git commit and whether it had uncommitted changes) and the configuration's hash."""
+    import json
+    import os
+
+    image = {"path": os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
+             or os.environ.get("ENROOT_ROOTFS")}
+    recorded = Path("/opt/trainstack/versions.json")
+    if recorded.is_file():
+        image["versions"] = json.loads(recorded.read_text())
+    code: dict[str, object] = {}
+    job = os.environ.get(envvars.JOB_DIR)
+    if job and (Path(job) / "metadata.json").is_file():
+        try:
+            code = dict(json.loads((Path(job) / "metadata.json").read_text()).get("git") or {})
+        except ValueError:
+            code = {}
+    return {"image": image, "code": code, "config_hash": config_hash}
 
 
 def fingerprint(world_size: int) -> dict[str, object]:
