@@ -118,6 +118,13 @@ class JobFiles:
         return self.folder / name
 
     # ------------------------------------------------------------------ runs and the job's end
+    def submitted_code(self) -> dict[str, Any]:
+        """The submission's git record (``commit``, ``dirty``) from trainstack submit's metadata ({} without one)."""
+        try:
+            return dict(json.loads(self.path(self.METADATA).read_text()).get("git") or {})
+        except (OSError, ValueError, AttributeError):
+            return {}
+
     def mark_started(self) -> None:
         with open(self.path(self.STARTED), "a") as fh:
             fh.write(datetime.datetime.now().astimezone().isoformat(timespec="seconds") + "\n")

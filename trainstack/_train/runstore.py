@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from .. import _envvars as envvars
 from .. import _lease
+from .._jobfiles import JobFiles
 from ..checkpoint import Checkpointer, CheckpointError, Store, Uploads, adopt, remove_checkpoint, step_of
 from ..errors import ConfigError
 
@@ -91,14 +92,8 @@ def provenance(config_hash: str | None) -> dict[str, object]:
     recorded = Path("/opt/trainstack/versions.json")
     if recorded.is_file():
         image["versions"] = json.loads(recorded.read_text())
-    code: dict[str, object] = {}
-    job = os.environ.get(envvars.JOB_DIR)
-    if job and (Path(job) / "metadata.json").is_file():
-        try:
-            code = dict(json.loads((Path(job) / "metadata.json").read_text()).get("git") or {})
-        except ValueError:
-            code = {}
-    return {"image": image, "code": code, "config_hash": config_hash}
+    job = JobFiles.current()
+    return {"image": image, "code": job.submitted_code() if job is not None else {}, "config_hash": config_hash}
 
 
 def fingerprint(world_size: int) -> dict[str, object]:
