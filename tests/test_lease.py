@@ -37,6 +37,8 @@ def bucket(s3_server, monkeypatch):
         monkeypatch.setenv(key, value)
     import s3fs
 
+    s3fs.S3FileSystem.clear_instance_cache()  # an earlier module's client points at its own (stopped) server
+
     name = f"ts-{uuid.uuid4().hex[:12]}"
     s3fs.S3FileSystem(skip_instance_cache=True).mkdir(name)
     return name

@@ -15,7 +15,7 @@ __all__ = ["Variable", "VARIABLES", "positive_number"] + [
     "SWEEP_ARGS", "SUBMISSION", "SLURM_FN", "STOP_FILE", "STOP_SIGNALS", "SUBMIT_DIR", "TIMEOUT_S", "COMPILE_CACHE",
     "COMPILE_TIMEOUT", "PEAK_TFLOPS", "HOST", "REMOTE_DIR", "REMOTE_TRAINSTACK", "SSH_CONFIG", "SSH_REUSE_ONLY",
     "REMOTE_INDEX_DIR", "REMOTE_SIDE", "MEMORY_DIR", "NODE_NAME", "STRAGGLER_RATIO", "ATTEMPT", "STEP",
-    "STORE_TIMEOUT", "PLANNED_WORLD"]
+    "STORE_TIMEOUT", "PLANNED_WORLD", "CHECKPOINT_STORE", "LEASE", "CLUSTER", "STAGED", "NCCL_TRANSPORT"]
 
 
 class Variable(NamedTuple):
@@ -83,6 +83,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TRAINSTACK_LEASE", "trainstack",
              "required: a checkpoint store without conditional writes is refused (runs across clusters set it); "
              "otherwise such a store commits without the single-writer lease, said once."),
+    Variable("TRAINSTACK_NCCL_TRANSPORT", "job scripts",
+             "The NCCL network a job requires (ib, efa, socket; --nccl-transport): every NCCL rank checks its host "
+             "before NCCL starts and NCCL's own init lines after, and stops with the reason instead of running on "
+             "another network."),
     Variable("TRAINSTACK_STAGED", "trainstack",
              "A folder where the run's newest committed checkpoint may wait, pre-staged from its store while the job "
              "was pending (a run across clusters, the cluster profile's scratch): taken from there if it matches its "
@@ -158,7 +162,7 @@ MEMORY_DIR, NODE_NAME = "TRAINSTACK_MEMORY_DIR", "TRAINSTACK_NODE_NAME"
 STRAGGLER_RATIO = "TRAINSTACK_STRAGGLER_RATIO"
 STORE_TIMEOUT = "TRAINSTACK_STORE_TIMEOUT"
 CHECKPOINT_STORE, LEASE, CLUSTER = "TRAINSTACK_CHECKPOINT_STORE", "TRAINSTACK_LEASE", "TRAINSTACK_CLUSTER"
-STAGED = "TRAINSTACK_STAGED"
+STAGED, NCCL_TRANSPORT = "TRAINSTACK_STAGED", "TRAINSTACK_NCCL_TRANSPORT"
 ATTEMPT, STEP, PLANNED_WORLD = "TRAINSTACK_ATTEMPT", "TRAINSTACK_STEP", "TRAINSTACK_PLANNED_WORLD"
 assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PRELOAD, START_METHOD, PIN_MEMORY,
                                          FAST_TENSOR_PATH, PROGRESS, STOP_SIGNALS, STOP_FILE, NPROCS, COMPUTE_SETUP,
@@ -167,7 +171,7 @@ assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PREL
                                          PEAK_TFLOPS, HOST, REMOTE_DIR, REMOTE_TRAINSTACK, SSH_CONFIG,
                                          SSH_REUSE_ONLY, REMOTE_INDEX_DIR, REMOTE_SIDE, MEMORY_DIR, NODE_NAME,
                                          STRAGGLER_RATIO, ATTEMPT, STEP, STORE_TIMEOUT, PLANNED_WORLD,
-                                         CHECKPOINT_STORE, LEASE, CLUSTER, STAGED))
+                                         CHECKPOINT_STORE, LEASE, CLUSTER, STAGED, NCCL_TRANSPORT))
 
 
 @overload

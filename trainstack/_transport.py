@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import _envvars as envvars
 from .errors import LaunchError
 
 __all__ = ["Transport", "TRANSPORTS", "TransportError", "NcclInit", "transport", "missing_libraries", "preflight",
@@ -27,7 +28,7 @@ __all__ = ["Transport", "TRANSPORTS", "TransportError", "NcclInit", "transport",
            "check_before_init", "confirm_after_init", "REQUIRED_ENV"]
 
 #: The variable a generated script sets to the required transport; the runtime checks it before NCCL starts.
-REQUIRED_ENV = "TRAINSTACK_NCCL_TRANSPORT"
+REQUIRED_ENV = envvars.NCCL_TRANSPORT
 
 
 class TransportError(LaunchError):

@@ -78,6 +78,7 @@ def _first_time(run: Path) -> float:
 def _bucket(s3, monkeypatch) -> str:
     import s3fs
 
+    s3fs.S3FileSystem.clear_instance_cache()  # an earlier module's client points at its own (stopped) server
     for key, value in s3.items():
         monkeypatch.setenv(key, value)
     bucket = f"ts-{uuid.uuid4().hex[:10]}"

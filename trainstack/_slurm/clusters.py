@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import _envvars as envvars
+
 if TYPE_CHECKING:
     import click
 
@@ -62,7 +64,7 @@ class Cluster:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.pop("TRAINSTACK_HOST", None)
+        env.pop(envvars.HOST, None)
         if self.slurm_conf:
             env["SLURM_CONF"] = self.slurm_conf
         return env
@@ -174,15 +176,15 @@ class Follower:
         """The job's part of the run: its store, the lease required, its cluster's name, and -- on a cluster with
         another number of processes than the first placement -- the planned world, so the trainer keeps the global
         batch by gradient accumulation (and says when it cannot)."""
-        env = [f"TRAINSTACK_CHECKPOINT_STORE={self.store}", "TRAINSTACK_LEASE=required",
-               f"TRAINSTACK_CLUSTER={cluster.name}"]
+        env = [f"{envvars.CHECKPOINT_STORE}={self.store}", f"{envvars.LEASE}=required",
+               f"{envvars.CLUSTER}={cluster.name}"]
         if cluster.scratch:
-            env.append(f"TRAINSTACK_STAGED={self.staged_dir(cluster)}")
+            env.append(f"{envvars.STAGED}={self.staged_dir(cluster)}")
         world = self.worlds.get(cluster.name)
         if self.planned_world is None:
             self.planned_world = world
         elif world is not None and world != self.planned_world:
-            env.append(f"TRAINSTACK_PLANNED_WORLD={self.planned_world}")
+            env.append(f"{envvars.PLANNED_WORLD}={self.planned_world}")
         return [word for item in env for word in ("--env", item)]
 
     def staged_dir(self, cluster: Cluster) -> str:
