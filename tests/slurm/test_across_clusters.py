@@ -1,10 +1,12 @@
-"""One run across two clusters, for real (issue 55): the local Slurm ("alpha") and a second, independent Slurm
-("beta": its own ClusterName, slurmctld, nodes and state), one S3-compatible store (moto's server on 127.0.0.1)
-they both reach; each cluster named by a profile and reached from this machine (slurm_conf) or, in the last test,
-through its own sshd and Unix account, as from a laptop. The follower (`trainstack submit --cluster alpha.toml
---cluster beta.toml --store URL`) places the run on alpha; alpha's partition goes down and the job is preempted
-(requeued there, so it waits); the follower moves the run to beta, which resumes from the store -- and the run ends
-with the same parameters and the same losses as a run that never moved, one run id, one lineage in the store."""
+"""One run across two clusters, for real (issue 55): two independent local Slurm clusters of this module's own
+("alpha" and "beta", each with its own ClusterName, slurmctld, ports, nodes and state: scripts/slurm-local.sh with
+TRAINSTACK_SLURM_CLUSTER; the project's main local Slurm is not touched, so this module runs beside the Slurm tests),
+one S3-compatible store (moto's server on 127.0.0.1) they both reach; each cluster named by a profile and reached
+from this machine (slurm_conf) or, in the last test, through its own sshd and Unix account, as from a laptop. The
+follower (`trainstack submit --cluster alpha.toml --cluster beta.toml --store URL`) places the run on alpha; alpha's
+partition goes down and the job is preempted (requeued there, so it waits); the follower moves the run to beta, which
+resumes from the store -- and the run ends with the same parameters and the same losses as a run that never moved,
+one run id, one lineage in the store."""
 
 from __future__ import annotations
 
@@ -27,22 +29,46 @@ from helpers import ROOT, moto_s3
 
 from trainstack import _lease
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 PROGRAM = "tests/slurm/_across_train.py"
-BETA = Path("/tmp/trainstack-slurm-beta/slurm.conf")
 
 
 @pytest.fixture(scope="module")
-def beta(slurm_env):
-    """The second cluster, up for this module (scripts/slurm-local.sh with TRAINSTACK_SLURM_CLUSTER=beta)."""
-    env = {**os.environ, "TRAINSTACK_SLURM_CLUSTER": "beta"}
-    env.pop("SLURM_CONF", None)
-    subprocess.run([str(ROOT / "scripts/slurm-local.sh"), "up"], env=env, check=True, timeout=180,
-                   capture_output=True)
+def slurms():
+    """alpha's and beta's slurm.conf, both clusters up for this module and down after it."""
+    if not shutil.which("slurmctld") or os.geteuid() != 0:
+        message = "needs root and Slurm (apt-get install slurm-wlm munge)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    envs = {name: {**os.environ, "TRAINSTACK_SLURM_CLUSTER": name} for name in ("alpha", "beta")}
     try:
-        yield str(BETA)
+        for env in envs.values():
+            env.pop("SLURM_CONF", None)
+            subprocess.run([str(ROOT / "scripts/slurm-local.sh"), "up"], env=env, check=True, timeout=180,
+                           capture_output=True)
+        yield {name: f"/tmp/trainstack-slurm-{name}/slurm.conf" for name in envs}
     finally:
-        subprocess.run([str(ROOT / "scripts/slurm-local.sh"), "down"], env=env, timeout=120, capture_output=True)
+        for env in envs.values():
+            subprocess.run([str(ROOT / "scripts/slurm-local.sh"), "down"], env=env, timeout=120, capture_output=True)
+
+
+@pytest.fixture
+def slurm_env(slurms):
+    """The environment of a user on alpha (what the module's tests start from)."""
+    return {**os.environ, "SLURM_CONF": slurms["alpha"]}
+
+
+@pytest.fixture
+def beta(slurms):
+    return slurms["beta"]
+
+
+@pytest.fixture
+def shared_tmp(tmp_path):
+    """A folder both fake nodes (and the accounts) can read and write."""
+    tmp_path.chmod(0o777)
+    return tmp_path
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +112,8 @@ def _bucket(s3, monkeypatch) -> str:
     return bucket
 
 
-JOB = ["--setup", "multi-gpu", "--cpu", "--job-name", "trainstack-test", "--time", "00:10:00", "--no-snapshot"]
+JOB = ["--setup", "multi-gpu", "--cpu", "--job-name", "trainstack-test", "--time", "00:10:00", "--no-snapshot",
+       "--python", sys.executable]  # this venv's python on the nodes (CI does not put it first on PATH)
 
 
 def _move(env: dict[str, str], alpha_conf: str, profiles: list[str], url: str, root: Path, logs: Path,
@@ -271,7 +298,7 @@ def test_the_first_placement_picks_the_cluster_with_free_nodes(slurm_env, beta, 
 
 
 @pytest.fixture(scope="module")
-def accounts(slurm_env, beta, s3):
+def accounts(slurms, s3):
     """Each cluster behind its own login: tsalpha's sshd gives alpha's SLURM_CONF, tsbeta's beta's (both the store's
     endpoint); an ssh config naming them as a laptop user has it."""
     if os.geteuid() != 0 or not shutil.which("sshd") or not shutil.which("rsync"):
@@ -282,14 +309,15 @@ def accounts(slurm_env, beta, s3):
     config = tmp / "ssh_config"
     with contextlib.ExitStack() as stack:
         hosts = []
-        for user, conf in (("tsalpha", slurm_env["SLURM_CONF"]), ("tsbeta", beta)):
+        for user, conf in (("tsalpha", slurms["alpha"]), ("tsbeta", slurms["beta"])):
             account(user)
             port = stack.enter_context(sshd(tmp, user, {"SLURM_CONF": conf, **s3}, tmp / "authorized_keys"))
             hosts.append(f"Host {user}\n  HostName 127.0.0.1\n  Port {port}\n  User {user}\n"
                          f"  IdentityFile {tmp}/id\n  IdentitiesOnly yes\n  UserKnownHostsFile {tmp}/known_hosts\n"
                          f"  StrictHostKeyChecking accept-new\n")
         config.write_text("".join(hosts))
-        env = {**slurm_env, **s3, "TRAINSTACK_SSH_CONFIG": str(config), "XDG_RUNTIME_DIR": str(runtime),
+        env = {**os.environ, "SLURM_CONF": slurms["alpha"], **s3, "TRAINSTACK_SSH_CONFIG": str(config),
+               "XDG_RUNTIME_DIR": str(runtime),
                "TRAINSTACK_REMOTE_TRAINSTACK": str(trainstack), "TRAINSTACK_REMOTE_INDEX_DIR": str(tmp / "index"),
                "PYTHONPATH": str(ROOT)}
         env.pop("TRAINSTACK_HOST", None)
