@@ -66,3 +66,5 @@ def test_a_move_costs_what_the_runs_earlier_moves_cost():
     ledger = {"moves": [move(False, 40.0, 5.0), move(True, 20.0, 10.0), move(True, 30.0, 0.0)]}
     assert measured_move_cost(ledger) == 30.0  # (30 + 30) / 2: the jobs the run came to; queues are not the move
     assert measured_move_cost({"moves": [move(False, 40.0, 5.0)]}) is None and measured_move_cost(None) is None
+    assert measured_move_cost({"moves": [{"moved_in": True, "ledger": {"parts": "forged"}}]}) is None
+    assert measured_move_cost({"moves": "forged"}) is None

@@ -265,16 +265,22 @@ def describe(url: str) -> list[str]:
 
     fs, root = fsspec.core.url_to_fs(url)
     records = attempts(fs, root)
-    epochs = {e["epoch"]: e for e in history(fs, root)}
+    epochs = {e["epoch"]: e for e in history(fs, root) if isinstance(e, dict) and isinstance(e.get("epoch"), int)}
     if not epochs:
         return [f"{url}: no attempt took a lease here (not a run's checkpoint store, or a run from before leases)"]
     current = max(epochs)
     lines = [f"{url}: {len(epochs)} attempt(s); the writer now is epoch {current} ({_where(epochs[current])})"]
     before: dict[str, Any] | None = None
     for record in records:
-        start = "fresh" if record.get("base_step") is None else f"from step {record['base_step']:,}"
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("taken", 0)))
-        lines.append(f"  epoch {record['epoch']}: {_where(record)}, {start}, at {when}; "
-                     f"{portability(before, record.get('fingerprint') or {})}")
-        before = record.get("fingerprint") or {}
+        if not isinstance(record, dict):
+            lines.append(f"  (an attempt record that is not an object: {str(record)[:80]!r})")
+            continue
+        base = record.get("base_step")
+        start = f"from step {base:,}" if isinstance(base, int) else "fresh"
+        taken = record.get("taken")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(taken if isinstance(taken, (int, float)) else 0))
+        fingerprint = record.get("fingerprint") if isinstance(record.get("fingerprint"), dict) else {}
+        lines.append(f"  epoch {record.get('epoch', '?')}: {_where(record)}, {start}, at {when}; "
+                     f"{portability(before, fingerprint)}")
+        before = fingerprint
     return lines

@@ -102,8 +102,11 @@ def choose(starts: dict[str, float | None], current: str | None, move_cost_s: fl
 def measured_move_cost(previous: dict[str, Any] | None) -> float | None:
     """What the run's earlier moves cost (``run-ledger.json`` of an earlier follower of the run): the mean of start-up,
     transfer and cold compile of the jobs on a cluster the run came to; None when it has none."""
-    moved = [m for m in (previous or {}).get("moves", []) if m.get("moved_in") and m.get("ledger")]
-    costs = [sum(float(m["ledger"]["parts"].get(k, 0.0)) for k in ("startup", "compile")) for m in moved]
+    try:  # the store's file is data: anything malformed counts as no measurement
+        moved = [m for m in (previous or {}).get("moves", []) if m.get("moved_in") and m.get("ledger")]
+        costs = [sum(float(m["ledger"]["parts"].get(k, 0.0)) for k in ("startup", "compile")) for m in moved]
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
     return sum(costs) / len(costs) if costs else None
 
 
