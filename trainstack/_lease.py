@@ -221,9 +221,13 @@ def _where(holder: dict[str, Any]) -> str:
 def history(fs: Any, root: str) -> list[dict[str, Any]]:
     """The lease's epochs, oldest first ([] for a store no attempt took a lease on)."""
     try:
-        return list(json.loads(fs.cat_file(posixpath.join(root.rstrip("/"), LEASE))).get("epochs", []))
+        epochs = json.loads(fs.cat_file(posixpath.join(root.rstrip("/"), LEASE))).get("epochs", [])
     except FileNotFoundError:
         return []
+    except (ValueError, AttributeError):  # not the lease trainstack writes: said by the next take's conflict
+        return []
+    return [e for e in epochs if isinstance(e, dict) and isinstance(e.get("epoch"), int)
+            and isinstance(e.get("base_step"), (int, type(None)))] if isinstance(epochs, list) else []
 
 
 def attempts(fs: Any, root: str) -> list[dict[str, Any]]:
