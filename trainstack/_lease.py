@@ -155,10 +155,14 @@ class Lease:
         checkpoint's step, None for a fresh run). Retried when another attempt takes it at the same moment."""
         for _ in range(tries):
             current = self._io.read(LEASE)
-            record = json.loads(current[0]) if current else {"epochs": []}
-            epoch = (record["epochs"][-1]["epoch"] if record["epochs"] else 0) + 1
+            try:
+                found = json.loads(current[0]) if current else {}
+            except ValueError:
+                found = {}
+            epochs = _epochs(found.get("epochs") if isinstance(found, dict) else None)
+            epoch = max((e["epoch"] for e in epochs), default=0) + 1
             entry = {"epoch": epoch, "base_step": base_step, "taken": time.time(), **self.holder}
-            record = {"epoch": epoch, "holder": self.holder, "epochs": [*record["epochs"], entry]}
+            record = {"epoch": epoch, "holder": self.holder, "epochs": [*epochs, entry]}
             try:
                 self._io.write(LEASE, json.dumps(record, indent=1).encode(), current[1] if current else None)
             except LeaseConflict:
@@ -181,7 +185,11 @@ class Lease:
     def check(self) -> None:
         """Raise ``StaleLease`` when another attempt holds the run now: called before every commit marker."""
         current = self._io.read(LEASE)
-        record = json.loads(current[0]) if current else {}
+        try:
+            record = json.loads(current[0]) if current else {}
+        except ValueError:
+            record = {}
+        record = record if isinstance(record, dict) else {}
         if record.get("epoch") != self.epoch:
             holder = record.get("holder") or {}
             raise StaleLease(f"another attempt took this run over: {self.url} is held at epoch {record.get('epoch')} "
@@ -226,8 +234,15 @@ def history(fs: Any, root: str) -> list[dict[str, Any]]:
         return []
     except (ValueError, AttributeError):  # not the lease trainstack writes: said by the next take's conflict
         return []
-    return [e for e in epochs if isinstance(e, dict) and isinstance(e.get("epoch"), int)
-            and isinstance(e.get("base_step"), (int, type(None)))] if isinstance(epochs, list) else []
+    return _epochs(epochs)
+
+
+def _epochs(value: object) -> list[dict[str, Any]]:
+    """The well-formed epochs of a lease record's ``epochs`` (the store is data, checked before it is used)."""
+    if not isinstance(value, list):
+        return []
+    return [e for e in value if isinstance(e, dict) and isinstance(e.get("epoch"), int)
+            and isinstance(e.get("base_step"), (int, type(None)))]
 
 
 def attempts(fs: Any, root: str) -> list[dict[str, Any]]:
