@@ -298,7 +298,8 @@ def describe(url: str) -> list[str]:
         start = f"from step {base:,}" if isinstance(base, int) else "fresh"
         taken = record.get("taken")
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(taken if isinstance(taken, (int, float)) else 0))
-        fingerprint = record.get("fingerprint") if isinstance(record.get("fingerprint"), dict) else {}
+        given = record.get("fingerprint")
+        fingerprint: dict[str, Any] = given if isinstance(given, dict) else {}
         lines.append(f"  epoch {record.get('epoch', '?')}: {_where(record)}, {start}, at {when}; "
                      f"{portability(before, fingerprint)}")
         before = fingerprint
