@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 
 import pytest
 import torch.distributed as dist
@@ -82,3 +83,25 @@ def run_py(tmp_path):
         return proc
 
     return _run
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """moto's S3 server on 127.0.0.1 for one test module; its environment for the clients."""
+    from helpers import moto_s3
+
+    with moto_s3() as (env, _):
+        yield env
+
+
+@pytest.fixture
+def bucket(s3_server, monkeypatch):
+    """A fresh bucket; the S3 environment set for this process and what it starts."""
+    for key, value in s3_server.items():
+        monkeypatch.setenv(key, value)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()  # an earlier module's client points at its own (stopped) server
+    name = f"ts-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem(skip_instance_cache=True).mkdir(name)
+    return name

@@ -12,7 +12,6 @@ import shutil
 import signal
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -23,25 +22,6 @@ pytest.importorskip("s3fs")
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
 SCRIPT = str(Path(__file__).with_name("_store_train.py"))
-
-
-@pytest.fixture(scope="module")
-def s3_server():
-    """moto's S3 server for this module; its environment for the clients."""
-    with moto_s3() as (env, _):
-        yield env
-
-
-@pytest.fixture
-def bucket(s3_server, monkeypatch):
-    """A fresh bucket; the S3 environment set for this process and what it starts."""
-    for key, value in s3_server.items():
-        monkeypatch.setenv(key, value)
-    import s3fs
-
-    name = f"ts-{uuid.uuid4().hex[:12]}"
-    s3fs.S3FileSystem(skip_instance_cache=True).mkdir(name)
-    return name
 
 
 def _torchrun(run_py, out: Path, store: str, nprocs: int = 2, check: bool = True, **env: object):

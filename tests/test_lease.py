@@ -11,11 +11,10 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, moto_s3
+from helpers import ROOT
 
 from trainstack import _lease
 from trainstack.errors import ConfigError
@@ -23,25 +22,6 @@ from trainstack.errors import ConfigError
 pytest.importorskip("s3fs")
 pytestmark = [pytest.mark.timeout(300)]
 SCRIPT = str(Path(__file__).with_name("_store_train.py"))
-
-
-@pytest.fixture(scope="module")
-def s3_server():
-    with moto_s3() as (env, _):
-        yield env
-
-
-@pytest.fixture
-def bucket(s3_server, monkeypatch):
-    for key, value in s3_server.items():
-        monkeypatch.setenv(key, value)
-    import s3fs
-
-    s3fs.S3FileSystem.clear_instance_cache()  # an earlier module's client points at its own (stopped) server
-
-    name = f"ts-{uuid.uuid4().hex[:12]}"
-    s3fs.S3FileSystem(skip_instance_cache=True).mkdir(name)
-    return name
 
 
 def _store(url: str):

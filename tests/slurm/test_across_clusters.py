@@ -116,35 +116,44 @@ JOB = ["--setup", "multi-gpu", "--cpu", "--job-name", "trainstack-test", "--time
        "--python", sys.executable]  # this venv's python on the nodes (CI does not put it first on PATH)
 
 
+def _preempt_alpha_once_committed(follower: subprocess.Popen, url: str, alpha_env: dict[str, str],
+                                  which: list[str], wait_s: float = 300) -> tuple[str, float]:
+    """Once alpha committed step 6 to the store, alpha's partition goes down and the run's job (squeue ``which``) is
+    requeued there -- preempted, it waits; the follower's output once it ended, and when alpha was preempted."""
+    from trainstack._checkpoint.store import Store
+
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and follower.poll() is None and \
+                not any(step >= 6 for (step, _), _ in Store(url).committed()):
+            time.sleep(0.5)
+        assert any(step >= 6 for (step, _), _ in Store(url).committed()), "alpha committed nothing to the store"
+        subprocess.run(["scontrol", "update", "PartitionName=debug", "State=DOWN"], env=alpha_env, check=True)
+        jobs = subprocess.run(["squeue", "-h", *which, "-o", "%i"], env=alpha_env, capture_output=True,
+                              text=True).stdout.split()
+        assert jobs, "the run's job is not on alpha"
+        subprocess.run(["scontrol", "requeue", jobs[0]], env=alpha_env, check=True)
+        preempted = time.time()
+        out, _ = follower.communicate(timeout=wait_s)
+    finally:
+        subprocess.run(["scontrol", "update", "PartitionName=debug", "State=UP"], env=alpha_env)
+        if follower.poll() is None:
+            os.killpg(follower.pid, 9)
+            follower.communicate()
+    return out, preempted
+
+
 def _move(env: dict[str, str], alpha_conf: str, profiles: list[str], url: str, root: Path, logs: Path,
           extra: list[str]) -> tuple[str, float]:
     """The follower on alpha and beta; once alpha committed step 6 to the store, alpha's partition goes down and
     the job is requeued there (preempted: it waits). The follower's output and when alpha was preempted."""
-    from trainstack._checkpoint.store import Store
-
     follower = subprocess.Popen(
         [sys.executable, "-m", "trainstack", "submit", *[w for p in profiles for w in ("--cluster", p)],
          "--store", url, "--move-cost", "30", *JOB, *extra, "--log-dir", str(logs), "--env", f"OUT_ROOT={root}",
          "--env", "STEP_SLEEP=0.4", "--", PROGRAM], env=env, cwd=ROOT, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    alpha_env = {**env, "SLURM_CONF": alpha_conf}
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not any(step >= 6 for (step, _), _ in Store(url).committed()):
-            time.sleep(0.5)
-        assert any(step >= 6 for (step, _), _ in Store(url).committed()), "alpha committed nothing to the store"
-        subprocess.run(["scontrol", "update", "PartitionName=debug", "State=DOWN"], env=alpha_env, check=True)
-        jobs = subprocess.run(["squeue", "-h", "-n", "trainstack-test", "-o", "%i"], env=alpha_env,
-                              capture_output=True, text=True).stdout.split()
-        assert jobs, "the run's job is not on alpha"
-        subprocess.run(["scontrol", "requeue", jobs[0]], env=alpha_env, check=True)
-        preempted = time.time()
-        out, _ = follower.communicate(timeout=360)
-    finally:
-        subprocess.run(["scontrol", "update", "PartitionName=debug", "State=UP"], env=alpha_env)
-        if follower.poll() is None:
-            os.killpg(follower.pid, 9)
-            follower.wait()
+    out, preempted = _preempt_alpha_once_committed(follower, url, {**env, "SLURM_CONF": alpha_conf},
+                                                   ["-n", "trainstack-test"], wait_s=360)
     assert follower.returncode == 0, out[-4000:]
     assert re.search(r"run on alpha: job \d+ \(first placement", out), out
     assert "waits on alpha" in out and "moving" in out and re.search(r"run on beta: job \d+", out), out
@@ -359,26 +368,8 @@ def test_from_a_laptop_each_cluster_behind_its_own_login(accounts, slurm_env, s3
          "--env", f"OUT_ROOT={out_root}", "--env", "STEP_SLEEP=0.4", "--env", f"PYTHONPATH={VENV}/src",
          "--", "train.py"], env=env, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
-    alpha_env = {**env, "SLURM_CONF": slurm_env["SLURM_CONF"]}
-    from trainstack._checkpoint.store import Store
-
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not any(step >= 6 for (step, _), _ in Store(url).committed()):
-            if follower.poll() is not None:
-                break
-            time.sleep(0.5)
-        assert any(step >= 6 for (step, _), _ in Store(url).committed()), follower.communicate(timeout=30)[0]
-        subprocess.run(["scontrol", "update", "PartitionName=debug", "State=DOWN"], env=alpha_env, check=True)
-        jobs = subprocess.run(["squeue", "-h", "-u", "tsalpha", "-o", "%i"], env=alpha_env, capture_output=True,
-                              text=True).stdout.split()
-        subprocess.run(["scontrol", "requeue", jobs[0]], env=alpha_env, check=True)
-        out, _ = follower.communicate(timeout=400)
-    finally:
-        subprocess.run(["scontrol", "update", "PartitionName=debug", "State=UP"], env=alpha_env)
-        if follower.poll() is None:
-            os.killpg(follower.pid, 9)
-            follower.wait()
+    out, _ = _preempt_alpha_once_committed(follower, url, {**env, "SLURM_CONF": slurm_env["SLURM_CONF"]},
+                                           ["-u", "tsalpha"], wait_s=400)
     try:
         assert follower.returncode == 0, out[-4000:]
         assert re.search(r"run on alpha: job \d+", out) and re.search(r"run on beta: job \d+", out), out
