@@ -54,10 +54,11 @@ test-dist: $(VENV)/.installed  ## multi-process gloo tests
 gpu-check:  ## the whole GPU lane in one call, one report (scripts/gpu-check.sh; a dry run without CUDA)
 	PYTHON=$(if $(wildcard $(PY)),$(PY),python3) scripts/gpu-check.sh $(GPU_CHECK_REPORT)
 
-gpu-wheels: $(VENV)/.installed  ## wheels a stock PyTorch GPU image lacks (.whl/, torchao versions in .whl-ao/)
+gpu-wheels: $(VENV)/.installed  ## wheels a stock PyTorch GPU image lacks (.whl/, torchao versions in .whl-ao/, torchtitan in .whl-tt/)
 	$(PY) -m pip wheel -q --no-deps -w .whl "python-hostlist>=1.23"
-	for v in 0.18.0 0.16.0 0.14.1; do $(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	for v in 0.18.0 0.17.0 0.16.0 0.15.0 0.14.1; do $(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 	  --implementation cp --platform manylinux_2_28_x86_64 -d .whl-ao/$$v torchao==$$v; done
+	$(PY) -m pip download -q --no-deps --only-binary=:all: -d .whl-tt/0.3.0 torchtitan==0.3.0
 
 test-gpu: $(VENV)/.installed  ## the GPU lane (tests/gpu; skipped without CUDA, part of make test when CUDA is present)
 	$(PY) -m pytest tests/gpu -m gpu -rs $(PYTEST_ARGS)

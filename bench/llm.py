@@ -298,6 +298,8 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench-llm: no CUDA device here; run it on a GPU machine (or --device cpu --size tiny to test it)")
         return 1
+    if args.json:
+        Path(args.json).write_text("")
     sizes = args.sizes.split(",")
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
@@ -310,26 +312,34 @@ def main() -> int:
         print("bench-llm: fp8 rows need CUDA and torchao: left out")
         precisions = [x for x in precisions if x != "fp8"] or ["bf16"]
     systems = [s for s in args.systems.split(",") if s != "raw-resident" or args.device == "cuda"]
-    rows = []
+    rows, failed = [], []
     for rep in range(reps):
         for size in sizes:
             for comp in compiles:
                 for precision in precisions:
                     for system in systems:  # interleaved: a slow drift of the machine touches every system alike
-                        row = measure(system, size, args.device, steps, comp, precision)
+                        try:
+                            row = measure(system, size, args.device, steps, comp, precision)
+                        except RuntimeError as exc:  # one row's failure is said; the other rows still count
+                            failed.append(str(exc).splitlines()[0])
+                            print(f"FAILED: {exc}", flush=True)
+                            continue
                         rows.append(row | {"rep": rep})
+                        if args.json:  # row by row: a run stopped at its time limit keeps what it measured
+                            with open(args.json, "a") as f:
+                                f.write(json.dumps(row | {"rep": rep}) + "\n")
                         print(f"rep {rep} {size} compile={'on' if comp else 'off'} {precision} {system:12s} "
                               f"{row['tokens_per_s']:12,.0f} tokens/s  first step {row['first_step_s'] or 0:.1f} s",
                               flush=True)
-    if args.json:
-        Path(args.json).write_text("".join(json.dumps(r) + "\n" for r in rows))
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if args.device == "cuda" else "-"
     peak = rows[0]["peak"] if rows else "-"
     print(f"\n{device}, torch {torch.__version__}, CUDA {torch.version.cuda}, NCCL {nccl}; MFU over: {peak}; "
           f"a fresh process per row, medians of {reps}\n{torchtitan_status()}\n")
     print(table(rows))
-    return 0
+    for line in failed:
+        print(f"FAILED: {line}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

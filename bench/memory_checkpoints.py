@@ -12,7 +12,10 @@ Three fits of the same steps on the same data:
 * ``durable``: the same state saved synchronously (``trainer.save_checkpoint()``, a ``.pt`` file on local disk,
   fsynced) -- what the stall is compared with.
 
-Run: ``make bench-memory`` (or ``python bench/memory_checkpoints.py [--width 2048 --layers 6 --every 10]``).
+On a CUDA machine the state lives on the GPU (compute_setup "auto"), so the staging stall is the device-to-pinned
+copy; one GPU takes ``--nproc 1`` (no peer copy then).
+
+Run: ``make bench-memory`` (or ``python bench/memory_checkpoints.py [--width 2048 --layers 6 --every 10 --nproc 2]``).
 Writes bench/results/memory_checkpoints.json."""
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def worker(out: Path, width: int, layers: int, steps: int, every: int) -> None:
     def fit(name: str, **config: object) -> None:
         torch.manual_seed(0)
         model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
-        x = torch.randn(64 * steps, width)
+        x = torch.randn(64 * steps, width)  # on the host: the Trainer moves each batch, as for a user's data
         loader = DataLoader(TensorDataset(x, x), batch_size=64)
 
         def at_end(trainer, *_args) -> None:
@@ -81,6 +84,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--steps", type=int, default=90)
     parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--nproc", type=int, default=2, help="processes (one per GPU on a CUDA machine)")
     parser.add_argument("--worker", type=Path)
     args = parser.parse_args()
     if args.worker:
@@ -89,12 +93,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
         out = Path(tmp)
         torchrun = Path(sys.executable).with_name("torchrun")
-        cmd = [str(torchrun), "--standalone", "--nproc_per_node", "2", __file__, "--worker", str(out),
+        cmd = [str(torchrun), "--standalone", "--nproc_per_node", str(args.nproc), __file__, "--worker", str(out),
                "--width", str(args.width), "--layers", str(args.layers), "--steps", str(args.steps),
                "--every", str(args.every)]
         subprocess.run(cmd, check=True, timeout=1800, cwd=REPO)
         r = json.loads((out / "results.json").read_text())
     ratio = r["staging_median_s"] / r["durable_save_s"]
+    import torch
+
+    where = (f"{torch.cuda.get_device_name()} (CUDA tensors -> pinned host buffers)" if torch.cuda.is_available()
+             else "CPU")
+    print(f"{args.nproc} process(es), state on: {where}")
     rows = [("state per rank (weights + AdamW moments)", f"{r['state_mb']:.0f} MB"),
             ("memory checkpoint: staging stall per save (CPU copy into reused buffers), median",
              f"{r['staging_median_s'] * 1000:.1f} ms"),
@@ -111,6 +120,7 @@ def main() -> None:
     results = REPO / "bench" / "results"
     results.mkdir(exist_ok=True)
     (results / "memory_checkpoints.json").write_text(json.dumps({**r, "staging_over_sync_save": ratio,
+                                                                  "device": where,
                                                                   "args": vars(args) | {"worker": None}}, indent=1))
 
 

@@ -52,6 +52,13 @@ with torch.autocast('cuda', dtype=torch.bfloat16):
   fi
 done
 
+# torchtitan (the reference row of bench/llm.py) from TT_WHEELS (default .whl-tt, `make gpu-wheels`): the newest
+# version, without its dependencies -- whether it imports on this torch is what the bench reports.
+tt=$(find "${TT_WHEELS:-.whl-tt}" -name 'torchtitan-*.whl' 2>/dev/null | sort -V | tail -1)
+if [[ -n $tt ]] && "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/trainstack-tt "$tt" >>"$LOG" 2>&1; then
+  export PYTHONPATH="$PYTHONPATH:/tmp/trainstack-tt"
+fi
+
 # part NAME LIMIT NEEDS_GPU CMD...: runs CMD under min(LIMIT, what is left of the budget), its output to the log
 # and its tail to the report; a row of the summary table either way.
 part() {
@@ -136,18 +143,20 @@ XDIST=()
 "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 3)
 # most important first: what runs out of budget is said, not lost
 part facts 30 0 facts
-part "trainstack doctor" 30 0 "$PY" -m trainstack doctor --compute-setup "$([[ $GPU == 1 ]] && echo gpu || echo cpu)"
-part "nccl_check" 60 1 "$PY" -m trainstack.nccl_check --compute-setup gpu --nprocs 1
-# host syncs, the copy stream, exact resume, memory + durable checkpoints from CUDA, fp8, the examples
+part "trainstack doctor" 20 0 "$PY" -m trainstack doctor --compute-setup "$([[ $GPU == 1 ]] && echo gpu || echo cpu)"
+part "nccl_check" 40 1 "$PY" -m trainstack.nccl_check --compute-setup gpu --nprocs 1
+# host syncs, the copy stream, exact resume, memory + durable checkpoints from CUDA, a shrink's resharded restore\n# onto the GPU, the NCCL transport required and refused, fp8, the examples
 part "test-gpu (tests/gpu)" 150 0 "$PY" -m pytest tests/gpu -m gpu -rs -p no:cacheprovider "${XDIST[@]}" --durations=10
 # the Llama-shaped rows (bench/llm.py): 1b compiled, raw vs data-resident vs Trainer.fit; then bf16 vs fp8 on the
 # 8b-proxy's widths -- 40 steps each (10 warm-up, 25 timed), one process per row
-part "llm 1b bf16 compile (raw, resident, trainer)" 170 1 "$PY" bench/llm.py --sizes 1b --reps 1 --steps 40 \
+part "llm 1b bf16 compile (raw, resident, trainer)" 150 1 "$PY" bench/llm.py --sizes 1b --reps 1 --steps 40 \
   --json "${REPORT%.md}-llm-1b.jsonl"
-part "llm 8b-proxy bf16 vs fp8 compile (trainer)" 150 1 "$PY" bench/llm.py --sizes 8b-proxy --systems trainer \
+part "llm 8b-proxy bf16 vs fp8 compile (trainer)" 120 1 "$PY" bench/llm.py --sizes 8b-proxy --systems trainer \
   --precision bf16,fp8 --reps 1 --steps 40 --json "${REPORT%.md}-llm-8b.jsonl"
-part "compile cold vs warm" 90 1 "$PY" bench/compile.py --device cuda --reps 1 --steps 60
-part "bench-gpu (raw vs trainstack vs peers)" 90 1 "$PY" bench/gpu.py --reps 1 --steps 120 --workloads mlp,gpt
+# the memory checkpoint's stall with the state on the GPU (device -> pinned host copy) vs a synchronous save
+part "memory checkpoint stall" 60 1 "$PY" bench/memory_checkpoints.py --nproc 1 --steps 60 --every 10
+part "compile cold vs warm" 60 1 "$PY" bench/compile.py --device cuda --reps 1 --steps 60
+part "bench-gpu (raw vs trainstack vs peers)" 60 1 "$PY" bench/gpu.py --reps 1 --steps 120 --workloads mlp,gpt
 part "fp8 probe" 30 1 fp8_probe
 
 {
