@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainstack import Callback, TrainConfig, Trainer
 from trainstack.callbacks import ModelCheckpoint, SaveBestCheckpoint
-from trainstack.checkpoint import consolidate, describe
+from trainstack.checkpoint import Checkpointer, consolidate, describe
 from trainstack.errors import ConfigError
 
 
@@ -112,6 +112,13 @@ def test_after_a_crash_and_a_resume_top_k_is_what_an_uninterrupted_run_keeps(tmp
         assert torch.equal(resumed.model.state_dict()[k], v), k
     ref_best = describe(tmp_path / "ref", "best")["monitor"]
     assert describe(tmp_path / "run", "best")["monitor"] == ref_best
+
+
+def test_no_final_checkpoint_when_asked_but_the_periodic_ones_still(tmp_path):
+    trainer = _fit(tmp_path, checkpoint_final=False, val_every_n_steps=0)
+    assert not (trainer.run_folder / "checkpoints").exists() or not list((trainer.run_folder / "checkpoints").iterdir())
+    trainer = _fit(tmp_path, "periodic", checkpoint_final=False, checkpoint_every=2, val_every_n_steps=0)
+    assert Checkpointer(trainer.run_folder).latest() is not None  # epoch 2's and 4's periodic ones
 
 
 def test_qadence_best_checkpoint_is_one_file_and_records_the_real_best(tmp_path):

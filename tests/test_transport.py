@@ -48,6 +48,8 @@ def test_a_required_network_nccl_does_not_have_is_its_own_error_line_and_cause()
     assert '"Error: network IB not found."' in reason and "NCCL found no InfiniBand/RoCE device" in reason
     efa = tr.judge("efa", _init("efa-plugin-missing.log"))
     assert "NCCL_NET=AWS Libfabric" in efa and "aws-ofi-nccl module or container hook is not loaded" in efa
+    newer = tr.judge("ib", _init("ib-required-nccl-2.28.log"))  # NCCL 2.28 names no network: NCCL_NET's is missing
+    assert "(NCCL_NET=IB) and NCCL has no such network" in newer and "Failed to initialize any NET plugin" in newer
     other = tr.judge("socket", _init("ib-required-no-device.log"))
     assert "NCCL_NET named another network" in other and "unset NCCL_NET" in other
     # aws-ofi-nccl 1.12+ reports "Libfabric": the same transport

@@ -206,6 +206,9 @@ def step_env(name: str, debug_file: str, nccl_debug: str | None = None) -> dict[
 _USING_NETWORK = re.compile(r"NCCL INFO Using network (?P<net>.+?)\s*$")
 _NET_DEVICES = re.compile(r"NCCL INFO (?P<line>NET/(?:IB|Socket|OFI)\s*: Using .+?)\s*$")
 _NOT_FOUND = re.compile(r"(?P<line>Error ?: network (?P<net>.+?) not found\.?)\s*$")  # also as torch repeats it
+# NCCL 2.28+ with NCCL_NET naming a network it cannot start (seen on an H200 host without IB, NCCL 2.28.9): the
+# init fails with ncclInvalidUsage and this line, naming no network -- the one NCCL_NET named is the one missing
+_NO_NET_PLUGIN = re.compile(r"(?P<line>Failed to initialize any NET plugin)")
 _CAUSES = (  # (pattern, the transports it explains, the cause in words)
     (re.compile(r"Failed to open libibverbs\.so"), ("ib",),
      "libibverbs could not be opened (the RDMA user space is missing: libibverbs1 and ibverbs-providers)"),
@@ -231,7 +234,7 @@ class NcclInit:
     devices: list[str] = field(default_factory=list)  # "NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:..."
     causes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # why a network was missing -> transports
     not_found: str | None = None  # "Error: network IB not found." (NCCL_NET named a network it does not have)
-    not_found_net: str | None = None  # "IB"
+    not_found_net: str | None = None  # "IB" (None: the line named none -- NCCL_NET's own network is the one missing)
 
     def add(self, line: str) -> None:
         if m := _USING_NETWORK.search(line):
@@ -241,6 +244,8 @@ class NcclInit:
                 self.devices.append(m["line"])
         elif m := _NOT_FOUND.search(line):
             self.not_found, self.not_found_net = m["line"], m["net"]
+        elif (m := _NO_NET_PLUGIN.search(line)) and not self.not_found:
+            self.not_found = m["line"]
         for pattern, transports, cause in _CAUSES:
             if pattern.search(line):
                 self.causes[cause] = transports
@@ -280,7 +285,7 @@ def judge(name: str, init: NcclInit) -> str | None:
     t = transport(name)
     causes = init.causes_for(t.name)
     because = f": {'; '.join(causes)}" if causes else ""
-    if init.not_found and not t.is_network(init.not_found_net or ""):
+    if init.not_found and init.not_found_net and not t.is_network(init.not_found_net):
         return (f"NCCL transport {t.name} was required but NCCL_NET named another network (\"{init.not_found}\"). "
                 f"Fix: unset NCCL_NET; trainstack sets it to {t.nccl_net!r} for --nccl-transport {t.name}")
     if init.not_found:

@@ -73,7 +73,10 @@ class TrainConfig:
     write_every: int = 0
     """Write metrics to the tracker every N epochs (0: only at the end). metrics.jsonl is always written."""
     checkpoint_every: int = 0
-    """Save a checkpoint every N epochs (0: only the final one, which every finished run writes)."""
+    """Save a checkpoint every N epochs (0: only the final one, which a finished run writes)."""
+    checkpoint_final: bool = True
+    """Write the final checkpoint when the run finishes. False: benchmarks and throw-away runs (like Lightning's
+    ``enable_checkpointing=False`` at the end); periodic and best checkpoints are written as configured."""
     plot_every: int = 0
     """Call ``plotting_functions`` every N epochs (0: never)."""
     val_every: int = 0

@@ -504,7 +504,7 @@ class Trainer(ProgressView):
     def _finish(self, active: Run) -> None:
         """The end of a finished run: the final checkpoint, the user's train_end callbacks, the last reports."""
         active.tracker.live.stop()  # the steps are done: the summary's throughput ends here
-        if active.schedule.periodic_checkpoints:
+        if active.schedule.periodic_checkpoints and self.config.checkpoint_final:
             self.save_checkpoint()
         self.callbacks.fire("train_end", self, self.current_epoch)
         with watchdog.phase("callback"):

@@ -56,23 +56,26 @@ def test_a_batch_is_copied_beside_the_step_before_not_behind_it():
     acc = Accelerator(compute_setup="gpu", dtype=torch.float32)
     acc.prepare(nn.Linear(4, 4))
     host = (torch.randn(512, 1024).pin_memory(), torch.arange(512).pin_memory())
+    acc.prepare_batch(host)  # the first call makes the copy stream (once per process: not a per-step cost)
     busy = torch.randn(8192, 8192, device="cuda")
     torch.cuda.synchronize()
     for _ in range(20):  # ~0.1-0.5 s of fp32 matmuls queued on the compute stream: "the step before"
         busy = busy @ busy / 8192
-    syncs = _syncs(lambda: acc.prepare_batch(host))
+    said: list[str] = []
+    syncs = _syncs(lambda: acc.prepare_batch(host), said)
     moved = acc.prepare_batch(host)
     copy_stream = placement._STREAMS[torch.cuda.current_device()]
     deadline = time.monotonic() + 2
     while not copy_stream.query() and time.monotonic() < deadline:
         time.sleep(0.001)
     assert copy_stream.query() and not torch.cuda.current_stream().query(), "the copy waited behind the compute"
-    assert syncs == 0
+    assert syncs == 0, said
     assert torch.equal(moved[0].cpu(), host[0]) and torch.equal(moved[1].cpu(), host[1])
 
 
-def _syncs(run) -> int:
-    """Host synchronisations while ``run()`` runs, counted by torch's sync debug mode (one warning per sync)."""
+def _syncs(run, said: list[str] | None = None) -> int:
+    """Host synchronisations while ``run()`` runs, counted by torch's sync debug mode (one warning per sync);
+    ``said`` collects the warnings counted, with where they came from."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -80,7 +83,10 @@ def _syncs(run) -> int:
             run()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    return sum("synchroniz" in str(w.message) for w in caught)
+    counted = [w for w in caught if "synchroniz" in str(w.message)]
+    if said is not None:
+        said += [f"{w.filename}:{w.lineno}: {w.message}" for w in counted]
+    return len(counted)
 
 
 def _per_step(run, steps=60) -> float:

@@ -46,6 +46,8 @@ def _continue_on_the_gpu(folder: Path, monkeypatch, tmp_path: Path, name: str) -
 
 def test_a_cpu_sharded_checkpoint_continues_on_one_gpu_exactly(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("FSDP_STOP_STEP", "3")
+    # this pytest process may have touched CUDA already (an earlier test): the CPU run's workers are spawned, not forked
+    monkeypatch.setenv("TRAINSTACK_START_METHOD", "spawn")
     folder = _stopped_run(tmp_path, "run", monkeypatch)  # 2 ranks x batch 2 on the CPU, stopped at step 3
     twin = tmp_path / "twin"
     shutil.copytree(folder, twin)

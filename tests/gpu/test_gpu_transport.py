@@ -65,4 +65,7 @@ def test_a_network_the_host_lacks_fails_at_init_with_the_reason(tmp_path):
     # without trainstack's pre-flight check NCCL itself refuses (NCCL_NET), and its lines give the reason
     out = _run(tmp_path, "ib", skip_preflight=True)
     assert out.returncode == 4, out.stdout + out.stderr[-2000:]
-    assert "REFUSED NCCL transport ib was required" in out.stdout and "not found" in out.stdout
+    assert "REFUSED NCCL transport ib was required" in out.stdout, out.stdout
+    assert "NCCL has no such network" in out.stdout, out.stdout
+    for log in tmp_path.glob("nccl.*.log"):  # NCCL's own lines, for the record (tests/data/nccl-init)
+        print(log.read_text()[-3000:])
