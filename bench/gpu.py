@@ -142,7 +142,8 @@ class Probe:
     def report(self, start: float) -> dict:
         import torch
 
-        syncs = sum("synchroniz" in str(w.message) for w in self.caught)
+        # one warning per sync ("called a synchronizing CUDA operation"), not the notice that turning the mode on prints
+        syncs = sum("called a synchronizing" in str(w.message) for w in self.caught)
         return {"steps_per_s": self.window / (self.t1 - self.t0) if self.t1 else float("nan"),
                 "syncs_per_step": syncs / (self.count[1] - self.count[0]) if self.device == "cuda" else None,
                 "peak_mem_mb": torch.cuda.max_memory_allocated() / 2**20 if self.device == "cuda" else None,

@@ -71,6 +71,7 @@ def worker(out: Path, width: int, layers: int, steps: int, every: int) -> None:
         results[f"{name}_s"] = time.perf_counter() - start
         results["state_mb"] = sum(p.numel() * 4 * 3 for p in model.parameters()) / 1e6
 
+    fit("warm-up")  # not compared: the first fit pays the device's and the allocator's start (on a GPU: 0.46x before)
     fit("plain")
     fit("memory", memory_checkpoint_every_n_steps=every)
     fit("durable")
