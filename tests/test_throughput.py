@@ -45,6 +45,39 @@ def test_flops_match_a_hand_count_and_mfu_uses_the_given_peak(tmp_path, monkeypa
     assert "MFU" in out and "TRAINSTACK_PEAK_TFLOPS=0.1" in out and "| mfu " in out
 
 
+def test_fake_tensors_count_what_a_real_step_counts_and_touch_nothing():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from trainstack._train.throughput import fake_step_flops
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.Dropout(0.1), nn.ReLU(), nn.Linear(128, 1))
+    batch = (torch.randn(B, 64), torch.randn(B, 1))
+
+    def loss(m, b):
+        return nn.functional.mse_loss(m(b[0]), b[1]), {"n": 1}
+
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    fake = fake_step_flops(model, loss, batch)
+    assert fake == 2 * B * 64 * 128 * 2 + 2 * B * 128 * 3  # the hand count of the test above
+    assert torch.equal(torch.get_rng_state(), rng)  # dropout drew nothing from the run's generator
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    with FlopCounterMode(display=False) as real:
+        loss(model, batch)[0].backward()
+    assert fake == real.get_total_flops()
+    assert fake_step_flops(model, lambda m, b: m(b[0]).sum().item(), batch) is None  # needs real values
+
+
+def test_a_compiled_run_reports_mfu_counted_on_fake_tensors(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TRAINSTACK_PEAK_TFLOPS", "0.1")
+    trainer, rows = _fit(tmp_path, max_iter=1, compile=True)
+    assert trainer.tracker.live.flops_per_step == 2 * B * 64 * 128 * 2 + 2 * B * 128 * 3
+    assert rows and all("mfu" in r for r in rows[1:])
+    assert "| mfu " in capsys.readouterr().out
+
+
 def test_without_a_peak_mfu_is_not_made_up(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("TRAINSTACK_PEAK_TFLOPS", raising=False)
     _, rows = _fit(tmp_path, max_iter=1)

@@ -75,8 +75,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     """Save a checkpoint every N epochs (0: only the final one, which a finished run writes)."""
     checkpoint_final: bool = True
-    """Write the final checkpoint when the run finishes. False: benchmarks and throw-away runs (like Lightning's
-    ``enable_checkpointing=False`` at the end); periodic and best checkpoints are written as configured."""
+    """Write the final checkpoint when the run finishes (False: benchmarks, throw-away runs; the others still)."""
     plot_every: int = 0
     """Call ``plotting_functions`` every N epochs (0: never)."""
     val_every: int = 0

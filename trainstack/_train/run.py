@@ -284,11 +284,18 @@ class Run:
         live.total_steps = span.total_steps
         if acc.is_main_process:
             live.optimizer_timer = throughput.OptimizerTimer(trainer.optimizer, acc.device)
-            # FLOPs only where MFU shows (a peak, kernels not compiled: those hide them)
+            # FLOPs only where MFU shows (a peak); a compiled model's counted on fake tensors (its kernels hide them),
+            # a custom optimize_step's not (what it runs is its own)
+            compiled = acc.compile_options is not None
+            fake = None
+            if compiled and not is_custom_step(trainer.optimize_step):
+                loss_fn = trainer.loss_fn
+                fake = lambda model, batch: throughput.fake_step_flops(model, loss_fn, batch)  # noqa: E731
             self.step = throughput.FlopProbe(self.step, live, cfg.gradient_accumulation_steps, acc.world_size,
-                                             bool(live.peak) and acc.compile_options is None,
+                                             bool(live.peak) and (not compiled or fake is not None),
                                              clock=lambda: trainer.global_step, done=self._plain_step,
-                                             first=self._first_step if restored is not None else None)
+                                             first=self._first_step if restored is not None else None,
+                                             fake_count=fake)
         self.releases.callback(self.tracker.close)
         if not acc.is_main_process and self.tracker.bar_on():  # a bar on rank 0: the others' warnings wait
             self.releases.callback(hold_warnings(acc.rank))

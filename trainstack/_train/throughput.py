@@ -1,7 +1,9 @@
 """Throughput that is never silently wrong: FLOPs per step counted once, MFU over a known peak (or "n/a"), tokens.
 
-* **FLOPs**: the run's first step runs under ``torch.utils.flop_counter.FlopCounterMode`` (forward and backward as
-  they really run; one step, rank 0) -- times the accumulation steps, that is one optimizer step of one rank.
+* **FLOPs**: the run's second step runs under ``torch.utils.flop_counter.FlopCounterMode`` (forward and backward as
+  they really run; one step, rank 0) -- times the accumulation steps, that is one optimizer step of one rank. A
+  compiled model's kernels hide from that counter, so its forward and backward are counted once on fake tensors
+  instead (``fake_step_flops``: the same operators, nothing computed, no state touched).
 * **MFU** = FLOPs per step per rank x steps/s / the device's dense peak for the training dtype (bf16's for fp8
   runs too, as torchtitan reports them), from ``PEAK_TFLOPS`` or ``TRAINSTACK_PEAK_TFLOPS``; a device not in the
   table (a CPU) gets no MFU and the summary says why -- never a made-up number (torchtitan once reported 152 % on
@@ -27,7 +29,7 @@ from ..errors import ConfigError
 if TYPE_CHECKING:
     from .live import LiveLog
 
-__all__ = ["PEAK_TFLOPS", "peak_flops", "FlopProbe", "OptimizerTimer", "tokens_in"]
+__all__ = ["PEAK_TFLOPS", "peak_flops", "FlopProbe", "OptimizerTimer", "tokens_in", "fake_step_flops"]
 
 #: Dense peak TFLOP/s per device (vendor datasheets, no sparsity): bf16/fp16 tensor cores, TF32, plain fp32.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
@@ -73,6 +75,37 @@ def tokens_in(batch: Any) -> int | None:
     return None
 
 
+def fake_step_flops(model: torch.nn.Module, loss_fn: Callable[[Any, Any], Any], batch: Any) -> int | None:
+    """The FLOPs of one forward and backward of ``loss_fn(model, batch)``, counted on fake tensors with compiled code
+    run eagerly: nothing is computed and no parameter, gradient, buffer or random state of the run is touched. None
+    where it cannot be counted (sharded or tensor-parallel parameters, a torch without compile stances, a loss that
+    needs real values)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.nn.utils.stateless import _reparametrize_module
+    from torch.utils._pytree import tree_map_only
+    from torch.utils.flop_counter import FlopCounterMode
+
+    stance = getattr(torch.compiler, "set_stance", None)
+    module = getattr(model, "module", model)  # under DDP the wrapped module: DDP's hooks would all-reduce fakes
+    named = {**dict(module.named_parameters(remove_duplicate=False)),
+             **dict(module.named_buffers(remove_duplicate=False))}
+    if stance is None or any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in named.values()):
+        return None  # DTensors (FSDP2, tensor parallel) and other subclasses: not counted here
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    fakes = {name: mode.from_tensor(t) for name, t in named.items()}
+    fake_batch = tree_map_only(torch.Tensor, mode.from_tensor, batch)
+    counter = FlopCounterMode(display=False)
+    try:
+        with stance("force_eager"), _reparametrize_module(module, fakes), mode, counter:
+            out = loss_fn(module, fake_batch)
+            loss = out[0] if type(out) is tuple else out
+            if isinstance(loss, torch.Tensor) and loss.requires_grad:
+                loss.backward()
+    except Exception:  # a loss or model that needs real values (.item(), data-dependent shapes): no count, said
+        return None
+    return counter.get_total_flops() or None
+
+
 class FlopProbe:
     """The training step, watched for its first calls: after the first (the warm-up: a compile, the loader's start)
     the tokens per step are read and ``live``'s clock restarts, so no rate counts the warm-up; when MFU can be shown
@@ -83,10 +116,11 @@ class FlopProbe:
 
     def __init__(self, step: Any, live: LiveLog, accumulation: int, world_size: int, count_flops: bool,
                  clock: Callable[[], int], done: Callable[[Any], None],
-                 first: Callable[[], None] | None = None) -> None:
+                 first: Callable[[], None] | None = None,
+                 fake_count: Callable[[Any, Any], int | None] | None = None) -> None:
         self._step, self._live, self._accumulation, self._world = step, live, accumulation, world_size
         self._calls, self._count_flops, self._clock, self._done = 0, count_flops, clock, done
-        self._first = first
+        self._first, self._fake_count = first, fake_count  # fake_count: (model, batch) -> FLOPs, for compiled models
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._step, name)
@@ -99,10 +133,15 @@ class FlopProbe:
         if self._calls == 2 and self._count_flops:
             from torch.utils.flop_counter import FlopCounterMode
 
-            counter = FlopCounterMode(display=False)
-            with counter:
+            if self._fake_count is not None:  # compiled: the kernels hide their FLOPs; counted on fake tensors
+                flops = self._fake_count(model, batch)
                 out = self._step(model, batch)
-            live.flops_per_step = counter.get_total_flops() * self._accumulation or None
+            else:
+                counter = FlopCounterMode(display=False)
+                with counter:
+                    out = self._step(model, batch)
+                flops = counter.get_total_flops()
+            live.flops_per_step = (flops or 0) * self._accumulation or None
         else:
             out = self._step(model, batch)
         if self._calls == 1:
