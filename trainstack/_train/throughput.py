@@ -92,7 +92,7 @@ def fake_step_flops(model: torch.nn.Module, loss_fn: Callable[[Any, Any], Any], 
     if stance is None or any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in named.values()):
         return None  # DTensors (FSDP2, tensor parallel) and other subclasses: not counted here
     mode = FakeTensorMode(allow_non_fake_inputs=False)
-    fakes = {name: mode.from_tensor(t) for name, t in named.items()}
+    fakes: dict[str, torch.Tensor] = {name: mode.from_tensor(t) for name, t in named.items()}
     fake_batch = tree_map_only(torch.Tensor, mode.from_tensor, batch)
     counter = FlopCounterMode(display=False)
     try:
