@@ -41,7 +41,7 @@ FAULT = str(Path(__file__).with_name("_fault.py"))
 
 def spec(out: Path, launcher: str = "srun", spare: int = 1, requeue: bool = True, step_sleep: float = 0.3,
          program: list[str] | None = None, nodes: int = 2, memory_every: int = 0,
-         min_nodes: int | None = None) -> LaunchSpec:
+         min_nodes: int | None = None, record_ids: bool = False) -> LaunchSpec:
     """4 ranks on 2 nodes (plus ``spare``), partition spares, the recovery program unless ``program``. No node
     check: the faults here hit chosen nodes (node1's rank 1, node2), and the "nodes" of this box share its two cores,
     so a check could leave out the very node a test is about (test_node_health.py tests the check)."""
@@ -49,7 +49,8 @@ def spec(out: Path, launcher: str = "srun", spare: int = 1, requeue: bool = True
                       job_name="trainstack-test", log_dir=str(out / "logs"), requeue=requeue, spare_nodes=spare,
                       min_nodes=min_nodes, node_check=False,
                       partition="spares", env={"PROBE_OUT": str(out), "STEP_SLEEP": str(step_sleep),
-                                               "MEMORY_EVERY": str(memory_every)},
+                                               "MEMORY_EVERY": str(memory_every),
+                                               "RECORD_IDS": "1" if record_ids else "0"},
                       venv=str(Path(sys.executable).parents[1]), program=program or [PROBE])
 
 
@@ -102,6 +103,38 @@ def reference(tmp_root: Path, launcher: str = "srun") -> Path:
         assert job.exit_code == 0, job.log_path.read_text()
         _REFERENCE["run"] = out / "final.pt"
     return _REFERENCE["run"]
+
+
+def samples_by_step(out: Path) -> dict[int, list[int]]:
+    """Each optimizer step's samples over all ranks (ids/<job step>-<attempt>-rank<r>.jsonl); a step redone after a
+    recovery counts as the later job step did it (what the crashed step did past its checkpoint was rolled back)."""
+    by_step: dict[int, dict[str, list[int]]] = {}
+    for path in sorted((out / "ids").glob("*.jsonl"), key=lambda p: [int(x) for x in p.name.split("-")[:2]]
+                       if p.name[0].isdigit() else [0, 0]):
+        run = "-".join(path.name.split("-")[:2])
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            by_step.setdefault(row["step"], {}).setdefault(run, []).extend(row["ids"])
+    return {step: sorted(runs[list(runs)[-1]]) for step, runs in sorted(by_step.items())}
+
+
+def shrunk_reference(root: Path, at_step: int) -> Path:
+    """An unfaulted run that makes the same change from the same checkpoint: 4 processes under torchrun stop
+    gracefully at ``at_step``, then 2 continue with the planned world of 4 (what the driver sets on a shrunk step)."""
+    out = root / f"shrunk-reference-{at_step}"
+    if (out / "final.pt").exists():
+        return out
+    out.mkdir(mode=0o777)
+    env = {**os.environ, "PROBE_OUT": str(out), "STEP_SLEEP": "0", "RECORD_IDS": "1"}
+    for k in [k for k in env if k.startswith(("SLURM_", "TRAINSTACK_"))]:
+        del env[k]
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    for nprocs, extra in ((4, {"STOP_AT": str(at_step)}), (2, {"TRAINSTACK_PLANNED_WORLD": "4"})):
+        (out / "STOP").unlink(missing_ok=True)
+        proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node", str(nprocs), PROBE], env=env | extra,
+                              capture_output=True, text=True, timeout=150, start_new_session=True)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -215,14 +248,16 @@ def test_a_python_error_is_not_retried(cluster, tmp_root):
     assert "not retried: python error" in log and "as step 1" not in log and "requeueing" not in log, log
 
 
-def test_a_lost_node_without_a_spare_continues_on_the_survivor(cluster, tmp_root):
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+def test_a_lost_node_without_a_spare_continues_on_the_survivor(cluster, tmp_root, launcher):
     """No spare, --min-nodes 1: node2 lost at step ~22, the run continues on node1 with 2 ranks in the same
     allocation (no requeue, Restarts=0), keeping the planned global batch by gradient accumulation -- so it ends at
-    the planned step. (Every sample exactly once across the change: tests/distributed/test_shrink.py; the decisions
+    the planned step; every step's 16 samples are those of an unfaulted run that made the same change from the same
+    checkpoint (every sample once per epoch), and the final parameters equal that run's bit for bit. (The decisions
     around it, min-nodes and the node check: tests/test_allocation.py.)"""
-    out = tmp_root / "shrink"
+    out = tmp_root / f"shrink-{launcher}"
     out.mkdir(mode=0o777)
-    job = submit_spec(spec(out, spare=0, min_nodes=1))
+    job = submit_spec(spec(out, launcher, spare=0, min_nodes=1, record_ids=True))
     wait_until(lambda: reached(out) >= 22 and len(rank_pids(out, "node2")) == 2, 120, "step 22")
     killed = kill_node(out, "node2", Path(cluster["SLURM_CONF"]))
     assert wait_for(job, timeout=300) == 0, job.log_path.read_text()
@@ -237,6 +272,14 @@ def test_a_lost_node_without_a_spare_continues_on_the_survivor(cluster, tmp_root
     assert "running on 2 of the 4 planned processes: gradient_accumulation_steps 1 -> 2" in ranks, ranks[-3000:]
     listed = ts(cluster, "status", "--attempts", job.job_id)
     assert "continued on 1 of 2 nodes (node2 lost), in the allocation on node1" in listed, listed
+    at = int(re.findall(r"Resumed from \S+ \(epoch \d+, step (\d+);", ranks)[-1])
+    steps = samples_by_step(out)
+    assert sorted(steps) == list(range(1, 61)) and all(len(ids) == 16 for ids in steps.values())
+    for epoch in range(4):  # every sample exactly once per epoch, across the change
+        assert sorted(i for s in range(15 * epoch + 1, 15 * epoch + 16) for i in steps[s]) == list(range(240))
+    twin = shrunk_reference(tmp_root, at)
+    assert steps == samples_by_step(twin)  # the same samples at every step as the unfaulted change
+    assert same_parameters(out / "final.pt", twin / "final.pt")
 
 
 def test_a_frozen_node_is_found_by_the_watchdog_not_slurms_timeout(cluster, tmp_root):
