@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -72,7 +73,7 @@ class FakeSlurm(Slurm):
                                                           "gpus_visible": 0, "gpus": []}))
         return 0
 
-    def each(self, hosts, argv, timeout):  # noqa: ANN001 -- as Slurm.each
+    def each(self, hosts, argv, timeout, settle_s=None):  # noqa: ANN001 -- as Slurm.each
         self.calls.append(("each", tuple(hosts), argv[0]))
         return {h: h not in self.lost for h in hosts}
 
@@ -422,3 +423,27 @@ def test_a_job_without_requeue_runs_one_step_and_ends_with_its_first_failure(tmp
     assert "--nodelist=node1,node2" not in slurm.launched[0]  # the whole allocation, as srun gives it
     assert not any(c[0] in ("requeue", "sentinel") for c in slurm.calls)
     assert JobFiles(alloc.files.folder).exit_code() == "3"
+
+
+def test_a_host_that_does_not_answer_while_its_peers_do_is_not_waited_for_to_the_timeout():
+    """The failed step's probe: real processes stand in for the trivial srun steps -- one answers at once, one
+    fails at once, one never answers: the silent one is given up ANSWER_SETTLE_S after the first answer, not at the
+    5 s timeout, and killed; without peers' answers the timeout holds."""
+    import subprocess
+
+    from trainstack._slurm.slurmcmd import ANSWER_SETTLE_S, wait_answers
+
+    def procs(**argv: list[str]) -> dict[str, subprocess.Popen[bytes]]:
+        return {name: subprocess.Popen(a, stdin=subprocess.DEVNULL) for name, a in argv.items()}
+
+    started = time.monotonic()
+    running = procs(node1=["true"], node2=["false"], node3=["sleep", "30"])
+    assert wait_answers(running, timeout=5, settle_s=ANSWER_SETTLE_S) == {"node1": True, "node2": False,
+                                                                           "node3": False}
+    assert time.monotonic() - started < ANSWER_SETTLE_S + 1.0
+    assert running["node3"].returncode is not None  # killed, not left behind
+    started = time.monotonic()
+    assert wait_answers(procs(node1=["sleep", "30"]), timeout=1.0, settle_s=ANSWER_SETTLE_S) == {"node1": False}
+    assert 1.0 <= time.monotonic() - started < 2.0
+    slow_peer = procs(node1=["sleep", "0.2"], node2=["sleep", "1.0"])  # a slow but live host within the window
+    assert wait_answers(slow_peer, timeout=5, settle_s=ANSWER_SETTLE_S) == {"node1": True, "node2": True}

@@ -137,24 +137,18 @@ class Slurm:
                 return proc.wait()
 
     def answering(self, hosts: Sequence[str], timeout: float = 5) -> dict[str, bool]:
-        """{host: answers a trivial one-task step within ``timeout``?}, all hosts asked at once."""
-        return self.each(hosts, ["true"], timeout)
+        """{host: answers a trivial one-task step?}, all hosts asked at once: within ``timeout``, and within
+        ``ANSWER_SETTLE_S`` (or 3x the first answer's time) of the first host that answered -- a live slurmd
+        answers a trivial step in well under a second, as its peers show, so a lost node costs seconds less."""
+        return self.each(hosts, ["true"], timeout, settle_s=ANSWER_SETTLE_S)
 
-    def each(self, hosts: Sequence[str], argv: Sequence[str], timeout: float) -> dict[str, bool]:
-        """``argv`` as a one-task step on every host at once (``srun --overlap``): {host: it succeeded within
-        ``timeout``?} (a host that does not answer is killed at the timeout)."""
+    def each(self, hosts: Sequence[str], argv: Sequence[str], timeout: float,
+             settle_s: float | None = None) -> dict[str, bool]:
+        """``argv`` as a one-task step on every host at once (``srun --overlap``): {host: it succeeded in time?} (a
+        host that does not answer is killed; ``settle_s``: see ``wait_answers``)."""
         probes = {h: self.launch(["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={h}", *argv],
                                  self.env, output=Path(os.devnull)) for h in hosts}
-        deadline = time.monotonic() + timeout
-        answers = {}
-        for host, proc in probes.items():
-            try:
-                answers[host] = proc.wait(timeout=max(0.1, deadline - time.monotonic())) == 0
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                answers[host] = False
-        return answers
+        return wait_answers(probes, timeout, settle_s)
 
     def kill_steps(self, keep: str = "") -> None:
         """SIGKILL to every job step of this job still known to Slurm but those named ``keep``, without waiting for
@@ -179,3 +173,29 @@ class Slurm:
     def start_now(self, job: str) -> bool:
         """Release Slurm's hold on a requeued job (its owner may: ``StartTime=now``)."""
         return self._run(["scontrol", "update", f"JobId={job}", "StartTime=now"])[0] == 0
+
+
+#: How long the hosts of a failed step that have not answered the probe get after the first one that did.
+ANSWER_SETTLE_S = 1.5
+
+
+def wait_answers(procs: Mapping[str, subprocess.Popen[bytes]], timeout: float,
+                 settle_s: float | None = None) -> dict[str, bool]:
+    """{name: its process exited 0 in time?}: all waited for at once until ``timeout``; with ``settle_s``, the
+    slow ones only until max(``settle_s``, 3x the first exit's time) after the first exit. Late ones are killed."""
+    start = time.monotonic()
+    deadline, answers = start + timeout, {}
+    while len(answers) < len(procs) and time.monotonic() < deadline:
+        for name, proc in procs.items():
+            if name not in answers and proc.poll() is not None:
+                answers[name] = proc.returncode == 0
+                if settle_s is not None and len(answers) == 1:
+                    first = time.monotonic() - start
+                    deadline = min(deadline, start + first + max(settle_s, 3 * first))
+        time.sleep(0.02)
+    for name, proc in procs.items():
+        if name not in answers:
+            proc.kill()
+            proc.wait()
+            answers[name] = False
+    return {name: answers[name] for name in procs}
