@@ -259,3 +259,37 @@ def test_fp8_trains_on_a_gpu_with_float8_tensor_cores(tmp_path):
                          _cfg(tmp_path, "fp8", mixed_precision="fp8", max_iter=3), loss_fn="mse").fit(loader)
     assert any("Float8" in type(m).__name__ for m in trained.modules())
     assert all(torch.isfinite(p).all() for p in trained.parameters())
+
+
+def test_fp8_with_fsdp_all_gathers_in_float8_where_torchao_offers_it(run_py, tmp_path):
+    """FSDP2 + mixed_precision='fp8' over 2 processes needs 2 GPUs (the weights all-gathered in float8)."""
+    pytest.importorskip("torchao")
+    if torch.cuda.device_count() < 2 or torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs 2 GPUs with float8 tensor cores")
+    program = tmp_path / "fp8_fsdp.py"
+    program.write_text("""
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from trainstack import TrainConfig, Trainer
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(256, 1024), nn.Linear(1024, 256)
+    def forward(self, x):
+        return x + self.b(torch.relu(self.a(x)))
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(), Block())
+    x = torch.randn(1024, 256)
+    cfg = TrainConfig(nprocs=2, compute_setup="gpu", strategy="fsdp", fsdp_blocks=("Block",), mixed_precision="fp8",
+                      max_iter=2, log_folder="run", verbose=False)
+    trained, _ = Trainer(model, torch.optim.AdamW(model.parameters(), 1e-3), cfg, loss_fn="mse").fit(
+        DataLoader(TensorDataset(x, x), batch_size=64))
+    assert all(torch.isfinite(p).all() for p in trained.parameters())
+    print("FP8-FSDP-OK")
+""")
+    out = run_py([sys.executable, str(program)], cwd=tmp_path, timeout=240).stdout
+    assert "FP8-FSDP-OK" in out

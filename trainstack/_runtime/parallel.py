@@ -203,10 +203,11 @@ def fp8_note(shapes: list[tuple[int, int]], compiled: bool) -> str | None:
             f"mixed_precision='bf16'.")
 
 
-def to_float8(model: nn.Module, device_type: str) -> list[tuple[int, int]]:
+def to_float8(model: nn.Module, device_type: str, sharded: bool = False) -> list[tuple[int, int]]:
     """``mixed_precision="fp8"``: torchao's float8 training for every Linear whose sizes fp8 kernels take
     (multiples of 16), in place; a clear error where fp8 cannot run (a CPU, a GPU before Hopper/Ada, no torchao).
-    The converted layers' (in, out) sizes."""
+    ``sharded`` (FSDP2/HSDP over several processes): the weights are all-gathered in float8, half bf16's bytes,
+    where torchao offers it (``enable_fsdp_float8_all_gather``, as torchtitan does). The converted layers' sizes."""
     import importlib.util
 
     import torch
@@ -225,11 +226,20 @@ def to_float8(model: nn.Module, device_type: str) -> list[tuple[int, int]]:
                           "pip install torchao (the build matching your torch).")
     from torchao.float8 import convert_to_float8_training
 
+    config = None
+    if sharded:
+        try:
+            from torchao.float8 import Float8LinearConfig
+
+            config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+        except (ImportError, TypeError):  # an older torchao: bf16 all-gathers, still float8 GEMMs
+            config = None
+
     def takes(module: nn.Module, fqn: str) -> bool:
         return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
 
     shapes = [(m.in_features, m.out_features) for name, m in model.named_modules() if takes(m, name)]
-    convert_to_float8_training(model, module_filter_fn=takes)
+    convert_to_float8_training(model, module_filter_fn=takes, **({"config": config} if config else {}))
     return shapes
 
 
@@ -254,7 +264,7 @@ def lay_out(model: nn.Module, layout: Layout, parallelism: Parallelism, strategy
     if strategy == "hsdp" and layout.replicate == 1 and world > 1 and is_main:
         print(HSDP_ONE_REPLICA_NOTE, flush=True)
     if parallelism.float8:
-        note = fp8_note(to_float8(model, device_type), compiled)
+        note = fp8_note(to_float8(model, device_type, sharded=strategy != "ddp" and world > 1), compiled)
         if note and is_main:
             import logging
 
