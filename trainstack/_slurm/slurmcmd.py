@@ -184,7 +184,7 @@ def wait_answers(procs: Mapping[str, subprocess.Popen[bytes]], timeout: float,
     """{name: its process exited 0 in time?}: all waited for at once until ``timeout``; with ``settle_s``, the
     slow ones only until max(``settle_s``, 3x the first exit's time) after the first exit. Late ones are killed."""
     start = time.monotonic()
-    deadline, answers = start + timeout, {}
+    deadline, answers = start + timeout, dict[str, bool]()
     while len(answers) < len(procs) and time.monotonic() < deadline:
         for name, proc in procs.items():
             if name not in answers and proc.poll() is not None:
