@@ -17,6 +17,9 @@ steps). Cases, one run each (``--repeats`` for more):
 ``--baseline REF`` runs every case also under the trainstack of git commit REF (a worktree), alternating, and prints
 both columns and their ratio: the same recovery beside today's main in one run.
 
+The phases of each recovery (the last repetition's) follow the table: notice (the kill to the first failing task's
+exit record), detect, teardown, relaunch, restore, first step (`trainstack status --attempts`).
+
 Run: `make bench-recovery` (or `python bench/recovery.py [--today 82813d8] [--baseline 9aef794]
 [--launcher srun|torchrun|spawn]`)."""
 
@@ -80,7 +83,20 @@ def measure(case: str, env: dict[str, str], launcher: str, work: Path, today: Pa
     left = restore_nodes(env)
     if left:
         raise RuntimeError(f"nodes {left} did not come back after case {case!r}")
-    return {"case": case, "seconds": resumed, "lost": done_before - resumed_at, "restarts": restarts, "job": job}
+    return {"case": case, "seconds": resumed, "lost": done_before - resumed_at, "restarts": restarts, "job": job,
+            "phases": phases(out, resumed)}
+
+
+def phases(out: Path, resumed: float) -> dict[str, float | None]:
+    """The recovery's phases as the job recorded them (``trainstack status --attempts``), after ``notice``: the
+    fault (the kill, from outside) to the first failing task's exit record."""
+    from trainstack._slurm.attempt import recoveries
+
+    found = [r for path in (out / "logs").glob("*/events.jsonl") for r in recoveries(path.parent)]
+    if not found:
+        return {}
+    notice = round(resumed - found[0]["total"], 2) if found[0]["total"] is not None else None
+    return {"notice": notice, **found[0]["phases"]}
 
 
 def after(out: Path, kind: str, when: float) -> dict | None:
@@ -137,6 +153,13 @@ def main() -> None:
                 subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
     print(f"\n4 ranks on 2 nodes ({args.launcher}), checkpoint every 5 steps, fault at step ~{FAULT_AT}; "
           f"median of {args.repeats}\n")
+    names = ("notice", "detect", "teardown", "relaunch", "restore", "first step")
+    print("| case | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
+    for (case, tree), found in rows.items():
+        last = found[-1].get("phases") or {}
+        cells = [f"{last[n]:.1f} s" if last.get(n) is not None else "-" for n in names]
+        print(f"| {case}{f' ({args.baseline})' if tree else ''} | " + " | ".join(cells) + " |")
+    print()
     if base is None:
         print("| case | fault -> first resumed step | steps lost | Slurm restarts |")
         print("|---|---|---|---|")
