@@ -69,8 +69,10 @@ if __name__ == "__main__":
     model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Dropout(0.1), nn.Linear(32, 1))
     cfg = TrainConfig(max_iter=4, seed=1, checkpoint_every_n_steps=5, resume="auto", verbose=False,
                       memory_checkpoint_every_n_steps=int(os.environ.get("MEMORY_EVERY", "0")),
-                      root_folder=OUT / "runs", backend="gloo", compute_setup="cpu", stop_file=OUT / "STOP",
-                      stop_check_every=1,
+                      root_folder=OUT / "runs", backend="gloo", compute_setup="cpu",
+                      # STOP_AT (a reference run, outside Slurm): its own stop file, checked every step; under the
+                      # driver the job's stop file (TRAINSTACK_STOP_FILE) carries the graceful stops
+                      **({"stop_file": OUT / "STOP", "stop_check_every": 1} if os.environ.get("STOP_AT") else {}),
                       callbacks=[Callback(on="train_batch_end", callback=slow),
                                  Callback(on="optimizer_step", callback=record_ids),
                                  Callback(on="train_start", callback=leave_pid),

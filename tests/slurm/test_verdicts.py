@@ -41,7 +41,7 @@ def test_each_fault_gets_its_verdict(env, shared_tmp):  # noqa: F811
     assert found["sleep"]["kind"] == "cancelled", report
     status = ts(env, "status", jobs["error"]).stdout
     assert f"{jobs['error']}: python error: ZeroDivisionError" in status, status
-    assert "(exit 1" in status and "143" not in status, status  # the failing rank's status, not srun's kill
+    assert "(exit 1" in status and "exit 143" not in status, status  # the failing rank's status, not srun's kill
     why = ts(env, "why", jobs["oom"]).stdout
     assert "HINT:" in why and "accumulation" in why, why
 
