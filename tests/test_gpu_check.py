@@ -22,8 +22,8 @@ def test_the_gpu_check_dry_runs_without_cuda_and_reports_every_part(run_py, tmp_
     assert table.pop("facts") == "passed" and table.pop("trainstack doctor") == "passed", text
     assert table.pop("test-gpu (tests/gpu)") == "passed", text  # collected and skipped with their reason
     assert set(table.values()) == {"skipped: no CUDA device here"}, table
-    assert {"nccl_check", "compile cold vs warm", "fp8 probe", "llm 1b bf16 compile (raw, resident, trainer)",
-            "llm 8b-proxy bf16 vs fp8 compile (trainer)"} <= set(table), table
+    assert {"nccl_check", "compile cold vs warm", "fp8 probe", "llm 1b bf16 compile (raw, trainer)",
+            "llm 8b-proxy bf16 vs fp8 compile (trainer)", "memory checkpoint stall"} <= set(table), table
     assert "skipped" in (tmp_path / "out" / "gpu-check.log").read_text() and "report:" in proc.stdout
     assert f"torch {torch.__version__}" in text and "python-hostlist" in text
 
