@@ -69,7 +69,7 @@ class NodePool:
 
 class Probe:
     """Are a failed step's hosts still there? Asked in the background from the moment the failure is known, so the
-    answer (a lost host's 5 s of silence) overlaps the step's teardown instead of following it."""
+    answer (a lost host's silence: 1.5 s after its peers answered, 5 s at most) overlaps the step's teardown."""
 
     def __init__(self, slurm: Slurm, hosts: list[str]) -> None:
         self._answers: dict[str, bool] = {}
@@ -396,7 +396,7 @@ class Allocation:
             or "a node is missing"
 
     def _probe(self, nodes: list[str]) -> None:
-        """Every host of a failed step asked (a trivial step, 5 s at most; started at the failure, see ``Probe``):
+        """Every host of a failed step asked (a trivial step; started at the failure, see ``Probe``):
         one that does not answer is lost, named in ``lost`` with the ranks it ran."""
         answers = (self.probe or Probe(self.slurm, nodes)).answers()
         per = self.plan.procs_per_node
