@@ -226,20 +226,20 @@ def to_float8(model: nn.Module, device_type: str, sharded: bool = False) -> list
                           "pip install torchao (the build matching your torch).")
     from torchao.float8 import convert_to_float8_training
 
-    config = None
+    options = {}
     if sharded:
         try:
             from torchao.float8 import Float8LinearConfig
 
-            config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+            options["config"] = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
         except (ImportError, TypeError):  # an older torchao: bf16 all-gathers, still float8 GEMMs
-            config = None
+            pass
 
     def takes(module: nn.Module, fqn: str) -> bool:
         return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
 
     shapes = [(m.in_features, m.out_features) for name, m in model.named_modules() if takes(m, name)]
-    convert_to_float8_training(model, module_filter_fn=takes, **({"config": config} if config else {}))
+    convert_to_float8_training(model, module_filter_fn=takes, **options)
     return shapes
 
 

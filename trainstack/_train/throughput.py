@@ -101,7 +101,7 @@ def fake_step_flops(model: torch.nn.Module, loss_fn: Callable[[Any, Any], Any], 
             loss = out[0] if type(out) is tuple else out
             if isinstance(loss, torch.Tensor) and loss.requires_grad:
                 loss.backward()
-    except Exception:  # a loss or model that needs real values (.item(), data-dependent shapes): no count, said
+    except Exception:  # a loss or model that needs real values (.item(), data-dependent shapes): no MFU shown
         return None
     return counter.get_total_flops() or None
 

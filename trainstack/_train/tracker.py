@@ -26,6 +26,7 @@ from .live import LiveLog, ProgressBar, banner, format_line, progress_enabled, s
 from .losscurve import save_loss_curve
 from .metrics import MetricLog
 from .schedule import Clock
+from .steps import is_custom_step
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -281,7 +282,10 @@ def banner_info(run: Run, span: Span, hang_timeout: float) -> dict[str, Any]:
     source = run.peak_source
     info["MFU"] = f"over the {source}" if run.tracker.live.peak else f"n/a: {source}" if source else "n/a"
     if acc.compile_options is not None:
-        info["MFU"] = "n/a: compiled kernels hide their FLOPs from the counter"
+        if run.tracker.live.peak and is_custom_step(trainer.optimize_step):
+            info["MFU"] = "n/a: a compiled custom optimize_step's FLOPs are not counted"
+        elif run.tracker.live.peak:
+            info["MFU"] += " (the compiled model's FLOPs counted once on fake tensors)"
         info["Compile"] = (f"torch.compile({', '.join(f'{k}={v!r}' for k, v in acc.compile_options.items())}): "
                            f"compiling... (the first step may take {window():g} s on every rank); cache: "
                            f"{run.compile_cache or 'torch default'}")
