@@ -436,17 +436,30 @@ def pickled_accelerator_keeps_its_state():
     assert again.state.__dict__ == acc.state.__dict__
 
 
+def _say(line: str) -> None:
+    """Print the verdict and, where CHECK_RESULTS names a file, append it there as one write: two processes
+    sharing a pipe can splice their lines (a rank's "ok" ran into the other's log line), a one-line O_APPEND
+    write cannot be split."""
+    print(line, flush=True)
+    if os.environ.get("CHECK_RESULTS"):
+        fd = os.open(os.environ["CHECK_RESULTS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+
+
 def main():
     failed = 0
     for fn in CHECKS:
         warnings.simplefilter("ignore")
         try:
             fn()
-            print(f"CHECK {fn.__name__} ok", flush=True)
+            _say(f"CHECK {fn.__name__} ok")
         except Exception as exc:  # noqa: BLE001  (every check reports; the test reads the lines)
             failed += 1
             why = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:400]
-            print(f"CHECK {fn.__name__} FAIL {why}", flush=True)
+            _say(f"CHECK {fn.__name__} FAIL {why}")
             traceback.print_exc()
     return failed
 

@@ -17,8 +17,8 @@ SCRIPT = ROOT / "tests" / "distributed" / "_accelerate_checks.py"
 ENV = {"PYTHONPATH": str(ROOT / "tests"), "CHECK_RUN": "pytest"}
 
 
-def _results(out: str) -> tuple[Counter, list[str]]:
-    found = re.findall(r"CHECK (\w+) (ok|FAIL[^\n]*?)(?=CHECK |\n|$)", out)
+def _results(lines: str) -> tuple[Counter, list[str]]:
+    found = re.findall(r"^CHECK (\w+) (ok|FAIL.*)$", lines, re.M)
     return Counter(name for name, verdict in found if verdict == "ok"), [
         f"{name}: {verdict}" for name, verdict in found if verdict != "ok"]
 
@@ -31,8 +31,9 @@ def _names() -> list[str]:
 def test_accelerate_behaviours_on_two_processes(run_py, tmp_path, launch):
     command = ([torchrun_exe(), "--standalone", "--nproc_per_node", "2", str(SCRIPT)] if launch == "torchrun"
                else [python_exe(), str(SCRIPT), "--spawn"])
-    out = run_py(command, timeout=240, env={**ENV, "CHECK_RUN": f"{launch}-{tmp_path.name}"}, cwd=tmp_path,
-                 check=False).stdout
-    passed, failed = _results(out)
+    results = tmp_path / "results.txt"
+    out = run_py(command, timeout=240, cwd=tmp_path, check=False,
+                 env={**ENV, "CHECK_RUN": f"{launch}-{tmp_path.name}", "CHECK_RESULTS": str(results)}).stdout
+    passed, failed = _results(results.read_text() if results.exists() else "")
     assert not failed, "\n".join(failed) + "\n" + out[-3000:]
     assert {name: passed[name] for name in _names()} == {name: 2 for name in _names()}, out[-3000:]

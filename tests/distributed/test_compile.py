@@ -40,18 +40,6 @@ def _plain_model() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
 
 
-def test_compiled_ddp_trains_like_eager_and_its_checkpoints_load_into_a_plain_model(tmp_path):
-    eager, _, _ = _run(tmp_path / "eager", "eager")
-    compiled, text, took = _run(tmp_path / "compiled", "inductor")
-    assert took is not None and "per rank:" in text and "Compile" in text and "compiling..." in text
-    assert compiled["loss"] == pytest.approx(eager["loss"], rel=1e-4), (compiled, eager)
-    assert compiled["keys"] == ["0.bias", "0.weight"]  # no _orig_mod.
-    assert (tmp_path / "compiled" / "compile-cache" / "inductor").is_dir()
-    [ckpt] = sorted((tmp_path / "compiled" / "checkpoints").glob("ckpt-*.pt"))[-1:]
-    plain = _plain_model()
-    plain.load_state_dict(torch.load(ckpt, weights_only=True)["model"])  # strict: every key matches
-
-
 def test_a_user_compiled_model_is_unwrapped_to_plain_keys(tmp_path):
     result, text, took = _run(tmp_path / "user", "user", epochs=1)
     assert result["keys"] == ["0.bias", "0.weight"] and took is not None, text[-2000:]
@@ -75,15 +63,25 @@ def test_a_model_dynamo_cannot_trace_is_a_clear_error_naming_the_line_and_the_fi
 
 
 @pytest.mark.slow
-def test_resume_with_compile_is_bitwise_and_the_requeued_start_is_warm(tmp_path):
-    _, _, cold = _run(tmp_path / "a", "inductor", epochs=2)
-    _, text, warm = _run(tmp_path / "a", "inductor", epochs=4)  # resume="auto": the same run folder and cache
-    assert "Continuing at" in text and cold is not None and warm is not None
+def test_compiled_ddp_trains_like_eager_resumes_bitwise_warm_and_its_checkpoints_load_into_a_plain_model(tmp_path):
+    """One compiled run, stopped after 2 epochs and resumed to 4 (the requeue's warm start), against an eager run
+    and a straight compiled run of 4 epochs (one test: each compiled run costs a cold compile on CI's 2 cores)."""
+    _, first, cold = _run(tmp_path / "a", "inductor", epochs=2)
+    compiled, text, warm = _run(tmp_path / "a", "inductor", epochs=4)  # resume="auto": the same run folder, cache
+    assert cold is not None and "per rank:" in first and "Compile" in first and "compiling..." in first, first[-3000:]
+    assert "Continuing at" in text and warm is not None
     print(f"first step: cold {cold:.1f} s, warm (resumed, cache hit) {warm:.1f} s")
     assert warm < cold / 2, (cold, warm)
+    eager, _, _ = _run(tmp_path / "eager", "eager", epochs=4)
+    assert compiled["loss"] == pytest.approx(eager["loss"], rel=1e-4), (compiled, eager)
+    assert compiled["keys"] == ["0.bias", "0.weight"]  # no _orig_mod.
+    assert (tmp_path / "a" / "compile-cache" / "inductor").is_dir()
     _run(tmp_path / "b", "inductor", epochs=4, TRAINSTACK_COMPILE_CACHE=str(tmp_path / "a" / "compile-cache"))
     resumed, straight = (torch.load(tmp_path / x / "final.pt", weights_only=True) for x in ("a", "b"))
     assert all(torch.equal(resumed[k], straight[k]) for k in straight)  # bitwise: inductor on CPU is deterministic
+    [ckpt] = sorted((tmp_path / "a" / "checkpoints").glob("ckpt-*.pt"))[-1:]
+    plain = _plain_model()
+    plain.load_state_dict(torch.load(ckpt, weights_only=True)["model"])  # strict: every key matches
 
 
 @pytest.mark.slow
