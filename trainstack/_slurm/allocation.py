@@ -126,7 +126,7 @@ class Allocation:
     """The loop of one job's allocation. ``slurm`` is every Slurm command it runs; ``env`` the job's environment."""
 
     def __init__(self, plan: Plan, slurm: Slurm, env: Mapping[str, str], script: Path | None = None,
-                 poll_s: float = 0.25, kill_after_s: float = 1.0,
+                 poll_s: float = 0.1, kill_after_s: float = 0.3,
                  emit: Callable[[str, bool], None] | None = None) -> None:
         self.plan, self.slurm = plan, slurm
         self.poll_s, self.kill_after_s = poll_s, kill_after_s
@@ -135,7 +135,7 @@ class Allocation:
         self.pool = NodePool([])
         self.step = 0
         self.stop_kind: str | None = None
-        self.checked: set[tuple[str, ...]] = set()
+        self.checked: set[str] = set()  # hosts the node check passed in this allocation
         self.probe: Probe | None = None  # the failed step's hosts, asked since its failure
         self.log: Path | None = None
 
@@ -297,9 +297,12 @@ class Allocation:
         return dict(record["named"])
 
     def preflight(self, nodes: list[str]) -> list[str] | Requeue:
-        """The nodes the step runs on after the check: a named node is left out and a spare takes its place
-        (checked in turn); without one the job is requeued leaving it out where the partition has other nodes, else
-        it trains on them. A job without --requeue names the node and trains on it."""
+        """The nodes the step runs on after the check. Every usable host not yet checked is measured at once -- the
+        spares with the step's nodes (the same seconds: one task per node, in parallel) -- so a spare that later
+        takes a lost node's place steps in without a check of its own. A named node is left out and a checked
+        spare takes its place; without one the job shrinks (``--min-nodes``) or is requeued leaving it out where
+        the partition has other nodes, else it trains on them. A job without --requeue names the node and trains
+        on it."""
         if not self.plan.recovery.requeue:
             found = self.check_nodes(nodes)
             if found:
@@ -307,30 +310,30 @@ class Allocation:
                 self.job.warn(f"training on {bad} anyway: a job without --requeue cannot leave a node out (--requeue "
                               f"--spare-nodes 1 replaces it; or resubmit with sbatch's --exclude={bad})")
             return nodes
-        while tuple(nodes) not in self.checked:
-            named = list(self.check_nodes(nodes))
-            if not named:
-                break
-            self.pool.leave_out(named)
-            chosen = self.pool.choose(self.plan.nodes)
-            if chosen is not None:
-                self.job.say(f"node check: leaving out {','.join(named)}; the step runs on {','.join(chosen)}")
-                nodes = chosen
-                continue
-            survivors = self.survivors(f"{','.join(named)} named by the node check")
-            if survivors is not None:  # checked just now, with the node named
-                nodes = survivors
-                break
-            budget = policy.Budget(policy.spent(self.files.folder, "nodecheck"), self.plan.recovery.max_retries)
-            go, line = policy.node_check_failed(self.files.folder, named, budget, self._context(nodes))
-            self.job.warn(line)
-            if go:
-                return Requeue("nodecheck", policy.excluded(self.files.folder))
-            self.pool.readmit(named)
-            nodes = self.pool.choose(self.plan.nodes) or nodes
-            break
-        self.checked.add(tuple(nodes))
-        return nodes
+        if set(nodes) <= self.checked:
+            return nodes
+        hosts = [h for h in self.pool.usable() if h not in self.checked]
+        named = list(self.check_nodes(hosts))
+        self.checked.update(h for h in hosts if h not in named)
+        if not named or not set(named) & set(nodes):
+            self.pool.leave_out(named)  # a named spare: the step's nodes stand
+            return nodes
+        self.pool.leave_out(named)
+        chosen = self.pool.choose(self.plan.nodes)
+        if chosen is not None:
+            self.job.say(f"node check: leaving out {','.join(named)}; the step runs on {','.join(chosen)}")
+            return chosen
+        survivors = self.survivors(f"{','.join(named)} named by the node check")
+        if survivors is not None:  # checked just now, with the node named
+            return survivors
+        budget = policy.Budget(policy.spent(self.files.folder, "nodecheck"), self.plan.recovery.max_retries)
+        go, line = policy.node_check_failed(self.files.folder, named, budget, self._context(nodes))
+        self.job.warn(line)
+        if go:
+            return Requeue("nodecheck", policy.excluded(self.files.folder))
+        self.pool.readmit(named)
+        self.checked.update(named)  # trained on as they are: not measured again in this allocation
+        return self.pool.choose(self.plan.nodes) or nodes
 
     # ------------------------------------------------------------------ what comes next
     def decide(self, ended: StepEnd, nodes: list[str]) -> Decision:
