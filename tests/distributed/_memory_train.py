@@ -48,7 +48,9 @@ def fault(trainer, *_args) -> None:
         filler = Path(os.environ["TRAINSTACK_MEMORY_DIR"]) / "filler"
         if mode == "fill":
             trainer.run.memory.wait()  # the set of the step before is complete
-            with open(filler, "wb") as fh:
+            # unbuffered: a buffered file's close would flush what the full disk refused and raise on this rank
+            # (a crash of the test's own making, seen once under load)
+            with open(filler, "wb", buffering=0) as fh:
                 try:
                     while True:
                         fh.write(b"\0" * (1 << 16))
