@@ -123,3 +123,25 @@ def test_a_forgotten_job_that_recovered_in_its_allocation_keeps_its_story(tmp_pa
            {"kind": "job_end", "time": 360.0, "status": 0}]
     (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ev))
     assert _folder_record(folder) == ("0:01:00", 1, "2")  # a requeue: Slurm's restart count, its last attempt
+
+
+def test_an_array_lists_the_tasks_slurm_already_forgot(tmp_path, monkeypatch):
+    """Slurm forgets an ended task after MinJobAge while its siblings still run or wait: `status` and `logs` of
+    the array still list every task (the forgotten ones from the job folder where accounting is off), in order,
+    and a pending range is not listed twice."""
+    from trainstack._slurm import status
+    from trainstack._slurm.jobs import JobInfo
+
+    record = _job_folder(tmp_path, "1868", {f"task-{t}": {"started": "2026-01-01T10:00:00+00:00\n",
+                                                        **({"exit_code": "0\n"} if t == 0 else {})} for t in range(5)})
+    monkeypatch.setattr(status, "_record", lambda base: record if base == "1868" else None)
+    monkeypatch.setattr(status, "_sacct", lambda job_id: None)  # accounting off
+    live = [JobInfo("1870", "demo", "RUNNING", "node1", 1, None, None, "0:05", 0, None, "1868", "1"),
+            JobInfo("1868", "demo", "RUNNING", "node1", 1, None, None, "0:03", 0, None, "1868", "2"),
+            JobInfo("1868", "demo", "PENDING", "", 1, None, None, "0:00", 0, None, "1868", "3-4%2")]
+    monkeypatch.setattr(status, "job_infos", lambda job_id: live)
+    rows = job_status("1868")
+    assert [r.job for r in rows] == ["1868_0", "1868_1", "1868_2", "1868_[3-4]"]
+    assert rows[0].state == "COMPLETED" and rows[0].source == "folder"
+    with pytest.raises(JobError, match=r"array of 4 tasks; name one, e.g. `trainstack logs 1868_0`"):
+        status.find_log("1868")

@@ -188,6 +188,42 @@ def _from_folder(base: str, record: dict, task: str | None) -> list[TaskStatus]:
     return rows
 
 
+def _pending_tasks(label: str) -> list[int]:
+    """The task indices of a pending range's label (``123_[2-3,7]`` -> 2, 3, 7; a throttle ``%2`` is dropped)."""
+    inside = label.partition("_[")[2].rstrip("]").split("%")[0]
+    out: list[int] = []
+    for part in inside.split(",") if inside else []:
+        low, _, high = part.partition("-")
+        if low.isdigit() and (not high or high.isdigit()):
+            out += range(int(low), int(high or low) + 1)
+    return out
+
+
+def _with_ended_tasks(base: str, rows: list[TaskStatus]) -> list[TaskStatus]:
+    """An array's rows from Slurm, completed with the tasks Slurm already forgot (ended longer than its MinJobAge
+    ago) from accounting, else from the job folder; in task order."""
+    record = _record(base)
+    if record is None or not record.get("tasks"):
+        return rows
+    have = {r.job for r in rows} | {f"{base}_{t}" for r in rows for t in _pending_tasks(r.job)}
+    if {f"{base}_{t}" for t in record["tasks"]} <= have:
+        return rows
+    accounted = {r.job: r for r in _sacct(base) or []}
+    for mine in _from_folder(base, record, None):
+        if mine.job in have:
+            continue
+        row = accounted.get(mine.job)
+        if row is not None:  # accounting's state, the folder's log, restarts and last metric
+            row.log, row.folder, row.metric, row.restarts = mine.log, mine.folder, mine.metric, mine.restarts
+        rows.append(row or mine)
+    return sorted(rows, key=_task_order)
+
+
+def _task_order(row: TaskStatus) -> int:
+    task = row.job.rpartition("_")[2]
+    return int(task) if task.isdigit() else (_pending_tasks(row.job) or [-1])[0]
+
+
 def job_status(job_id: str) -> list[TaskStatus]:
     """One row per job (per task of an array job): Slurm, then accounting, then the job folder."""
     check_job_id(job_id)
@@ -203,7 +239,8 @@ def job_status(job_id: str) -> list[TaskStatus]:
                            f"{base}")
         infos = [i for i in infos if i.label == job_id] or infos[:0]
     if infos:
-        return [_from_slurm(i) for i in infos]
+        rows = [_from_slurm(i) for i in infos]
+        return _with_ended_tasks(base, rows) if not task and any(i.array_job_id for i in infos) else rows
     record = _record(base)
     if task and record is not None and not record.get("tasks"):
         raise JobError(f"job {base} is not an array job, so it has no task {task}. HINT: trainstack status {base}")
