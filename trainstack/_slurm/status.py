@@ -239,8 +239,8 @@ def job_status(job_id: str) -> list[TaskStatus]:
                            f"{base}")
         infos = [i for i in infos if i.label == job_id] or infos[:0]
     if infos:
-        rows = [_from_slurm(i) for i in infos]
-        return _with_ended_tasks(base, rows) if not task and any(i.array_job_id for i in infos) else rows
+        live = [_from_slurm(i) for i in infos]
+        return _with_ended_tasks(base, live) if not task and any(i.array_job_id for i in infos) else live
     record = _record(base)
     if task and record is not None and not record.get("tasks"):
         raise JobError(f"job {base} is not an array job, so it has no task {task}. HINT: trainstack status {base}")
