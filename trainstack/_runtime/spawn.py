@@ -54,6 +54,7 @@ from .. import _envvars as envvars
 from .. import _transport
 from .._files import atomic_write
 from ..errors import Interrupted, LaunchError, Preempted, TrainingHung
+from . import fastexit
 from . import layout as _layout
 from . import preload as _preload
 from . import ranklog as _ranklog
@@ -122,6 +123,7 @@ class ProcessGroupSession:
             torch.cuda.set_device(device_id)
         if ctx.world_size == 1 or dist.is_initialized():
             return
+        fastexit.arm()  # a rank that fails leaves without the teardown that would slow its peers' relaunch
         timeout = _timeout(self.timeout_s)
         if ctx.environment == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             # torchrun's agent hosts the store and keeps it across worker restarts (same MASTER_PORT), so the
