@@ -29,16 +29,36 @@ log.write("a line the program never flushed\\n")
 atexit.register(lambda: (out / "atexit").write_text("ran"))
 
 class Teardown:
-    def __del__(self):
-        (out / "teardown").write_text("ran")
+    def __init__(self, path):
+        import os  # its own references: the module's names and the builtins are cleared before it is collected
+        self.path, self.open, self.close, self.flags = path, os.open, os.close, os.O_WRONLY | os.O_CREAT
 
-KEEP = Teardown()  # collected only by the interpreter's teardown
+    def __del__(self):
+        self.close(self.open(self.path, self.flags, 0o644))
+
+KEEP = Teardown(str(out / "teardown"))  # collected only by the interpreter's teardown
 
 def late():
     time.sleep(0.3)
     (out / "thread").write_text("done")
 
 threading.Thread(target=late).start()
+if sys.argv[2] in ("wrapped", "rearmed"):  # a hook like torch's init_process_group's: output held, then prefixed
+    import io
+    inner = sys.excepthook
+
+    def prefixing(*exc):
+        held, sys.stderr = sys.stderr, io.StringIO()
+        try:
+            inner(*exc)
+            text = sys.stderr.getvalue()
+        finally:
+            sys.stderr = held
+        sys.stderr.write("".join(f"[rank0]: {line}" for line in text.splitlines(True)))
+
+    sys.excepthook = prefixing
+    if sys.argv[2] == "rearmed":
+        fastexit.arm()
 if sys.argv[2] == "interrupt":
     raise KeyboardInterrupt
 raise RuntimeError("collective failed: connection closed by peer")
@@ -59,6 +79,17 @@ def test_a_failed_rank_says_why_finishes_its_work_and_skips_the_teardown(tmp_pat
     assert (tmp_path / "thread").read_text() == "done"  # the program's own thread was waited for
     assert (tmp_path / "atexit").read_text() == "ran"
     assert not (tmp_path / "teardown").exists()  # the interpreter's teardown did not run
+
+
+@pytest.mark.parametrize("how", ["wrapped", "rearmed"])
+def test_a_hook_that_wraps_this_one_keeps_its_traceback(tmp_path, how):
+    """torch's init_process_group wraps the excepthook (the traceback is held in a buffer, then written with a
+    [rank] prefix): wrapped, the hook leaves Python's exit alone (the traceback must not die in the buffer);
+    armed again after the wrapper (trainstack arms after init_process_group), it leaves fast with it written."""
+    done = _run(tmp_path, how)
+    assert done.returncode == 1 and "[rank0]: RuntimeError: collective failed" in done.stderr, done.stderr
+    assert (tmp_path / "teardown").exists() == (how == "wrapped")
+    assert (tmp_path / "atexit").exists() and (tmp_path / "user.log").read_text().endswith("flushed\n")
 
 
 def test_python_keeps_its_exit_when_asked_and_on_ctrl_c(tmp_path):

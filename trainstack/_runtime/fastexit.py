@@ -36,21 +36,26 @@ def armed() -> bool:
 
 
 def arm() -> None:
-    """Install the hook (once per process; a no-op where ``TRAINSTACK_FAST_EXIT=0``)."""
+    """Make the hook the outermost ``sys.excepthook`` (again, where a hook installed since wraps it: torch's
+    ``init_process_group`` installs one that prefixes the traceback's lines with the rank); a no-op where
+    ``TRAINSTACK_FAST_EXIT=0``. Call it after the process group is initialised."""
     global _armed
     if os.environ.get(envvars.FAST_EXIT, "1") == "0":
         return
     with _lock:
-        if _armed:
+        if getattr(sys.excepthook, "_trainstack_fast_exit", False):
             return
-        previous = sys.excepthook
+        previous, stderr = sys.excepthook, sys.stderr
 
         def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
             previous(kind, value, tb)
-            if issubclass(kind, KeyboardInterrupt):
+            # Ctrl-C keeps Python's exit status; a hook that wraps this one (its stderr swapped for a buffer it
+            # writes out after) gets Python's exit too: leaving here would lose the traceback it holds
+            if issubclass(kind, KeyboardInterrupt) or sys.stderr is not stderr:
                 return
             leave(FAILED_STATUS)
 
+        hook._trainstack_fast_exit = True  # type: ignore[attr-defined]
         sys.excepthook = hook
         _armed = True
 

@@ -123,7 +123,6 @@ class ProcessGroupSession:
             torch.cuda.set_device(device_id)
         if ctx.world_size == 1 or dist.is_initialized():
             return
-        fastexit.arm()  # a rank that fails leaves without the teardown that would slow its peers' relaunch
         timeout = _timeout(self.timeout_s)
         if ctx.environment == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             # torchrun's agent hosts the store and keeps it across worker restarts (same MASTER_PORT), so the
@@ -150,6 +149,7 @@ class ProcessGroupSession:
             raise
         if required:
             _transport.confirm_after_init(required)
+        fastexit.arm()  # after torch's own hook (init_process_group's): a failed rank leaves without the teardown
 
     def start_for_process(self) -> None:
         """Join for the rest of the process and leave cleanly at its exit: a group left to the interpreter's
