@@ -19,6 +19,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 from .. import _envvars as envvars
@@ -27,6 +28,7 @@ __all__ = ["arm", "armed"]
 
 _lock = threading.Lock()
 _armed = False
+_installed: list[Callable[[type[BaseException], BaseException, TracebackType | None], None]] = []  # newest last
 FAILED_STATUS = 1  # what Python's own exit gives an uncaught exception
 THREADS_WAIT_S = 30.0  # Python would wait for ever on a thread stuck on a lost peer
 
@@ -43,7 +45,7 @@ def arm() -> None:
     if os.environ.get(envvars.FAST_EXIT, "1") == "0":
         return
     with _lock:
-        if getattr(sys.excepthook, "_trainstack_fast_exit", False):
+        if _installed and sys.excepthook is _installed[-1]:
             return
         previous, stderr = sys.excepthook, sys.stderr
 
@@ -55,7 +57,7 @@ def arm() -> None:
                 return
             leave(FAILED_STATUS)
 
-        hook._trainstack_fast_exit = True  # type: ignore[attr-defined]
+        _installed.append(hook)
         sys.excepthook = hook
         _armed = True
 
