@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,8 @@ if sys.argv[2] in ("wrapped", "rearmed"):  # a hook like torch's init_process_gr
         fastexit.arm()
 if sys.argv[2] == "interrupt":
     raise KeyboardInterrupt
+if sys.argv[2] == "peer":
+    raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:9604")
 raise RuntimeError("collective failed: connection closed by peer")
 """
 
@@ -102,3 +105,18 @@ def test_python_keeps_its_exit_when_asked_and_on_ctrl_c(tmp_path):
     done = _run(interrupted, "interrupt")
     assert done.returncode in (-signal.SIGINT, 128 + signal.SIGINT, 1), done  # Python's own status for Ctrl-C
     assert "KeyboardInterrupt" in done.stderr and (interrupted / "teardown").exists()
+
+
+def test_a_rank_that_failed_because_a_peer_did_waits_before_it_leaves(tmp_path, monkeypatch):
+    """The first failing task decides the job's status and verdict: a rank that lost its peer sleeps (no CPU)
+    before it leaves, so the rank that caused it -- perhaps through Python's slower exit -- ends first."""
+    from trainstack._runtime import fastexit
+
+    started = time.monotonic()
+    done = _run(tmp_path, "peer")
+    assert done.returncode == 1 and "Connection closed by peer" in done.stderr
+    assert time.monotonic() - started >= fastexit.SECONDARY_WAIT_S
+    assert not (tmp_path / "teardown").exists()
+    assert fastexit.secondary(RuntimeError, RuntimeError("Connection reset by peer"))
+    assert not fastexit.secondary(BrokenPipeError, BrokenPipeError(32, "Broken pipe"))  # the program's own
+    assert not fastexit.secondary(ZeroDivisionError, ZeroDivisionError("division by zero"))

@@ -2,11 +2,12 @@
 
 After an uncaught exception, CPython tears the interpreter down module by module; with torch loaded that is 1-1.5 s
 of CPU per process (measured on the local Slurm: the error printed, the process gone 1.0-2.1 s later). During a
-recovery those seconds run beside the next step's processes, which import torch on the same cores. Armed once per
-process by a rank that joins a process group of more than one process: the hook before it prints the traceback,
-the exit handlers run (``atexit``: the rank log's tee, torch's own), every open file is flushed, then the process
-ends with status 1 without the teardown -- what trainstack's fork server already does at its exit.
-``TRAINSTACK_FAST_EXIT=0`` keeps Python's own exit. Ctrl-C (``KeyboardInterrupt``) and ``SystemExit`` keep it
+recovery those seconds run beside the next step's processes, which import torch on the same cores. Armed by a rank
+that joins a process group of more than one process: the hook before it prints the traceback, the exit handlers
+run (``atexit``: the rank log's tee, torch's own), every open file is flushed, then the process ends with status 1
+without the teardown -- what trainstack's fork server already does at its exit. A rank that failed because another
+did (a lost peer) first sleeps ``SECONDARY_WAIT_S``, so that the job's first failing task stays the one that caused
+it. ``TRAINSTACK_FAST_EXIT=0`` keeps Python's own exit; Ctrl-C (``KeyboardInterrupt``) and ``SystemExit`` keep it
 too: their exit statuses are the interpreter's to give.
 """
 
@@ -30,6 +31,15 @@ _lock = threading.Lock()
 _armed = False
 _installed: list[Callable[[type[BaseException], BaseException, TracebackType | None], None]] = []  # newest last
 FAILED_STATUS = 1  # what Python's own exit gives an uncaught exception
+# Errors a rank raises because *another* rank died; never reported as the root cause when a better one exists.
+SECONDARY = ("remote worker", "Connection closed by peer", "Connection reset by peer", "Broken pipe",
+             "NCCL communicator was aborted", "SIGINT")
+SECONDARY_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
+#: A rank that failed because another did waits this long (asleep: no CPU) before it leaves, so that the rank that
+#: failed first -- perhaps through Python's slower exit (``sys.exit``) -- also ends first: the job's status and
+#: verdict are the first failing task's. The launcher (srun's --kill-on-bad-exit, the driver, torchrun) ends it
+#: sooner.
+SECONDARY_WAIT_S = 3.0
 THREADS_WAIT_S = 30.0  # Python would wait for ever on a thread stuck on a lost peer
 
 
@@ -55,11 +65,21 @@ def arm() -> None:
             # writes out after) gets Python's exit too: leaving here would lose the traceback it holds
             if issubclass(kind, KeyboardInterrupt) or sys.stderr is not stderr:
                 return
+            if secondary(kind, value):
+                time.sleep(SECONDARY_WAIT_S)
             leave(FAILED_STATUS)
 
         _installed.append(hook)
         sys.excepthook = hook
         _armed = True
+
+
+def secondary(kind: type[BaseException], value: BaseException) -> bool:
+    """Did this rank fail because another rank died (torch's distributed errors; a RuntimeError of the backend
+    naming a lost peer)? A program's own ``BrokenPipeError`` is its own failure."""
+    if kind.__name__ in SECONDARY_TYPES:
+        return True
+    return issubclass(kind, RuntimeError) and any(marker in str(value) for marker in SECONDARY)
 
 
 def leave(status: int) -> None:

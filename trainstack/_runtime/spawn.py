@@ -540,9 +540,7 @@ def _start(payload: Any, spec: _WorkerSpec, private_dir: str, nprocs: int, metho
         tempfile.tempdir = previous
 
 
-# Errors a rank raises because *another* rank died; never reported as the root cause when a better one exists.
-_SECONDARY = ("remote worker", "Connection closed by peer", "Connection reset by peer", "Broken pipe",
-              "NCCL communicator was aborted", "SIGINT")
+_SECONDARY = fastexit.SECONDARY
 
 
 def _monitor(context: tmp.ProcessContext, private_dir: str) -> tuple[int, str, int] | None:
