@@ -145,3 +145,12 @@ def test_an_array_lists_the_tasks_slurm_already_forgot(tmp_path, monkeypatch):
     assert rows[0].state == "COMPLETED" and rows[0].source == "folder"
     with pytest.raises(JobError, match=r"array of 4 tasks; name one, e.g. `trainstack logs 1868_0`"):
         status.find_log("1868")
+    # with accounting on, a forgotten task's state is accounting's and its log the folder's
+    from trainstack._slurm.status import TaskStatus
+
+    (tmp_path / "logs" / "demo-1868_0.out").write_text("Iteration      9 | loss: 0.1\n")
+    monkeypatch.setattr(status, "_sacct", lambda job_id: [TaskStatus("1868_0", "demo", "COMPLETED", "1", "0:09", 0,
+                                                                     "", "sacct")])
+    first = job_status("1868")[0]
+    assert (first.job, first.source, first.state) == ("1868_0", "sacct", "COMPLETED")
+    assert first.metric == "Iteration      9 | loss: 0.1" and first.log is not None

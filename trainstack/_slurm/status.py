@@ -208,15 +208,19 @@ def _with_ended_tasks(base: str, rows: list[TaskStatus]) -> list[TaskStatus]:
     have = {r.job for r in rows} | {f"{base}_{t}" for r in rows for t in _pending_tasks(r.job)}
     if {f"{base}_{t}" for t in record["tasks"]} <= have:
         return rows
-    accounted = {r.job: r for r in _sacct(base) or []}
-    for mine in _from_folder(base, record, None):
-        if mine.job in have:
-            continue
-        row = accounted.get(mine.job)
-        if row is not None:  # accounting's state, the folder's log, restarts and last metric
+    forgotten = [r for r in _from_folder(base, record, None) if r.job not in have]
+    accounted = {r.job: r for r in _with_folder_facts(_sacct(base) or [], forgotten)}
+    return sorted(rows + [accounted.get(r.job, r) for r in forgotten], key=_task_order)
+
+
+def _with_folder_facts(rows: list[TaskStatus], folder_rows: list[TaskStatus]) -> list[TaskStatus]:
+    """Accounting's rows with what only the job folder knows: the log, the restarts, the last metric."""
+    by_label = {r.job: r for r in folder_rows}
+    for row in rows:
+        mine = by_label.get(row.job)
+        if mine is not None:
             row.log, row.folder, row.metric, row.restarts = mine.log, mine.folder, mine.metric, mine.restarts
-        rows.append(row or mine)
-    return sorted(rows, key=_task_order)
+    return rows
 
 
 def _task_order(row: TaskStatus) -> int:
@@ -246,13 +250,7 @@ def job_status(job_id: str) -> list[TaskStatus]:
         raise JobError(f"job {base} is not an array job, so it has no task {task}. HINT: trainstack status {base}")
     rows = _sacct(job_id)
     if rows is not None:
-        if record is not None:  # the folder knows the log, the restarts and the last metric
-            by_label = {r.job: r for r in _from_folder(base, record, task or None)}
-            for row in rows:
-                mine = by_label.get(row.job)
-                if mine is not None:
-                    row.log, row.folder, row.metric, row.restarts = mine.log, mine.folder, mine.metric, mine.restarts
-        return rows
+        return _with_folder_facts(rows, _from_folder(base, record, task or None) if record is not None else [])
     if record is not None:
         return _from_folder(base, record, task or None)
     if slurm_problem:
