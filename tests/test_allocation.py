@@ -39,6 +39,7 @@ class FakeSlurm(Slurm):
         self.serving = serving if serving is not None else dict.fromkeys(hosts, True)
         self.launched: list[list[str]] = []
         self.calls: list[tuple] = []
+        self.scontrol: list[tuple[int, str]] = []
 
     def hostnames(self, nodelist: str) -> list[str]:
         return list(self.hosts)
@@ -80,17 +81,18 @@ class FakeSlurm(Slurm):
     def kill_steps(self, keep: str = "") -> None:
         self.calls.append(("kill_steps",))
 
-    def requeue(self, job: str) -> tuple[bool, str]:
-        self.calls.append(("requeue", job))
-        return True, ""
-
-    def exclude(self, job: str, hosts) -> bool:  # noqa: ANN001
-        self.calls.append(("exclude", job, tuple(hosts)))
-        return True
-
-    def start_now(self, job: str) -> bool:
-        self.calls.append(("start_now", job))
-        return True
+    def _run(self, argv, timeout: float = 30) -> tuple[int, str]:  # noqa: ANN001 -- as Slurm._run
+        """The requeue's scontrol calls, recorded as ("requeue", job), ("exclude", job, hosts), ("start_now", job);
+        Slurm's answers from ``scontrol`` (a list of (code, text), first first), else success."""
+        if argv[:2] == ["scontrol", "requeue"]:
+            self.calls.append(("requeue", argv[2]))
+        elif argv[:2] == ["scontrol", "update"] and argv[3].startswith("ExcNodeList="):
+            self.calls.append(("exclude", argv[2].removeprefix("JobId="), tuple(argv[3].split("=")[1].split(","))))
+        elif argv[:2] == ["scontrol", "update"] and argv[3] == "StartTime=now":
+            self.calls.append(("start_now", argv[2].removeprefix("JobId=")))
+        else:
+            raise AssertionError(f"the driver ran an unexpected Slurm command: {argv}")
+        return self.scontrol.pop(0) if self.scontrol else (0, "")
 
 
 def plan(tmp_path: Path, nodes: int = 2, spare: int = 0, node_check: bool = False, **recovery: object) -> Plan:
@@ -160,6 +162,35 @@ def test_a_lost_node_without_a_spare_requeues_the_job_leaving_it_out(tmp_path, j
     assert "crash (exit status 1): requeueing job 100 as restart 1" in job.said
     assert "the requeued attempt leaves out node2 (blamed by a verdict)" in job.said
     assert not any(c[0] == "each" and c[2] == "bash" for c in slurm.calls)  # memory kept for the requeued attempt
+
+
+BUSY = (1, "slurm_update error: Job update not available right now, the DB index is being set, try again in a bit")
+
+
+def test_a_requeue_asks_again_while_slurm_answers_not_now_and_says_a_hold_it_could_not_release(tmp_path, job,
+                                                                                                 monkeypatch):
+    """Slurm answers "not now" to the update of a job whose failed node it is taking out: asked again until it
+    takes it; a hold Slurm keeps (the release refused for good) is said with what it means."""
+    monkeypatch.setattr("trainstack._slurm.slurmcmd.RETRY_PAUSE_S", 0.01)
+    slurm = FakeSlurm(["node1", "node2"], [{"fail": [{"rank": 3, "host": "node2", "code": 1}], "hang": True}],
+                      lost=("node2",), serving={"node1": True, "node2": True, "node3": True})
+    slurm.scontrol = [BUSY, (0, ""), BUSY, BUSY, (0, ""), (1, "Access/permission denied")]
+    status, _ = job(plan(tmp_path), slurm)
+    assert status == 0, job.said
+    assert [c[0] for c in slurm.calls if c[0] in ("requeue", "exclude", "start_now")] == [
+        "requeue", "requeue", "exclude", "exclude", "exclude", "start_now"]
+    assert "the requeued attempt leaves out node2 (blamed by a verdict)" in job.said
+    assert "Slurm keeps its hold on the requeued job (Access/permission denied): it starts after Slurm's own " \
+           "delay, about two minutes" in job.said, job.said
+
+
+def test_a_requeue_slurm_refuses_is_the_failure_it_was_not_success(tmp_path, job):
+    slurm = FakeSlurm(["node1", "node2"], [{"fail": [{"rank": 3, "host": "node2", "code": 1}], "hang": True}],
+                      lost=("node2",), serving={"node1": True, "node2": True, "node3": True})
+    slurm.scontrol = [(1, "Requested operation is presently disabled")]
+    status, _ = job(plan(tmp_path), slurm)
+    assert status == 1 and [c[0] for c in slurm.calls if c[0] in ("requeue", "exclude", "start_now")] == ["requeue"]
+    assert "scontrol requeue 100 failed: Requested operation is presently disabled" in job.said, job.said
 
 
 def test_a_requeue_leaves_out_only_as_many_hosts_as_the_partition_can_spare(tmp_path, job):
@@ -414,6 +445,36 @@ def test_the_sentinel_requeues_a_job_whose_driver_fell_silent_and_stands_down_wh
     files.driver_started()
     files.driver_ended("exit 0")
     assert watch(files, FakeSlurm(["node1", "node2"], []), "node1", "100", need=2, poll_s=0.01) == "ended"
+
+
+def test_a_silent_driver_s_verdict_says_what_the_sentinel_does_and_when_its_requeue_failed(tmp_path):
+    """``status``/``why`` of a job whose driver fell silent: the sentinel that started names its node; its failed
+    requeue is said with Slurm's answer and what to do (the job holds its nodes with nothing running)."""
+    import time
+
+    from trainstack._slurm.sentinel import watch
+    from trainstack._slurm.verdict import verdict
+
+    files = JobFiles(tmp_path)
+    files.driver_started()
+    old = time.time() - 100
+    os.utime(files.path(JobFiles.ALIVE), (old, old))
+    assert "no sentinel watches it (one node, or no --requeue)" in verdict("RUNNING", tmp_path, None).summary
+    files.record_event("sentinel_start", host="node2", watching="node1", attempt=0)
+    assert "the sentinel on node2 requeues it without that host after 30 s" in verdict("RUNNING", tmp_path,
+                                                                                        None).summary
+    slurm = FakeSlurm(["node1", "node2"], [], serving={"node1": True, "node2": True, "node3": True})
+    slurm.scontrol = [(1, "Invalid job id specified")]
+    log = tmp_path / "job.out"
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        assert watch(files, slurm, "node1", "100", need=2, silent_s=30, poll_s=0.01, log=log) == "requeue failed"
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    assert "scontrol requeue 100 failed: Invalid job id specified; trainstack cancel the job" in log.read_text()
+    os.utime(files.path(JobFiles.ALIVE), (old, old))
+    assert "the sentinel's requeue failed (Invalid job id specified): trainstack cancel the job" in verdict(
+        "RUNNING", tmp_path, None).summary
 
 
 def test_a_torchrun_that_forwards_signals_gets_them_asked_for(tmp_path, job):

@@ -74,7 +74,21 @@ def pytest_runtest_makereport(item, call):
     folders = {v for v in item.funcargs.values() if isinstance(v, Path)}
     logs = sorted((p for f in folders for p in f.glob("**/logs/*.out") if p.stat().st_mtime >= call.start),
                   key=lambda p: p.stat().st_mtime)
+    controller = Path(env.get("SLURM_CONF", "/nonexistent")).parent / "log" / "slurmctld.log"
     for log in logs[-3:]:
-        lines = log.read_text(errors="replace").splitlines()
-        text.append(f"--- {log} (last 80 of {len(lines)} lines)\n" + "\n".join(lines[-80:]))
+        text += [_tail(log, 80), *(_tail(log.with_suffix("") / name, 25) for name in ("sentinel.out", "events.jsonl"))]
+        job_id = log.stem.rsplit("-", 1)[-1]
+        with contextlib.suppress(OSError):
+            said = [line for line in controller.read_text(errors="replace").splitlines() if f"JobId={job_id} " in
+                    line or line.endswith(f"JobId={job_id}") or "not responding" in line]
+            text.append(f"--- slurmctld on job {job_id} (last 30 lines)\n" + "\n".join(said[-30:]))
     report.sections.append(("slurm state and job logs", "\n".join(text)))
+
+
+def _tail(path: Path, n: int) -> str:
+    """The last ``n`` lines of ``path`` under a heading (or that it is missing)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"--- {path}: none"
+    return f"--- {path} (last {n} of {len(lines)} lines)\n" + "\n".join(lines[-n:])

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, ci_leaves_out
 
 from trainstack._goodput import ledger
 from trainstack.render import LaunchSpec
@@ -121,6 +121,7 @@ def test_a_slow_node_is_left_out_before_training_and_a_spare_takes_its_place(clu
     assert "node check named node2" in report and "verdict: ended normally" in report, report
 
 
+@ci_leaves_out("the node check's real-Slurm path is the spare's; its requeue decision is tests/test_allocation.py's")
 def test_a_slow_node_without_a_spare_requeues_the_job_without_it(cluster, tmp_path):
     """No spare: node2, slow at the first check, is left out by requeueing the job (ExcNodeList), the requeued
     attempt runs on node1,node3 and finishes; the decision is a verdict row that status shows."""

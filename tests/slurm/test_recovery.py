@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT
+from helpers import ROOT, ci_leaves_out
 
 from trainstack.render import LaunchSpec
 from trainstack.submit import submit_spec, wait_for
@@ -248,8 +248,7 @@ def test_a_python_error_is_not_retried(cluster, tmp_root):
     assert "not retried: python error" in log and "as step 1" not in log and "requeueing" not in log, log
 
 
-ONE_PATH_IN_CI = pytest.mark.skipif(os.environ.get("CI") == "true",
-                                    reason="CI confirms one launcher on real Slurm (srun); make test-slurm runs both")
+ONE_PATH_IN_CI = ci_leaves_out("one launcher on real Slurm: srun")
 
 
 @pytest.mark.parametrize("launcher", ["srun", pytest.param("torchrun", marks=ONE_PATH_IN_CI)])

@@ -420,18 +420,16 @@ class Allocation:
         self.job.report(self.step)
         self.job.say(f"{decision.kind} (exit status {status}): requeueing job {self.job.requeue_id} as restart "
                      f"{self.job.restart + 1}")
-        done, answer = self.slurm.requeue(self.job.requeue_id)
-        if not done:
-            if "pending execution" not in answer:  # a user's own scontrol requeue got there first: nothing to add
-                self.job.warn(f"scontrol requeue {self.job.requeue_id} failed: {answer}")
-                return status or 1
+        done = self.slurm.requeue(self.job.requeue_id, decision.exclude)
+        if not done.done:
+            self.job.warn(f"scontrol requeue {self.job.requeue_id} failed: {done.answer}")
+            return status or 1
+        if done.already:
             self.job.say(f"job {self.job.requeue_id} was already requeued (scontrol requeue)")
         self.job.keep_memory = True
-        if decision.exclude and self.slurm.exclude(self.job.requeue_id, decision.exclude):
+        if done.excluded:
             self.job.say(f"the requeued attempt leaves out {','.join(decision.exclude)} (blamed by a verdict)")
-        if self.slurm.start_now(self.job.requeue_id):
-            self.job.say("asked Slurm to start the requeued job without its hold (trainstack submit --wait releases "
-                         "a hold set later)")
+        self.job.say(done.hold)
         return 0
 
     # ------------------------------------------------------------------ the job's start and end

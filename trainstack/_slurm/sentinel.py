@@ -54,13 +54,15 @@ def watch(files: JobFiles, slurm: Slurm, batch_host: str, requeue_id: str, need:
                           "decision": line + (f"; {note}" if note else "")})
     files.record_event("driver_lost", host=batch_host, silent_s=round(silent, 1), attempt=restart, step_index=index)
     _say(line, log)
-    done, answer = slurm.requeue(requeue_id)
-    if not done and "pending execution" not in answer:
-        _say(f"scontrol requeue {requeue_id} failed: {answer}", log)
+    done = slurm.requeue(requeue_id, keep)
+    if not done.done:
+        _say(f"scontrol requeue {requeue_id} failed: {done.answer}; trainstack cancel the job (it holds its nodes "
+             f"with no process of it running)", log)
+        files.record_event("driver_lost_requeue_failed", answer=done.answer, attempt=restart)
         return "requeue failed"
-    if keep and slurm.exclude(requeue_id, keep):
+    if done.excluded:
         _say(f"the requeued attempt leaves out {','.join(keep)}", log)
-    slurm.start_now(requeue_id)
+    _say(done.hold, log)
     files.driver_ended(f"requeued by the sentinel: {batch_host} lost")
     return "requeued"
 
@@ -83,7 +85,10 @@ def main(argv: list[str]) -> int:
 
     folder, batch_host, requeue_id, need, restart = argv[1], argv[2], argv[3], int(argv[4]), int(argv[5])
     slurm = Slurm(os.environ.get("SLURM_JOB_ID", requeue_id.split("_")[0]))
-    watch(JobFiles(Path(folder)), slurm, batch_host, requeue_id, need, restart, log=slurm.log_path())
+    files = JobFiles(Path(folder))
+    files.record_event("sentinel_start", host=os.environ.get("SLURMD_NODENAME", ""), watching=batch_host,
+                       attempt=restart)
+    watch(files, slurm, batch_host, requeue_id, need, restart, log=slurm.log_path())
     return 0
 
 

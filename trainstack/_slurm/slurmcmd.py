@@ -14,9 +14,41 @@ import os
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Slurm", "slurm_seconds", "parse_node_states"]
+__all__ = ["Slurm", "Requeued", "slurm_seconds", "parse_node_states", "TRANSIENT"]
+
+#: Slurm's answers that mean "not now" rather than "no": a busy or restarting controller, or a job whose failed node
+#: was just taken out of it (its update waits for a database index). A requeue's calls are tried again on these.
+TRANSIENT = ("try again", "timed out", "Unable to contact", "temporarily unavailable", "not available right now",
+             "Zero Bytes were transmitted")
+#: How long a requeue's calls are tried again (the requeue itself; leaving hosts out; releasing the hold).
+RETRY_S = (30.0, 8.0, 8.0)
+RETRY_PAUSE_S = 1.0
+
+
+@dataclass(frozen=True)
+class Requeued:
+    """What ``Slurm.requeue`` did: ``done`` (Slurm took it, or a requeue was already pending: ``already``), Slurm's
+    ``answer`` to it, and whether the hosts were left out and Slurm's hold released (``released``: the job starts as
+    soon as nodes are free; else after Slurm's own delay, about two minutes)."""
+
+    done: bool
+    answer: str = ""
+    already: bool = False
+    excluded: bool = False
+    released: bool = False
+    hold_answer: str = ""
+
+    @property
+    def hold(self) -> str:
+        """The log's line about Slurm's hold on the requeued job."""
+        if self.released:
+            return "asked Slurm to start the requeued job without its hold (trainstack submit --wait releases a hold " \
+                   "set later)"
+        return f"Slurm keeps its hold on the requeued job ({self.hold_answer or 'no answer'}): it starts after " \
+               f"Slurm's own delay, about two minutes"
 
 
 def slurm_seconds(text: str) -> int | None:
@@ -161,18 +193,27 @@ class Slurm:
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     # ------------------------------------------------------------------ requeue
-    def requeue(self, job: str) -> tuple[bool, str]:
-        """``scontrol requeue JOB`` (an array task by ``<array>_<task>``): (done, Slurm's answer)."""
-        code, out = self._run(["scontrol", "requeue", job])
-        return code == 0, out
+    def requeue(self, job: str, leave_out: Sequence[str] = ()) -> Requeued:
+        """``scontrol requeue JOB`` (an array task by ``<array>_<task>``), then ``update ExcNodeList`` with
+        ``leave_out`` and ``StartTime=now`` (Slurm holds a requeued job; its owner may release it). A transient
+        answer is asked again (``TRANSIENT``); the caller ignores SIGTERM meanwhile (the requeue signals it too)."""
+        code, answer = self._retrying(["scontrol", "requeue", job], RETRY_S[0])
+        already = code != 0 and "pending execution" in answer  # a user's own scontrol requeue got there first
+        if code != 0 and not already:
+            return Requeued(False, answer)
+        excluded = bool(leave_out) and self._retrying(
+            ["scontrol", "update", f"JobId={job}", f"ExcNodeList={','.join(leave_out)}"], RETRY_S[1])[0] == 0
+        code, hold = self._retrying(["scontrol", "update", f"JobId={job}", "StartTime=now"], RETRY_S[2])
+        return Requeued(True, answer, already, excluded, code == 0, hold)
 
-    def exclude(self, job: str, hosts: Sequence[str]) -> bool:
-        """The requeued job leaves ``hosts`` out (``ExcNodeList``)."""
-        return self._run(["scontrol", "update", f"JobId={job}", f"ExcNodeList={','.join(hosts)}"])[0] == 0
-
-    def start_now(self, job: str) -> bool:
-        """Release Slurm's hold on a requeued job (its owner may: ``StartTime=now``)."""
-        return self._run(["scontrol", "update", f"JobId={job}", "StartTime=now"])[0] == 0
+    def _retrying(self, argv: Sequence[str], within_s: float) -> tuple[int, str]:
+        """``_run`` again while Slurm's answer is transient, for up to ``within_s``."""
+        deadline = time.monotonic() + within_s
+        while True:
+            code, out = self._run(argv)
+            if code == 0 or not any(t in out for t in TRANSIENT) or time.monotonic() >= deadline:
+                return code, out
+            time.sleep(RETRY_PAUSE_S)
 
 
 #: How long the hosts of a failed step that have not answered the probe get after the first one that did.

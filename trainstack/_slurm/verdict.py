@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .. import _jobevents as events
 from .. import _transport
-from .._jobfiles import ATTEMPT_MARK, DRIVER_QUIET_S, Exit, JobFiles
+from .._jobfiles import ATTEMPT_MARK, DRIVER_QUIET_S, DRIVER_SILENT_S, Exit, JobFiles
 
 __all__ = ["Verdict", "verdict", "KINDS", "HOST_FAULTS", "last_step", "exit_records"]
 
@@ -131,6 +131,18 @@ class Evidence:
         return found[-1] if found else None
 
 
+def _sentinel(folder: Path | None) -> str:
+    """What will happen to a job whose driver fell silent: the sentinel's part (``sentinel.py``), as its events say."""
+    kinds = {e.get("kind"): e for e in events.read(folder) if e.get("kind", "").startswith(("sentinel", "driver_lost"))}
+    if "driver_lost_requeue_failed" in kinds:
+        return f"the sentinel's requeue failed ({kinds['driver_lost_requeue_failed'].get('answer')}): trainstack " \
+               f"cancel the job"
+    if "sentinel_start" in kinds:
+        return f"the sentinel on {kinds['sentinel_start'].get('host') or 'another node'} requeues it without that " \
+               f"host after {DRIVER_SILENT_S:.0f} s of silence"
+    return "no sentinel watches it (one node, or no --requeue): trainstack cancel the job"
+
+
 def verdict(state: str, folder: Path | None, log: Path | None, status: int | None = None) -> Verdict:
     """The verdict for a job in Slurm ``state`` with its job folder and combined log (either may be missing);
     ``status``: the launch's exit status when the caller knows it (the batch script, right after an attempt)."""
@@ -139,8 +151,7 @@ def verdict(state: str, folder: Path | None, log: Path | None, status: int | Non
         silent = JobFiles(folder).driver_silent_for() if folder is not None and base == "RUNNING" else None
         if silent is not None and silent > DRIVER_QUIET_S:
             return Verdict("running", f"the job holds its nodes but no process of it is known to run: its driver has "
-                           f"not answered for {silent:.0f} s (its batch host lost?); the sentinel on another node "
-                           f"requeues it without that host, else trainstack cancel the job")
+                           f"not answered for {silent:.0f} s (its batch host lost?); {_sentinel(folder)}")
         return Verdict("running", f"the job is {base.lower()}")
     ev = Evidence.of(folder, log, status)
     if base == "COMPLETED":  # a requeued job's log also holds the failures of its earlier attempts
