@@ -1,7 +1,8 @@
 """A job step as tests/test_allocation.py's fake Slurm runs it in place of srun: the scenario (JSON in FAKE_STEP)
 says which ranks fail, when, with what status, on which host (each failing task's exit record written as the task
-wrapper writes it), how far rank 0's log gets, whether the step hangs until killed (a lost node), and whether the
-trainer answers a stop request with a checkpoint."""
+wrapper writes it), which ranks say they lost a peer and when (as fastexit does), how far rank 0's log gets,
+whether the step hangs until killed (a lost node), and whether the trainer answers a stop request with a
+checkpoint."""
 
 from __future__ import annotations
 
@@ -11,14 +12,19 @@ import sys
 import time
 from pathlib import Path
 
+from trainstack._jobfiles import JobFiles
+
 scenario = json.loads(os.environ["FAKE_STEP"])
 job = Path(os.environ["TRAINSTACK_JOB_DIR"])
 with open(job / "rank-0.out", "a") as log:
     log.write(f"epoch 1 | step {scenario.get('log_step', 5)} | loss 0.5\n")
 start = time.monotonic()
-failures = sorted(scenario.get("fail", []), key=lambda f: f.get("delay", 0.0))
+failures = sorted(scenario.get("fail", []) + scenario.get("peer_lost", []), key=lambda f: f.get("delay", 0.0))
 for f in failures:
     time.sleep(max(0.0, start + f.get("delay", 0.0) - time.monotonic()))
+    if "code" not in f:  # alive, asleep: its collective failed because a peer is gone
+        JobFiles(job).peer_lost(f["rank"], f["host"], int(os.environ.get("TRAINSTACK_STEP", "0")))
+        continue
     (job / "exits").mkdir(exist_ok=True)
     step = f.get("step", os.environ.get("TRAINSTACK_STEP", "0"))  # a late record of the step before names that one
     (job / "exits" / f"rank-{f['rank']}").write_text(f"{time.time()} {f['code']} rank-{f['rank']} {f['host']} {step}\n")
@@ -30,4 +36,5 @@ while time.monotonic() < start + scenario.get("duration", 0.1):
         Path(stop + ".saved").write_text("ckpt")
         sys.exit(0)
     time.sleep(0.02)
-sys.exit(scenario.get("status", failures[0]["code"] if failures else 0))
+codes = [f["code"] for f in failures if "code" in f]
+sys.exit(scenario.get("status", codes[0] if codes else 0))

@@ -152,6 +152,35 @@ def test_a_lost_node_is_replaced_by_a_spare_in_the_allocation(tmp_path, job):
                      "job_end"]
 
 
+def test_ranks_that_lost_their_peer_are_the_detection_of_a_node_lost_with_no_exit_to_record(tmp_path, job):
+    """node2 gone with its ranks (no exit record: nothing of it is left to write one); the ranks on node1 say they
+    lost a peer and sleep (fastexit): the driver detects it from that, its probe finds node2 gone, and the step is
+    killed without waiting for any exit; step 1 runs on the spare."""
+    slurm = FakeSlurm(["node1", "node2", "node3"], [
+        {"peer_lost": [{"rank": 0, "host": "node1"}, {"rank": 1, "host": "node1"}], "hang": True}, {}],
+        lost=("node2",))
+    status, alloc = job(plan(tmp_path, spare=1), slurm)
+    assert status == 0, job.said
+    assert [nodelist(a) for a in slurm.launched] == ["node1,node2", "node1,node3"]
+    assert ("kill_steps",) in slurm.calls and not JobFiles(alloc.files.folder).exits()
+    (row,) = rows(alloc)
+    assert row["kind"] == "node failure" and row["blamed"] == "node2", row
+
+
+def test_a_lost_peer_is_not_the_cause_the_rank_that_failed_first_is(tmp_path, job):
+    """Ranks 0-2 lose their peer while rank 3 is still leaving through Python's slower exit (status 2): detected at
+    once, but the step is not killed before rank 3's exit is recorded -- its status is the step's."""
+    slurm = FakeSlurm(["node1", "node2"], [{"peer_lost": [{"rank": r, "host": f"node{1 + r // 2}"} for r in range(3)],
+                                            "fail": [{"rank": 3, "host": "node2", "code": 2, "delay": 0.8}],
+                                            "hang": True}])
+    status, alloc = job(plan(tmp_path, max_retries=0), slurm)
+    kinds = {e["kind"]: e["time"] for e in map(json.loads, alloc.files.events_file.read_text().splitlines())}
+    (first,) = JobFiles(alloc.files.folder).exits()
+    assert kinds["detected"] < first.time < kinds["step_end"], kinds  # detected before the cause left, not killed
+    (row,) = rows(alloc)
+    assert row["status"] == 2 and row["rank"] == 3, row
+
+
 def test_a_lost_node_without_a_spare_requeues_the_job_leaving_it_out(tmp_path, job):
     slurm = FakeSlurm(["node1", "node2"], [{"fail": [{"rank": 3, "host": "node2", "code": 1}], "hang": True}],
                       lost=("node2",), serving={"node1": True, "node2": True, "node3": True})

@@ -91,6 +91,7 @@ class JobFiles:
     EXIT_CODE = "exit_code"          # the job's exit status, written when the driver ends
     EXITS = "exits"                  # exits/<unit>: a failing task's end (EXIT_RECORD_SH)
     LOST = "lost"                    # "HOST RANKS" per node that did not answer after its step failed
+    PEERS_LOST = "peers-lost"        # peers-lost/rank-<r>: "TIME STEP HOST" of a rank that lost a peer, still alive
     CANCELLED = "cancelled"          # trainstack cancel: the driver never requeues
     STOP = ".stop"                   # the graceful-stop request the trainer polls; .saved / .finished its answers
     NODE_CHECK = "node-check"        # node-check/<host>.json, links.json: one check's figures
@@ -189,6 +190,7 @@ class JobFiles:
         import shutil
 
         shutil.rmtree(self.path(self.EXITS), ignore_errors=True)
+        shutil.rmtree(self.path(self.PEERS_LOST), ignore_errors=True)
         self.path(self.LOST).unlink(missing_ok=True)
 
     def exits(self, step: int | None = None) -> list[Exit]:
@@ -210,6 +212,38 @@ class JobFiles:
 
     def has_exits(self, step: int | None = None) -> bool:
         return bool(self.exits(step))
+
+    def peer_lost(self, rank: int, host: str, step: int) -> None:
+        """This rank's collective failed because a peer is gone (it waits, asleep, before it leaves): the driver's
+        detection of the failure without waiting for an exit (``fastexit``). One write; never raises."""
+        try:
+            folder = self.path(self.PEERS_LOST)
+            folder.mkdir(exist_ok=True)
+            (folder / f"rank-{rank}").write_text(f"{time.time():.3f} {step} {host}\n")
+        except OSError:
+            pass
+
+    def peers_lost(self, step: int | None = None) -> list[float]:
+        """When the ranks of job step ``step`` (None: any) that lost a peer said so, first first."""
+        folder = self.path(self.PEERS_LOST)
+        found = []
+        for path in folder.glob("rank-*") if folder.is_dir() else []:
+            parts = _read(path).split()
+            try:
+                if step is None or int(parts[1]) == step:
+                    found.append(float(parts[0]))
+            except (IndexError, ValueError):
+                continue
+        return sorted(found)
+
+    def first_sign(self, step: int | None = None) -> float | None:
+        """When the step's failure first showed: a failing task's exit, or a rank that lost its peer if that was
+        earlier (a node lost whole leaves no exit; a torchrun agent records its killed worker ~1 s late)."""
+        exits = self.exits(step)
+        if step is None and exits:
+            step = exits[0].step
+        times = [x.time for x in exits[:1]] + self.peers_lost(step)[:1]
+        return min(times) if times else None
 
     def write_lost(self, hosts: dict[str, list[int]]) -> None:
         """The hosts that did not answer after the step failed, with the ranks each ran."""

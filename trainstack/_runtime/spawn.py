@@ -54,6 +54,7 @@ from .. import _envvars as envvars
 from .. import _transport
 from .._files import atomic_write
 from ..errors import Interrupted, LaunchError, Preempted, TrainingHung
+from . import fastexit
 from . import layout as _layout
 from . import preload as _preload
 from . import ranklog as _ranklog
@@ -148,6 +149,7 @@ class ProcessGroupSession:
             raise
         if required:
             _transport.confirm_after_init(required)
+        fastexit.arm()  # after torch's own hook (init_process_group's): a failed rank leaves without the teardown
 
     def start_for_process(self) -> None:
         """Join for the rest of the process and leave cleanly at its exit: a group left to the interpreter's
@@ -538,9 +540,7 @@ def _start(payload: Any, spec: _WorkerSpec, private_dir: str, nprocs: int, metho
         tempfile.tempdir = previous
 
 
-# Errors a rank raises because *another* rank died; never reported as the root cause when a better one exists.
-_SECONDARY = ("remote worker", "Connection closed by peer", "Connection reset by peer", "Broken pipe",
-              "NCCL communicator was aborted", "SIGINT")
+_SECONDARY = fastexit.SECONDARY
 
 
 def _monitor(context: tmp.ProcessContext, private_dir: str) -> tuple[int, str, int] | None:

@@ -81,6 +81,10 @@ class Probe:
         self._thread.join()
         return dict(self._answers)
 
+    def found_lost(self) -> bool:
+        """Has the probe ended with a host that did not answer? (Without waiting for it.)"""
+        return not self._thread.is_alive() and not all(self._answers.values())
+
 
 @dataclass(frozen=True)
 class Finish:
@@ -198,18 +202,22 @@ class Allocation:
             self.job.event("relaunch", nodes, self.step)
         proc = self.slurm.launch(self.argv(nodes), self.step_env(nodes), self.job.cwd)
         grace = self.plan.recovery.teardown_grace_s
+        detected = False
         failed_at = kill_at = None
         self.probe = None
         while True:
             code = proc.poll()
             if code is not None:
-                if failed_at is None and (code != 0 or self.files.has_exits(self.step)):
+                if not detected and (code != 0 or self.files.has_exits(self.step)):
                     self._detected(nodes)
                 break
             now = time.monotonic()
-            if failed_at is None and self.files.has_exits(self.step):
-                failed_at = now
+            exited = self.files.has_exits(self.step)
+            if not detected and (exited or bool(self.files.peers_lost(self.step))):
+                detected = True  # a rank that lost a peer says so before it leaves (fastexit): a lost node's sign
                 self._detected(nodes)
+            if failed_at is None and (exited or (self.probe is not None and self.probe.found_lost())):
+                failed_at = now  # the grace runs from the cause: a task's exit, or a host the probe found gone
             if failed_at is not None and kill_at is None and self.plan.recovery.requeue and now - failed_at >= grace:
                 self.job.warn(f"the step did not end {grace:g} s after its first failure: killing its tasks")
                 self.slurm.kill_steps(keep=SENTINEL)

@@ -1,0 +1,122 @@
+"""A failed rank leaves without the interpreter's teardown (trainstack/_runtime/fastexit.py), in real processes:
+what Python's exit would have done first still happens (the traceback, the program's threads, the exit handlers,
+open files flushed); what it does last (module teardown, finalizers) does not; Ctrl-C and TRAINSTACK_FAST_EXIT=0
+keep Python's own exit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+
+pytestmark = pytest.mark.timeout(120)
+
+PROGRAM = """
+import atexit, sys, threading, time
+from pathlib import Path
+from trainstack._runtime import fastexit
+
+out = Path(sys.argv[1])
+fastexit.arm()
+fastexit.arm()  # once per process
+log = open(out / "user.log", "w")  # never closed: only a flush keeps its line
+log.write("a line the program never flushed\\n")
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+
+class Teardown:
+    def __init__(self, path):
+        import os  # its own references: the module's names and the builtins are cleared before it is collected
+        self.path, self.open, self.close, self.flags = path, os.open, os.close, os.O_WRONLY | os.O_CREAT
+
+    def __del__(self):
+        self.close(self.open(self.path, self.flags, 0o644))
+
+KEEP = Teardown(str(out / "teardown"))  # collected only by the interpreter's teardown
+
+def late():
+    time.sleep(0.3)
+    (out / "thread").write_text("done")
+
+threading.Thread(target=late).start()
+if sys.argv[2] in ("wrapped", "rearmed"):  # a hook like torch's init_process_group's: output held, then prefixed
+    import io
+    inner = sys.excepthook
+
+    def prefixing(*exc):
+        held, sys.stderr = sys.stderr, io.StringIO()
+        try:
+            inner(*exc)
+            text = sys.stderr.getvalue()
+        finally:
+            sys.stderr = held
+        sys.stderr.write("".join(f"[rank0]: {line}" for line in text.splitlines(True)))
+
+    sys.excepthook = prefixing
+    if sys.argv[2] == "rearmed":
+        fastexit.arm()
+if sys.argv[2] == "interrupt":
+    raise KeyboardInterrupt
+if sys.argv[2] == "peer":
+    raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:9604")
+raise RuntimeError("collective failed: connection closed by peer")
+"""
+
+
+def _run(tmp_path: Path, how: str = "error", **env: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "prog.py"
+    script.write_text(PROGRAM)
+    return subprocess.run([sys.executable, str(script), str(tmp_path), how], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+
+def test_a_failed_rank_says_why_finishes_its_work_and_skips_the_teardown(tmp_path):
+    done = _run(tmp_path)
+    assert done.returncode == 1 and "RuntimeError: collective failed" in done.stderr, done.stderr
+    assert (tmp_path / "user.log").read_text() == "a line the program never flushed\n"
+    assert (tmp_path / "thread").read_text() == "done"  # the program's own thread was waited for
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert not (tmp_path / "teardown").exists()  # the interpreter's teardown did not run
+
+
+@pytest.mark.parametrize("how", ["wrapped", "rearmed"])
+def test_a_hook_that_wraps_this_one_keeps_its_traceback(tmp_path, how):
+    """torch's init_process_group wraps the excepthook (the traceback is held in a buffer, then written with a
+    [rank] prefix): wrapped, the hook leaves Python's exit alone (the traceback must not die in the buffer);
+    armed again after the wrapper (trainstack arms after init_process_group), it leaves fast with it written."""
+    done = _run(tmp_path, how)
+    assert done.returncode == 1 and "[rank0]: RuntimeError: collective failed" in done.stderr, done.stderr
+    assert (tmp_path / "teardown").exists() == (how == "wrapped")
+    assert (tmp_path / "atexit").exists() and (tmp_path / "user.log").read_text().endswith("flushed\n")
+
+
+def test_python_keeps_its_exit_when_asked_and_on_ctrl_c(tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    done = _run(plain, TRAINSTACK_FAST_EXIT="0")
+    assert done.returncode == 1 and (plain / "teardown").exists() and (plain / "atexit").exists()
+    interrupted = tmp_path / "interrupted"
+    interrupted.mkdir()
+    done = _run(interrupted, "interrupt")
+    assert done.returncode in (-signal.SIGINT, 128 + signal.SIGINT, 1), done  # Python's own status for Ctrl-C
+    assert "KeyboardInterrupt" in done.stderr and (interrupted / "teardown").exists()
+
+
+def test_a_rank_that_failed_because_a_peer_did_waits_before_it_leaves(tmp_path, monkeypatch):
+    """The first failing task decides the job's status and verdict: a rank that lost its peer sleeps (no CPU)
+    before it leaves, so the rank that caused it -- perhaps through Python's slower exit -- ends first."""
+    from trainstack._runtime import fastexit
+
+    started = time.monotonic()
+    done = _run(tmp_path, "peer")
+    assert done.returncode == 1 and "Connection closed by peer" in done.stderr
+    assert time.monotonic() - started >= fastexit.SECONDARY_WAIT_S
+    assert not (tmp_path / "teardown").exists()
+    assert fastexit.secondary(RuntimeError, RuntimeError("Connection reset by peer"))
+    assert not fastexit.secondary(BrokenPipeError, BrokenPipeError(32, "Broken pipe"))  # the program's own
+    assert not fastexit.secondary(ZeroDivisionError, ZeroDivisionError("division by zero"))

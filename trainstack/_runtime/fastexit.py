@@ -1,0 +1,126 @@
+"""A failed rank of a multi-process run leaves as soon as it has said why, and never burns CPU on the way out.
+
+After an uncaught exception, CPython tears the interpreter down module by module; with torch loaded that is 1-1.5 s
+of CPU per process (measured on the local Slurm: the error printed, the process gone 1.0-2.1 s later). During a
+recovery those seconds run beside the next step's processes, which import torch on the same cores. Armed by a rank
+that joins a process group of more than one process: the hook before it prints the traceback, the exit handlers
+run (``atexit``: the rank log's tee, torch's own), every open file is flushed, then the process ends with status 1
+without the teardown -- what trainstack's fork server already does at its exit.
+
+A rank that failed because another did (a lost peer) is not the failure's cause: in a job it first says so in the
+job folder (``peers-lost/``: the driver's detection, at once, of a node lost with no exit of its own to record),
+then sleeps ``SECONDARY_WAIT_S`` (no CPU) before it leaves, so that the rank that caused it -- perhaps through
+Python's slower exit (``sys.exit``), perhaps under a torchrun agent -- ends first and stays the job's first failing
+task; the driver's teardown usually kills it while it sleeps. ``TRAINSTACK_FAST_EXIT=0`` keeps Python's own exit;
+Ctrl-C (``KeyboardInterrupt``) and ``SystemExit`` keep it too: their exit statuses are the interpreter's to give.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import io
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+
+from .. import _envvars as envvars
+from .._jobfiles import JobFiles
+
+__all__ = ["arm", "armed"]
+
+_lock = threading.Lock()
+_armed = False
+_installed: list[Callable[[type[BaseException], BaseException, TracebackType | None], None]] = []  # newest last
+FAILED_STATUS = 1  # what Python's own exit gives an uncaught exception
+# Errors a rank raises because *another* rank died; never reported as the root cause when a better one exists.
+SECONDARY = ("remote worker", "Connection closed by peer", "Connection reset by peer", "Broken pipe",
+             "NCCL communicator was aborted", "SIGINT")
+SECONDARY_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
+#: A rank that failed because another did waits this long (asleep: no CPU) before it leaves, so that the rank that
+#: failed first -- perhaps through Python's slower exit (``sys.exit``) -- also ends first: the job's status and
+#: verdict are the first failing task's. The launcher (srun's --kill-on-bad-exit, the driver, torchrun) ends it
+#: sooner.
+SECONDARY_WAIT_S = 3.0
+THREADS_WAIT_S = 30.0  # Python would wait for ever on a thread stuck on a lost peer
+
+
+def armed() -> bool:
+    return _armed
+
+
+def arm() -> None:
+    """Make the hook the outermost ``sys.excepthook`` (again, where a hook installed since wraps it: torch's
+    ``init_process_group`` installs one that prefixes the traceback's lines with the rank); a no-op where
+    ``TRAINSTACK_FAST_EXIT=0``. Call it after the process group is initialised."""
+    global _armed
+    if os.environ.get(envvars.FAST_EXIT, "1") == "0":
+        return
+    with _lock:
+        if _installed and sys.excepthook is _installed[-1]:
+            return
+        previous, stderr = sys.excepthook, sys.stderr
+
+        def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+            previous(kind, value, tb)
+            # Ctrl-C keeps Python's exit status; a hook that wraps this one (its stderr swapped for a buffer it
+            # writes out after) gets Python's exit too: leaving here would lose the traceback it holds
+            if issubclass(kind, KeyboardInterrupt) or sys.stderr is not stderr:
+                return
+            if secondary(kind, value):
+                _say_peer_lost()
+                time.sleep(SECONDARY_WAIT_S)
+            leave(FAILED_STATUS)
+
+        _installed.append(hook)
+        sys.excepthook = hook
+        _armed = True
+
+
+def secondary(kind: type[BaseException], value: BaseException) -> bool:
+    """Did this rank fail because another rank died (torch's distributed errors; a RuntimeError of the backend
+    naming a lost peer)? A program's own ``BrokenPipeError`` is its own failure."""
+    if kind.__name__ in SECONDARY_TYPES:
+        return True
+    return issubclass(kind, RuntimeError) and any(marker in str(value) for marker in SECONDARY)
+
+
+def _say_peer_lost() -> None:
+    """In a job (its folder and step in the environment): this rank lost a peer and is still alive."""
+    folder = JobFiles.current()
+    if folder is not None:
+        folder.peer_lost(int(os.environ.get("RANK", "-1")), os.environ.get(envvars.NODE_NAME) or
+                         os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+                         int(os.environ.get(envvars.STEP, "0") or 0))
+
+
+def leave(status: int) -> None:
+    """What Python's exit does first -- wait for the program's own (non-daemon) threads, here at most
+    ``THREADS_WAIT_S`` in all, then run the exit handlers -- then flush every open file and end the process with
+    ``status``, without the teardown."""
+    try:
+        deadline = time.monotonic() + THREADS_WAIT_S
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        atexit._run_exitfuncs()
+    finally:
+        _flush_open_files()
+        os._exit(status)
+
+
+def _flush_open_files() -> None:
+    """What the teardown would have flushed: text files first (their buffers feed the binary ones), then binary."""
+    found = [obj for obj in gc.get_objects() if isinstance(obj, io.IOBase)]
+    for layer in (io.TextIOBase, io.BufferedIOBase):
+        for stream in found:
+            if isinstance(stream, layer):
+                try:
+                    if not stream.closed and stream.writable():
+                        stream.flush()
+                except (OSError, ValueError):  # a full disk, a closed pipe: nothing more to do for it
+                    pass
