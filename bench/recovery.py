@@ -21,7 +21,7 @@ The phases of each recovery (the last repetition's) follow the table: notice (th
 exit record), detect, teardown, relaunch, restore, first step (`trainstack status --attempts`).
 
 Run: `make bench-recovery` (or `python bench/recovery.py [--today 82813d8] [--baseline 9aef794]
-[--launcher srun|torchrun|spawn]`)."""
+[--launcher srun|torchrun|spawn] [--only crash,spare]`)."""
 
 from __future__ import annotations
 
@@ -127,12 +127,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--today", metavar="REF", help="also the requeue of git commit REF (before this feature)")
     parser.add_argument("--baseline", metavar="REF", help="every case also under git commit REF, side by side")
+    parser.add_argument("--only", metavar="WORDS", default="crash,spare,shrink,requeue",
+                        help="the cases whose names hold one of these comma-separated words (default: all)")
     args = parser.parse_args()
     env = dict(os.environ)
     env.setdefault("SLURM_CONF", "/tmp/trainstack-slurm/slurm.conf")
     work = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
     work.chmod(0o777)
-    cases = ["in-allocation crash", "spare after node loss", "shrink after node loss", "requeue after node loss"]
+    cases = [c for c in ("in-allocation crash", "spare after node loss", "shrink after node loss",
+                         "requeue after node loss") if any(w.strip() in c for w in args.only.split(","))]
     today = worktree(args.today, work) if args.today else None
     base = worktree(args.baseline, work / "base") if args.baseline else None
     if today is not None:
@@ -172,7 +175,9 @@ def main() -> None:
     for case in cases:
         if case == "requeue today":
             continue
-        mine, theirs = rows[(case, None)], rows.get((case, base)) or rows[("requeue after node loss", base)]
+        mine, theirs = rows[(case, None)], rows.get((case, base)) or rows.get(("requeue after node loss", base))
+        if not theirs:
+            continue
         a, b = (statistics.median(r["seconds"] for r in x) for x in (mine, theirs))
         case += " (vs its requeue)" if (case, base) not in rows else ""
         print(f"| {case} | {a:.1f} s | {b:.1f} s | {a / b:.2f}x | {statistics.median(r['lost'] for r in mine):.0f}"

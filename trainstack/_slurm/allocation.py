@@ -193,7 +193,7 @@ class Allocation:
     # ------------------------------------------------------------------ one step
     def run_step(self, nodes: list[str]) -> StepEnd:
         """Launch the step on ``nodes``, wait for it; a step whose first task failed is killed ``teardown_grace_s``
-        later if it has not ended (a lost node never answers srun)."""
+        later if it has not ended, one with a host the probe found gone at once (a lost node never answers srun)."""
         self.files.clear_step()
         if self.step:
             self.files.mark_started()
@@ -216,8 +216,10 @@ class Allocation:
             if not detected and (exited or bool(self.files.peers_lost(self.step))):
                 detected = True  # a rank that lost a peer says so before it leaves (fastexit): a lost node's sign
                 self._detected(nodes)
-            if failed_at is None and (exited or (self.probe is not None and self.probe.found_lost())):
-                failed_at = now  # the grace runs from the cause: a task's exit, or a host the probe found gone
+            if failed_at is None and exited:
+                failed_at = now  # the grace runs from the cause: a task's exit (the others may end by themselves)
+            elif failed_at is None and self.probe is not None and self.probe.found_lost():
+                failed_at = now - grace  # or a host the probe found gone: nothing of it ends by itself
             if failed_at is not None and kill_at is None and self.plan.recovery.requeue and now - failed_at >= grace:
                 self.job.warn(f"the step did not end {grace:g} s after its first failure: killing its tasks")
                 self.slurm.kill_steps(keep=SENTINEL)
