@@ -44,13 +44,7 @@ def kill_node(out: Path, host: str, conf: Path) -> float:
     slurmstepd) and the node's slurmd, SIGKILL. The time of the kill."""
     victims = {pid for rank in rank_pids(out, host) for pid in _up_to_stepd(rank)}
     slurmd = int((conf.parent / f"slurmd-{host}.pid").read_text().strip())
-    when = time.time()
-    for pid in [slurmd, *victims]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return when
+    return _lose([slurmd, *victims])
 
 
 def restore_nodes(env: dict[str, str], nodes: tuple[str, ...] = ("node1", "node2", "node3"),
@@ -100,12 +94,20 @@ def kill_batch_host(out: Path, job_id: str, host: str, conf: Path) -> float:
              if _cmdline(p).startswith(f"slurmstepd: [{job_id}.batch]")]
     victims = set(_descendants(batch)) | {pid for rank in rank_pids(out, host) for pid in _up_to_stepd(rank)}
     slurmd = int((conf.parent / f"slurmd-{host}.pid").read_text().strip())
+    return _lose([slurmd, *sorted(victims)])
+
+
+def _lose(pids: list[int]) -> float:
+    """Everything in ``pids`` gone at once, as on a node that lost power: all stopped first, then all killed. One
+    by one, a process could see another die and act in between -- srun's shepherd child cancels its job step when
+    the srun above it dies (it did so to the sentinel's step on a loaded CI box). The time of the fault."""
     when = time.time()
-    for pid in [slurmd, *sorted(victims)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
     return when
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CI's tests: everything `make test` and `make test-slow` run, plus the benchmarks' smoke runs, in about the time of
-# the longer of two groups run at once -- the real-Slurm tests (one at a time: they kill, pin and time the local
-# cluster's nodes) beside everything else (unit, gloo, the slow non-Slurm tests, then bench-smoke) -- and then the
+# the longer of two lanes run at once -- the real-Slurm tests (one at a time: they kill, pin and time the local
+# cluster's nodes), then the tests that start clusters of their own, beside everything else (unit, gloo, the slow
+# non-Slurm tests, then bench-smoke) -- and then the
 # tests marked `alone` (they measure time or contention) with the machine to themselves. Each group's output goes
 # to build/ci-<group>.log and is printed whole at the end, then a table of the groups' times.
 #
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/.." || exit 2
 PY=${PY:-.venv/bin/python}
 mkdir -p build
 args=(-p no:cacheprovider --durations=15 "$@")
-GROUPS_RUN=(slurm rest bench alone)
+GROUPS_RUN=(slurm clusters rest bench alone)
 
 group() {  # NAME MARKERS [PYTEST ARGS...]: its log, and "status seconds" in build/ci-NAME.status
   local name=$1 marks=$2 started=$SECONDS code
@@ -25,9 +26,12 @@ group() {  # NAME MARKERS [PYTEST ARGS...]: its log, and "status seconds" in bui
 
 start=$SECONDS
 rm -f build/ci-*.status
-group slurm "slurm and not bench and not alone" &
+(  # the Slurm tests one at a time, then the tests that start clusters of their own (they need no quiet machine)
+  group slurm "slurm and not bench and not alone"
+  group clusters "own_clusters and not slurm and not bench and not alone"
+) &
 slurm_pid=$!
-group rest "not slurm and not bench and not alone"
+group rest "not slurm and not own_clusters and not bench and not alone"
 group bench "bench" tests/test_bench.py
 wait "$slurm_pid"
 group alone "alone and not bench"
@@ -43,6 +47,6 @@ for name in "${GROUPS_RUN[@]}"; do
   [[ $ok == ok ]] || status=1
   table+=("$(printf '%-6s %5d s  %s' "$name" "$seconds" "$ok")")
 done
-echo "=== test groups (total $((SECONDS - start)) s; slurm ran beside rest, then bench)"
+echo "=== test groups (total $((SECONDS - start)) s; slurm then clusters ran beside rest then bench; alone last)"
 printf '%s\n' "${table[@]}"
 exit "$status"

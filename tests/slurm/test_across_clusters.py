@@ -29,7 +29,7 @@ from helpers import ROOT, moto_s3
 
 from trainstack import _lease
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.own_clusters, pytest.mark.timeout(600)]
 PROGRAM = "tests/slurm/_across_train.py"
 
 
