@@ -107,16 +107,27 @@ def test_python_keeps_its_exit_when_asked_and_on_ctrl_c(tmp_path):
     assert "KeyboardInterrupt" in done.stderr and (interrupted / "teardown").exists()
 
 
-def test_a_rank_that_failed_because_a_peer_did_waits_before_it_leaves(tmp_path, monkeypatch):
-    """The first failing task decides the job's status and verdict: a rank that lost its peer sleeps (no CPU)
-    before it leaves, so the rank that caused it -- perhaps through Python's slower exit -- ends first."""
+def test_a_rank_that_failed_because_a_peer_did_says_so_in_its_job_and_waits_before_it_leaves(tmp_path):
+    """The first failing task decides the job's status and verdict: in a job, a rank that lost its peer writes the
+    driver's signal (peers-lost/rank-<r>: time, step, host) and sleeps (no CPU) before it leaves, so the rank that
+    caused it -- perhaps through Python's slower exit -- ends first; outside a job it keeps Python's own exit."""
+    from trainstack._jobfiles import JobFiles
     from trainstack._runtime import fastexit
 
+    job = tmp_path / "job"
+    job.mkdir()
     started = time.monotonic()
-    done = _run(tmp_path, "peer")
+    done = _run(tmp_path, "peer", TRAINSTACK_JOB_DIR=str(job), TRAINSTACK_STEP="2", RANK="3",
+                TRAINSTACK_NODE_NAME="node7")
     assert done.returncode == 1 and "Connection closed by peer" in done.stderr
     assert time.monotonic() - started >= fastexit.SECONDARY_WAIT_S
     assert not (tmp_path / "teardown").exists()
+    assert (job / "peers-lost" / "rank-3").read_text().split()[1:] == ["2", "node7"]
+    assert JobFiles(job).peers_lost(2) and not JobFiles(job).peers_lost(1)
+    local = tmp_path / "local"
+    local.mkdir()
+    done = _run(local, "peer", TRAINSTACK_JOB_DIR="")
+    assert done.returncode == 1 and (local / "teardown").exists()  # Python's own exit: the launcher's order kept
     assert fastexit.secondary(RuntimeError, RuntimeError("Connection reset by peer"))
     assert not fastexit.secondary(BrokenPipeError, BrokenPipeError(32, "Broken pipe"))  # the program's own
     assert not fastexit.secondary(ZeroDivisionError, ZeroDivisionError("division by zero"))

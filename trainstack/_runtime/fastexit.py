@@ -7,8 +7,9 @@ that joins a process group of more than one process: the hook before it prints t
 run (``atexit``: the rank log's tee, torch's own), every open file is flushed, then the process ends with status 1
 without the teardown -- what trainstack's fork server already does at its exit.
 
-A rank that failed because another did (a lost peer) is not the failure's cause: in a job it first says so in the
-job folder (``peers-lost/``: the driver's detection, at once, of a node lost with no exit of its own to record),
+A rank that failed because another did (a lost peer) is not the failure's cause: outside a job it keeps Python's
+own exit (its 1-1.5 s keep the launcher's first failure the cause, as before); in a job it first says so in the job
+folder (``peers-lost/``: the driver's detection, at once, of a node lost with no exit of its own to record),
 then sleeps ``SECONDARY_WAIT_S`` (no CPU) before it leaves, so that the rank that caused it -- perhaps through
 Python's slower exit (``sys.exit``), perhaps under a torchrun agent -- ends first and stays the job's first failing
 task; the driver's teardown usually kills it while it sleeps. ``TRAINSTACK_FAST_EXIT=0`` keeps Python's own exit;
@@ -72,7 +73,8 @@ def arm() -> None:
             if issubclass(kind, KeyboardInterrupt) or sys.stderr is not stderr:
                 return
             if secondary(kind, value):
-                _say_peer_lost()
+                if not _say_peer_lost():
+                    return  # outside a job nobody reads the signal: Python's own (slower) exit keeps the order
                 time.sleep(SECONDARY_WAIT_S)
             leave(FAILED_STATUS)
 
@@ -89,13 +91,15 @@ def secondary(kind: type[BaseException], value: BaseException) -> bool:
     return issubclass(kind, RuntimeError) and any(marker in str(value) for marker in SECONDARY)
 
 
-def _say_peer_lost() -> None:
-    """In a job (its folder and step in the environment): this rank lost a peer and is still alive."""
+def _say_peer_lost() -> bool:
+    """In a job (its folder and step in the environment): this rank lost a peer and is still alive. False outside
+    one (a local run: its launcher -- trainstack's spawn, torchrun -- picks the cause by its own means)."""
     folder = JobFiles.current()
     if folder is not None:
         folder.peer_lost(int(os.environ.get("RANK", "-1")), os.environ.get(envvars.NODE_NAME) or
                          os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
                          int(os.environ.get(envvars.STEP, "0") or 0))
+    return folder is not None
 
 
 def leave(status: int) -> None:
