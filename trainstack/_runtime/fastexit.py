@@ -32,10 +32,9 @@ from types import TracebackType
 from .. import _envvars as envvars
 from .._jobfiles import JobFiles
 
-__all__ = ["arm", "armed"]
+__all__ = ["arm"]
 
 _lock = threading.Lock()
-_armed = False
 _installed: list[Callable[[type[BaseException], BaseException, TracebackType | None], None]] = []  # newest last
 FAILED_STATUS = 1  # what Python's own exit gives an uncaught exception
 # Errors a rank raises because *another* rank died; never reported as the root cause when a better one exists.
@@ -50,15 +49,10 @@ SECONDARY_WAIT_S = 3.0
 THREADS_WAIT_S = 30.0  # Python would wait for ever on a thread stuck on a lost peer
 
 
-def armed() -> bool:
-    return _armed
-
-
 def arm() -> None:
     """Make the hook the outermost ``sys.excepthook`` (again, where a hook installed since wraps it: torch's
     ``init_process_group`` installs one that prefixes the traceback's lines with the rank); a no-op where
     ``TRAINSTACK_FAST_EXIT=0``. Call it after the process group is initialised."""
-    global _armed
     if os.environ.get(envvars.FAST_EXIT, "1") == "0":
         return
     with _lock:
@@ -80,7 +74,6 @@ def arm() -> None:
 
         _installed.append(hook)
         sys.excepthook = hook
-        _armed = True
 
 
 def secondary(kind: type[BaseException], value: BaseException) -> bool:
