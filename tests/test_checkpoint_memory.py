@@ -191,3 +191,20 @@ def test_a_set_written_by_more_processes_is_passed_over_with_the_reason(tmp_path
     assert mem.last_passed_over == ["step 7: written by 2 processes, this run has 1 (a memory set does not "
                                     "reshard; the durable checkpoint does)"]
     assert mem.restore(newer_than=7) is None and mem.last_passed_over == []  # not newer than the durable one
+
+
+def test_copies_an_abandoned_attempt_saved_past_the_restart_are_forgotten(tmp_path, monkeypatch):
+    """A restart that starts at step 5 (an older set, or the durable checkpoint) removes this rank's copies of later
+    steps: the attempt that wrote them was abandoned, and a later restore must not take (or mix in) its step 8."""
+    mem = _one_process(tmp_path, monkeypatch)
+    mem.save(8, {"model": {"w": torch.full((3,), 8.0)}, "global_step": 8})
+    mem.wait()
+    mem.close(finished=False)
+    again = _one_process(tmp_path, monkeypatch)
+    again.forget_after(5)
+    assert again.files.copies(1) == []
+    again.save(6, {"model": {"w": torch.full((3,), 6.0)}, "global_step": 6})
+    again.wait()
+    assert again.restore(newer_than=-1).step == 6
+    again.forget_after(6)  # the step it starts at is kept
+    assert [c.step for c in again.files.copies(1)] == [6]

@@ -479,6 +479,13 @@ class MemoryCheckpoints:
         self.last_passed_over = passed_over
         return None
 
+    def forget_after(self, step: int) -> None:
+        """Remove the copies this rank wrote of steps after ``step``, where this attempt starts (every rank has read
+        what it restores): an abandoned attempt went further, and its copies must not join this attempt's in a later
+        set (the same bytes only where training is bitwise deterministic)."""
+        owners = {self.rank, *self.senders}
+        self.files.remove([c for c in self.files.copies(self.world) if c.owner in owners and c.step > step])
+
     def _one_per_node(self, holders: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
         """The ranks of one node see the same file: it is one copy, asked of the first of them."""
         seen: set[str] = set()

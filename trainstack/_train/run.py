@@ -226,6 +226,8 @@ class Run:
                 if main:
                     jobevents.record("resumed", step=trainer.global_step, source=restored.source or
                                      str(restored.path), memory=bool(restored.source))
+        if self.memory is not None:  # after every rank's restore: what an abandoned attempt saved later goes
+            self.memory.forget_after(trainer.global_step)
         self.last_epoch = self.run_start + cfg.max_iter
         self.last_step = self.run_start_step + cfg.max_steps if cfg.max_steps else NEVER
         self.first_step, self.first_epoch = trainer.global_step, trainer.current_epoch
