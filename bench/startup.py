@@ -75,7 +75,8 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--workload", default="mlp", choices=("tiny", "mlp", "classify"))
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="also: accelerator-spawn, trainer-spawn")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="also: accelerator-spawn, trainer-spawn, "
+                   "trainer-nofreeze, accelerator-nofreeze")
     p.add_argument("--json", help="also write the medians here")
     args = p.parse_args()
     ns, systems = [int(n) for n in args.nprocs.split(",")], args.systems.split(",")

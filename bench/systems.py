@@ -322,6 +322,15 @@ def _spawned(run):  # noqa: ANN001, ANN202
     return wrapped
 
 
+def _no_gc_freeze(run):  # noqa: ANN001, ANN202
+    """The same system with Python's collector scanning everything loaded (TRAINSTACK_GC_FREEZE=0): start-up before
+    trainstack froze torch's objects out of its sight."""
+    def wrapped(*args):  # noqa: ANN002, ANN202
+        os.environ["TRAINSTACK_GC_FREEZE"] = "0"
+        return run(*args)
+    return wrapped
+
+
 def _log_lines(run):  # noqa: ANN001, ANN202
     """The same system as a Slurm log sees it: no progress bar, a live line every 50 steps (log_every_n_steps's
     default) and at least every 30 s -- the step-based logging's own cost."""
@@ -337,5 +346,6 @@ SYSTEMS = {"raw": run_raw, "accelerator": run_accelerator, "trainer": run_traine
            "trainer-std-nowd": _no_watchdog(_standard_loader(run_trainer)),
            "trainer-lines": _log_lines(run_trainer),
            "accelerator-spawn": _spawned(run_accelerator), "trainer-spawn": _spawned(run_trainer),
+           "trainer-nofreeze": _no_gc_freeze(run_trainer), "accelerator-nofreeze": _no_gc_freeze(run_accelerator),
            "accelerate": run_accelerate, "fabric": run_fabric}
 PEER_MODULES = {"accelerate": "accelerate", "fabric": "lightning"}

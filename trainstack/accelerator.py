@@ -59,6 +59,7 @@ from ._runtime.layout import ProcessPlan, WorkerContext, plan_processes
 from ._runtime.parallel import Layout, Parallelism, lay_out, plan_layout
 from ._runtime.placement import on_copy_stream
 from ._runtime.spawn import ProcessGroupSession, launch
+from ._runtime.startup import freeze_loaded
 from ._runtime.watchdog import heartbeat, resolve_timeout, watched
 from .data import DictDataLoader
 from .environment import detect_environment, warn_if_outside_step
@@ -68,6 +69,8 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["Accelerator", "notebook_launcher", "debug_launcher", "seed_everything", "set_seed"]
+
+freeze_loaded()  # torch and the training modules are loaded: the collector stops scanning them (startup.py)
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
