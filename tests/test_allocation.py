@@ -19,7 +19,7 @@ import pytest
 from trainstack import _jobevents as jobevents
 from trainstack._jobfiles import JobFiles
 from trainstack._slurm.allocation import Allocation, NodePool
-from trainstack._slurm.plan import Plan, Recovery, build_plan
+from trainstack._slurm.plan import Launch, Plan, Recovery, build_plan
 from trainstack._slurm.slurmcmd import Slurm
 from trainstack._slurm.spec import LaunchSpec
 
@@ -32,9 +32,11 @@ class FakeSlurm(Slurm):
     ``lost`` the hosts that do not answer a probe, node-check figures per host, the partition's nodes in service."""
 
     def __init__(self, hosts: list[str], steps: list[dict], lost: tuple[str, ...] = (), left: int | None = None,
-                 rates: dict[str, float] | None = None, serving: dict[str, bool] | None = None) -> None:
+                 rates: dict[str, float] | None = None, serving: dict[str, bool] | None = None,
+                 answer_s: float = 0.0) -> None:
         super().__init__("100", {})
         self.hosts, self.steps, self.lost, self.left = hosts, list(steps), set(lost), left
+        self.answer_s = answer_s  # how long a probe of the hosts takes (a lost host's silence: seconds)
         self.rates = rates or {}
         self.serving = serving if serving is not None else dict.fromkeys(hosts, True)
         self.launched: list[list[str]] = []
@@ -76,6 +78,7 @@ class FakeSlurm(Slurm):
 
     def each(self, hosts, argv, timeout, settle_s=None):  # noqa: ANN001 -- as Slurm.each
         self.calls.append(("each", tuple(hosts), argv[0]))
+        time.sleep(self.answer_s)
         return {h: h not in self.lost for h in hosts}
 
     def kill_steps(self, keep: str = "") -> None:
@@ -165,6 +168,58 @@ def test_ranks_that_lost_their_peer_are_the_detection_of_a_node_lost_with_no_exi
     assert ("kill_steps",) in slurm.calls and not JobFiles(alloc.files.folder).exits()
     (row,) = rows(alloc)
     assert row["kind"] == "node failure" and row["blamed"] == "node2", row
+
+
+def _events(alloc: Allocation) -> list[dict]:
+    return [json.loads(line) for line in alloc.files.events_file.read_text().splitlines()]
+
+
+def test_a_host_whose_ranks_fell_silent_is_replaced_by_the_spare_before_the_probe_answers(tmp_path, job):
+    """node2 lost whole under srun: node1's ranks say they lost a peer, node2's say nothing and no task records an
+    exit. PRESUME_LOST_S later node2 is presumed lost: the step is killed and step 1 launched on the spare at once,
+    while the probe (3 s here) still asks -- the new step never waits for Slurm's answer on the dead node."""
+    slurm = FakeSlurm(["node1", "node2", "node3"], [
+        {"peer_lost": [{"rank": 0, "host": "node1"}, {"rank": 1, "host": "node1"}], "hang": True}, {}],
+        lost=("node2",), answer_s=3.0)
+    status, alloc = job(plan(tmp_path, spare=1), slurm)
+    assert status == 0, job.said
+    assert [nodelist(a) for a in slurm.launched] == ["node1,node2", "node1,node3"]
+    at = {e["kind"]: e for e in _events(alloc)}
+    assert at["presumed_lost"]["nodes"] == "node2", at
+    assert at["relaunch"]["time"] - at["detected"]["time"] < 2.0, at  # not the probe's 3 s
+    assert alloc.pool.lost == ["node2"]
+    (row,) = rows(alloc)
+    assert row["kind"] == "node failure" and row["blamed"] == "node2", row
+
+
+def test_a_host_presumed_lost_that_answers_after_all_is_a_spare_again(tmp_path, job):
+    """The probe, answered beside the next step, finds node2 there after all (its ranks were killed, the node was
+    not): node2 is usable again -- said, recorded -- and the run goes on on the spare meanwhile."""
+    slurm = FakeSlurm(["node1", "node2", "node3"], [
+        {"peer_lost": [{"rank": 0, "host": "node1"}, {"rank": 1, "host": "node1"}], "hang": True},
+        {"duration": 1.5}], answer_s=0.6)
+    status, alloc = job(plan(tmp_path, spare=1), slurm)
+    assert status == 0, job.said
+    assert [nodelist(a) for a in slurm.launched] == ["node1,node2", "node1,node3"]
+    assert "node2 answered Slurm after all (presumed lost when its ranks fell silent): usable again, as a spare" \
+        in job.said
+    assert alloc.pool.lost == [] and "answered" in [e["kind"] for e in _events(alloc)]
+
+
+@pytest.mark.parametrize("why", ["no spare", "an exit recorded", "torchrun"])
+def test_a_silent_host_is_not_presumed_lost_where_a_mistake_would_cost_more_or_exits_come_late(tmp_path, job, why):
+    """No spare (a shrink or a requeue waits for the probe's answer), a task's exit record (a crash: the hosts are
+    there), torchrun (its agent records a worker's exit ~1 s late): the probe decides."""
+    hosts = ["node1", "node2"] if why == "no spare" else ["node1", "node2", "node3"]
+    fail = [{"rank": 3, "host": "node2", "code": 1}] if why == "an exit recorded" else []
+    slurm = FakeSlurm(hosts, [{"peer_lost": [{"rank": 0, "host": "node1"}, {"rank": 1, "host": "node1"}],
+                               "fail": fail, "hang": True}, {}], lost=("node2",), answer_s=1.0)
+    p = plan(tmp_path, spare=0 if why == "no spare" else 1, max_retries=1)
+    if why == "torchrun":
+        p = Plan(**{**p.__dict__, "launch": Launch(**{**p.launch.__dict__, "task_log": "none", "torchrun": True})})
+    _, alloc = job(p, slurm)
+    kinds = [e["kind"] for e in _events(alloc)]
+    assert "detected" in kinds and "presumed_lost" not in kinds, kinds
 
 
 def test_a_lost_peer_is_not_the_cause_the_rank_that_failed_first_is(tmp_path, job):

@@ -182,7 +182,8 @@ assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PREL
                                          PEAK_TFLOPS, HOST, REMOTE_DIR, REMOTE_TRAINSTACK, SSH_CONFIG,
                                          SSH_REUSE_ONLY, REMOTE_INDEX_DIR, REMOTE_SIDE, MEMORY_DIR, NODE_NAME,
                                          STRAGGLER_RATIO, ATTEMPT, STEP, STORE_TIMEOUT, PLANNED_WORLD,
-                                         CHECKPOINT_STORE, LEASE, CLUSTER, STAGED, NCCL_TRANSPORT, FAST_EXIT, GC_FREEZE))
+                                         CHECKPOINT_STORE, LEASE, CLUSTER, STAGED, NCCL_TRANSPORT, FAST_EXIT,
+                                         GC_FREEZE))
 
 
 @overload

@@ -225,16 +225,26 @@ class JobFiles:
 
     def peers_lost(self, step: int | None = None) -> list[float]:
         """When the ranks of job step ``step`` (None: any) that lost a peer said so, first first."""
+        return sorted(when for when, _ in self._peer_signs(step))
+
+    def peer_hosts(self, step: int | None = None) -> dict[str, float]:
+        """The hosts with a rank of job step ``step`` that lost a peer, each with its first such rank's time."""
+        hosts: dict[str, float] = {}
+        for when, host in self._peer_signs(step):
+            hosts[host] = min(when, hosts.get(host, when))
+        return hosts
+
+    def _peer_signs(self, step: int | None) -> list[tuple[float, str]]:
         folder = self.path(self.PEERS_LOST)
         found = []
         for path in folder.glob("rank-*") if folder.is_dir() else []:
             parts = _read(path).split()
             try:
                 if step is None or int(parts[1]) == step:
-                    found.append(float(parts[0]))
+                    found.append((float(parts[0]), parts[2] if len(parts) > 2 else ""))
             except (IndexError, ValueError):
                 continue
-        return sorted(found)
+        return found
 
     def first_sign(self, step: int | None = None) -> float | None:
         """When the step's failure first showed: a failing task's exit, or a rank that lost its peer if that was

@@ -39,6 +39,7 @@ __all__ = ["Allocation", "NodePool", "Finish", "Retry", "Requeue", "Stop", "main
 #: torchrun >= 2.9 forwards these to its workers; older ones stop on them (the stop then comes through the driver).
 TORCHRUN_SIGNALS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
 SENTINEL = "trainstack-sentinel"  # the sentinel's job step: never killed with a failed training step
+PRESUME_LOST_S = 0.5  # ranks elsewhere lost a peer this long ago, a host's ranks silent: presumed lost (srun)
 
 
 class NodePool:
@@ -66,6 +67,10 @@ class NodePool:
     def readmit(self, hosts: list[str]) -> None:
         self.left_out = [h for h in self.left_out if h not in hosts]
 
+    def recover(self, hosts: list[str]) -> None:
+        """Hosts presumed lost that answered after all: usable again."""
+        self.lost = [h for h in self.lost if h not in hosts]
+
 
 class Probe:
     """Are a failed step's hosts still there? Asked in the background from the moment the failure is known, so the
@@ -83,7 +88,10 @@ class Probe:
 
     def found_lost(self) -> bool:
         """Has the probe ended with a host that did not answer? (Without waiting for it.)"""
-        return not self._thread.is_alive() and not all(self._answers.values())
+        return self.done() and not all(self._answers.values())
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
 
 
 @dataclass(frozen=True)
@@ -141,6 +149,8 @@ class Allocation:
         self.stop_kind: str | None = None
         self.checked: set[str] = set()  # hosts the node check passed in this allocation
         self.probe: Probe | None = None  # the failed step's hosts, asked since its failure
+        self.presumed: list[str] = []  # the failed step's hosts presumed lost before the probe's answer
+        self.pending: tuple[Probe, list[str]] | None = None  # that answer, awaited beside the next step
         self.log: Path | None = None
 
     # ------------------------------------------------------------------ the loop
@@ -204,8 +214,9 @@ class Allocation:
         grace = self.plan.recovery.teardown_grace_s
         detected = False
         failed_at = kill_at = None
-        self.probe = None
+        self.probe, self.presumed = None, []
         while True:
+            self._reconcile()
             code = proc.poll()
             if code is not None:
                 if not detected and (code != 0 or self.files.has_exits(self.step)):
@@ -218,8 +229,9 @@ class Allocation:
                 self._detected(nodes)
             if failed_at is None and exited:
                 failed_at = now  # the grace runs from the cause: a task's exit (the others may end by themselves)
-            elif failed_at is None and self.probe is not None and self.probe.found_lost():
-                failed_at = now - grace  # or a host the probe found gone: nothing of it ends by itself
+            elif failed_at is None and self.probe is not None and (self.probe.found_lost() or
+                                                                    (detected and self._presume_lost(nodes))):
+                failed_at = now - grace  # or a host the probe found (or the ranks show) gone: nothing of it ends
             if failed_at is not None and kill_at is None and self.plan.recovery.requeue and now - failed_at >= grace:
                 self.job.warn(f"the step did not end {grace:g} s after its first failure: killing its tasks")
                 self.slurm.kill_steps(keep=SENTINEL)
@@ -237,6 +249,37 @@ class Allocation:
         self.job.event("detected", nodes, self.step)
         if self.plan.recovery.requeue:
             self.probe = Probe(self.slurm, nodes)
+
+    def _presume_lost(self, nodes: list[str]) -> bool:
+        """A lost node's mark, seen before the probe can answer (1.5-5 s): ranks on other hosts lost a peer
+        ``PRESUME_LOST_S`` ago, no task recorded an exit (with srun every rank is a task whose wrapper records its
+        exit at once), and no rank of these hosts said a thing -- their tasks died with them. Acted on only where a
+        spare can take their place: the step is killed at once and the next one launched on the spare while the
+        probe still asks (a host that answers is usable again, ``_reconcile``); a shrink or a requeue waits for it."""
+        if self.plan.launch.task_log != "rank" or self.files.has_exits(self.step):
+            return False
+        signs = self.files.peer_hosts(self.step)
+        if not signs or time.time() - min(signs.values()) < PRESUME_LOST_S:
+            return False
+        silent = [h for h in nodes if h not in signs]
+        if not silent or len([h for h in self.pool.usable() if h not in silent]) < self.plan.nodes:
+            return False
+        self.presumed = silent
+        self.job.event("presumed_lost", silent, self.step)
+        return True
+
+    def _reconcile(self) -> None:
+        """The probe's answer on hosts presumed lost, once it is in (never waited for): one that answered after all
+        is usable again -- a spare for a later failure."""
+        if self.pending is None or not self.pending[0].done():
+            return
+        (probe, hosts), self.pending = self.pending, None
+        back = [h for h, ok in probe.answers().items() if ok and h in hosts]
+        if back:
+            self.pool.recover(back)
+            self.job.say(f"{','.join(back)} answered Slurm after all (presumed lost when its ranks fell silent): "
+                         f"usable again, as a spare")
+            self.job.event("answered", back, self.step)
 
     def _first_failure(self, status: int) -> int:
         """srun returns the largest status of its tasks, which after one failed is the SIGTERM (143) that
@@ -411,8 +454,12 @@ class Allocation:
     def _probe(self, nodes: list[str]) -> None:
         """Every host of a failed step asked (a trivial step; started at the failure, see ``Probe``):
         one that does not answer is lost, named in ``lost`` with the ranks it ran."""
-        answers = (self.probe or Probe(self.slurm, nodes)).answers()
         per = self.plan.procs_per_node
+        if self.presumed and self.probe is not None:  # the next step does not wait for Slurm's answer on them
+            self.pending = (self.probe, list(self.presumed))
+            answers = {h: h not in self.presumed for h in nodes}
+        else:
+            answers = (self.probe or Probe(self.slurm, nodes)).answers()
         lost = {h: list(range(i * per, i * per + per)) for i, h in enumerate(nodes) if not answers.get(h)}
         if lost:
             self.files.write_lost(lost)
