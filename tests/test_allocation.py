@@ -222,6 +222,20 @@ def test_a_silent_host_is_not_presumed_lost_where_a_mistake_would_cost_more_or_e
     assert "detected" in kinds and "presumed_lost" not in kinds, kinds
 
 
+def test_a_step_whose_every_rank_is_out_is_killed_without_waiting_out_the_grace(tmp_path, job):
+    """Rank 1 killed (its exit recorded), ranks 0, 2, 3 lost their peer and sleep: every rank is accounted for, so
+    the step is killed at once, not after the 3 s grace (which stays for ranks that may still end by themselves)."""
+    slurm = FakeSlurm(["node1", "node2"], [{"fail": [{"rank": 1, "host": "node1", "code": 137}],
+                                            "peer_lost": [{"rank": r, "host": f"node{1 + r // 2}", "delay": 0.1}
+                                                          for r in (0, 2, 3)], "hang": True}])
+    _, alloc = job(plan(tmp_path, max_retries=0, teardown_grace_s=3.0), slurm)
+    at = {e["kind"]: e["time"] for e in _events(alloc)}
+    (first,) = JobFiles(alloc.files.folder).exits()
+    assert at["step_end"] - first.time < 1.5, (at, first)
+    (row,) = rows(alloc)
+    assert row["status"] == 137 and row["rank"] == 1, row
+
+
 def test_a_lost_peer_is_not_the_cause_the_rank_that_failed_first_is(tmp_path, job):
     """Ranks 0-2 lose their peer while rank 3 is still leaving through Python's slower exit (status 2): detected at
     once, but the step is not killed before rank 3's exit is recorded -- its status is the step's."""

@@ -23,8 +23,8 @@ from pathlib import Path
 from trainstack._runtime import fastexit
 
 out = Path(sys.argv[1])
-fastexit.arm()
-fastexit.arm()  # once per process
+fastexit.arm(3)
+fastexit.arm(3)  # once per process
 log = open(out / "user.log", "w")  # never closed: only a flush keeps its line
 log.write("a line the program never flushed\\n")
 atexit.register(lambda: (out / "atexit").write_text("ran"))
@@ -59,7 +59,7 @@ if sys.argv[2] in ("wrapped", "rearmed"):  # a hook like torch's init_process_gr
 
     sys.excepthook = prefixing
     if sys.argv[2] == "rearmed":
-        fastexit.arm()
+        fastexit.arm(3)
 if sys.argv[2] == "interrupt":
     raise KeyboardInterrupt
 if sys.argv[2] == "peer":
@@ -68,11 +68,15 @@ raise RuntimeError("collective failed: connection closed by peer")
 """
 
 
-def _run(tmp_path: Path, how: str = "error", **env: str) -> subprocess.CompletedProcess:
+def _script(tmp_path: Path) -> Path:
     script = tmp_path / "prog.py"
     script.write_text(PROGRAM)
-    return subprocess.run([sys.executable, str(script), str(tmp_path), how], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    return script
+
+
+def _run(tmp_path: Path, how: str = "error", **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(_script(tmp_path)), str(tmp_path), how], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
 
 
 def test_a_failed_rank_says_why_finishes_its_work_and_skips_the_teardown(tmp_path):
@@ -117,8 +121,10 @@ def test_a_rank_that_failed_because_a_peer_did_says_so_in_its_job_and_waits_befo
     job = tmp_path / "job"
     job.mkdir()
     started = time.monotonic()
-    done = _run(tmp_path, "peer", TRAINSTACK_JOB_DIR=str(job), TRAINSTACK_STEP="2", RANK="3",
-                TRAINSTACK_NODE_NAME="node7")
+    env = {k: v for k, v in os.environ.items() if k != "RANK"}  # srun sets none: the rank comes from arm()
+    done = subprocess.run([sys.executable, str(_script(tmp_path)), str(tmp_path), "peer"], capture_output=True,
+                          text=True, timeout=60, env={**env, "PYTHONPATH": str(ROOT), "TRAINSTACK_JOB_DIR": str(job),
+                                                      "TRAINSTACK_STEP": "2", "TRAINSTACK_NODE_NAME": "node7"})
     assert done.returncode == 1 and "Connection closed by peer" in done.stderr
     assert time.monotonic() - started >= fastexit.SECONDARY_WAIT_S
     assert not (tmp_path / "teardown").exists()

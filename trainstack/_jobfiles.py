@@ -225,23 +225,28 @@ class JobFiles:
 
     def peers_lost(self, step: int | None = None) -> list[float]:
         """When the ranks of job step ``step`` (None: any) that lost a peer said so, first first."""
-        return sorted(when for when, _ in self._peer_signs(step))
+        return sorted(when for when, _, _ in self._peer_signs(step))
 
     def peer_hosts(self, step: int | None = None) -> dict[str, float]:
         """The hosts with a rank of job step ``step`` that lost a peer, each with its first such rank's time."""
         hosts: dict[str, float] = {}
-        for when, host in self._peer_signs(step):
+        for when, host, _ in self._peer_signs(step):
             hosts[host] = min(when, hosts.get(host, when))
         return hosts
 
-    def _peer_signs(self, step: int | None) -> list[tuple[float, str]]:
+    def accounted(self, step: int) -> set[int]:
+        """The ranks of job step ``step`` known to be out of training: an exit recorded (one task per rank) or a
+        peer lost."""
+        return {x.rank for x in self.exits(step) if x.rank is not None} | {r for _, _, r in self._peer_signs(step)}
+
+    def _peer_signs(self, step: int | None) -> list[tuple[float, str, int]]:
         folder = self.path(self.PEERS_LOST)
         found = []
         for path in folder.glob("rank-*") if folder.is_dir() else []:
             parts = _read(path).split()
             try:
                 if step is None or int(parts[1]) == step:
-                    found.append((float(parts[0]), parts[2] if len(parts) > 2 else ""))
+                    found.append((float(parts[0]), parts[2] if len(parts) > 2 else "", int(path.name[5:])))
             except (IndexError, ValueError):
                 continue
         return found

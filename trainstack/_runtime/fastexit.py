@@ -49,10 +49,11 @@ SECONDARY_WAIT_S = 3.0
 THREADS_WAIT_S = 30.0  # Python would wait for ever on a thread stuck on a lost peer
 
 
-def arm() -> None:
+def arm(rank: int) -> None:
     """Make the hook the outermost ``sys.excepthook`` (again, where a hook installed since wraps it: torch's
     ``init_process_group`` installs one that prefixes the traceback's lines with the rank); a no-op where
-    ``TRAINSTACK_FAST_EXIT=0``. Call it after the process group is initialised."""
+    ``TRAINSTACK_FAST_EXIT=0``. Call it after the process group is initialised, with this process's global rank
+    (under srun no ``RANK`` is in the environment)."""
     if os.environ.get(envvars.FAST_EXIT, "1") == "0":
         return
     with _lock:
@@ -67,7 +68,7 @@ def arm() -> None:
             if issubclass(kind, KeyboardInterrupt) or sys.stderr is not stderr:
                 return
             if secondary(kind, value):
-                if not _say_peer_lost():
+                if not _say_peer_lost(rank):
                     return  # outside a job nobody reads the signal: Python's own (slower) exit keeps the order
                 time.sleep(SECONDARY_WAIT_S)
             leave(FAILED_STATUS)
@@ -84,12 +85,12 @@ def secondary(kind: type[BaseException], value: BaseException) -> bool:
     return issubclass(kind, RuntimeError) and any(marker in str(value) for marker in SECONDARY)
 
 
-def _say_peer_lost() -> bool:
+def _say_peer_lost(rank: int) -> bool:
     """In a job (its folder and step in the environment): this rank lost a peer and is still alive. False outside
     one (a local run: its launcher -- trainstack's spawn, torchrun -- picks the cause by its own means)."""
     folder = JobFiles.current()
     if folder is not None:
-        folder.peer_lost(int(os.environ.get("RANK", "-1")), os.environ.get(envvars.NODE_NAME) or
+        folder.peer_lost(rank, os.environ.get(envvars.NODE_NAME) or
                          os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
                          int(os.environ.get(envvars.STEP, "0") or 0))
     return folder is not None

@@ -149,7 +149,7 @@ class ProcessGroupSession:
             raise
         if required:
             _transport.confirm_after_init(required)
-        fastexit.arm()  # after torch's own hook (init_process_group's): a failed rank leaves without the teardown
+        fastexit.arm(ctx.rank)  # after torch's own hook (init_process_group's): a failed rank skips the teardown
 
     def start_for_process(self) -> None:
         """Join for the rest of the process and leave cleanly at its exit: a group left to the interpreter's

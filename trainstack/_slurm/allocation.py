@@ -229,6 +229,8 @@ class Allocation:
                 self._detected(nodes)
             if failed_at is None and exited:
                 failed_at = now  # the grace runs from the cause: a task's exit (the others may end by themselves)
+            if failed_at is not None and failed_at > now - grace and self._all_out(nodes):
+                failed_at = now - grace  # every rank has left or lost a peer: nothing is left to wait for
             elif failed_at is None and self.probe is not None and (self.probe.found_lost() or
                                                                     (detected and self._presume_lost(nodes))):
                 failed_at = now - grace  # or a host the probe found (or the ranks show) gone: nothing of it ends
@@ -249,6 +251,12 @@ class Allocation:
         self.job.event("detected", nodes, self.step)
         if self.plan.recovery.requeue:
             self.probe = Probe(self.slurm, nodes)
+
+    def _all_out(self, nodes: list[str]) -> bool:
+        """Every rank of the step (one srun task each) recorded its exit or said it lost a peer (it sleeps until
+        killed): the grace has nothing left to wait for."""
+        world = len(nodes) * self.plan.procs_per_node
+        return self.plan.launch.task_log == "rank" and len(self.files.accounted(self.step)) >= world
 
     def _presume_lost(self, nodes: list[str]) -> bool:
         """A lost node's mark, seen before the probe can answer (1.5-5 s): ranks on other hosts lost a peer
