@@ -115,3 +115,39 @@ def test_a_tracker_failing_mid_run_is_warned_about_and_training_goes_on(tmp_path
     out = capsys.readouterr().out
     assert trainer.global_step == 12 and "the MLflow tracker failed" in out and "training goes on" in out, out
     assert max(r["step"] for r in _rows(tmp_path / "run")) == 12
+
+
+def test_a_row_an_earlier_attempt_sent_in_part_is_completed_never_repeated(tmp_path, mlflow_store):
+    """An attempt killed inside a row's write (MLflow's file store writes one key after another), or a resumed
+    attempt whose row at that step has a key more: only the keys MLflow does not hold at that step are sent.
+    (In a process of its own: a run another test left active would be this one's.)"""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    program = tmp_path / "attempts.py"
+    program.write_text(
+        "import json, sys, mlflow\n"
+        "from pathlib import Path\n"
+        "from trainstack._runtime.writers import MLflowWriter, TrackerIds\n"
+        "folder = Path(sys.argv[1])\n"
+        "first = MLflowWriter(folder, TrackerIds(folder), 'run-a')\n"
+        "first.write(None, {'loss': 1.0, 'lr': 0.1}, step=5)\n"
+        "first.write(None, {'loss': 0.9}, step=10)  # killed here: lr of step 10 never sent\n"
+        "mlflow.end_run()\n"
+        "again = MLflowWriter(folder, TrackerIds(folder), 'run-a')\n"
+        "again.write(None, {'loss': 1.0, 'lr': 0.1}, step=5)\n"
+        "again.write(None, {'loss': 0.9, 'lr': 0.1, 'resumed': 1.0}, step=10)\n"
+        "again.write(None, {'loss': 0.8, 'lr': 0.1}, step=15)\n"
+        "mlflow.end_run()\n"
+        "client = mlflow.tracking.MlflowClient()\n"
+        "print(json.dumps({k: sorted((m.step, m.value) for m in client.get_metric_history(again.run.info.run_id, k))\n"
+        "                  for k in ('loss', 'lr', 'resumed')}))\n")
+    done = subprocess.run([sys.executable, str(program), str(tmp_path)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"loss": [[5, 1.0], [10, 0.9], [15, 0.8]],
+                                                                 "lr": [[5, 0.1], [10, 0.1], [15, 0.1]],
+                                                                 "resumed": [[10, 1.0]]}

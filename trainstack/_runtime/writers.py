@@ -195,7 +195,9 @@ class MLflowWriter:
 
     def write(self, iteration: int | None, metrics: dict[str, float], step: int = 0,
               epoch: float | None = None) -> None:
-        if step < self.held_step or (step == self.held_step and set(metrics) <= self.held_keys):
+        if step == self.held_step:  # an earlier attempt sent (part of) this row: only what it did not send
+            metrics = {k: v for k, v in metrics.items() if k not in self.held_keys}
+        if step < self.held_step or not metrics:
             return  # an earlier attempt sent this row
         self.mlflow.log_metrics(metrics, step=step)
 
