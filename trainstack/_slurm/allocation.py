@@ -212,7 +212,7 @@ class Allocation:
             self.job.event("relaunch", nodes, self.step)
         proc = self.slurm.launch(self.argv(nodes), self.step_env(nodes), self.job.cwd)
         grace = self.plan.recovery.teardown_grace_s
-        detected = False
+        detected, why = False, ""
         failed_at = kill_at = None
         self.probe, self.presumed = None, []
         while True:
@@ -228,14 +228,14 @@ class Allocation:
                 detected = True  # a rank that lost a peer says so before it leaves (fastexit): a lost node's sign
                 self._detected(nodes)
             if failed_at is None and exited:
-                failed_at = now  # the grace runs from the cause: a task's exit (the others may end by themselves)
-            if failed_at is not None and failed_at > now - grace and self._all_out(nodes):
-                failed_at = now - grace  # every rank has left or lost a peer: nothing is left to wait for
+                failed_at, why = now, f"the step did not end {grace:g} s after its first failure"
             elif failed_at is None and self.probe is not None and (self.probe.found_lost() or
                                                                     (detected and self._presume_lost(nodes))):
-                failed_at = now - grace  # or a host the probe found (or the ranks show) gone: nothing of it ends
+                failed_at, why = now - grace, "a host of the step is gone"
+            if failed_at is not None and failed_at > now - grace and self._all_out(nodes):
+                failed_at, why = now - grace, "every rank of the step has left or lost a peer"
             if failed_at is not None and kill_at is None and self.plan.recovery.requeue and now - failed_at >= grace:
-                self.job.warn(f"the step did not end {grace:g} s after its first failure: killing its tasks")
+                self.job.warn(f"{why}: killing its tasks")
                 self.slurm.kill_steps(keep=SENTINEL)
                 kill_at = now + self.kill_after_s  # srun itself, if Slurm's kill did not end it
             if kill_at is not None and now >= kill_at:
