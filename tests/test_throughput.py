@@ -94,9 +94,15 @@ def test_samples_per_s_agrees_with_a_stopwatch_within_10_percent(tmp_path):
 
     stamps: list[float] = []
     _, rows = _fit(tmp_path, stamps=stamps, max_iter=3, loss_fn=slow_mse)
-    logged = statistics.median(r["samples_per_s"] for r in rows[1:])  # the first interval holds the FLOP count
-    watch = statistics.median(B * 5 / (stamps[i + 5] - stamps[i]) for i in range(5, len(stamps) - 5, 5))
-    assert logged == pytest.approx(watch, rel=0.10), (logged, watch)
+    # the same span both ways (the first interval holds the FLOP count): the logged intervals' seconds, summed, against
+    # the stopwatch's from the first row's step to the last's -- a load spike lands in both (medians of five-step
+    # windows one step apart did not: CI saw 722 vs 654 samples/s on a loaded box)
+    first, last = rows[0]["step"], rows[-1]["step"]
+    logged = sum((b["step"] - a["step"]) * B / b["samples_per_s"] for a, b in zip(rows, rows[1:], strict=False))
+    watch = stamps[last - 1] - stamps[first - 1]  # train_batch_end fires just before the step's log line
+    assert logged == pytest.approx(watch, rel=0.03), (logged, watch)
+    rates = [r["samples_per_s"] for r in rows[1:]]  # and each row is a rate near the run's, not a total or a mean
+    assert statistics.median(rates) == pytest.approx(B * (last - first) / watch, rel=0.25), rates
 
 
 def test_token_batches_get_tokens_per_s_and_every_line_an_eta(tmp_path):
