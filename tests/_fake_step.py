@@ -1,8 +1,8 @@
 """A job step as tests/test_allocation.py's fake Slurm runs it in place of srun: the scenario (JSON in FAKE_STEP)
 says which ranks fail, when, with what status, on which host (each failing task's exit record written as the task
 wrapper writes it), which ranks say they lost a peer and when (as fastexit does), how far rank 0's log gets,
-whether the step hangs until killed (a lost node), and whether the trainer answers a stop request with a
-checkpoint."""
+whether the step hangs until killed (a lost node), whether its waiting ranks train on in the next step once the
+driver offers it (continue_in_place: seconds), and whether the trainer answers a stop request with a checkpoint."""
 
 from __future__ import annotations
 
@@ -22,14 +22,20 @@ start = time.monotonic()
 failures = sorted(scenario.get("fail", []) + scenario.get("peer_lost", []), key=lambda f: f.get("delay", 0.0))
 for f in failures:
     time.sleep(max(0.0, start + f.get("delay", 0.0) - time.monotonic()))
-    if "code" not in f:  # alive, asleep: its collective failed because a peer is gone
-        JobFiles(job).peer_lost(f["rank"], f["host"], int(os.environ.get("TRAINSTACK_STEP", "0")))
+    if "code" not in f:  # alive, asleep (or waiting in place): its collective failed because a peer is gone
+        JobFiles(job).peer_lost(f["rank"], f["host"], int(os.environ.get("TRAINSTACK_STEP", "0")),
+                                waiting=f.get("waiting", False))
         continue
     (job / "exits").mkdir(exist_ok=True)
     step = f.get("step", os.environ.get("TRAINSTACK_STEP", "0"))  # a late record of the step before names that one
     (job / "exits" / f"rank-{f['rank']}").write_text(f"{time.time()} {f['code']} rank-{f['rank']} {f['host']} {step}\n")
 while scenario.get("hang"):  # a lost node: srun never returns until it is killed
     time.sleep(0.05)
+if scenario.get("continue_in_place"):  # ranks waiting in place: they train on in the next step, then end
+    while JobFiles(job).rejoin_offer(int(os.environ.get("TRAINSTACK_STEP", "0"))) is None:
+        time.sleep(0.02)
+    time.sleep(scenario["continue_in_place"])
+    sys.exit(0)
 stop = os.environ.get("TRAINSTACK_STOP_FILE")
 while time.monotonic() < start + scenario.get("duration", 0.1):
     if scenario.get("save_on_stop") and stop and Path(stop).exists():

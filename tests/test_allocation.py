@@ -486,16 +486,65 @@ def test_the_launch_and_the_plan_it_comes_from(tmp_path):
     assert Plan.from_json(p.to_json()) == p
     with pytest.raises(ValueError, match="format is 2, this driver .* reads format 1"):
         Plan.from_json(p.to_json().replace('"format": 1', '"format": 2'))
-    alloc = Allocation(p, FakeSlurm(["a", "b", "c"], []), {"SLURM_JOB_ID": "100"})
+    alloc = Allocation(p, FakeSlurm(["a", "b", "c"], []), {"SLURM_JOB_ID": "100", "TRAINSTACK_IN_PLACE": "0"})
     argv = alloc.argv(["a", "c"])
     assert argv[:8] == ["srun", "--kill-on-bad-exit=1", "--wait=60", "--nodes=2", "--ntasks-per-node=2", "--ntasks=4",
                         "--nodelist=a,c", "--overlap"]
     assert argv[8:10] == ["bash", "-c"] and argv[11:] == ["trainstack-task", "rank", "python3", "-u", "train.py"]
+    # restarts in place (the default with srun): a failed task leaves the others running, the driver ends the step
+    alloc = Allocation(p, FakeSlurm(["a", "b", "c"], []), {"SLURM_JOB_ID": "100"})
+    assert alloc.argv(["a", "c"])[:8] == ["srun", "--kill-on-bad-exit=0", "--nodes=2", "--ntasks-per-node=2",
+                                          "--wait=0", "--ntasks=4", "--nodelist=a,c", "--overlap"]
+    assert alloc.argv(["a", "c"], ("c", [2, 3]))[:8] == [
+        "srun", "--kill-on-bad-exit=0", "--nodes=1", "--ntasks-per-node=2", "--wait=0", "--ntasks=2",
+        "--nodelist=c", "--overlap"]
+    assert alloc.step_env(["a", "c"], ("c", [2, 3]))["TRAINSTACK_TASK_RANKS"] == "2/2,3"
     first = alloc.step_env(["a", "c"])
     alloc.step = 1
     second = alloc.step_env(["c", "b"])
     assert first["MASTER_ADDR"] == "a" and second["MASTER_ADDR"] == "c" and first["MASTER_PORT"] != \
         second["MASTER_PORT"] and second["PET_RDZV_ID"] == "100.1"
+
+
+def test_a_crashed_rank_restarts_alone_beside_the_ranks_waiting_in_place(tmp_path, job):
+    """srun, rank 1 on node1 killed; ranks 0, 2, 3 say they wait in place. The step is not killed: the retry on the
+    same nodes offers the waiting ranks step 1 (its rendezvous) and launches rank 1 alone on node1; the held step
+    ends when its ranks finish in the new one. The recovery is recorded as any retry in the allocation."""
+    waiting = [{"rank": r, "host": h, "waiting": True, "delay": 0.1} for r, h in ((0, "node1"), (2, "node2"),
+                                                                                   (3, "node2"))]
+    slurm = FakeSlurm(["node1", "node2"], [
+        {"fail": [{"rank": 1, "host": "node1", "code": 137}], "peer_lost": waiting, "continue_in_place": 0.3},
+        {"duration": 0.2}])
+    status, alloc = job(plan(tmp_path), slurm)
+    assert status == 0, job.said
+    assert [nodelist(a) for a in slurm.launched] == ["node1,node2", "node1"]
+    assert "--ntasks=1" in slurm.launched[1] and ("kill_steps",) not in slurm.calls, slurm.calls
+    offer = alloc.files.rejoin_offer(0)
+    assert offer is not None and offer["step"] == 1 and offer["ranks"] == [0, 2, 3], offer
+    assert set(offer["env"]) == {"MASTER_ADDR", "MASTER_PORT", "TRAINSTACK_ATTEMPT", "TRAINSTACK_STEP"}, offer
+    assert offer["env"]["TRAINSTACK_STEP"] == "1" and offer["env"]["MASTER_ADDR"] == "node1", offer
+    assert "rank(s) 0, 2, 3 continue in place; starting rank(s) 1 on node1" in job.said, job.said
+    (row,) = rows(alloc)
+    assert row["kind"] == "killed (signal 9)" and row["retried"], row
+
+
+@pytest.mark.parametrize("case", ["requeue", "other nodes", "off"])
+def test_ranks_waiting_in_place_are_killed_where_the_next_step_cannot_continue_them(tmp_path, job, case):
+    """No retry (a Python error is not retried: the job ends), a retry on other nodes (node2 blamed, the spare
+    takes its place: the waiting ranks' places move), or restarts in place turned off: the held step is killed and
+    every rank of the next step, if any, starts afresh."""
+    waiting = [{"rank": r, "host": h, "waiting": True, "delay": 0.1} for r, h in ((0, "node1"), (1, "node1"),
+                                                                                   (3, "node2"))]
+    code = 1 if case == "requeue" else 137
+    first = {"fail": [{"rank": 2, "host": "node2", "code": code}], "peer_lost": waiting, "hang": True}
+    slurm = FakeSlurm(["node1", "node2", "node3"], [first, {}], lost=("node2",) if case == "other nodes" else ())
+    status, alloc = job(plan(tmp_path, spare=1), slurm, **({"TRAINSTACK_IN_PLACE": "0"} if case == "off" else {}))
+    assert ("kill_steps",) in slurm.calls and alloc.files.rejoin_offer(0) is None
+    if case == "requeue":
+        assert status == 1 and len(slurm.launched) == 1, job.said
+    else:
+        assert status == 0 and "--ntasks=4" in slurm.launched[1], slurm.launched
+        assert nodelist(slurm.launched[1]) == ("node1,node3" if case == "other nodes" else "node1,node2")
 
 
 def test_the_node_pool_chooses_the_first_usable_hosts():

@@ -16,7 +16,7 @@ __all__ = ["Variable", "VARIABLES", "positive_number"] + [
     "COMPILE_TIMEOUT", "PEAK_TFLOPS", "HOST", "REMOTE_DIR", "REMOTE_TRAINSTACK", "SSH_CONFIG", "SSH_REUSE_ONLY",
     "REMOTE_INDEX_DIR", "REMOTE_SIDE", "MEMORY_DIR", "NODE_NAME", "STRAGGLER_RATIO", "ATTEMPT", "STEP",
     "STORE_TIMEOUT", "PLANNED_WORLD", "CHECKPOINT_STORE", "LEASE", "CLUSTER", "STAGED", "NCCL_TRANSPORT",
-    "FAST_EXIT", "GC_FREEZE"]
+    "FAST_EXIT", "GC_FREEZE", "IN_PLACE", "TASK_RANKS"]
 
 
 class Variable(NamedTuple):
@@ -122,6 +122,13 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TRAINSTACK_STEP", "--requeue job scripts",
              "The job step of this allocation that runs the program (0, then 1, 2, ... after retries in the "
              "allocation)."),
+    Variable("TRAINSTACK_IN_PLACE", "--requeue srun job scripts (you: 0 turns it off)",
+             "1: a rank that lost a peer keeps its process and waits for the driver's next job step, which starts "
+             "only the crashed ranks afresh; the survivors join its new process group and restore in place. 0: "
+             "every rank of a failed step is relaunched."),
+    Variable("TRAINSTACK_TASK_RANKS", "the allocation driver",
+             "Set on a job step that starts only some ranks beside survivors restarted in place: the global rank of "
+             "each of its srun tasks (comma-separated, by SLURM_PROCID); the world is TRAINSTACK_NPROCS."),
     Variable("TRAINSTACK_PLANNED_WORLD", "--min-nodes job scripts",
              "Set on a step that runs on fewer nodes than planned (no spare left): the planned number of processes. "
              "The Trainer keeps the global batch by multiplying gradient_accumulation_steps by planned/actual "
@@ -175,6 +182,7 @@ CHECKPOINT_STORE, LEASE, CLUSTER = "TRAINSTACK_CHECKPOINT_STORE", "TRAINSTACK_LE
 STAGED, NCCL_TRANSPORT = "TRAINSTACK_STAGED", "TRAINSTACK_NCCL_TRANSPORT"
 FAST_EXIT, GC_FREEZE = "TRAINSTACK_FAST_EXIT", "TRAINSTACK_GC_FREEZE"
 ATTEMPT, STEP, PLANNED_WORLD = "TRAINSTACK_ATTEMPT", "TRAINSTACK_STEP", "TRAINSTACK_PLANNED_WORLD"
+IN_PLACE, TASK_RANKS = "TRAINSTACK_IN_PLACE", "TRAINSTACK_TASK_RANKS"
 assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PRELOAD, START_METHOD, PIN_MEMORY,
                                          FAST_TENSOR_PATH, PROGRESS, STOP_SIGNALS, STOP_FILE, NPROCS, COMPUTE_SETUP,
                                          JOB_DIR, RUN_DIR, SNAPSHOT, SUBMIT_DIR, RANK_LOG, NODE_LOG, ERROR_REPORT,
@@ -183,7 +191,7 @@ assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PREL
                                          SSH_REUSE_ONLY, REMOTE_INDEX_DIR, REMOTE_SIDE, MEMORY_DIR, NODE_NAME,
                                          STRAGGLER_RATIO, ATTEMPT, STEP, STORE_TIMEOUT, PLANNED_WORLD,
                                          CHECKPOINT_STORE, LEASE, CLUSTER, STAGED, NCCL_TRANSPORT, FAST_EXIT,
-                                         GC_FREEZE))
+                                         GC_FREEZE, IN_PLACE, TASK_RANKS))
 
 
 @overload

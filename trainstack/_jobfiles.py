@@ -46,10 +46,14 @@ class Exit:
 #: output in the job folder (KIND rank: rank-<r>.out; node: node-<n>.out; none: the program writes its own), the
 #: program's exit status as the task's whatever happens to the copy, signals sent to the step reaching the program
 #: while the wrapper and tee outlive them, and a failing task's end recorded in exits/<unit> (time status unit host)
-#: -- so the driver reports the first failure, not the kills that followed it.
+#: -- so the driver reports the first failure, not the kills that followed it. A rank restarted in place belongs to a
+#: later job step than its task: it says which in steps/<host>-<wrapper pid> (``note_step``); a step that starts
+#: only some ranks names each task's rank in TRAINSTACK_TASK_RANKS.
 EXIT_RECORD_SH = r'''trap : USR1 USR2 TERM INT HUP
 case "$1" in
-  rank) unit="rank-$SLURM_PROCID"; export TRAINSTACK_RANK_LOG="$TRAINSTACK_JOB_DIR/$unit.out" ;;
+  rank) r=$SLURM_PROCID
+    if [[ -n "${TRAINSTACK_TASK_RANKS:-}" ]]; then IFS=, read -ra rs <<< "${TRAINSTACK_TASK_RANKS#*/}"; r=${rs[$r]}; fi
+    unit="rank-$r"; export TRAINSTACK_RANK_LOG="$TRAINSTACK_JOB_DIR/$unit.out" ;;
   node) unit="node-$SLURM_NODEID"; export TRAINSTACK_NODE_LOG="$TRAINSTACK_JOB_DIR/$unit.out" ;;
   *) unit="node-$SLURM_NODEID" ;;
 esac
@@ -64,7 +68,8 @@ else
 fi
 if [[ "$rc" -ne 0 ]]; then
   mkdir -p "$TRAINSTACK_JOB_DIR/exits" 2>/dev/null
-  echo "$(date +%s.%N) $rc $unit ${SLURMD_NODENAME:-$(hostname)} ${TRAINSTACK_STEP:-0}" \
+  step=$(cat "$TRAINSTACK_JOB_DIR/steps/$(hostname)-$$" 2>/dev/null) || step=${TRAINSTACK_STEP:-0}
+  echo "$(date +%s.%N) $rc $unit ${SLURMD_NODENAME:-$(hostname)} $step" \
     > "$TRAINSTACK_JOB_DIR/exits/$unit" 2>/dev/null
 fi
 exit "$rc"'''
@@ -91,7 +96,9 @@ class JobFiles:
     EXIT_CODE = "exit_code"          # the job's exit status, written when the driver ends
     EXITS = "exits"                  # exits/<unit>: a failing task's end (EXIT_RECORD_SH)
     LOST = "lost"                    # "HOST RANKS" per node that did not answer after its step failed
-    PEERS_LOST = "peers-lost"        # peers-lost/rank-<r>: "TIME STEP HOST" of a rank that lost a peer, still alive
+    PEERS_LOST = "peers-lost"        # peers-lost/rank-<r>: "TIME STEP HOST [waiting]" of a rank that lost a peer
+    REJOIN = "rejoin"                # rejoin/step-<n>.json: the driver's next step, for the ranks waiting in place
+    STEPS = "steps"                  # steps/<host>-<wrapper pid>: the job step a rank restarted in place is in
     CANCELLED = "cancelled"          # trainstack cancel: the driver never requeues
     STOP = ".stop"                   # the graceful-stop request the trainer polls; .saved / .finished its answers
     NODE_CHECK = "node-check"        # node-check/<host>.json, links.json: one check's figures
@@ -213,15 +220,54 @@ class JobFiles:
     def has_exits(self, step: int | None = None) -> bool:
         return bool(self.exits(step))
 
-    def peer_lost(self, rank: int, host: str, step: int) -> None:
-        """This rank's collective failed because a peer is gone (it waits, asleep, before it leaves): the driver's
-        detection of the failure without waiting for an exit (``fastexit``). One write; never raises."""
+    def peer_lost(self, rank: int, host: str, step: int, waiting: bool = False) -> None:
+        """This rank's collective failed because a peer is gone (it waits, asleep, before it leaves; ``waiting``: it
+        waits in place for the next step, ``rejoin_offer``): the driver's detection of the failure without waiting
+        for an exit (``fastexit``). One write; never raises."""
         try:
             folder = self.path(self.PEERS_LOST)
             folder.mkdir(exist_ok=True)
-            (folder / f"rank-{rank}").write_text(f"{time.time():.3f} {step} {host}\n")
+            mark = " waiting" if waiting else ""
+            (folder / f"rank-{rank}").write_text(f"{time.time():.3f} {step} {host}{mark}\n")
         except OSError:
             pass
+
+    def waiting(self, step: int) -> dict[int, str]:
+        """The ranks of job step ``step`` waiting in place for the next step, each with its host."""
+        folder, found = self.path(self.PEERS_LOST), {}
+        for path in folder.glob("rank-*") if folder.is_dir() else []:
+            parts = _read(path).split()
+            if len(parts) > 3 and parts[3] == "waiting" and parts[1] == str(step) and path.name[5:].isdigit():
+                found[int(path.name[5:])] = parts[2]
+        return found
+
+    def offer_rejoin(self, step: int, env: dict[str, str], ranks: list[int]) -> None:
+        """The next job step ``step``, for the ``ranks`` waiting in place: the environment they take (rendezvous,
+        counters) before they join its process group; written whole (a reader never sees half of it)."""
+        folder = self.path(self.REJOIN)
+        folder.mkdir(exist_ok=True)
+        tmp = folder / f".step-{step}.{os.getpid()}"
+        tmp.write_text(json.dumps({"step": step, "env": env, "ranks": ranks}))
+        os.replace(tmp, folder / f"step-{step}.json")
+
+    def rejoin_offer(self, after: int) -> dict[str, Any] | None:
+        """The newest next-step offer for a step after ``after``, or None (yet)."""
+        folder = self.path(self.REJOIN)
+        steps = [int(p.name[5:-5]) for p in folder.glob("step-*.json") if p.name[5:-5].isdigit()] \
+            if folder.is_dir() else []
+        newer = [n for n in steps if n > after]
+        if not newer:
+            return None
+        try:
+            return dict(json.loads(_read(folder / f"step-{max(newer)}.json")))
+        except ValueError:
+            return None
+
+    def note_step(self, host: str, wrapper_pid: int, step: int) -> None:
+        """A rank restarted in place is now in job step ``step``: its task's wrapper records a failure under it."""
+        folder = self.path(self.STEPS)
+        folder.mkdir(exist_ok=True)
+        (folder / f"{host}-{wrapper_pid}").write_text(str(step))
 
     def peers_lost(self, step: int | None = None) -> list[float]:
         """When the ranks of job step ``step`` (None: any) that lost a peer said so, first first."""

@@ -29,7 +29,7 @@ import functools
 import logging
 import os
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -194,6 +194,18 @@ class Accelerator(AccelerateAPI):
                                             timeout_s=self.handlers.timeout_s)
         self._session.start_for_process()
 
+    restarts_in_place = property(lambda self: self._session is not None and self.strategy == "ddp" and
+                                 self.parallelism.tensor_parallel_size == 1 and self.parallelism.parallelize_fn is None,
+                                 doc="Joined the launcher's group (srun) and data-parallel: can rejoin() a new group.")
+
+    def rejoin(self, env: Mapping[str, str]) -> None:
+        """Leave the failed process group, join the one of the next job step (``env``: its rendezvous, counters)."""
+        if self._session is not None:
+            self._session.stop(ok=False)
+        os.environ.update(env)
+        self._plan = self._home = self._device = self._session = None
+        self._join_now()
+
     @property
     def plan(self) -> ProcessPlan:
         """The process layout for this Accelerator in the current environment (computed once)."""
@@ -243,13 +255,8 @@ class Accelerator(AccelerateAPI):
     def world_size(self) -> int:
         return self._ctx().world_size
 
-    @property
-    def node_rank(self) -> int:
-        return self._ctx().node_rank
-
-    @property
-    def num_nodes(self) -> int:
-        return self._ctx().num_nodes
+    node_rank = property(lambda self: self._ctx().node_rank, doc="This process's node (0 .. num_nodes - 1).")
+    num_nodes = property(lambda self: self._ctx().num_nodes, doc="The nodes of the run.")
 
     @property
     def is_main_process(self) -> bool:

@@ -184,6 +184,8 @@ class SlurmEnvironment(ClusterEnvironment):
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> SlurmEnvironment:
         job_id = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
+        if environ.get(envvars.TASK_RANKS):
+            return cls._beside_survivors(environ, environ[envvars.TASK_RANKS], job_id)
         nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") \
             or environ.get("SLURM_NODELIST") or ""
         nodes = tuple(expand_nodelist(nodelist)) if nodelist else ()
@@ -210,6 +212,25 @@ class SlurmEnvironment(ClusterEnvironment):
             nodes=nodes,
             allocated=_int(environ, envvars.NPROCS, default=0) or None,
         )
+
+
+    @classmethod
+    def _beside_survivors(cls, environ: Mapping[str, str], listed: str, job_id: str | None) -> SlurmEnvironment:
+        """A job step that starts some ranks of a world whose other ranks restart in place (the allocation
+        driver's ``TRAINSTACK_TASK_RANKS=PER_NODE/r1,r2``): this task's global rank, its place in the block layout
+        (rank // PER_NODE is its node), the world from ``TRAINSTACK_NPROCS``."""
+        try:
+            per_text, ranks_text = listed.split("/", 1)
+            per, ranks = int(per_text), [int(r) for r in ranks_text.split(",")]
+            rank, world = ranks[_int(environ, "SLURM_PROCID")], _int(environ, envvars.NPROCS)
+        except (ValueError, IndexError):
+            raise LaunchError(f"{envvars.TASK_RANKS}={listed!r} (SLURM_PROCID={environ.get('SLURM_PROCID')!r}): "
+                              f"expected PER_NODE/RANK,RANK... with one rank per srun task, set by trainstack's "
+                              f"allocation driver, and {envvars.NPROCS} the world") from None
+        return cls(world_size=world, rank=rank, local_rank=rank % per, local_world_size=per, node_rank=rank // per,
+                   num_nodes=max(world // per, 1), master_addr=environ.get("MASTER_ADDR") or "127.0.0.1",
+                   master_port=_int(environ, "MASTER_PORT"), job_id=job_id,
+                   restart_count=_int(environ, "SLURM_RESTART_COUNT", default=0), nodes=(), allocated=world)
 
 
 def _tasks_on_node(environ: Mapping[str, str], node_rank: int, world: int, num_nodes: int) -> int:

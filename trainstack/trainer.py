@@ -19,8 +19,10 @@ Counters: ``current_epoch`` (finished epochs), ``global_step`` (optimizer steps)
 
 from __future__ import annotations
 
+import copy
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -29,7 +31,7 @@ from torch import nn
 
 from . import _jobevents as jobevents
 from ._choices import SHARDING
-from ._runtime import compiling, watchdog
+from ._runtime import compiling, inplace, watchdog
 from ._runtime.watchdog import heartbeat
 from ._train import devrun, handoff, notes, qadence, run
 from ._train.evaluate import Evaluator, default_predict
@@ -111,6 +113,23 @@ def planned_steps(config: TrainConfig, loader: Any, max_batches: int | None, wor
 def _fit_entry(trainer: Trainer, claim: Claim) -> dict[str, Any] | None:
     """Runs in every process (module-level so it pickles); ``claim`` is the launching process's run folder."""
     return trainer._fit(claim)
+
+
+def _fit_in_place(trainer: Trainer, entry: Callable[[Trainer, Claim], dict[str, Any] | None], claim: Claim
+                  ) -> dict[str, Any] | None:
+    """``entry`` (the loop on every rank); where a peer died and the driver continues this rank in place
+    (``_runtime/inplace.py``), again in the next job step's process group, from this ``fit``'s start: the restore
+    then sets the position as it would in a fresh process."""
+    start = copy.deepcopy(trainer.progress)
+    while True:
+        try:
+            return entry(trainer, claim)
+        except Exception as exc:
+            env = inplace.next_step(exc, trainer.accelerator)
+            if env is None:
+                raise
+        trainer.progress, trainer.metrics = copy.deepcopy(start), {}
+        trainer.accelerator.rejoin(env)
 
 
 def _eval_entry(trainer: Trainer, kind: str, loader: Any, predict_fn: Any = None) -> Any:
@@ -222,8 +241,8 @@ class Trainer(ProgressView):
         try:
             claim = folder.launch_claim(plan.spawn and plan.rank_offset == 0, continuing, self._identity, self.model)
             self.run_folder = claim.path or self.run_folder
-            result = self.accelerator.distribute(_fit_entry, keep_open=folder.held_fds(),  # workers keep it locked
-                                                 interruptible=True)(self, claim)
+            result = _fit_in_place(self, self.accelerator.distribute(_fit_entry, keep_open=folder.held_fds(),
+                                                                     interruptible=True), claim)  # workers: locked
         finally:
             folder.release()
         if plan.spawn and result is not None:

@@ -90,10 +90,13 @@ def _say_peer_lost(rank: int) -> bool:
     one (a local run: its launcher -- trainstack's spawn, torchrun -- picks the cause by its own means)."""
     folder = JobFiles.current()
     if folder is not None:
-        folder.peer_lost(rank, os.environ.get(envvars.NODE_NAME) or
-                         os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
-                         int(os.environ.get(envvars.STEP, "0") or 0))
+        folder.peer_lost(rank, this_host(), int(os.environ.get(envvars.STEP, "0") or 0))
     return folder is not None
+
+
+def this_host() -> str:
+    """This node's name as the job folder's records spell it (Slurm's, else the host name)."""
+    return os.environ.get(envvars.NODE_NAME) or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def leave(status: int) -> None:

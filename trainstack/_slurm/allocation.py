@@ -17,6 +17,7 @@ import datetime
 import os
 import shlex
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -26,9 +27,11 @@ from pathlib import Path
 from types import FrameType
 
 from .. import _envvars as envvars
-from .._jobfiles import EXIT_RECORD_SH
+from .._jobfiles import EXIT_RECORD_SH, JobFiles
 from . import attempt as policy
+from . import sentinel
 from .batchjob import BatchJob
+from .inplace import WAIT_FOR_SURVIVORS_S, Survivors
 from .nodecheck import check as judge_nodes
 from .nodecheck import describe as describe_check
 from .plan import Plan
@@ -38,7 +41,7 @@ __all__ = ["Allocation", "NodePool", "Finish", "Retry", "Requeue", "Stop", "main
 
 #: torchrun >= 2.9 forwards these to its workers; older ones stop on them (the stop then comes through the driver).
 TORCHRUN_SIGNALS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
-SENTINEL = "trainstack-sentinel"  # the sentinel's job step: never killed with a failed training step
+SENTINEL = sentinel.STEP_NAME
 PRESUME_LOST_S = 0.5  # ranks elsewhere lost a peer this long ago, a host's ranks silent: presumed lost (srun)
 
 
@@ -152,6 +155,8 @@ class Allocation:
         self.presumed: list[str] = []  # the failed step's hosts presumed lost before the probe's answer
         self.pending: tuple[Probe, list[str]] | None = None  # that answer, awaited beside the next step
         self.log: Path | None = None
+        self.in_place = Survivors(self.files, slurm, SENTINEL, plan.recovery.requeue and plan.launch.task_log ==
+                                   "rank" and env.get(envvars.IN_PLACE, "1") != "0")
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
@@ -163,6 +168,7 @@ class Allocation:
         except SystemExit as exc:  # a job that cannot start, or SIGTERM without a graceful stop (recorded: 143)
             status = int(exc.code) if isinstance(exc.code, int) else 1
         finally:
+            self.in_place.release()
             self.job.end(status, self.step)
         return status
 
@@ -182,6 +188,8 @@ class Allocation:
             nodes = checked
             ended = self.run_step(nodes)
             decision = self.decide(ended, nodes)
+            if not isinstance(decision, Retry):
+                self.in_place.release()
             if isinstance(decision, Finish):
                 if r.requeue:
                     retried = f" after {self.step} retries in this allocation" if self.step else ""
@@ -210,14 +218,18 @@ class Allocation:
             self.files.mark_attempt_in_logs(f"{self.job.restart}.{self.step}")
         if self.step or self.job.restart:
             self.job.event("relaunch", nodes, self.step)
-        proc = self.slurm.launch(self.argv(nodes), self.step_env(nodes), self.job.cwd)
+        proc, *procs = self._launch(nodes)
+        procs.insert(0, proc)
         grace = self.plan.recovery.teardown_grace_s
+        if self.in_place.enabled:  # the others say they wait in place at their next collective
+            grace = max(grace, WAIT_FOR_SURVIVORS_S)
+        world = len(nodes) * self.plan.procs_per_node
         detected, why = False, ""
         failed_at = kill_at = None
         self.probe, self.presumed = None, []
         while True:
             self._reconcile()
-            code = proc.poll()
+            code = proc.poll() if all(p.poll() is not None for p in procs) else None
             if code is not None:
                 if not detected and (code != 0 or self.files.has_exits(self.step)):
                     self._detected(nodes)
@@ -229,9 +241,13 @@ class Allocation:
                 self._detected(nodes)
             if failed_at is None and exited:
                 failed_at, why = now, f"the step did not end {grace:g} s after its first failure"
-            elif failed_at is None and self.probe is not None and (self.probe.found_lost() or
-                                                                    (detected and self._presume_lost(nodes))):
+            if (failed_at is None or failed_at > now - grace) and self.probe is not None and \
+                    (self.probe.found_lost() or (detected and self._presume_lost(nodes))):
                 failed_at, why = now - grace, "a host of the step is gone"
+            if failed_at is not None and kill_at is None and self.in_place.all_waiting(self.step, world):
+                self.in_place.hold(procs, self.step)  # not killed: the next step continues its waiting ranks
+                code = self.files.exits(self.step)[0].code
+                break
             if failed_at is not None and failed_at > now - grace and self._all_out(nodes):
                 failed_at, why = now - grace, "every rank of the step has left or lost a peer"
             if failed_at is not None and kill_at is None and self.plan.recovery.requeue and now - failed_at >= grace:
@@ -239,12 +255,27 @@ class Allocation:
                 self.slurm.kill_steps(keep=SENTINEL)
                 kill_at = now + self.kill_after_s  # srun itself, if Slurm's kill did not end it
             if kill_at is not None and now >= kill_at:
-                proc.kill()
+                for p in procs:
+                    p.kill()
             time.sleep(self.poll_s)
         self.job.event("step_end", nodes, self.step)
         saved, finished = self.files.stop_answers()
         self.files.clear_stop()
-        return StepEnd(self._first_failure(code if code >= 0 else 128 - code), saved, finished)
+        return StepEnd(first_failure(self.files, self.step, code if code >= 0 else 128 - code, self.job.warn),
+                       saved, finished)
+
+    def _launch(self, nodes: list[str]) -> list[subprocess.Popen[bytes]]:
+        """The step's srun, then the held sruns of ranks it continues in place (every rank's srun otherwise)."""
+        beside = self.in_place.missing(nodes, self.plan.procs_per_node)
+        if beside is None:
+            self.in_place.release()
+        env = self.step_env(nodes, beside)
+        if beside is not None:
+            self.in_place.offer(self.step, env)
+            self.job.say(f"rank(s) {', '.join(map(str, sorted(self.in_place.waiting)))} continue in place; "
+                         f"starting rank(s) {', '.join(map(str, beside[1]))} on {beside[0]}")
+        proc = self.slurm.launch(self.argv(nodes, beside), env, self.job.cwd)
+        return [proc, *(self.in_place.carried() if beside is not None else [])]
 
     def _detected(self, nodes: list[str]) -> None:
         """The step's first failure: recorded, and its hosts probed at once, while the step is torn down."""
@@ -259,17 +290,10 @@ class Allocation:
         return self.plan.launch.task_log == "rank" and len(self.files.accounted(self.step)) >= world
 
     def _presume_lost(self, nodes: list[str]) -> bool:
-        """A lost node's mark, seen before the probe can answer (1.5-5 s): ranks on other hosts lost a peer
-        ``PRESUME_LOST_S`` ago, no task recorded an exit (with srun every rank is a task whose wrapper records its
-        exit at once), and no rank of these hosts said a thing -- their tasks died with them. Acted on only where a
-        spare can take their place: the step is killed at once and the next one launched on the spare while the
-        probe still asks (a host that answers is usable again, ``_reconcile``); a shrink or a requeue waits for it."""
-        if self.plan.launch.task_log != "rank" or self.files.has_exits(self.step):
-            return False
-        signs = self.files.peer_hosts(self.step)
-        if not signs or time.time() - min(signs.values()) < PRESUME_LOST_S:
-            return False
-        silent = [h for h in nodes if h not in signs]
+        """A lost node's mark seen before the probe can answer (``presumed_lost``), where a spare can take its place:
+        the step is killed at once and the next one launched on the spare while the probe still asks (a host that
+        answers is usable again, ``_reconcile``); a shrink or a requeue waits for the probe."""
+        silent = presumed_lost(self.files, self.step, nodes) if self.plan.launch.task_log == "rank" else []
         if not silent or len([h for h in self.pool.usable() if h not in silent]) < self.plan.nodes:
             return False
         self.presumed = silent
@@ -289,33 +313,21 @@ class Allocation:
                          f"usable again, as a spare")
             self.job.event("answered", back, self.step)
 
-    def _first_failure(self, status: int) -> int:
-        """srun returns the largest status of its tasks, which after one failed is the SIGTERM (143) that
-        --kill-on-bad-exit sent the others: the step's status is the first failing task's."""
-        exits = self.files.exits(self.step)
-        if status == 0 or not exits:
-            return status
-        first = exits[0]
-        if first.code != status:
-            at = datetime.datetime.fromtimestamp(first.time).strftime("%H:%M:%S")
-            self.job.warn(f"{first.unit.replace('-', ' ', 1)} on {first.host} failed first (exit status {first.code} "
-                          f"at {at}); srun's {status} is the stop of the others")
-        return first.code
-
-    def argv(self, nodes: list[str]) -> list[str]:
-        """The step's command: srun on ``nodes`` (with --requeue: exactly these, beside a failed step's remains),
-        every task through the exit-record wrapper, then the command and the program."""
+    def argv(self, nodes: list[str], beside: tuple[str, list[int]] | None = None) -> list[str]:
+        """The step's command: srun on ``nodes`` (with --requeue: exactly these, beside a failed step's remains; or
+        only the ranks ``beside`` names, beside those waiting in place), every task through the exit-record
+        wrapper, then the command and the program."""
         launch = self.plan.launch.on(len(nodes), self.plan.procs_per_node)
         srun = list(launch.srun)
         if self.plan.recovery.requeue:
-            srun += [f"--ntasks={len(nodes) * launch.tasks_per_node}", f"--nodelist={','.join(nodes)}", "--overlap"]
+            srun = self.in_place.srun(srun, nodes, launch.tasks_per_node, beside)
         command = [*launch.command, *([TORCHRUN_SIGNALS] if launch.torchrun and self.job.torchrun_signals else [])]
         program = [*launch.program, *(self.job.task_args if "CUSTOM_COMMAND" not in launch.env else [])]
         return [*srun, "bash", "-c", EXIT_RECORD_SH, "trainstack-task", launch.task_log, *command, *program]
 
-    def step_env(self, nodes: list[str]) -> dict[str, str]:
+    def step_env(self, nodes: list[str], beside: tuple[str, list[int]] | None = None) -> dict[str, str]:
         """The step's environment: the job's, the rendezvous on the step's first node (a port of its own for every
-        step), the attempt's counters."""
+        step), the attempt's counters; restarts in place on, and the ranks of a step that starts only some."""
         port = self._port()
         job = self.slurm.job_id
         launch = self.plan.launch.on(len(nodes), self.plan.procs_per_node)
@@ -323,6 +335,11 @@ class Allocation:
                "PET_RDZV_ENDPOINT": f"{nodes[0]}:{port}",
                "PET_RDZV_ID": f"{job}.{self.step}" if self.plan.recovery.requeue else job,
                envvars.ATTEMPT: str(self.files.runs_before()), envvars.STEP: str(self.step)}
+        if self.in_place.enabled:
+            env[envvars.IN_PLACE] = "1"
+        if beside is not None:
+            env[envvars.TASK_RANKS] = f"{self.plan.procs_per_node}/{','.join(map(str, beside[1]))}"
+            env[envvars.NPROCS] = str(len(nodes) * self.plan.procs_per_node)
         if len(nodes) < self.plan.nodes:  # a shrunk step: its own process count; the trainer keeps the global batch
             env[envvars.PLANNED_WORLD] = str(self.plan.nodes * self.plan.procs_per_node)
             env[envvars.NPROCS] = str(len(nodes) * self.plan.procs_per_node)
@@ -508,24 +525,10 @@ class Allocation:
             signal.signal(signal.SIGTERM, lambda *_: self._stop("preempt", "SIGTERM"))
         else:
             signal.signal(signal.SIGTERM, _terminated)
-        self._start_sentinel()
+        if self.plan.recovery.requeue:
+            sentinel.start(self.slurm, self.files, self.pool.allocated, self.job.env, self.job.requeue_id,
+                           int(self.job.env.get("SLURM_NNODES") or self.plan.allocated_nodes), self.job.restart)
         self.job.provenance(f"{(self.pool.choose(1) or ['?'])[0]}:{self._port()}")
-
-    def _start_sentinel(self) -> None:
-        """The batch host is a node too: with --requeue on several nodes, a sentinel on another node of the
-        allocation requeues the job without this one should this driver's heartbeat stop (``sentinel.py``)."""
-        here = self.job.env.get("SLURMD_NODENAME") or (self.pool.allocated[:1] or [""])[0]
-        others = [h for h in self.pool.allocated if h != here]
-        if not self.plan.recovery.requeue or not others:
-            return
-        package = str(Path(__file__).resolve().parents[2])  # this trainstack, also where it is a shipped copy
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), package) if p)}
-        out = self.files.path("sentinel.out")  # written by the sentinel's node: this host may be gone
-        argv = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={others[0]}", f"--job-name={SENTINEL}",
-                f"--output={out}", "--open-mode=append", sys.executable, "-m", "trainstack._slurm.sentinel",
-                str(self.files.folder), here, self.job.requeue_id,
-                str(self.job.env.get("SLURM_NNODES") or self.plan.allocated_nodes), str(self.job.restart)]
-        self.slurm.launch(argv, env, output=Path(os.devnull))
 
     def _stop(self, kind: str, name: str) -> None:
         self.stop_kind = kind
@@ -534,6 +537,32 @@ class Allocation:
         self.job.say(f"{name} at {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}: asking the "
                      f"trainer to checkpoint and stop{why}")
         self.files.request_stop()
+
+
+def first_failure(files: JobFiles, step: int, status: int, warn: Callable[[str], None]) -> int:
+    """A failed step's status: its first failing task's. srun returns the largest status of its tasks, which after
+    one failed is the SIGTERM (143) that --kill-on-bad-exit sent the others (said when they differ)."""
+    exits = files.exits(step)
+    if status == 0 or not exits:
+        return status
+    first = exits[0]
+    if first.code != status:
+        at = datetime.datetime.fromtimestamp(first.time).strftime("%H:%M:%S")
+        warn(f"{first.unit.replace('-', ' ', 1)} on {first.host} failed first (exit status {first.code} at {at}); "
+             f"srun's {status} is the stop of the others")
+    return first.code
+
+
+def presumed_lost(files: JobFiles, step: int, nodes: list[str]) -> list[str]:
+    """The hosts of job step ``step`` presumed lost before the probe's answer (1.5-5 s) -- with one srun task per
+    rank, whose wrapper records its exit at once: ranks on other hosts lost a peer ``PRESUME_LOST_S`` ago, no task
+    recorded an exit, and no rank of these hosts said a thing (their tasks died with them). [] when none is."""
+    if files.has_exits(step):
+        return []
+    signs = files.peer_hosts(step)
+    if not signs or time.time() - min(signs.values()) < PRESUME_LOST_S:
+        return []
+    return [h for h in nodes if h not in signs]
 
 
 def _emit(line: str, error: bool) -> None:

@@ -12,8 +12,11 @@ the sentinel stands down. Torch-free, stdlib only.
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from .. import _jobevents as events
@@ -22,9 +25,27 @@ from . import attempt as policy
 from .slurmcmd import Slurm
 from .verdict import last_step
 
-__all__ = ["SILENT_S", "watch", "main"]
+__all__ = ["SILENT_S", "STEP_NAME", "start", "watch", "main"]
 
 SILENT_S = DRIVER_SILENT_S
+STEP_NAME = "trainstack-sentinel"  # the sentinel's job step: never killed with a failed training step
+
+
+def start(slurm: Slurm, files: JobFiles, allocated: list[str], env: Mapping[str, str], requeue_id: str, need: int,
+          restart: int) -> None:
+    """Start the sentinel on another node of the allocation than the batch host (none with a single node): it
+    requeues the job without the batch host should the driver's heartbeat stop."""
+    here = env.get("SLURMD_NODENAME") or (allocated[:1] or [""])[0]
+    others = [h for h in allocated if h != here]
+    if not others:
+        return
+    package = str(Path(__file__).resolve().parents[2])  # this trainstack, also where it is a shipped copy
+    step_env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), package) if p)}
+    out = files.path("sentinel.out")  # written by the sentinel's node: the batch host may be gone
+    argv = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={others[0]}", f"--job-name={STEP_NAME}",
+            f"--output={out}", "--open-mode=append", sys.executable, "-m", "trainstack._slurm.sentinel",
+            str(files.folder), here, requeue_id, str(need), str(restart)]
+    slurm.launch(argv, step_env, output=Path(os.devnull))
 
 
 def watch(files: JobFiles, slurm: Slurm, batch_host: str, requeue_id: str, need: int, restart: int = 0,
@@ -81,8 +102,6 @@ def _say(line: str, log: Path | None) -> None:
 
 def main(argv: list[str]) -> int:
     """``python -m trainstack._slurm.sentinel TASK_DIR BATCH_HOST REQUEUE_ID NODES RESTART``."""
-    import os
-
     folder, batch_host, requeue_id, need, restart = argv[1], argv[2], argv[3], int(argv[4]), int(argv[5])
     slurm = Slurm(os.environ.get("SLURM_JOB_ID", requeue_id.split("_")[0]))
     files = JobFiles(Path(folder))
@@ -93,6 +112,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main(sys.argv))

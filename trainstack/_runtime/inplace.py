@@ -1,0 +1,64 @@
+"""A rank whose peer died keeps its process: it waits for the allocation driver's next job step and joins that step's
+process group in place, so only the crashed ranks start afresh (their Python, torch and CUDA start-up is the
+relaunch; the survivors skip it). NVRx's in-process restart and torchft's stepping survivors are the models.
+
+On by the driver for a ``--requeue`` job with one srun task per rank (``TRAINSTACK_IN_PLACE=1``; ``0`` in the job's
+environment turns it off) where the model is data-parallel (DDP, or one process group): a rank that lost a peer says
+it waits (``peers-lost/``, marked ``waiting``), the driver decides as for any crash and, retrying on the same nodes,
+offers the next step (``rejoin/step-<n>.json``: its rendezvous and counters) before it starts only the missing ranks
+(``TRAINSTACK_TASK_RANKS``). The survivor then leaves the failed group, takes the offer's environment, joins the new
+group and runs ``fit`` again from the newest complete checkpoint, as a fresh process would -- the same restore, the
+same exactness. No offer within ``WAIT_S`` (the driver requeued, stopped or relaunches the whole step and kills it
+anyway), or one without this rank: the original error ends the process as before.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from typing import Protocol
+
+from .. import _envvars as envvars
+from .._jobfiles import JobFiles
+from . import fastexit
+
+__all__ = ["next_step", "WAIT_S", "Rejoining"]
+
+
+class Rejoining(Protocol):
+    """What of the Accelerator this needs: its rank, and whether it can join a new group (``rejoin``)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def restarts_in_place(self) -> bool: ...
+
+WAIT_S = 120.0  # the driver decides in well under a second; it kills a step it does not continue in place
+
+
+def next_step(exc: BaseException, accelerator: Rejoining) -> dict[str, str] | None:
+    """After ``exc`` ended this rank's ``fit``: the next job step's environment where this rank continues in place
+    in it (it waited for the driver's offer), else None (the error stands)."""
+    folder = JobFiles.current()
+    if folder is None or os.environ.get(envvars.IN_PLACE) != "1" or not fastexit.secondary(type(exc), exc) \
+            or not accelerator.restarts_in_place:
+        return None
+    rank, step = accelerator.rank, int(os.environ.get(envvars.STEP, "0") or 0)
+    folder.peer_lost(rank, fastexit.this_host(), step, waiting=True)
+    print(f"trainstack: rank {rank} lost a peer in job step {step} ({type(exc).__name__}): waiting in place for the "
+          f"next step", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        offer = folder.rejoin_offer(step)
+        if offer is not None:
+            if rank not in offer.get("ranks", []):
+                return None
+            folder.note_step(socket.gethostname(), os.getppid(), int(offer["step"]))
+            print(f"trainstack: rank {rank} continues in place in job step {offer['step']}", file=sys.stderr,
+                  flush=True)
+            return {str(k): str(v) for k, v in dict(offer.get("env") or {}).items()}
+        time.sleep(0.02)
+    return None

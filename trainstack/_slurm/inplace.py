@@ -1,0 +1,95 @@
+"""The driver's side of a restart in place (the trainer's: ``_runtime/inplace.py``): the ranks of a failed job step
+that wait for the next one in their processes, the sruns that still hold them, and the launch of only the missing
+ranks beside them. Torch-free.
+
+A failed step whose every rank either recorded its exit or waits in place is not killed: its srun is kept
+(``hold``), the retry policy decides as for any crash, and a retry on the same nodes starts a step of only the
+missing ranks, all on one host (a crashed rank; ``TRAINSTACK_TASK_RANKS`` gives each task its global rank), after
+the offer the waiting ranks take (``JobFiles.offer_rejoin``). Anything else -- another node list (a spare, a shrink),
+missing ranks on several hosts, a requeue or a stop -- kills the held ranks first (``release``) and relaunches the
+whole step as before.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping
+
+from .. import _envvars as envvars
+from .._jobfiles import JobFiles
+from .slurmcmd import Slurm
+
+__all__ = ["Survivors"]
+
+#: After a step's first failure, how long the driver waits for every other rank to say it waits in place (a rank
+#: notices a lost peer within a second; a slow one is killed and relaunched with the rest after this).
+WAIT_FOR_SURVIVORS_S = 5.0
+#: What the waiting ranks take from the next step's environment: its rendezvous and counters.
+OFFERED = ("MASTER_ADDR", "MASTER_PORT", envvars.ATTEMPT, envvars.STEP)
+
+
+class Survivors:
+    """The ranks of the last failed step waiting in place (rank -> host) and the srun processes that hold them."""
+
+    def __init__(self, files: JobFiles, slurm: Slurm, keep_steps: str, enabled: bool) -> None:
+        self.files, self.slurm, self.keep_steps, self.enabled = files, slurm, keep_steps, enabled
+        self.waiting: dict[int, str] = {}
+        self.held: list[subprocess.Popen[bytes]] = []
+
+    def all_waiting(self, step: int, world: int) -> bool:
+        """Has every rank of job step ``step`` either recorded its exit or said it waits in place (some do)?"""
+        if not self.enabled:
+            return False
+        waiting = self.files.waiting(step)
+        exited = {x.rank for x in self.files.exits(step) if x.rank is not None}
+        return bool(waiting) and set(range(world)) <= set(waiting) | exited
+
+    def hold(self, procs: list[subprocess.Popen[bytes]], step: int) -> None:
+        """Keep the failed step's sruns (its waiting ranks) for the next step."""
+        self.held += procs
+        self.waiting = self.files.waiting(step)
+
+    def missing(self, nodes: list[str], per_node: int) -> tuple[str, list[int]] | None:
+        """The host and ranks the next step on ``nodes`` starts beside the waiting ones -- None when it cannot
+        continue them in place: a waiting rank not at its place in ``nodes`` (rank r runs on nodes[r // per_node]),
+        or missing ranks on more than one host."""
+        if not self.waiting:
+            return None
+        world = len(nodes) * per_node
+        if any(r >= world or nodes[r // per_node] != host for r, host in self.waiting.items()):
+            return None
+        ranks = [r for r in range(world) if r not in self.waiting]
+        hosts = {nodes[r // per_node] for r in ranks}
+        return (hosts.pop(), ranks) if len(hosts) == 1 else None
+
+    def srun(self, words: list[str], nodes: list[str], tasks_per_node: int,
+             beside: tuple[str, list[int]] | None) -> list[str]:
+        """The step's srun words (with --requeue): a failed task leaves the others running (they may wait in
+        place; the driver ends the step), on exactly ``nodes`` -- or only the ranks ``beside`` names, on their host."""
+        if self.enabled:
+            words = [w.replace("--kill-on-bad-exit=1", "--kill-on-bad-exit=0") for w in words
+                     if not w.startswith("--wait=")] + ["--wait=0"]
+        if beside is None:
+            return [*words, f"--ntasks={len(nodes) * tasks_per_node}", f"--nodelist={','.join(nodes)}", "--overlap"]
+        host, ranks = beside
+        words = ["--nodes=1" if w.startswith("--nodes=") else f"--ntasks-per-node={len(ranks)}"
+                 if w.startswith("--ntasks-per-node=") else w for w in words]
+        return [*words, f"--ntasks={len(ranks)}", f"--nodelist={host}", "--overlap"]
+
+    def offer(self, step: int, env: Mapping[str, str]) -> None:
+        """Tell the waiting ranks to join job step ``step`` (its rendezvous and counters from ``env``)."""
+        self.files.offer_rejoin(step, {k: env[k] for k in OFFERED if k in env}, sorted(self.waiting))
+
+    def release(self) -> None:
+        """Kill the held ranks (the next step relaunches every rank, or none follows) and forget them."""
+        if self.held:
+            self.slurm.kill_steps(keep=self.keep_steps)
+            for proc in self.held:
+                proc.kill()
+                proc.wait()
+        self.held, self.waiting = [], {}
+
+    def carried(self) -> list[subprocess.Popen[bytes]]:
+        """The held sruns, now part of the step that continues their ranks (forgotten here: the step owns them)."""
+        held, self.held, self.waiting = self.held, [], {}
+        return held
