@@ -194,17 +194,20 @@ class Accelerator(AccelerateAPI):
                                             timeout_s=self.handlers.timeout_s)
         self._session.start_for_process()
 
-    restarts_in_place = property(lambda self: self._session is not None and self.strategy == "ddp" and
-                                 self.parallelism.tensor_parallel_size == 1 and self.parallelism.parallelize_fn is None,
-                                 doc="Joined the launcher's group (srun) and data-parallel: can rejoin() a new group.")
+    restarts_in_place = property(lambda self: self.strategy == "ddp" and self.parallelism.tensor_parallel_size == 1
+                                 and self.parallelism.parallelize_fn is None and not self.plan.spawn and
+                                 self.plan.environment.name == "slurm", doc="srun started it, data-parallel: rejoin()")
 
     def rejoin(self, env: Mapping[str, str]) -> None:
-        """Leave the failed process group, join the one of the next job step (``env``: its rendezvous, counters)."""
-        if self._session is not None:
-            self._session.stop(ok=False)
+        """Leave the failed process group and take the next job step's rendezvous and counters (``env``): joined
+        again at once where this Accelerator joined at construction, else by the next distributed call."""
+        joined, self._session = self._session, None
+        if joined is not None:
+            joined.stop(ok=False)
         os.environ.update(env)
-        self._plan = self._home = self._device = self._session = None
-        self._join_now()
+        self._plan = self._home = self._device = None
+        if joined is not None:
+            self._join_now()
 
     @property
     def plan(self) -> ProcessPlan:
@@ -262,9 +265,7 @@ class Accelerator(AccelerateAPI):
     def is_main_process(self) -> bool:
         return self.rank == 0
 
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.local_rank == 0
+    is_local_main_process = property(lambda self: self.local_rank == 0, doc="The first process of its node.")
 
     @property
     def device(self) -> torch.device:

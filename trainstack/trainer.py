@@ -125,9 +125,13 @@ def _fit_in_place(trainer: Trainer, entry: Callable[[Trainer, Claim], dict[str, 
         try:
             return entry(trainer, claim)
         except Exception as exc:
-            env = inplace.next_step(exc, trainer.accelerator)
-            if env is None:
+            if not inplace.may_wait(exc, trainer.accelerator):
                 raise
+            error = inplace.detach(exc)
+        trainer._run = None  # the failed run goes: its process group's connections close with it
+        env = inplace.next_step(error, trainer.accelerator)
+        if env is None:
+            raise error
         trainer.progress, trainer.metrics = copy.deepcopy(start), {}
         trainer.accelerator.rejoin(env)
 

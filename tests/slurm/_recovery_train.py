@@ -50,6 +50,7 @@ def slow(trainer, config, writer):
 
 
 def leave_pid(trainer, config, writer):
+    SEEN.clear()  # a rank restarted in place keeps its process: the samples of its interrupted step are not a step's
     host = os.environ.get("SLURMD_NODENAME", socket.gethostname())
     pids = OUT / "pids"
     pids.mkdir(exist_ok=True)

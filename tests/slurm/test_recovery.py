@@ -170,6 +170,31 @@ def test_a_killed_rank_resumes_in_the_allocation_bitwise(cluster, tmp_root):
     assert rec["where"] == "in allocation" and rec["resumed_at"] % 5 == 0 and 0 <= rec["steps_lost"] <= 5 + 5, rec
 
 
+def test_a_killed_rank_restarts_alone_and_the_others_continue_in_place_bitwise(cluster, tmp_root):
+    """srun, rank 1 SIGKILLed: ranks 0, 2, 3 keep their processes (the same pids train the rest), join job step 1's
+    process group and restore from the last checkpoint; only rank 1 starts afresh, on node1. Restarts=0, the final
+    parameters bitwise equal to the uninterrupted run's, the recovery's phases recorded as any retry's."""
+    ref = reference(tmp_root)
+    out = tmp_root / "in-place"
+    out.mkdir(mode=0o777)
+    job = submit_spec(spec(out, "srun", spare=0))
+    wait_until(lambda: reached(out) >= 22 and len(list((out / "pids").glob("*"))) == 4, 120, "step 22")
+    before = {p.name: p.read_text().split()[0] for p in (out / "pids").glob("*")}
+    killed = kill_rank(out, "node1", 1)
+    assert wait_for(job, timeout=240) == 0, job.log_path.read_text()
+    log = job.log_path.read_text()
+    assert "rank(s) 0, 2, 3 continue in place; starting rank(s) 1 on node1" in log, log
+    after = {p.name: p.read_text().split() for p in (out / "pids").glob("*")}
+    assert {name: pid for name, (pid, step) in after.items()} == {**before, "node1-1": after["node1-1"][0]} and \
+        after["node1-1"][0] != before["node1-1"], (before, after)
+    assert all(step == "1" for _, step in after.values()), after  # every rank trained on in job step 1
+    assert job_field(cluster, job.job_id, "Restarts") in ("0", None)
+    print(f"in place: crash -> first resumed step {first_step_after(job, killed) - killed:.1f} s")
+    assert same_parameters(out / "final.pt", ref)
+    (rec,) = json.loads(ts(cluster, "why", "--json", job.job_id))["recoveries"]
+    assert rec["where"] == "in allocation" and rec["resumed_at"] % 5 == 0 and 0 <= rec["steps_lost"] <= 10, rec
+
+
 def memory_folders(job_id: str) -> list[Path]:
     return list(Path("/dev/shm").glob(f"trainstack-*/job-{job_id}-*"))
 

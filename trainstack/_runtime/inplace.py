@@ -14,17 +14,19 @@ anyway), or one without this rank: the original error ends the process as before
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import sys
 import time
+import traceback
 from typing import Protocol
 
 from .. import _envvars as envvars
 from .._jobfiles import JobFiles
 from . import fastexit
 
-__all__ = ["next_step", "WAIT_S", "Rejoining"]
+__all__ = ["may_wait", "detach", "next_step", "WAIT_S", "Rejoining"]
 
 
 class Rejoining(Protocol):
@@ -39,13 +41,34 @@ class Rejoining(Protocol):
 WAIT_S = 120.0  # the driver decides in well under a second; it kills a step it does not continue in place
 
 
+def may_wait(exc: BaseException, accelerator: Rejoining) -> bool:
+    """Can this rank wait in place after ``exc`` ended its ``fit``: a lost peer, in a job whose driver restarts in
+    place, with a model that can join a new group?"""
+    return JobFiles.current() is not None and os.environ.get(envvars.IN_PLACE) == "1" and \
+        fastexit.secondary(type(exc), exc) and accelerator.restarts_in_place
+
+
+def detach(exc: BaseException) -> BaseException:
+    """``exc`` with its traceback printed (the rank log says why this rank lost a peer) and then dropped, with those
+    of its causes: their frames hold the failed run -- its wrapped model, whose process group keeps the connections
+    to the other ranks open, and a rank blocked on this one would wait for the collective timeout."""
+    traceback.print_exception(exc, file=sys.stderr)
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return exc
+
+
 def next_step(exc: BaseException, accelerator: Rejoining) -> dict[str, str] | None:
-    """After ``exc`` ended this rank's ``fit``: the next job step's environment where this rank continues in place
-    in it (it waited for the driver's offer), else None (the error stands)."""
+    """After ``exc`` (``detach``-ed) ended this rank's ``fit``, and the failed run was let go: the failed group's
+    last references collected (its connections close: a rank blocked on this one fails too), then the next job
+    step's environment where the driver continues this rank in place (it waits for the offer), else None."""
+    gc.collect()
     folder = JobFiles.current()
-    if folder is None or os.environ.get(envvars.IN_PLACE) != "1" or not fastexit.secondary(type(exc), exc) \
-            or not accelerator.restarts_in_place:
-        return None
+    assert folder is not None
     rank, step = accelerator.rank, int(os.environ.get(envvars.STEP, "0") or 0)
     folder.peer_lost(rank, fastexit.this_host(), step, waiting=True)
     print(f"trainstack: rank {rank} lost a peer in job step {step} ({type(exc).__name__}): waiting in place for the "
