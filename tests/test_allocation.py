@@ -674,3 +674,21 @@ def test_a_host_that_does_not_answer_while_its_peers_do_is_not_waited_for_to_the
     assert 1.0 <= time.monotonic() - started < 2.0
     slow_peer = procs(node1=["sleep", "0.2"], node2=["sleep", "1.0"])  # a slow but live host within the window
     assert wait_answers(slow_peer, timeout=5, settle_s=ANSWER_SETTLE_S) == {"node1": True, "node2": True}
+
+
+def test_the_task_wrapper_records_a_failure_under_its_ranks_global_rank_and_current_step(tmp_path):
+    """A step that starts only some ranks names each task's global rank (TRAINSTACK_TASK_RANKS): the exit record
+    and the rank log are that rank's. A rank restarted in place says which job step it is in now (steps/): its
+    wrapper, started by an earlier step, records a later failure under that step."""
+    from trainstack._jobfiles import EXIT_RECORD_SH
+
+    note = ("import os, socket; from trainstack._jobfiles import JobFiles; "
+            "JobFiles.current().note_step(socket.gethostname(), os.getppid(), 4); print('hello'); raise SystemExit(3)")
+    env = {**os.environ, "TRAINSTACK_JOB_DIR": str(tmp_path), "SLURM_PROCID": "0", "TRAINSTACK_STEP": "2",
+           "TRAINSTACK_TASK_RANKS": "2/3", "SLURMD_NODENAME": "node2"}
+    out = subprocess.run(["bash", "-c", EXIT_RECORD_SH, "trainstack-task", "rank", sys.executable, "-c", note],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3, out
+    (record,) = JobFiles(tmp_path).exits()
+    assert (record.rank, record.code, record.host, record.step) == (3, 3, "node2", 4), record
+    assert (tmp_path / "rank-3.out").read_text() == "hello\n"

@@ -130,3 +130,17 @@ def test_the_job_scripts_process_count_wins_over_the_programs_nprocs(caplog):
             "TRAINSTACK_NPROCS": "4"}
     plan = plan_processes(detect_environment(srun), 2)  # the demo's default under --launcher srun
     assert (plan.world_size, plan.spawn, plan.rank_offset) == (4, False, 3)
+
+
+def test_a_step_beside_ranks_restarted_in_place_takes_each_tasks_rank_from_the_driver():
+    """TRAINSTACK_TASK_RANKS=PER_NODE/RANKS (the allocation driver's, for a step that starts only the crashed ranks):
+    srun's task 1 of 2 is global rank 3 of 4, second on node 1; the world is TRAINSTACK_NPROCS, not the step's."""
+    env = detect_environment({"SLURM_STEP_ID": "1", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1",
+                              "SLURM_JOB_ID": "7", "MASTER_ADDR": "node1", "MASTER_PORT": "20001",
+                              "TRAINSTACK_NPROCS": "4", "TRAINSTACK_TASK_RANKS": "2/2,3"})
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank, env.num_nodes) == \
+        (3, 4, 1, 2, 1, 2)
+    assert (env.master_addr, env.master_port, env.allocated) == ("node1", 20001, 4)
+    with pytest.raises(LaunchError, match=r"TRAINSTACK_TASK_RANKS='2/3'.*SLURM_PROCID='1'.*PER_NODE/RANK"):
+        detect_environment({"SLURM_STEP_ID": "1", "SLURM_PROCID": "1", "SLURM_NTASKS": "2",
+                            "TRAINSTACK_NPROCS": "4", "TRAINSTACK_TASK_RANKS": "2/3", "MASTER_PORT": "1"})
