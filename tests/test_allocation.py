@@ -493,10 +493,10 @@ def test_the_launch_and_the_plan_it_comes_from(tmp_path):
     assert argv[8:10] == ["bash", "-c"] and argv[11:] == ["trainstack-task", "rank", "python3", "-u", "train.py"]
     # restarts in place (the default with srun): a failed task leaves the others running, the driver ends the step
     alloc = Allocation(p, FakeSlurm(["a", "b", "c"], []), {"SLURM_JOB_ID": "100"})
-    assert alloc.argv(["a", "c"])[:8] == ["srun", "--kill-on-bad-exit=0", "--nodes=2", "--ntasks-per-node=2",
-                                          "--wait=0", "--ntasks=4", "--nodelist=a,c", "--overlap"]
-    assert alloc.argv(["a", "c"], ("c", [2, 3]))[:8] == [
-        "srun", "--kill-on-bad-exit=0", "--nodes=1", "--ntasks-per-node=2", "--wait=0", "--ntasks=2",
+    assert alloc.argv(["a", "c"])[:9] == ["srun", "--kill-on-bad-exit=0", "--nodes=2", "--ntasks-per-node=2",
+                                          "--wait=0", "--no-kill", "--ntasks=4", "--nodelist=a,c", "--overlap"]
+    assert alloc.argv(["a", "c"], ("c", [2, 3]))[:9] == [
+        "srun", "--kill-on-bad-exit=0", "--nodes=1", "--ntasks-per-node=2", "--wait=0", "--no-kill", "--ntasks=2",
         "--nodelist=c", "--overlap"]
     assert alloc.step_env(["a", "c"], ("c", [2, 3]))["TRAINSTACK_TASK_RANKS"] == "2/2,3"
     first = alloc.step_env(["a", "c"])
@@ -521,7 +521,8 @@ def test_a_crashed_rank_restarts_alone_beside_the_ranks_waiting_in_place(tmp_pat
     assert "--ntasks=1" in slurm.launched[1] and ("kill_steps",) not in slurm.calls, slurm.calls
     offer = alloc.files.rejoin_offer(0)
     assert offer is not None and offer["step"] == 1 and offer["ranks"] == [0, 2, 3], offer
-    assert set(offer["env"]) == {"MASTER_ADDR", "MASTER_PORT", "TRAINSTACK_ATTEMPT", "TRAINSTACK_STEP"}, offer
+    assert set(offer["env"]) == {"MASTER_ADDR", "MASTER_PORT", "TRAINSTACK_ATTEMPT", "TRAINSTACK_STEP",
+                                 "TRAINSTACK_NPROCS"} and offer["per_node"] == 2, offer
     assert offer["env"]["TRAINSTACK_STEP"] == "1" and offer["env"]["MASTER_ADDR"] == "node1", offer
     assert "rank(s) 0, 2, 3 continue in place; starting rank(s) 1 on node1" in job.said, job.said
     (row,) = rows(alloc)

@@ -241,13 +241,14 @@ class JobFiles:
                 found[int(path.name[5:])] = parts[2]
         return found
 
-    def offer_rejoin(self, step: int, env: dict[str, str], ranks: list[int]) -> None:
-        """The next job step ``step``, for the ``ranks`` waiting in place: the environment they take (rendezvous,
-        counters) before they join its process group; written whole (a reader never sees half of it)."""
+    def offer_rejoin(self, step: int, env: dict[str, str], ranks: list[int], per_node: int) -> None:
+        """The next job step ``step``, for the ``ranks`` waiting in place (each keeps its rank; ``per_node`` ranks
+        per node): the environment they take (rendezvous, counters, sizes) before they join its process group;
+        written whole (a reader never sees half of it)."""
         folder = self.path(self.REJOIN)
         folder.mkdir(exist_ok=True)
         tmp = folder / f".step-{step}.{os.getpid()}"
-        tmp.write_text(json.dumps({"step": step, "env": env, "ranks": ranks}))
+        tmp.write_text(json.dumps({"step": step, "env": env, "ranks": ranks, "per_node": per_node}))
         os.replace(tmp, folder / f"step-{step}.json")
 
     def rejoin_offer(self, after: int) -> dict[str, Any] | None:

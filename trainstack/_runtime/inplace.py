@@ -82,6 +82,15 @@ def next_step(exc: BaseException, accelerator: Rejoining) -> dict[str, str] | No
             folder.note_step(socket.gethostname(), os.getppid(), int(offer["step"]))
             print(f"trainstack: rank {rank} continues in place in job step {offer['step']}", file=sys.stderr,
                   flush=True)
-            return {str(k): str(v) for k, v in dict(offer.get("env") or {}).items()}
+            return {**{str(k): str(v) for k, v in dict(offer.get("env") or {}).items()},
+                    envvars.TASK_RANKS: keep_rank(rank, int(offer.get("per_node") or 1))}
         time.sleep(0.02)
     return None
+
+
+def keep_rank(rank: int, per_node: int) -> str:
+    """``TRAINSTACK_TASK_RANKS`` for this process as a rank of the next step: its srun task (``SLURM_PROCID``, of the
+    step that started it) is global rank ``rank`` of the next step's world (``TRAINSTACK_NPROCS``, also a smaller
+    one after a shrink)."""
+    task = int(os.environ.get("SLURM_PROCID", "0"))
+    return f"{per_node}/{','.join(str(rank) if i == task else '-1' for i in range(task + 1))}"

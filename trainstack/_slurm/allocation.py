@@ -34,6 +34,7 @@ from .batchjob import BatchJob
 from .inplace import WAIT_FOR_SURVIVORS_S, Survivors
 from .nodecheck import check as judge_nodes
 from .nodecheck import describe as describe_check
+from .nodecheck import measure as measure_nodes
 from .plan import Plan
 from .slurmcmd import Slurm
 
@@ -42,6 +43,7 @@ __all__ = ["Allocation", "NodePool", "Finish", "Retry", "Requeue", "Stop", "main
 #: torchrun >= 2.9 forwards these to its workers; older ones stop on them (the stop then comes through the driver).
 TORCHRUN_SIGNALS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
 SENTINEL = sentinel.STEP_NAME
+GONE = "a host of the step is gone"
 PRESUME_LOST_S = 0.5  # ranks elsewhere lost a peer this long ago, a host's ranks silent: presumed lost (srun)
 
 
@@ -88,6 +90,10 @@ class Probe:
     def answers(self) -> dict[str, bool]:
         self._thread.join()
         return dict(self._answers)
+
+    def gone(self) -> set[str]:
+        """The hosts that did not answer, once the probe has ended (none before)."""
+        return {h for h, ok in self._answers.items() if not ok} if self.done() else set()
 
     def found_lost(self) -> bool:
         """Has the probe ended with a host that did not answer? (Without waiting for it.)"""
@@ -218,8 +224,7 @@ class Allocation:
             self.files.mark_attempt_in_logs(f"{self.job.restart}.{self.step}")
         if self.step or self.job.restart:
             self.job.event("relaunch", nodes, self.step)
-        proc, *procs = self._launch(nodes)
-        procs.insert(0, proc)
+        new, procs = self._launch(nodes)
         grace = self.plan.recovery.teardown_grace_s
         if self.in_place.enabled:  # the others say they wait in place at their next collective
             grace = max(grace, WAIT_FOR_SURVIVORS_S)
@@ -229,7 +234,7 @@ class Allocation:
         self.probe, self.presumed = None, []
         while True:
             self._reconcile()
-            code = proc.poll() if all(p.poll() is not None for p in procs) else None
+            code = (new.returncode if new is not None else 0) if all(p.poll() is not None for p in procs) else None
             if code is not None:
                 if not detected and (code != 0 or self.files.has_exits(self.step)):
                     self._detected(nodes)
@@ -241,14 +246,15 @@ class Allocation:
                 self._detected(nodes)
             if failed_at is None and exited:
                 failed_at, why = now, f"the step did not end {grace:g} s after its first failure"
-            if (failed_at is None or failed_at > now - grace) and self.probe is not None and \
-                    (self.probe.found_lost() or (detected and self._presume_lost(nodes))):
-                failed_at, why = now - grace, "a host of the step is gone"
-            if failed_at is not None and kill_at is None and self.in_place.all_waiting(self.step, world):
+            if (failed_at is None or failed_at > now - grace) and why != GONE and self.probe is not None and \
+                    (self.probe.found_lost() or (detected and self._presume_lost(nodes))):  # the others may wait
+                failed_at, why = (failed_at or now) if self.in_place.enabled else now - grace, GONE
+            gone = self._gone_ranks(nodes) if why == GONE else set()
+            if failed_at is not None and kill_at is None and self.in_place.all_waiting(self.step, world, gone):
                 self.in_place.hold(procs, self.step)  # not killed: the next step continues its waiting ranks
-                code = self.files.exits(self.step)[0].code
+                code = next((x.code for x in self.files.exits(self.step)), 137)  # (a lost node's: killed)
                 break
-            if failed_at is not None and failed_at > now - grace and self._all_out(nodes):
+            if failed_at is not None and failed_at > now - grace and self._all_out(nodes, gone):
                 failed_at, why = now - grace, "every rank of the step has left or lost a peer"
             if failed_at is not None and kill_at is None and self.plan.recovery.requeue and now - failed_at >= grace:
                 self.job.warn(f"{why}: killing its tasks")
@@ -264,18 +270,24 @@ class Allocation:
         return StepEnd(first_failure(self.files, self.step, code if code >= 0 else 128 - code, self.job.warn),
                        saved, finished)
 
-    def _launch(self, nodes: list[str]) -> list[subprocess.Popen[bytes]]:
-        """The step's srun, then the held sruns of ranks it continues in place (every rank's srun otherwise)."""
+    def _launch(self, nodes: list[str]) -> tuple[subprocess.Popen[bytes] | None, list[subprocess.Popen[bytes]]]:
+        """The step's new srun (None: a shrink continues every rank in place) and all its sruns (held ones too)."""
         beside = self.in_place.missing(nodes, self.plan.procs_per_node)
+        env = self.step_env(nodes, beside)
         if beside is None:
             self.in_place.release()
-        env = self.step_env(nodes, beside)
-        if beside is not None:
-            self.in_place.offer(self.step, env)
-            self.job.say(f"rank(s) {', '.join(map(str, sorted(self.in_place.waiting)))} continue in place; "
-                         f"starting rank(s) {', '.join(map(str, beside[1]))} on {beside[0]}")
-        proc = self.slurm.launch(self.argv(nodes, beside), env, self.job.cwd)
-        return [proc, *(self.in_place.carried() if beside is not None else [])]
+            proc = self.slurm.launch(self.argv(nodes), env, self.job.cwd)
+            return proc, [proc]
+        self.in_place.offer(self.step, env, self.plan.procs_per_node)
+        started = f"; starting rank(s) {', '.join(map(str, beside[1]))} on {beside[0]}" if beside[1] else ""
+        self.job.say(f"rank(s) {', '.join(map(str, sorted(self.in_place.waiting)))} continue in place{started}")
+        started_now = self.slurm.launch(self.argv(nodes, beside), env, self.job.cwd) if beside[1] else None
+        return started_now, [*([started_now] if started_now is not None else []), *self.in_place.carried()]
+
+    def _gone_ranks(self, nodes: list[str]) -> set[int]:
+        """The ranks of the step on hosts presumed lost or found gone by the probe (so far)."""
+        per, hosts = self.plan.procs_per_node, set(self.presumed) | (self.probe.gone() if self.probe else set())
+        return {r for r in range(len(nodes) * per) if nodes[r // per] in hosts}
 
     def _detected(self, nodes: list[str]) -> None:
         """The step's first failure: recorded, and its hosts probed at once, while the step is torn down."""
@@ -283,11 +295,11 @@ class Allocation:
         if self.plan.recovery.requeue:
             self.probe = Probe(self.slurm, nodes)
 
-    def _all_out(self, nodes: list[str]) -> bool:
-        """Every rank of the step (one srun task each) recorded its exit or said it lost a peer (it sleeps until
-        killed): the grace has nothing left to wait for."""
+    def _all_out(self, nodes: list[str], gone: set[int]) -> bool:
+        """Every rank of the step (one srun task each) recorded its exit, said it lost a peer (it sleeps until
+        killed) or went with its host (``gone``): the grace has nothing left to wait for."""
         world = len(nodes) * self.plan.procs_per_node
-        return self.plan.launch.task_log == "rank" and len(self.files.accounted(self.step)) >= world
+        return self.plan.launch.task_log == "rank" and len(self.files.accounted(self.step) | gone) >= world
 
     def _presume_lost(self, nodes: list[str]) -> bool:
         """A lost node's mark seen before the probe can answer (``presumed_lost``), where a spare can take its place:
@@ -358,15 +370,9 @@ class Allocation:
         """Measure every node of ``nodes`` (one task each, within the budget), judge them here: {host: why named}."""
         check = self.plan.node_check
         assert check is not None
-        started = time.time()
-        out = self.files.node_check_dir
-        import shutil
-
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir(parents=True, exist_ok=True)
-        argv = [*check.command, "--out", str(out), "--port", str(self._port() + 1), "--budget", str(check.budget_s)]
-        env = self.step_env(nodes)  # the ring meets at the step's first node (MASTER_ADDR), on the port after its own
-        self.slurm.on_nodes(nodes, argv, timeout=check.budget_s, output=out / "srun.out", env=env)
+        started = time.time()  # the ring meets at the step's first node (MASTER_ADDR), on the port after its own
+        measure_nodes(self.slurm, self.files.node_check_dir, nodes, check.command, check.budget_s, self._port() + 1,
+                      self.step_env(nodes))
         record = judge_nodes(self.files, nodes, started, self.plan.gpus_per_node, dict(check.thresholds),
                              self.job.restart, self.step)
         self.job.say(describe_check(record))

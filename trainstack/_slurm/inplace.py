@@ -25,7 +25,7 @@ __all__ = ["Survivors"]
 #: notices a lost peer within a second; a slow one is killed and relaunched with the rest after this).
 WAIT_FOR_SURVIVORS_S = 5.0
 #: What the waiting ranks take from the next step's environment: its rendezvous and counters.
-OFFERED = ("MASTER_ADDR", "MASTER_PORT", envvars.ATTEMPT, envvars.STEP)
+OFFERED = ("MASTER_ADDR", "MASTER_PORT", envvars.ATTEMPT, envvars.STEP, envvars.NPROCS, envvars.PLANNED_WORLD)
 
 
 class Survivors:
@@ -36,13 +36,14 @@ class Survivors:
         self.waiting: dict[int, str] = {}
         self.held: list[subprocess.Popen[bytes]] = []
 
-    def all_waiting(self, step: int, world: int) -> bool:
-        """Has every rank of job step ``step`` either recorded its exit or said it waits in place (some do)?"""
+    def all_waiting(self, step: int, world: int, gone: set[int]) -> bool:
+        """Has every rank of job step ``step`` either recorded its exit, gone with its host (``gone``) or said it
+        waits in place (some do)?"""
         if not self.enabled:
             return False
         waiting = self.files.waiting(step)
         exited = {x.rank for x in self.files.exits(step) if x.rank is not None}
-        return bool(waiting) and set(range(world)) <= set(waiting) | exited
+        return bool(waiting) and set(range(world)) <= set(waiting) | exited | gone
 
     def hold(self, procs: list[subprocess.Popen[bytes]], step: int) -> None:
         """Keep the failed step's sruns (its waiting ranks) for the next step."""
@@ -50,9 +51,9 @@ class Survivors:
         self.waiting = self.files.waiting(step)
 
     def missing(self, nodes: list[str], per_node: int) -> tuple[str, list[int]] | None:
-        """The host and ranks the next step on ``nodes`` starts beside the waiting ones -- None when it cannot
-        continue them in place: a waiting rank not at its place in ``nodes`` (rank r runs on nodes[r // per_node]),
-        or missing ranks on more than one host."""
+        """The host and ranks the next step on ``nodes`` starts beside the waiting ones (none: ``("", [])``, a shrink
+        to the waiting ranks' nodes) -- None when it cannot continue them in place: a waiting rank not at its place
+        in ``nodes`` (rank r runs on nodes[r // per_node]), or missing ranks on more than one host."""
         if not self.waiting:
             return None
         world = len(nodes) * per_node
@@ -60,15 +61,15 @@ class Survivors:
             return None
         ranks = [r for r in range(world) if r not in self.waiting]
         hosts = {nodes[r // per_node] for r in ranks}
-        return (hosts.pop(), ranks) if len(hosts) == 1 else None
+        return (hosts.pop() if hosts else "", ranks) if len(hosts) <= 1 else None
 
     def srun(self, words: list[str], nodes: list[str], tasks_per_node: int,
              beside: tuple[str, list[int]] | None) -> list[str]:
         """The step's srun words (with --requeue): a failed task leaves the others running (they may wait in
         place; the driver ends the step), on exactly ``nodes`` -- or only the ranks ``beside`` names, on their host."""
-        if self.enabled:
+        if self.enabled:  # --no-kill: Slurm's verdict on a lost node (SlurmdTimeout later) ends no survivor
             words = [w.replace("--kill-on-bad-exit=1", "--kill-on-bad-exit=0") for w in words
-                     if not w.startswith("--wait=")] + ["--wait=0"]
+                     if not w.startswith("--wait=")] + ["--wait=0", "--no-kill"]
         if beside is None:
             return [*words, f"--ntasks={len(nodes) * tasks_per_node}", f"--nodelist={','.join(nodes)}", "--overlap"]
         host, ranks = beside
@@ -76,9 +77,10 @@ class Survivors:
                  if w.startswith("--ntasks-per-node=") else w for w in words]
         return [*words, f"--ntasks={len(ranks)}", f"--nodelist={host}", "--overlap"]
 
-    def offer(self, step: int, env: Mapping[str, str]) -> None:
-        """Tell the waiting ranks to join job step ``step`` (its rendezvous and counters from ``env``)."""
-        self.files.offer_rejoin(step, {k: env[k] for k in OFFERED if k in env}, sorted(self.waiting))
+    def offer(self, step: int, env: Mapping[str, str], per_node: int) -> None:
+        """Tell the waiting ranks to join job step ``step`` (its rendezvous, counters and sizes from ``env``; each
+        keeps its rank, in the block layout of ``per_node`` ranks per node)."""
+        self.files.offer_rejoin(step, {k: env[k] for k in OFFERED if k in env}, sorted(self.waiting), per_node)
 
     def release(self) -> None:
         """Kill the held ranks (the next step relaunches every rank, or none follows) and forget them."""

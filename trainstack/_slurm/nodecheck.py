@@ -13,12 +13,15 @@ healthy one, and never fails on one. ``check`` appends the check to ``node-check
 from __future__ import annotations
 
 import math
+import shutil
 import statistics
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .._jobfiles import JobFiles
+from .slurmcmd import Slurm
 
 __all__ = ["THRESHOLDS", "judge", "read_checks", "describe", "check", "check_threshold"]
 
@@ -152,6 +155,16 @@ def describe(check: dict[str, Any]) -> str:
 def read_checks(folder: Path) -> list[dict[str, Any]]:
     """Every node check of a job folder, oldest first."""
     return JobFiles(folder).node_checks()
+
+
+def measure(slurm: Slurm, out: Path, nodes: list[str], command: list[str], budget_s: int, port: int,
+            env: Mapping[str, str]) -> None:
+    """Run the check's command on every node of ``nodes`` (one task each, beside a running step, killed after
+    ``budget_s``), its figures into ``out`` (emptied first), its ring on ``port`` of the first node."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    argv = [*command, "--out", str(out), "--port", str(port), "--budget", str(budget_s)]
+    slurm.on_nodes(nodes, argv, timeout=budget_s, output=out / "srun.out", env=env)
 
 
 def check(files: JobFiles, hosts: list[str], started: float, gpus: int, limits: dict[str, float | None],
