@@ -133,6 +133,7 @@ def _fit_in_place(trainer: Trainer, entry: Callable[[Trainer, Claim], dict[str, 
         if env is None:
             raise error
         trainer.progress, trainer.metrics = copy.deepcopy(start), {}
+        trainer.model.zero_grad(set_to_none=True)  # as in a fresh process: the failed step's gradients would add up
         trainer.accelerator.rejoin(env)
 
 
