@@ -529,6 +529,29 @@ def test_a_crashed_rank_restarts_alone_beside_the_ranks_waiting_in_place(tmp_pat
     assert row["kind"] == "killed (signal 9)" and row["retried"], row
 
 
+@pytest.mark.parametrize("case", ["spare", "shrink"])
+def test_a_lost_nodes_survivors_continue_in_place_on_a_spare_or_alone(tmp_path, job, case):
+    """node2 lost whole (its ranks say nothing, the probe finds it gone); ranks 0, 1 on node1 wait in place. With a
+    spare, step 1 starts only ranks 2, 3, on node3; without one (--min-nodes 1) no step starts at all: the waiting
+    ranks continue as ranks 0, 1 of a world of 2, told the planned world of 4."""
+    waiting = [{"rank": r, "host": "node1", "waiting": True, "delay": 0.1} for r in (0, 1)]
+    hosts = ["node1", "node2", "node3"] if case == "spare" else ["node1", "node2"]
+    slurm = FakeSlurm(hosts, [{"peer_lost": waiting, "continue_in_place": 0.3}, {"duration": 0.2}], lost=("node2",))
+    status, alloc = job(plan(tmp_path, spare=1) if case == "spare" else plan(tmp_path, min_nodes=1), slurm)
+    assert status == 0, job.said
+    offer = alloc.files.rejoin_offer(0)
+    assert offer is not None and offer["ranks"] == [0, 1] and ("kill_steps",) not in slurm.calls, (offer, slurm.calls)
+    if case == "spare":
+        assert [nodelist(a) for a in slurm.launched] == [",".join(hosts[:2]), "node3"], slurm.launched
+        assert "--ntasks=2" in slurm.launched[1] and offer["env"]["TRAINSTACK_NPROCS"] == "4", offer
+        assert "rank(s) 0, 1 continue in place; starting rank(s) 2, 3 on node3" in job.said, job.said
+    else:
+        assert len(slurm.launched) == 1 and "rank(s) 0, 1 continue in place" in job.said, job.said
+        assert offer["env"]["TRAINSTACK_NPROCS"] == "2" and offer["env"]["TRAINSTACK_PLANNED_WORLD"] == "4", offer
+    (row,) = rows(alloc)
+    assert row["kind"] == "node failure" and row["blamed"] == "node2", row
+
+
 @pytest.mark.parametrize("case", ["requeue", "other nodes", "off"])
 def test_ranks_waiting_in_place_are_killed_where_the_next_step_cannot_continue_them(tmp_path, job, case):
     """No retry (a Python error is not retried: the job ends), a retry on other nodes (node2 blamed, the spare

@@ -4,12 +4,14 @@ relaunch; the survivors skip it). NVRx's in-process restart and torchft's steppi
 
 On by the driver for a ``--requeue`` job with one srun task per rank (``TRAINSTACK_IN_PLACE=1``; ``0`` in the job's
 environment turns it off) where the model is data-parallel (DDP, or one process group): a rank that lost a peer says
-it waits (``peers-lost/``, marked ``waiting``), the driver decides as for any crash and, retrying on the same nodes,
-offers the next step (``rejoin/step-<n>.json``: its rendezvous and counters) before it starts only the missing ranks
-(``TRAINSTACK_TASK_RANKS``). The survivor then leaves the failed group, takes the offer's environment, joins the new
-group and runs ``fit`` again from the newest complete checkpoint, as a fresh process would -- the same restore, the
-same exactness. No offer within ``WAIT_S`` (the driver requeued, stopped or relaunches the whole step and kills it
-anyway), or one without this rank: the original error ends the process as before.
+it waits (``peers-lost/``, marked ``waiting``), the driver decides as for any crash and, where the next step keeps
+this rank at its place (the same nodes, a spare for a lost one, a shrink to the survivors), offers that step
+(``rejoin/step-<n>.json``: its rendezvous, counters and sizes) before it starts only the missing ranks
+(``TRAINSTACK_TASK_RANKS``). The survivor then leaves the failed group, takes the offer's environment (keeping its
+rank), clears its gradients, joins the new group and runs ``fit`` again from the newest complete checkpoint, as a
+fresh process would -- the same restore, the same exactness. No offer within ``WAIT_S`` (the driver requeued,
+stopped or relaunches the whole step and kills it anyway), or one without this rank: the original error ends the
+process as before.
 """
 
 from __future__ import annotations

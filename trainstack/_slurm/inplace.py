@@ -2,12 +2,14 @@
 that wait for the next one in their processes, the sruns that still hold them, and the launch of only the missing
 ranks beside them. Torch-free.
 
-A failed step whose every rank either recorded its exit or waits in place is not killed: its srun is kept
-(``hold``), the retry policy decides as for any crash, and a retry on the same nodes starts a step of only the
-missing ranks, all on one host (a crashed rank; ``TRAINSTACK_TASK_RANKS`` gives each task its global rank), after
-the offer the waiting ranks take (``JobFiles.offer_rejoin``). Anything else -- another node list (a spare, a shrink),
-missing ranks on several hosts, a requeue or a stop -- kills the held ranks first (``release``) and relaunches the
-whole step as before.
+A failed step whose every rank recorded its exit, went with its lost host or waits in place is not killed: its
+srun is kept (``hold``; it runs with ``--no-kill``, so Slurm's verdict on a lost node ends only that node's tasks),
+the retry policy decides as for any crash, and a next step that keeps every waiting rank at its place starts only
+the missing ranks, all on one host (a crashed rank on its node, a lost node's ranks on the spare;
+``TRAINSTACK_TASK_RANKS`` gives each task its global rank) -- or nothing, for a shrink to the survivors' nodes --
+after the offer the waiting ranks take (``JobFiles.offer_rejoin``). Anything else -- a waiting rank whose place
+would move, missing ranks on several hosts, a requeue or a stop -- kills the held ranks first (``release``) and
+relaunches the whole step as before.
 """
 
 from __future__ import annotations
