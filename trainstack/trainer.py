@@ -128,7 +128,7 @@ def _fit_in_place(trainer: Trainer, entry: Callable[[Trainer, Claim], dict[str, 
             if not inplace.may_wait(exc, trainer.accelerator):
                 raise
             error = inplace.detach(exc)
-        trainer._run = None  # the failed run goes: its process group's connections close with it
+        trainer._let_go()
         env = inplace.next_step(error, trainer.accelerator)
         if env is None:
             raise error
@@ -305,10 +305,11 @@ class Trainer(ProgressView):
         """This rank's ``fit()`` under way (its step, schedule, checkpointer, reports); None outside one."""
         return self._active()
 
-    @property
-    def unwrapped_model(self) -> nn.Module:
-        """The user's module (the DDP wrapper used for training is internal)."""
-        return self.model
+    unwrapped_model = property(lambda self: self.model, doc="The user's module (the DDP wrapper is internal).")
+
+    def _let_go(self) -> None:
+        """The failed run goes, with its wrapped model: its process group's connections close (restart in place)."""
+        self._run = None
 
     @property
     def tracker(self) -> Tracker:
