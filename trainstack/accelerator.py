@@ -195,8 +195,8 @@ class Accelerator(AccelerateAPI):
         self._session.start_for_process()
 
     restarts_in_place = property(lambda self: self.strategy == "ddp" and self.parallelism.tensor_parallel_size == 1
-                                 and self.parallelism.parallelize_fn is None and not self.plan.spawn and
-                                 self.plan.environment.name == "slurm", doc="srun started it, data-parallel: rejoin()")
+                                 and self.parallelism.parallelize_fn is None and not self.plan.spawn and self.backend
+                                 == "gloo" and self.plan.environment.name == "slurm", doc="srun, DDP, gloo: rejoin()")
 
     def rejoin(self, env: Mapping[str, str]) -> None:
         """Leave the failed process group and take the next job step's rendezvous and counters (``env``): joined

@@ -3,7 +3,8 @@ process group in place, so only the crashed ranks start afresh (their Python, to
 relaunch; the survivors skip it). NVRx's in-process restart and torchft's stepping survivors are the models.
 
 On by the driver for a ``--requeue`` job with one srun task per rank (``TRAINSTACK_IN_PLACE=1``; ``0`` in the job's
-environment turns it off) where the model is data-parallel (DDP, or one process group): a rank that lost a peer says
+environment turns it off) where the model is data-parallel (DDP, or one process group) on gloo (an NCCL survivor's
+communicator may still hang on the lost peer: unchecked on a GPU, relaunched as before): a rank that lost a peer says
 it waits (``peers-lost/``, marked ``waiting``), the driver decides as for any crash and, where the next step keeps
 this rank at its place (the same nodes, a spare for a lost one, a shrink to the survivors), offers that step
 (``rejoin/step-<n>.json``: its rendezvous, counters and sizes) before it starts only the missing ranks

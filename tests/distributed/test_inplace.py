@@ -1,0 +1,89 @@
+"""A restart in place without Slurm: the test sets what srun and the allocation driver would (a Slurm step's
+variables per rank, the job folder, ``TRAINSTACK_IN_PLACE=1``) and plays the driver -- it waits for the surviving
+rank to say it waits, writes the next step's offer and starts only the killed rank, as a step of one task
+(``TRAINSTACK_TASK_RANKS``). The survivor's process trains on and ends the run with parameters bitwise equal to an
+uninterrupted run's; with gradient accumulation too (its failed step's gradients must not add up). The real-Slurm
+path: tests/slurm/test_recovery.py; the driver's decisions: tests/test_allocation.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import _free_port
+
+from trainstack._jobfiles import JobFiles
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
+PROGRAM = str(Path(__file__).with_name("_inplace_train.py"))
+
+
+def _task(out: Path, job: Path, rank_of_task: int, tasks: int, port: int, step: int, **extra: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TRAINSTACK_", "MASTER_"))}
+    env.update({"SLURM_JOB_ID": "77", "SLURM_STEP_ID": str(step), "SLURM_PROCID": str(rank_of_task),
+                "SLURM_NTASKS": str(tasks), "SLURM_LOCALID": str(rank_of_task), "SLURM_NODEID": "0",
+                "SLURM_NNODES": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                "TRAINSTACK_JOB_DIR": str(job), "TRAINSTACK_IN_PLACE": "1", "TRAINSTACK_STEP": str(step),
+                "TRAINSTACK_ATTEMPT": str(step), "TRAINSTACK_NPROCS": "2", "INPLACE_OUT": str(out), **extra})
+    with open(out / f"task-{step}-{rank_of_task}.log", "w") as log:  # a file, not a pipe nobody reads meanwhile
+        return subprocess.Popen([sys.executable, PROGRAM], env=env, start_new_session=True, stdout=log,
+                                stderr=subprocess.STDOUT)
+
+
+def _run(out: Path, fault: bool, **extra: str) -> tuple[dict[str, torch.Tensor], str]:
+    out.mkdir()
+    job = out / "job"
+    job.mkdir()
+    port = _free_port()
+    procs = [_task(out, job, r, 2, port, 0, **extra) for r in range(2)]
+    return _finish(out, job, procs, fault, extra)
+
+
+def _finish(out: Path, job: Path, procs: list[subprocess.Popen], fault: bool, extra: dict[str, str]):
+    try:
+        if fault:
+            procs[1].wait(timeout=120)
+            assert procs[1].returncode == -9, _said(out)
+            files, deadline = JobFiles(job), time.monotonic() + 60
+            while 0 not in files.waiting(0):
+                assert time.monotonic() < deadline and procs[0].poll() is None, "rank 0 did not wait in place"
+                time.sleep(0.05)
+            port = _free_port()
+            files.offer_rejoin(1, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TRAINSTACK_STEP": "1",
+                                   "TRAINSTACK_ATTEMPT": "1", "TRAINSTACK_NPROCS": "2"}, [0], 2)
+            procs[1] = _task(out, job, 0, 1, port, 1, TRAINSTACK_TASK_RANKS="2/1", **extra)
+        for proc in procs:
+            proc.wait(timeout=120)
+            assert proc.returncode == 0, _said(out)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+    return torch.load(out / "final.pt", weights_only=True), _said(out)
+
+
+def _said(out: Path) -> str:
+    return "".join(f"--- {p.name}\n{p.read_text()}" for p in sorted(out.glob("task-*.log")))
+
+
+def test_a_survivor_continues_in_its_process_and_ends_bitwise_like_an_unfaulted_run(tmp_path):
+    reference, _ = _run(tmp_path / "reference", fault=False)
+    state, said = _run(tmp_path / "faulted", fault=True, KILL_RANK="1", KILL_STEP="10")
+    assert "rank 0 lost a peer in job step 0" in said and "rank 0 continues in place in job step 1" in said, said
+    pids = (tmp_path / "faulted" / "pid-0").read_text().split()
+    assert pids[0] == pids[2] and (pids[1], pids[3]) == ("0", "1"), pids  # one process, in job steps 0 and 1
+    assert "Resumed from" in said and "step 8" in said, said
+    assert state.keys() == reference.keys() and all(torch.equal(state[k], reference[k]) for k in state)
+
+
+def test_a_survivor_with_gradient_accumulation_adds_none_of_its_failed_steps_gradients(tmp_path):
+    reference, _ = _run(tmp_path / "reference", fault=False, ACCUMULATE="2")
+    state, said = _run(tmp_path / "faulted", fault=True, ACCUMULATE="2", KILL_RANK="1", KILL_STEP="5")
+    assert "rank 0 continues in place in job step 1" in said, said
+    assert all(torch.equal(state[k], reference[k]) for k in state)
