@@ -7,9 +7,8 @@ import os
 import signal
 from pathlib import Path
 
+import _toy
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from trainstack import Callback, TrainConfig, Trainer
 
@@ -27,21 +26,12 @@ def leave_pid(trainer, config, writer):
         f.write(f"{os.getpid()} {os.environ.get('TRAINSTACK_STEP')}\n")
 
 
-def save_final(trainer, config, writer):
-    if trainer.accelerator.rank == 0:
-        torch.save(trainer.model.state_dict(), OUT / "final.pt")
-
-
 if __name__ == "__main__":
-    g = torch.Generator().manual_seed(0)
-    data = DataLoader(TensorDataset(torch.randn(96, 4, generator=g), torch.randn(96, 1, generator=g)), batch_size=4,
-                      shuffle=True)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Dropout(0.1), nn.Linear(16, 1))
+    model = _toy.model(16)
     cfg = TrainConfig(max_iter=2, seed=3, checkpoint_every_n_steps=4, resume="auto", verbose=False,
                       root_folder=OUT / "runs", backend="gloo", compute_setup="cpu",
                       gradient_accumulation_steps=int(os.environ.get("ACCUMULATE", "1")),
                       callbacks=[Callback(on="optimizer_step", callback=fault),
                                  Callback(on="train_start", callback=leave_pid),
-                                 Callback(on="train_end", callback=save_final)])
-    Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), cfg).fit(data)
+                                 Callback(on="train_end", callback=_toy.final_saver(OUT))])
+    Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), cfg).fit(_toy.data())

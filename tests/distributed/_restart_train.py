@@ -6,9 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+import _toy
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from trainstack import Callback, TrainConfig, Trainer
 
@@ -28,19 +27,10 @@ def mark_start(trainer, config, writer):
         (OUT / "resumed_at").write_text(f"{time.time()} {trainer.global_step}")
 
 
-def save_final(trainer, config, writer):
-    if trainer.accelerator.rank == 0:
-        torch.save(trainer.model.state_dict(), OUT / "final.pt")
-
-
 if __name__ == "__main__":
-    g = torch.Generator().manual_seed(0)
-    data = DataLoader(TensorDataset(torch.randn(96, 4, generator=g), torch.randn(96, 1, generator=g)), batch_size=4,
-                      shuffle=True)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Dropout(0.1), nn.Linear(32, 1))
+    model = _toy.model()
     cfg = TrainConfig(max_iter=6, seed=1, checkpoint_every=1, resume="auto", verbose=False, log_folder=OUT / "run",
                       callbacks=[Callback(on="train_batch_end", callback=maybe_kill),
                                  Callback(on="train_start", callback=mark_start),
-                                 Callback(on="train_end", callback=save_final)])
-    Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), cfg).fit(data)
+                                 Callback(on="train_end", callback=_toy.final_saver(OUT))])
+    Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), cfg).fit(_toy.data())
