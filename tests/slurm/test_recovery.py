@@ -144,6 +144,7 @@ def tmp_root(tmp_path_factory):
     return root
 
 
+@ci_leaves_out("a crash in the allocation: the in-place test under srun; torchrun's launch words: test_allocation.py")
 def test_a_killed_rank_resumes_in_the_allocation_bitwise(cluster, tmp_root):
     """SIGKILL of rank 1 mid-epoch under torchrun: a new step of the same allocation (Restarts=0) with a rendezvous
     of its own, resumed from the last checkpoint, the final parameters bitwise equal to the uninterrupted run's;

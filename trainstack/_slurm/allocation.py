@@ -31,7 +31,7 @@ from .._jobfiles import EXIT_RECORD_SH, JobFiles
 from . import attempt as policy
 from . import sentinel
 from .batchjob import BatchJob
-from .inplace import WAIT_FOR_SURVIVORS_S, Survivors
+from .inplace import Survivors
 from .nodecheck import check as judge_nodes
 from .nodecheck import describe as describe_check
 from .nodecheck import measure as measure_nodes
@@ -225,9 +225,7 @@ class Allocation:
         if self.step or self.job.restart:
             self.job.event("relaunch", nodes, self.step)
         new, procs = self._launch(nodes)
-        grace = self.plan.recovery.teardown_grace_s
-        if self.in_place.enabled:  # the others say they wait in place at their next collective
-            grace = max(grace, WAIT_FOR_SURVIVORS_S)
+        grace = base = self.plan.recovery.teardown_grace_s
         world = len(nodes) * self.plan.procs_per_node
         detected, why = False, ""
         failed_at = kill_at = None
@@ -239,13 +237,13 @@ class Allocation:
                 if not detected and (code != 0 or self.files.has_exits(self.step)):
                     self._detected(nodes)
                 break
-            now = time.monotonic()
+            now, grace = time.monotonic(), self.in_place.grace(self.step, base) if failed_at is not None else base
             exited = self.files.has_exits(self.step)
             if not detected and (exited or bool(self.files.peers_lost(self.step))):
                 detected = True  # a rank that lost a peer says so before it leaves (fastexit): a lost node's sign
                 self._detected(nodes)
             if failed_at is None and exited:
-                failed_at, why = now, f"the step did not end {grace:g} s after its first failure"
+                failed_at, why = now, "the step did not end {:g} s after its first failure"
             if (failed_at is None or failed_at > now - grace) and why != GONE and self.probe is not None and \
                     (self.probe.found_lost() or (detected and self._presume_lost(nodes))):  # the others may wait
                 failed_at, why = (failed_at or now) if self.in_place.enabled else now - grace, GONE
@@ -257,7 +255,7 @@ class Allocation:
             if failed_at is not None and failed_at > now - grace and self._all_out(nodes, gone):
                 failed_at, why = now - grace, "every rank of the step has left or lost a peer"
             if failed_at is not None and kill_at is None and self.plan.recovery.requeue and now - failed_at >= grace:
-                self.job.warn(f"{why}: killing its tasks")
+                self.job.warn(f"{why.format(grace)}: killing its tasks")
                 self.slurm.kill_steps(keep=SENTINEL)
                 kill_at = now + self.kill_after_s  # srun itself, if Slurm's kill did not end it
             if kill_at is not None and now >= kill_at:

@@ -23,9 +23,10 @@ from .slurmcmd import Slurm
 
 __all__ = ["Survivors"]
 
-#: After a step's first failure, how long the driver waits for every other rank to say it waits in place (a rank
-#: notices a lost peer within a second; a slow one is killed and relaunched with the rest after this).
-WAIT_FOR_SURVIVORS_S = 5.0
+#: After a step's first failure, how long the driver waits for a first rank to say it waits in place (a rank
+#: notices a lost peer at its next collective), then, once one has, for all of them; a rank that stays silent is
+#: killed and relaunched with the rest (a program that is not the Trainer's, a rank stuck elsewhere).
+FIRST_SIGN_S, ALL_WAITING_S = 2.0, 5.0
 #: What the waiting ranks take from the next step's environment: its rendezvous and counters.
 OFFERED = ("MASTER_ADDR", "MASTER_PORT", envvars.ATTEMPT, envvars.STEP, envvars.NPROCS, envvars.PLANNED_WORLD)
 
@@ -46,6 +47,13 @@ class Survivors:
         waiting = self.files.waiting(step)
         exited = {x.rank for x in self.files.exits(step) if x.rank is not None}
         return bool(waiting) and set(range(world)) <= set(waiting) | exited | gone
+
+    def grace(self, step: int, base: float) -> float:
+        """How long failed job step ``step`` may take to end before it is killed: ``base``, and with restarts in
+        place ``FIRST_SIGN_S`` for a rank to say it waits, ``ALL_WAITING_S`` once one has."""
+        if not self.enabled:
+            return base
+        return max(base, ALL_WAITING_S if self.files.waiting(step) else FIRST_SIGN_S)
 
     def hold(self, procs: list[subprocess.Popen[bytes]], step: int) -> None:
         """Keep the failed step's sruns (its waiting ranks) for the next step."""
