@@ -148,6 +148,10 @@ class Plan:
                       f"at least {r.min_step_s} s left; {spare} a lost or named node",
                       f"a failed step's tasks are killed {r.teardown_grace_s:g} s after its first failure; its "
                       f"hosts are probed, one that does not answer is lost",
+                      *(["with one task per rank, the ranks that lose a peer restart in place (the Trainer, DDP on "
+                         "gloo): the failed step is kept and the next one starts only the missing ranks "
+                         "(TRAINSTACK_IN_PLACE=0 in the job's environment relaunches every rank)"]
+                        if self.launch.task_log == "rank" else []),
                       *([f"with no spare left, the run continues on the surviving nodes (at least {r.min_nodes} of "
                          f"{self.nodes}) at the exact sample, the global batch kept by gradient accumulation"]
                         if r.min_nodes else []),
