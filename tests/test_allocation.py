@@ -719,3 +719,7 @@ def test_the_task_wrapper_records_a_failure_under_its_ranks_global_rank_and_curr
     (record,) = JobFiles(tmp_path).exits()
     assert (record.rank, record.code, record.host, record.step) == (3, 3, "node2", 4), record
     assert (tmp_path / "rank-3.out").read_text() == "hello\n"
+    files = JobFiles(tmp_path)  # an offer never outlives its step: a requeued job's step 0 would take a stale one
+    files.offer_rejoin(1, {"MASTER_PORT": "1"}, [0], 2)
+    files.clear_step()
+    assert files.rejoin_offer(0) is None

@@ -193,11 +193,13 @@ class JobFiles:
 
     # ------------------------------------------------------------------ one job step's failures
     def clear_step(self) -> None:
-        """Before a job step: no exit record or lost node of the one before."""
+        """Before a job step: no exit record, lost node or next-step offer of the one before (this step's offer is
+        written after)."""
         import shutil
 
         shutil.rmtree(self.path(self.EXITS), ignore_errors=True)
         shutil.rmtree(self.path(self.PEERS_LOST), ignore_errors=True)
+        shutil.rmtree(self.path(self.REJOIN), ignore_errors=True)  # a requeued job counts its steps from 0 again
         self.path(self.LOST).unlink(missing_ok=True)
 
     def exits(self, step: int | None = None) -> list[Exit]:
