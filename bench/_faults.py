@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -41,10 +42,9 @@ def kill_rank(out: Path, host: str, index: int) -> float:
 
 def kill_node(out: Path, host: str, conf: Path) -> float:
     """A node lost: every process of the step on ``host`` (its ranks, their launcher and task wrapper, the
-    slurmstepd) and the node's slurmd, SIGKILL. The time of the kill."""
-    victims = {pid for rank in rank_pids(out, host) for pid in _up_to_stepd(rank)}
+    slurmstepd, and whatever they started) and the node's slurmd, SIGKILL. The time of the kill."""
     slurmd = int((conf.parent / f"slurmd-{host}.pid").read_text().strip())
-    return _lose([slurmd, *victims])
+    return _lose(lambda: {slurmd, *_descendants(_step_daemons(out, host))})
 
 
 def restore_nodes(env: dict[str, str], nodes: tuple[str, ...] = ("node1", "node2", "node3"),
@@ -90,25 +90,44 @@ def _descendants(roots: list[int]) -> list[int]:
 def kill_batch_host(out: Path, job_id: str, host: str, conf: Path) -> float:
     """The batch host lost: the job's batch step (its slurmstepd, the driver and everything it started -- the srun
     clients of every step) and everything of the job on ``host``, and the node's slurmd, SIGKILL. The time."""
-    batch = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/cmdline")
-             if _cmdline(p).startswith(f"slurmstepd: [{job_id}.batch]")]
-    victims = set(_descendants(batch)) | {pid for rank in rank_pids(out, host) for pid in _up_to_stepd(rank)}
     slurmd = int((conf.parent / f"slurmd-{host}.pid").read_text().strip())
-    return _lose([slurmd, *sorted(victims)])
+
+    def victims() -> set[int]:
+        batch = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/cmdline")
+                 if _cmdline(p).startswith(f"slurmstepd: [{job_id}.batch]")]
+        return {slurmd, *_descendants(batch + _step_daemons(out, host))}
+
+    return _lose(victims)
 
 
-def _lose(pids: list[int]) -> float:
-    """Everything in ``pids`` gone at once, as on a node that lost power: all stopped first, then all killed. One
-    by one, a process could see another die and act in between -- srun's shepherd child cancels its job step when
-    the srun above it dies (it did so to the sentinel's step on a loaded CI box). The time of the fault."""
-    when = time.time()
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+def _step_daemons(out: Path, host: str) -> list[int]:
+    """The slurmstepd of each training process on ``host``."""
+    return sorted({_up_to_stepd(rank)[-1] for rank in rank_pids(out, host)})
+
+
+def _lose(find: Callable[[], set[int]]) -> float:
+    """Everything ``find`` names gone at once, as on a node that lost power: all stopped first -- again until no
+    new process appears (one forked while the set was read would live on) -- then all killed. One by one, a
+    process could see another die and act in between: srun's shepherd child cancels its job step when the srun
+    above it dies (it did so to the sentinel's step on a loaded CI box). The time of the fault."""
+    when, stopped = time.time(), set()
+    for _ in range(50):
+        new = find() - stopped
+        if not new:
+            break
+        for pid in sorted(new):
+            _signal(pid, signal.SIGSTOP)
+        stopped |= new
+    for pid in sorted(stopped):
+        _signal(pid, signal.SIGKILL)
     return when
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _cmdline(path: Path) -> str:

@@ -19,7 +19,7 @@ GROUPS_RUN=(slurm clusters rest bench alone)
 group() {  # NAME MARKERS [PYTEST ARGS...]: its log, and "status seconds" in build/ci-NAME.status
   local name=$1 marks=$2 started=$SECONDS code
   shift 2
-  "$PY" -m pytest -m "$marks" "${args[@]}" "$@" >"build/ci-$name.log" 2>&1
+  "$PY" -m pytest -m "$marks" "${args[@]}" --junitxml="build/ci-$name.xml" "$@" >"build/ci-$name.log" 2>&1
   code=$?
   echo "$code $((SECONDS - started))" >"build/ci-$name.status"
 }

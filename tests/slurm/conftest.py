@@ -82,6 +82,10 @@ def pytest_runtest_makereport(item, call):
             said = [line for line in controller.read_text(errors="replace").splitlines() if f"JobId={job_id} " in
                     line or line.endswith(f"JobId={job_id}") or "not responding" in line]
             text.append(f"--- slurmctld on job {job_id} (last 30 lines)\n" + "\n".join(said[-30:]))
+        for daemon in sorted(controller.parent.glob("slurmd-*.log")):  # each step's fate on each node
+            with contextlib.suppress(OSError):
+                said = [line for line in daemon.read_text(errors="replace").splitlines() if f"{job_id}." in line]
+                text.append(f"--- {daemon.name} on job {job_id} (last 15 lines)\n" + "\n".join(said[-15:]))
     report.sections.append(("slurm state and job logs", "\n".join(text)))
 
 

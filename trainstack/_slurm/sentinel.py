@@ -107,7 +107,13 @@ def main(argv: list[str]) -> int:
     files = JobFiles(Path(folder))
     files.record_event("sentinel_start", host=os.environ.get("SLURMD_NODENAME", ""), watching=batch_host,
                        attempt=restart)
-    watch(files, slurm, batch_host, requeue_id, need, restart, log=slurm.log_path())
+    try:
+        watch(files, slurm, batch_host, requeue_id, need, restart, log=slurm.log_path())
+    except Exception as exc:  # its own output goes to an srun that may be gone: the job's log and events say it
+        files.record_event("sentinel_failed", error=f"{type(exc).__name__}: {exc}", attempt=restart)
+        _say(f"the sentinel failed ({type(exc).__name__}: {exc}); a lost batch host is no longer requeued "
+             f"by it", slurm.log_path())
+        raise
     return 0
 
 
