@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # CI's tests: everything `make test` and `make test-slow` run, plus the benchmarks' smoke runs, in about the time of
 # the longer of two lanes run at once -- the real-Slurm tests (one at a time: they kill, pin and time the local
-# cluster's nodes), then the tests that start clusters of their own, beside everything else (unit, gloo, the slow
-# non-Slurm tests, then bench-smoke) -- and then the
-# tests marked `alone` (they measure time or contention) with the machine to themselves. Each group's output goes
-# to build/ci-<group>.log and is printed whole at the end, then a table of the groups' times.
+# cluster's nodes), then the tests that start clusters of their own, then bench-smoke, beside everything else (unit,
+# gloo, the slow non-Slurm tests) -- and then the tests marked `alone` (they measure time or contention) with the
+# machine to themselves. Each group's output goes to build/ci-<group>.log (its times to build/ci-<group>.xml) and
+# is printed whole at the end, then a table of the groups' times. On CI's 2 cores a permutation of a path another
+# test confirms is left to `make test` (tests/helpers.py: ci_leaves_out).
 #
 #   scripts/test-ci.sh [PYTEST ARGS...]     # make test-ci
 #   TRAINSTACK_CI_SLURM_GATE=FILE           # touched when no test uses the local Slurm any more (the image test's
@@ -26,13 +27,14 @@ group() {  # NAME MARKERS [PYTEST ARGS...]: its log, and "status seconds" in bui
 
 start=$SECONDS
 rm -f build/ci-*.status
-(  # the Slurm tests one at a time, then the tests that start clusters of their own (they need no quiet machine)
+(  # the Slurm tests one at a time, then the tests that start clusters of their own (they need no quiet machine),
+   # then the benchmarks' smoke runs (this lane is the shorter one)
   group slurm "slurm and not bench and not alone"
   group clusters "own_clusters and not slurm and not bench and not alone"
+  group bench "bench" tests/test_bench.py
 ) &
 slurm_pid=$!
 group rest "not slurm and not own_clusters and not bench and not alone"
-group bench "bench" tests/test_bench.py
 wait "$slurm_pid"
 group alone "alone and not bench"
 if [[ -n ${TRAINSTACK_CI_SLURM_GATE:-} ]]; then touch "$TRAINSTACK_CI_SLURM_GATE"; fi
@@ -47,6 +49,6 @@ for name in "${GROUPS_RUN[@]}"; do
   [[ $ok == ok ]] || status=1
   table+=("$(printf '%-6s %5d s  %s' "$name" "$seconds" "$ok")")
 done
-echo "=== test groups (total $((SECONDS - start)) s; slurm then clusters ran beside rest then bench; alone last)"
+echo "=== test groups (total $((SECONDS - start)) s; slurm, clusters then bench ran beside rest; alone last)"
 printf '%s\n' "${table[@]}"
 exit "$status"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import moto_s3, torchrun_exe
+from helpers import ci_leaves_out, moto_s3, torchrun_exe
 
 pytest.importorskip("s3fs")
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
@@ -66,6 +66,7 @@ def test_a_save_killed_mid_upload_keeps_the_previous_and_another_machine_resumes
     assert _committed(store) == ["ckpt-e00000-s000000012.pt"]  # keep_last_checkpoints=1, in the store too
 
 
+@ci_leaves_out("resharding: tests/distributed/test_parallel.py; the store: the other tests here")
 def test_sharded_fsdp_checkpoints_on_s3_resume_at_another_world_size(run_py, tmp_path, bucket):
     """FSDP2 on 2 processes, sharded (DCP) checkpoints written asynchronously and committed to s3://; killed while
     uploading step 8's; one process on an empty run folder resumes from step 4's shards in the store; the CLI
@@ -171,6 +172,7 @@ def test_a_marker_listing_objects_the_prefix_does_not_hold_is_refused(tmp_path, 
         Store(url).download("../../etc", tmp_path)
 
 
+@ci_leaves_out("the fallback: tests/test_dcp.py; the store: the other tests here")
 def test_a_damaged_newest_checkpoint_in_the_store_is_passed_over_for_the_one_before(run_py, tmp_path, bucket):
     """The newest committed checkpoint's object does not match its marker (damaged in the store): a run on an
     empty run folder says so, downloads the one before, leaves no temp file and ends equal to the unbroken run."""

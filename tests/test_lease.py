@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, ci_leaves_out
 
 from trainstack import _lease
 from trainstack.errors import ConfigError
@@ -162,6 +162,7 @@ def test_the_portability_contract_names_what_changed():
     assert _lease.portability(None, same) == "first attempt of this run"
 
 
+@ci_leaves_out("two clusters on one run: test_two_clusters_running_one_run_end_with_one_lineage")
 def test_a_checkpoint_staged_in_a_clusters_scratch_is_taken_instead_of_downloaded(bucket, tmp_path):
     """trainstack checkpoint stage puts the newest committed checkpoint in a scratch folder while the job waits; the
     job takes it from there when it matches its marker, and downloads it when it does not."""

@@ -10,7 +10,7 @@ import re
 from collections import Counter
 
 import pytest
-from helpers import ROOT, python_exe, torchrun_exe
+from helpers import ROOT, ci_leaves_out, python_exe, torchrun_exe
 
 pytestmark = [pytest.mark.distributed]
 SCRIPT = ROOT / "tests" / "distributed" / "_accelerate_checks.py"
@@ -27,7 +27,10 @@ def _names() -> list[str]:
     return re.findall(r"^@check\ndef (\w+)", SCRIPT.read_text(), re.M)
 
 
-@pytest.mark.parametrize("launch", ["torchrun", "notebook_launcher"])
+TORCHRUN = ci_leaves_out("torchrun's workers: tests/distributed/test_launcher.py")
+
+
+@pytest.mark.parametrize("launch", [pytest.param("torchrun", marks=TORCHRUN), "notebook_launcher"])
 def test_accelerate_behaviours_on_two_processes(run_py, tmp_path, launch):
     command = ([torchrun_exe(), "--standalone", "--nproc_per_node", "2", str(SCRIPT)] if launch == "torchrun"
                else [python_exe(), str(SCRIPT), "--spawn"])

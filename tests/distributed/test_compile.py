@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import ci_leaves_out
 from torch import nn
 
 from trainstack import TrainConfig
@@ -40,11 +41,13 @@ def _plain_model() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
 
 
+@ci_leaves_out("a compiled run's plain keys: test_compiled_ddp_trains_like_eager")
 def test_a_user_compiled_model_is_unwrapped_to_plain_keys(tmp_path):
     result, text, took = _run(tmp_path / "user", "user", epochs=1)
     assert result["keys"] == ["0.bias", "0.weight"] and took is not None, text[-2000:]
 
 
+@ci_leaves_out("the compile window: tests/test_watchdog.py; a cold compile: test_compiled_ddp_trains_like_eager")
 def test_a_slow_compile_on_one_rank_trips_neither_the_watchdog_nor_a_collective(tmp_path):
     """Rank 1 compiles for 8 s; hang_timeout is 2 s (6 s for a first step) and the collective timeout 4 s: the
     compile window covers both. With the window shorter than the compile the same run fails -- the test can fail."""
@@ -84,6 +87,7 @@ def test_compiled_ddp_trains_like_eager_resumes_bitwise_warm_and_its_checkpoints
     plain.load_state_dict(torch.load(ckpt, weights_only=True)["model"])  # strict: every key matches
 
 
+@ci_leaves_out("FSDP: tests/distributed/test_fsdp.py; compile: test_compiled_ddp_trains_like_eager")
 @pytest.mark.slow
 def test_fsdp_compiles_block_by_block(tmp_path):
     result, text, took = _run(tmp_path / "fsdp", "fsdp", epochs=1)

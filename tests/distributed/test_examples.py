@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from helpers import ROOT, python_exe, torchrun_exe
+from helpers import ROOT, ci_leaves_out, python_exe, torchrun_exe
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 # The seed script prints from every rank; unbuffered, two ranks' print() pieces interleave mid-line
@@ -78,6 +78,7 @@ def test_the_lightning_port_trains_keeps_the_two_best_and_predicts_from_the_best
     assert accuracy > 0.5, out[-3000:]  # 4 classes: chance is 0.25
 
 
+@ci_leaves_out("each example trains in its own test here")
 def test_the_commands_in_the_examples_docstrings_are_accepted_as_written(run_py, tmp_path):
     """Every `trainstack submit` line of an example's docstring is a valid command (rendered with --dry-run), and
     every `python examples/...` line's options parse (--help of the script itself, which lists them)."""

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 from _sshd import VENV, account, keys, remote_install, sshd
-from helpers import ROOT, moto_s3
+from helpers import ROOT, ci_leaves_out, moto_s3
 
 from trainstack import _lease
 
@@ -222,6 +222,7 @@ def test_a_preempted_run_moves_to_the_other_cluster_and_ends_as_if_it_never_move
     assert "run: this attempt writes" in why and "as epoch 2 after alpha" in why and "bitwise equality held" in why
 
 
+@ci_leaves_out("placement on two real clusters: the preempted move and the first placement")
 def test_hedged_the_first_job_to_start_is_kept(slurm_env, beta, s3, shared_tmp, monkeypatch):
     """--hedge: the run is submitted to both clusters; the first job that runs is kept, the other cancelled; the run
     completes with one lineage whichever of them took the lease last."""
@@ -340,6 +341,8 @@ def accounts(slurms, s3):
     shutil.rmtree(runtime, ignore_errors=True)
 
 
+@ci_leaves_out("ssh on real sshd: tests/slurm/test_remote.py; the move: "
+               "test_a_preempted_run_moves_to_the_other_cluster")
 def test_from_a_laptop_each_cluster_behind_its_own_login(accounts, slurm_env, s3, monkeypatch):
     """The same move with every command over ssh: the code shipped to each account by rsync, the job submitted,
     watched, preempted on alpha (tsalpha), continued on beta (tsbeta) from the store; one run id, one lineage."""

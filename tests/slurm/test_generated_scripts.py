@@ -38,12 +38,16 @@ def _submit(slurm_env, monkeypatch, tmp, *args, program=(PROBE,), job_name="trai
 ONE_NODE = ci_leaves_out("each launcher trains on two nodes here; every setup's script is rendered and checked in "
                          "tests/test_render.py")
 
+OTHER_LAUNCHER = ci_leaves_out("srun trains on two nodes here; each launcher's script runs in "
+                               "tests/slurm/test_workflow.py's plain sbatch of every generated variant")
+
 
 @pytest.mark.parametrize("setup, launcher, nodes, procs", [
     ("single-gpu", "srun", 1, 1), pytest.param("single-gpu", "torchrun", 1, 1, marks=ONE_NODE),
     pytest.param("multi-gpu", "srun", 1, 2, marks=ONE_NODE),
     pytest.param("multi-gpu", "torchrun", 1, 2, marks=ONE_NODE),
-    ("multi-node", "srun", 2, 2), ("multi-node", "torchrun", 2, 2), ("multi-node", "spawn", 2, 2),
+    ("multi-node", "srun", 2, 2), pytest.param("multi-node", "torchrun", 2, 2, marks=OTHER_LAUNCHER),
+    pytest.param("multi-node", "spawn", 2, 2, marks=OTHER_LAUNCHER),
 ])
 def test_generated_script_trains_on_the_right_ranks(slurm_env, shared_tmp, monkeypatch, setup, launcher, nodes, procs):
     world = nodes * procs
@@ -90,7 +94,7 @@ def test_sbatch_test_only_accepts_and_rejects_like_slurm(slurm_env, shared_tmp):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("launcher", ["srun", "spawn"])
+@pytest.mark.parametrize("launcher", ["srun", pytest.param("spawn", marks=OTHER_LAUNCHER)])
 def test_the_cli_epilog_example_runs_as_typed(slurm_env, shared_tmp, launcher):
     """`trainstack generate --setup multi-node --nodes 2 --cpu --procs-per-node 2 -o job.sbatch -- examples/demo.py`
     then plain sbatch: the demo's own --nprocs default (2) must not fight the 4 processes the job was given."""

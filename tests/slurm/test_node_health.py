@@ -177,6 +177,7 @@ def test_a_straggler_is_named_with_its_phase_uniform_slowness_is_not(cluster, tm
     assert "trainstack: straggler: rank" in log, log[-3000:]
 
 
+@ci_leaves_out("the ledger's sums: tests/test_goodput*.py; a crash and a requeue on real Slurm: test_recovery.py")
 def test_the_goodput_ledger_of_a_crash_and_a_requeue_adds_up_to_the_wall_time(cluster, tmp_path):
     """A rank killed (retried in the allocation), then a graceful stop (requeued): the ledger's parts add up to
     the job's wall time from Slurm's submit to the end (within 1 %, Slurm's timestamps being whole seconds), queue

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import ci_leaves_out
 
 from trainstack.render import LaunchSpec
 from trainstack.submit import submit_spec, wait_for
@@ -48,6 +49,8 @@ def _wait_until(predicate, timeout, what):
 
 
 # torchrun: the signal goes through its agent to the workers; srun's direct path requeues in the two tests below
+@ci_leaves_out("a signalled requeue on real Slurm: the graceful-stop test below; bitwise after a requeue: "
+               "test_across_clusters.py's move")
 @pytest.mark.parametrize("launcher", ["torchrun"])
 def test_signal_checkpoint_requeue_resume(slurm_env, shared_tmp, monkeypatch, launcher):
     for k, v in slurm_env.items():
@@ -129,6 +132,7 @@ def test_a_signal_without_requeue_stops_gracefully_instead_of_killing_the_job(sl
     assert list((run_dir).glob("slurm-*/checkpoints/ckpt-*.pt"))
 
 
+@ci_leaves_out("the script's words: tests/test_render.py")
 def test_torchrun_without_signal_handling_still_runs_the_requeue_script(slurm_env, shared_tmp, monkeypatch):
     """An image whose torch predates --signals-to-handle (an old torch) must not die at start: the script asks the
     image first. Stood in for by an interpreter that answers like an old torch to that one question."""
@@ -151,6 +155,7 @@ def test_torchrun_without_signal_handling_still_runs_the_requeue_script(slurm_en
     assert "this torchrun has no --signals-to-handle" in log and "finished (restart count 0)" in log
 
 
+@ci_leaves_out("the decision: tests/test_allocation.py; a signalled requeue on real Slurm: the graceful-stop test")
 def test_a_requeue_after_fit_returned_is_that_stop_not_a_crash(slurm_env, shared_tmp, monkeypatch):
     """`scontrol requeue` while the script runs its own code after fit(): the attempt is booked as the preemption it
     is (no retry spent), and the requeued attempt has nothing left to train before that code runs again."""

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import ci_leaves_out
 from test_workflow import JOB, env, job_id_of, ts, wait_ended  # noqa: F401  (env is a fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(400)]
@@ -46,6 +47,7 @@ def test_each_fault_gets_its_verdict(env, shared_tmp):  # noqa: F811
     assert "HINT:" in why and "accumulation" in why, why
 
 
+@ci_leaves_out("a silent rank on real Slurm: tests/slurm/test_hang.py; each verdict's rule: tests/test_verdict*.py")
 @pytest.mark.slow
 def test_a_silent_rank_and_a_time_limit_get_their_verdicts(env, shared_tmp):  # noqa: F811
     """A rank that stops answering a gloo collective is named as the one the others waited for; a job that sleeps
@@ -127,6 +129,7 @@ def _node_state(job_env, node):
                           timeout=30).stdout.strip()
 
 
+@ci_leaves_out("a node lost on real Slurm: tests/slurm/test_recovery.py's spare and shrink")
 @pytest.mark.slow
 def test_a_node_whose_slurmd_dies_is_a_node_failure_naming_the_host(env, shared_tmp):  # noqa: F811
     """A real node failure: node2's slurmd is killed by pid mid-job; Slurm marks node2 down (SlurmdTimeout=30 in
@@ -166,6 +169,7 @@ def test_a_node_whose_slurmd_dies_is_a_node_failure_naming_the_host(env, shared_
     assert _node_state(env, "node2") == "idle", "node2 did not come back after the node-failure test"
 
 
+@ci_leaves_out("the first failure's rule: tests/test_allocation.py; real faults: test_each_fault_gets_its_verdict")
 def test_the_first_failing_rank_decides_the_exit_status_and_words_decide_nothing(env, shared_tmp):  # noqa: F811
     """A rank that exits 2 on node2 (srun then kills the others: 143) is the job's exit status, in --wait, status and
     the verdict; a program's own words (a KeyError 'taxid', a BrokenPipeError, printed trainstack lines) are python

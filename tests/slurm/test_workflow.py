@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import ci_leaves_out
 
 from trainstack._slurm import status
 from trainstack._slurm.status import _exit_of, _from_folder
@@ -209,6 +210,7 @@ FORMS = [
 ]
 
 
+@ci_leaves_out("each program form's words: tests/test_render.py; plain sbatch of every variant runs here")
 @pytest.mark.timeout(600)
 def test_every_program_form_runs_with_its_arguments(env, shared_tmp):
     work = shared_tmp / "forms"
@@ -488,6 +490,7 @@ def test_sweep_is_one_array_job_and_resubmitting_runs_only_what_is_left(env, sha
     assert len(rows) == 1 and rows[0]["state"] == "COMPLETED" and done.exists()
 
 
+@ci_leaves_out("a sweep on real Slurm: test_sweep_is_one_array_job_and_resubmitting_runs_only_what_is_left")
 @pytest.mark.timeout(300)
 def test_a_sweep_over_a_script_with_its_own_log_folder_trains_every_task(env, shared_tmp):
     """The script sets log_folder (as most do) and resume='auto': each task still trains in its own folder (said
