@@ -44,7 +44,7 @@ def kill_node(out: Path, host: str, conf: Path) -> float:
     """A node lost: every process of the step on ``host`` (its ranks, their launcher and task wrapper, the
     slurmstepd, and whatever they started) and the node's slurmd, SIGKILL. The time of the kill."""
     slurmd = int((conf.parent / f"slurmd-{host}.pid").read_text().strip())
-    return _lose(lambda: {slurmd, *_descendants(_step_daemons(out, host))})
+    return _lose(lambda: [slurmd, *_descendants(_step_daemons(out, host))])
 
 
 def restore_nodes(env: dict[str, str], nodes: tuple[str, ...] = ("node1", "node2", "node3"),
@@ -92,10 +92,10 @@ def kill_batch_host(out: Path, job_id: str, host: str, conf: Path) -> float:
     clients of every step) and everything of the job on ``host``, and the node's slurmd, SIGKILL. The time."""
     slurmd = int((conf.parent / f"slurmd-{host}.pid").read_text().strip())
 
-    def victims() -> set[int]:
+    def victims() -> list[int]:
         batch = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/cmdline")
                  if _cmdline(p).startswith(f"slurmstepd: [{job_id}.batch]")]
-        return {slurmd, *_descendants(batch + _step_daemons(out, host))}
+        return [slurmd, *_descendants(batch + _step_daemons(out, host))]
 
     return _lose(victims)
 
@@ -105,20 +105,22 @@ def _step_daemons(out: Path, host: str) -> list[int]:
     return sorted({_up_to_stepd(rank)[-1] for rank in rank_pids(out, host)})
 
 
-def _lose(find: Callable[[], set[int]]) -> float:
-    """Everything ``find`` names gone at once, as on a node that lost power: all stopped first -- again until no
-    new process appears (one forked while the set was read would live on) -- then all killed. One by one, a
-    process could see another die and act in between: srun's shepherd child cancels its job step when the srun
-    above it dies (it did so to the sentinel's step on a loaded CI box). The time of the fault."""
-    when, stopped = time.time(), set()
+def _lose(find: Callable[[], list[int]]) -> float:
+    """Everything ``find`` names (parents before children) gone at once, as on a node that lost power: all stopped
+    first -- again until no new process appears (one forked while the set was read would live on) -- then all
+    killed, children first. One by one, a process could see another die and act in between: srun's shepherd child
+    cancels its job step when the srun above it dies, and a stopped process group whose parent dies is orphaned --
+    the kernel sends its members SIGHUP and SIGCONT, and an srun that wakes to it cancels its step (both did so to
+    the sentinel's step on a loaded CI box). The time of the fault."""
+    when, stopped = time.time(), []
     for _ in range(50):
-        new = find() - stopped
+        new = [pid for pid in dict.fromkeys(find()) if pid not in stopped]
         if not new:
             break
-        for pid in sorted(new):
+        for pid in new:
             _signal(pid, signal.SIGSTOP)
-        stopped |= new
-    for pid in sorted(stopped):
+        stopped += new
+    for pid in reversed(stopped):
         _signal(pid, signal.SIGKILL)
     return when
 

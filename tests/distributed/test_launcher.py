@@ -50,6 +50,8 @@ _FAILING = textwrap.dedent("""
             acc.distribute(work)(acc)
         except WorkerError as exc:
             print("WORKER-ERROR", exc.rank, "rank one fails on purpose" in str(exc))
+            if exc.rank != 1:
+                print(exc.detail[-1500:])
             sys.exit(3)
 """)
 

@@ -540,7 +540,7 @@ def _start(payload: Any, spec: _WorkerSpec, private_dir: str, nprocs: int, metho
         tempfile.tempdir = previous
 
 
-_SECONDARY = fastexit.SECONDARY
+_SECONDARY = (*fastexit.SECONDARY, *fastexit.SECONDARY_TYPES)  # what a rank says when another failed first
 
 
 def _monitor(context: tmp.ProcessContext, private_dir: str) -> tuple[int, str, int] | None:
