@@ -574,6 +574,7 @@ def _describe(where: Path) -> dict[str, Any]:
     from ._checkpoint import sharded as _dcp
 
     sharded = where.is_dir()  # decided once: a live run may rotate it away while we read
+    file_size = 0 if sharded else where.stat().st_size  # before the (slow) load: the file may go meanwhile
     state = load_file(where)
     partial = state.get("partial_epoch") or {}
     if sharded:
@@ -585,7 +586,7 @@ def _describe(where: Path) -> dict[str, Any]:
         size = _dcp.size_on_disk(where)
     else:
         params = sum(t.numel() for t in state["model"].values())
-        size = where.stat().st_size
+        size = file_size
     info = {"checkpoint": str(where), "format": "sharded" if sharded else "file",
             "world_size": state.get("world_size"), "epoch": state.get("epoch"), "step": state.get("global_step"),
             "batch": state.get("global_batch", state.get("global_step")),
