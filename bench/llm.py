@@ -170,7 +170,7 @@ def _raw(model, dataset, spec, device, steps, compile_, precision, resident: boo
             break
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(device, dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=precision != "no"):
             loss = loss_fn(step_model, (x, y))
         loss.backward()
         opt.step()
@@ -216,7 +216,7 @@ def worker(system: str, size: str, device: str, steps: int, compile_: bool, prec
     flops = flops_per_token(spec, params) * tokens_per_s
     from trainstack._train.throughput import peak_flops
 
-    peak, peak_name = peak_flops(torch.device(device), "bf16")
+    peak, peak_name = peak_flops(torch.device(device), precision)  # fp8 rows over the bf16 peak, as torchtitan
     report.update(params=params, tokens_per_s=tokens_per_s, tflops=flops / 1e12,
                   mfu_formula=flops / peak if peak else None, peak=peak_name,
                   first_step_s=seconds[1] - seconds[0] if len(seconds) == 2 else None)
@@ -247,7 +247,8 @@ def torchtitan_status() -> str:
 
         import torchtitan  # noqa: F401
 
-        return f"torchtitan {version('torchtitan')} imports on this torch (run its own Llama config for its row)"
+        return (f"torchtitan {version('torchtitan')} imports on this torch (its row: its own trainer and Llama config, "
+                "with its repository's tests/assets -- docs/how-to/gpus.md)")
     except Exception as exc:  # noqa: BLE001 -- any import failure is the finding
         return f"torchtitan does not import on this torch: {type(exc).__name__}: {str(exc)[:200]}"
 
@@ -290,7 +291,8 @@ def main() -> int:
     p.add_argument("--sizes", "--size", default="1b,8b-proxy")
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--compile", default="on", help="on, off or off,on")
-    p.add_argument("--precision", default="bf16", help="bf16, fp8 or bf16,fp8")
+    p.add_argument("--precision", help="bf16, fp8, no (fp32) or a list (bf16,fp8); default bf16 on CUDA, no on a CPU "
+                   "(a CPU without bf16 units emulates it ~50x slower: the rows would time the emulation)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--steps", type=int, default=75, help="per process: 10 warm-up steps, then the timed window")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -310,7 +312,9 @@ def main() -> int:
     tiny = sizes == ["tiny"]
     reps, steps = (1, 8) if tiny else (args.reps, args.steps)
     compiles = [c == "on" for c in args.compile.split(",")]
-    precisions = args.precision.split(",")
+    precisions = (args.precision or ("bf16" if args.device == "cuda" else "no")).split(",")
+    if bad := [x for x in precisions if x not in ("no", "bf16", "fp8")]:
+        p.error(f"--precision {','.join(bad)}: not one of no, bf16, fp8")
     if "fp8" in precisions and (args.device != "cuda" or importlib.util.find_spec("torchao") is None):
         print("bench-llm: fp8 rows need CUDA and torchao: left out")
         precisions = [x for x in precisions if x != "fp8"] or ["bf16"]

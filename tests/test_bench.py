@@ -79,5 +79,5 @@ def test_llm_bench_dry_run(run_py):
     formula's columns, on the CPU at the tiny size (the GPU rows need a GPU: scripts/gpu-check.sh)."""
     out = run_py([sys.executable, str(ROOT / "bench/llm.py"), "--device", "cpu", "--size", "tiny", "--compile",
                   "off"], timeout=300).stdout
-    assert "| tiny | off | bf16 | raw |" in out and "| tiny | off | bf16 | trainer |" in out, out
+    assert "| tiny | off | no | raw |" in out and "| tiny | off | no | trainer |" in out, out  # fp32: the CPU default
     assert "MFU (formula)" in out and "torchtitan" in out, out
