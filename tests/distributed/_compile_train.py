@@ -4,7 +4,7 @@ parameters' checksum and the first step's compile time.
 
 MODE: ``eager``, ``inductor``, ``slow-rank`` (rank 1's compile backend takes 8 s while hang_timeout is 2 s and the
 collective timeout 4 s), ``fsdp`` (FSDP2 + compile), ``user`` (the user passes torch.compile(model)), ``broken``
-(a forward dynamo cannot trace with fullgraph=True)."""
+(a forward dynamo cannot trace with fullgraph=True). NPROCS: the processes (2 unless set)."""
 
 import json
 import os
@@ -46,7 +46,7 @@ def main(folder: str, mode: str, epochs: int) -> None:
                 "user": False, "broken": {"fullgraph": True}}[mode]
     if mode == "user":
         model = torch.compile(model)
-    cfg = TrainConfig(nprocs=2, compute_setup="cpu", max_iter=epochs, log_folder=folder, compile=compile_, seed=1,
+    cfg = TrainConfig(nprocs=int(os.environ.get("NPROCS", "2")), compute_setup="cpu", max_iter=epochs, log_folder=folder, compile=compile_, seed=1,
                       resume="auto", strategy="fsdp" if mode == "fsdp" else "ddp",
                       hang_timeout=2 if mode == "slow-rank" else None)
     trained, _ = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05), cfg, loss_fn="mse").fit(data)

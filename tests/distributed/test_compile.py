@@ -120,7 +120,7 @@ def test_a_compile_cache_another_user_can_write_never_runs_their_code(tmp_path):
         project, canary = shared / "proj", shared / "CANARY"
         project.mkdir(mode=0o777)
         project.chmod(0o777)
-        env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+        env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "NPROCS": "1"}  # where the cache goes: one process shows it
         first, text, _ = _run(project / "runB", "inductor", epochs=1, **env, UMASK="000")
         assert "the compile cache goes to" in text and "is writable by other users" in text, text[-3000:]
         plant = (f"for f in $(find {project} -name '*.py'); do echo 'open({str(canary)!r}, \"w\")' >> \"$f\"; done; "
@@ -128,7 +128,7 @@ def test_a_compile_cache_another_user_can_write_never_runs_their_code(tmp_path):
         subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", plant], check=True, timeout=60)
         _, text, _ = _run(project / "runB", "inductor", epochs=2, **env, UMASK="000")
         assert not canary.exists(), text[-3000:]
-        _, text, _ = _run(tmp_path / "other", "inductor", epochs=1, ok=False,
+        _, text, _ = _run(tmp_path / "other", "inductor", epochs=1, ok=False, NPROCS="1",
                           TRAINSTACK_COMPILE_CACHE=str(shared / "cc"))
         assert "TRAINSTACK_COMPILE_CACHE=" in text and "writable by other users" in text and "HINT" in text, text
         assert not canary.exists()
