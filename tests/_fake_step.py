@@ -28,7 +28,8 @@ for f in failures:
         continue
     (job / "exits").mkdir(exist_ok=True)
     step = f.get("step", os.environ.get("TRAINSTACK_STEP", "0"))  # a late record of the step before names that one
-    (job / "exits" / f"rank-{f['rank']}").write_text(f"{time.time()} {f['code']} rank-{f['rank']} {f['host']} {step}\n")
+    unit = f.get("unit", f"rank-{f.get('rank')}")  # node-<n>: one task per node (torchrun, spawn)
+    (job / "exits" / unit).write_text(f"{time.time()} {f['code']} {unit} {f['host']} {step}\n")
 while scenario.get("hang"):  # a lost node: srun never returns until it is killed
     time.sleep(0.05)
 if scenario.get("continue_in_place"):  # ranks waiting in place: they train on in the next step, then end

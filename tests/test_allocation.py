@@ -98,10 +98,11 @@ class FakeSlurm(Slurm):
         return self.scontrol.pop(0) if self.scontrol else (0, "")
 
 
-def plan(tmp_path: Path, nodes: int = 2, spare: int = 0, node_check: bool = False, **recovery: object) -> Plan:
+def plan(tmp_path: Path, nodes: int = 2, spare: int = 0, node_check: bool = False, launcher: str = "srun",
+         **recovery: object) -> Plan:
     """A --requeue plan of ``nodes`` x 2 CPU processes, with quick teardown; the versions probe is ``true``."""
     spec = LaunchSpec(setup="multi-node", nodes=nodes, cpu=True, procs_per_node=2, requeue=True, spare_nodes=spare,
-                      node_check=node_check, log_dir=str(tmp_path / "logs"), program=["train.py"])
+                      node_check=node_check, log_dir=str(tmp_path / "logs"), program=["train.py"], launcher=launcher)
     built = build_plan(spec)
     fields = {**built.recovery.__dict__, "teardown_grace_s": 0.2, **recovery}
     return Plan(**{**built.__dict__, "recovery": Recovery(**fields), "probe": ["true"]})
@@ -236,6 +237,28 @@ def test_a_step_whose_every_rank_is_out_is_killed_without_waiting_out_the_grace(
     assert at["step_end"] - first.time < 1.5, (at, first)
     (row,) = rows(alloc)
     assert row["status"] == 137 and row["rank"] == 1, row
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
+def test_a_step_of_node_tasks_whose_every_rank_is_out_is_killed_without_waiting_out_the_grace(tmp_path, job,
+                                                                                            launcher):
+    """One task per node (torchrun's agent, trainstack's spawn): node1's task failed (its exit recorded) and both
+    ranks of node2 lost their peer: every node is out, so the step is killed at once. With one of node2's ranks
+    still silent (it may end by itself, or be the cause), the grace is waited out."""
+    def scenario(silent: bool) -> dict:
+        return {"fail": [{"unit": "node-0", "host": "node1", "code": 1}],
+                "peer_lost": [{"rank": r, "host": "node2", "delay": 0.1} for r in ((2,) if silent else (2, 3))],
+                "hang": True}
+
+    for silent, grace in ((False, 3.0), (True, 1.0)):
+        _, alloc = job(plan(tmp_path / str(silent), max_retries=0, teardown_grace_s=grace, launcher=launcher),
+                       FakeSlurm(["node1", "node2"], [scenario(silent)]))
+        at = {e["kind"]: e["time"] for e in _events(alloc)}
+        (first,) = JobFiles(alloc.files.folder).exits()
+        waited = at["step_end"] - first.time
+        assert (waited >= grace) if silent else (waited < 1.5), (silent, at, first)
+        (row,) = rows(alloc)
+        assert row["status"] == 1, row
 
 
 def test_a_lost_peer_is_not_the_cause_the_rank_that_failed_first_is(tmp_path, job):

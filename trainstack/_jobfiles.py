@@ -288,6 +288,14 @@ class JobFiles:
         peer lost."""
         return {x.rank for x in self.exits(step) if x.rank is not None} | {r for _, _, r in self._peer_signs(step)}
 
+    def hosts_out(self, step: int, ranks_per_host: int) -> set[str]:
+        """The hosts of job step ``step`` (one task per node: torchrun, spawn) known to be out of training: their task
+        recorded its exit, or ``ranks_per_host`` of their ranks said they lost a peer."""
+        lost: dict[str, set[int]] = {}
+        for _, host, rank in self._peer_signs(step):
+            lost.setdefault(host, set()).add(rank)
+        return {x.host for x in self.exits(step)} | {h for h, ranks in lost.items() if len(ranks) >= ranks_per_host}
+
     def _peer_signs(self, step: int | None) -> list[tuple[float, str, int]]:
         folder = self.path(self.PEERS_LOST)
         found = []

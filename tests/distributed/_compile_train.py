@@ -46,7 +46,8 @@ def main(folder: str, mode: str, epochs: int) -> None:
                 "user": False, "broken": {"fullgraph": True}}[mode]
     if mode == "user":
         model = torch.compile(model)
-    cfg = TrainConfig(nprocs=int(os.environ.get("NPROCS", "2")), compute_setup="cpu", max_iter=epochs, log_folder=folder, compile=compile_, seed=1,
+    cfg = TrainConfig(nprocs=int(os.environ.get("NPROCS", "2")), compute_setup="cpu", max_iter=epochs,
+                      log_folder=folder, compile=compile_, seed=1,
                       resume="auto", strategy="fsdp" if mode == "fsdp" else "ddp",
                       hang_timeout=2 if mode == "slow-rank" else None)
     trained, _ = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05), cfg, loss_fn="mse").fit(data)

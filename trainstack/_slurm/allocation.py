@@ -252,7 +252,8 @@ class Allocation:
                 self.in_place.hold(procs, self.step)  # not killed: the next step continues its waiting ranks
                 code = next((x.code for x in self.files.exits(self.step)), 137)  # (a lost node's: killed)
                 break
-            if failed_at is not None and failed_at > now - grace and self._all_out(nodes, gone):
+            if failed_at is not None and failed_at > now - grace and \
+                    all_out(self.files, self.step, nodes, self.plan, gone):
                 failed_at, why = now - grace, "every rank of the step has left or lost a peer"
             if failed_at is not None and kill_at is None and self.plan.recovery.requeue and now - failed_at >= grace:
                 self.job.warn(f"{why.format(grace)}: killing its tasks")
@@ -293,11 +294,6 @@ class Allocation:
         if self.plan.recovery.requeue:
             self.probe = Probe(self.slurm, nodes)
 
-    def _all_out(self, nodes: list[str], gone: set[int]) -> bool:
-        """Every rank of the step (one srun task each) recorded its exit, said it lost a peer (it sleeps until
-        killed) or went with its host (``gone``): the grace has nothing left to wait for."""
-        world = len(nodes) * self.plan.procs_per_node
-        return self.plan.launch.task_log == "rank" and len(self.files.accounted(self.step) | gone) >= world
 
     def _presume_lost(self, nodes: list[str]) -> bool:
         """A lost node's mark seen before the probe can answer (``presumed_lost``), where a spare can take its place:
@@ -555,6 +551,17 @@ def first_failure(files: JobFiles, step: int, status: int, warn: Callable[[str],
         warn(f"{first.unit.replace('-', ' ', 1)} on {first.host} failed first (exit status {first.code} at {at}); "
              f"srun's {status} is the stop of the others")
     return first.code
+
+
+def all_out(files: JobFiles, step: int, nodes: list[str], plan: Plan, gone: set[int]) -> bool:
+    """Every rank of job step ``step`` recorded its exit (one srun task each) or its node's task did (torchrun,
+    spawn), said it lost a peer (it sleeps before it leaves) or went with its host (``gone``): the step's teardown
+    grace has nothing left to wait for."""
+    per = plan.procs_per_node
+    if plan.launch.task_log == "rank":
+        return len(files.accounted(step) | gone) >= len(nodes) * per
+    out = files.hosts_out(step, per) | {nodes[r // per] for r in gone}
+    return all(host in out for host in nodes)
 
 
 def presumed_lost(files: JobFiles, step: int, nodes: list[str]) -> list[str]:
