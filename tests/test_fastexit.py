@@ -62,7 +62,13 @@ if sys.argv[2] in ("wrapped", "rearmed"):  # a hook like torch's init_process_gr
         fastexit.arm(3)
 if sys.argv[2] == "interrupt":
     raise KeyboardInterrupt
-if sys.argv[2] == "peer":
+if sys.argv[2] == "peer-signalled":  # the launcher's SIGTERM came while the rank unwound: the graceful stop took it
+    import os, signal
+    from trainstack._runtime.preemption import GracefulStop
+    GracefulStop([signal.SIGTERM], None).install()
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.05)
+if sys.argv[2].startswith("peer"):
     raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:9604")
 raise RuntimeError("collective failed: connection closed by peer")
 """
@@ -137,3 +143,38 @@ def test_a_rank_that_failed_because_a_peer_did_says_so_in_its_job_and_waits_befo
     assert fastexit.secondary(RuntimeError, RuntimeError("Connection reset by peer"))
     assert not fastexit.secondary(BrokenPipeError, BrokenPipeError(32, "Broken pipe"))  # the program's own
     assert not fastexit.secondary(ZeroDivisionError, ZeroDivisionError("division by zero"))
+
+
+def test_a_sigterm_ends_the_wait_of_a_rank_that_lost_its_peer(tmp_path):
+    """The launcher's SIGTERM after the first failure (srun's --kill-on-bad-exit; a torchrun agent, which waits for
+    its node's other workers before it reports the failure) ends the wait: the rank leaves at once, its exit
+    handlers and threads done -- also when the SIGTERM came while it unwound (taken by the graceful stop's flag)."""
+    from trainstack._runtime import fastexit
+
+    job = tmp_path / "job"
+    job.mkdir()
+    env = {**{k: v for k, v in os.environ.items() if k != "RANK"}, "PYTHONPATH": str(ROOT),
+           "TRAINSTACK_JOB_DIR": str(job), "TRAINSTACK_STEP": "0", "TRAINSTACK_NODE_NAME": "node1"}
+    proc = subprocess.Popen([sys.executable, str(_script(tmp_path)), str(tmp_path), "peer"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (job / "peers-lost" / "rank-3").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert (job / "peers-lost" / "rank-3").exists(), proc.communicate(timeout=30)
+        time.sleep(0.1)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert time.monotonic() - signalled < fastexit.SECONDARY_WAIT_S / 2, err
+        assert proc.returncode == 128 + signal.SIGTERM and "Connection closed by peer" in err  # as if killed
+        assert (tmp_path / "atexit").exists() and (tmp_path / "thread").exists()
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    unwound = tmp_path / "unwound"
+    unwound.mkdir()
+    done = subprocess.run([sys.executable, str(_script(unwound)), str(unwound), "peer-signalled"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    said = float((job / "peers-lost" / "rank-3").read_text().split()[0])  # when it said it lost its peer
+    assert done.returncode == 128 + signal.SIGTERM and time.time() - said < fastexit.SECONDARY_WAIT_S / 2, done

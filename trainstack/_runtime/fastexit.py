@@ -12,8 +12,12 @@ own exit (its 1-1.5 s keep the launcher's first failure the cause, as before); i
 folder (``peers-lost/``: the driver's detection, at once, of a node lost with no exit of its own to record),
 then sleeps ``SECONDARY_WAIT_S`` (no CPU) before it leaves, so that the rank that caused it -- perhaps through
 Python's slower exit (``sys.exit``), perhaps under a torchrun agent -- ends first and stays the job's first failing
-task; the driver's teardown usually kills it while it sleeps. ``TRAINSTACK_FAST_EXIT=0`` keeps Python's own exit;
-Ctrl-C (``KeyboardInterrupt``) and ``SystemExit`` keep it too: their exit statuses are the interpreter's to give.
+task; the driver's teardown usually kills it while it sleeps. A SIGTERM ends the sleep (one that came while the
+rank was still unwinding too; it then leaves with 143, as if killed): the launcher's stop after the first failure
+-- srun's ``--kill-on-bad-exit``, or a torchrun agent that waits for its node's other workers before it reports the
+failure and exits.
+``TRAINSTACK_FAST_EXIT=0`` keeps Python's own exit; Ctrl-C (``KeyboardInterrupt``) and ``SystemExit`` keep it too:
+their exit statuses are the interpreter's to give.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import atexit
 import gc
 import io
 import os
+import signal
 import socket
 import sys
 import threading
@@ -31,6 +36,7 @@ from types import TracebackType
 
 from .. import _envvars as envvars
 from .._jobfiles import JobFiles
+from . import preemption
 
 __all__ = ["arm"]
 
@@ -46,6 +52,7 @@ SECONDARY_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
 #: verdict are the first failing task's. The launcher (srun's --kill-on-bad-exit, the driver, torchrun) ends it
 #: sooner.
 SECONDARY_WAIT_S = 3.0
+_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what a launcher stops the others with
 THREADS_WAIT_S = 30.0  # Python would wait for ever on a thread stuck on a lost peer
 
 
@@ -70,11 +77,30 @@ def arm(rank: int) -> None:
             if secondary(kind, value):
                 if not _say_peer_lost(rank):
                     return  # outside a job nobody reads the signal: Python's own (slower) exit keeps the order
-                time.sleep(SECONDARY_WAIT_S)
+                stopped = _wait_unless_stopped(SECONDARY_WAIT_S)
+                if stopped in _STOPS:  # the launcher's stop: the status its signal gives (srun's 143 for the others)
+                    leave(128 + stopped)
             leave(FAILED_STATUS)
 
         _installed.append(hook)
         sys.excepthook = hook
+
+
+def _wait_unless_stopped(seconds: float) -> int | None:
+    """Sleep ``seconds`` (no CPU) unless a SIGTERM comes meanwhile or a stop signal came while this rank was
+    unwinding; the signal that ended the wait, if one did."""
+    came = preemption.signalled_within(seconds)
+    if came or threading.current_thread() is not threading.main_thread():
+        return came
+    stopped: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(signum))
+    try:
+        deadline = time.monotonic() + seconds
+        while not stopped and time.monotonic() < deadline:
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return stopped[0] if stopped else None
 
 
 def secondary(kind: type[BaseException], value: BaseException) -> bool:

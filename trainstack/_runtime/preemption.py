@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
@@ -27,6 +28,16 @@ from ..errors import ConfigError
 __all__ = ["GracefulStop", "resolve_signals", "DEFAULT_SIGNALS", "INTERRUPT"]
 
 log = logging.getLogger(__name__)
+
+_last_signal: list[tuple[float, int]] = [(float("-inf"), 0)]  # (time.monotonic, signal) of the last stop signal
+
+
+def signalled_within(seconds: float) -> int | None:
+    """The stop signal that reached this process in the last ``seconds``, if one did (a launcher's SIGTERM that
+    arrived while a failed rank was still unwinding, taken by the graceful stop's flag)."""
+    when, signum = _last_signal[0]
+    return signum if time.monotonic() - when <= seconds else None
+
 
 #: SIGUSR1 is avoided on purpose: NCCL installs its own handler for it (submitit#1697).
 DEFAULT_SIGNALS = ("SIGUSR2",)
@@ -103,6 +114,7 @@ class GracefulStop:
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         self.received = signal.Signals(signum).name  # only a flag: saving here is unsafe (Lightning#21406)
+        _last_signal[0] = (time.monotonic(), signum)
 
     def requested(self) -> str | None:
         """Why a stop is wanted here (this rank), or None."""
