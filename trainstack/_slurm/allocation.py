@@ -294,7 +294,6 @@ class Allocation:
         if self.plan.recovery.requeue:
             self.probe = Probe(self.slurm, nodes)
 
-
     def _presume_lost(self, nodes: list[str]) -> bool:
         """A lost node's mark seen before the probe can answer (``presumed_lost``), where a spare can take its place:
         the step is killed at once and the next one launched on the spare while the probe still asks (a host that
