@@ -6,7 +6,7 @@ and MFU by the published formula, next to the MFU the Trainer reports.
     python bench/llm.py                                  # 1b and 8b-proxy, seq 2048, compile on, 3 repetitions
     python bench/llm.py --sizes 1b --compile off,on --precision bf16,fp8
     python bench/llm.py --device cpu --size tiny         # the dry run CI runs (the same code paths, a few steps)
-    python bench/llm.py --device cpu --size small        # CPU rows: the Trainer's overhead beside the raw loop
+    python bench/llm.py --device cpu --size small        # CPU rows (fp32): the Trainer's overhead beside the raw loop
 
 MFU by formula (PaLM, appendix B; torchtitan's ``num_flops_per_token``): per token 6 N + 12 L H Q T FLOPs, N the
 parameters less the input embedding, L layers, H heads, Q head dimension, T the sequence length; over the device's
