@@ -545,10 +545,10 @@ def test_a_crashed_rank_restarts_alone_beside_the_ranks_waiting_in_place(tmp_pat
     assert [nodelist(a) for a in slurm.launched] == ["node1,node2", "node1"]
     assert "--ntasks=1" in slurm.launched[1] and ("kill_steps",) not in slurm.calls, slurm.calls
     offer = alloc.files.rejoin_offer(0)
-    assert offer is not None and offer["step"] == 1 and offer["ranks"] == [0, 2, 3], offer
-    assert set(offer["env"]) == {"MASTER_ADDR", "MASTER_PORT", "TRAINSTACK_ATTEMPT", "TRAINSTACK_STEP",
-                                 "TRAINSTACK_NPROCS"} and offer["per_node"] == 2, offer
-    assert offer["env"]["TRAINSTACK_STEP"] == "1" and offer["env"]["MASTER_ADDR"] == "node1", offer
+    assert offer is not None and offer.step == 1 and offer.ranks == (0, 2, 3), offer
+    assert set(offer.env) == {"MASTER_ADDR", "MASTER_PORT", "TRAINSTACK_ATTEMPT", "TRAINSTACK_STEP",
+                              "TRAINSTACK_NPROCS"} and offer.per_node == 2, offer
+    assert offer.env["TRAINSTACK_STEP"] == "1" and offer.env["MASTER_ADDR"] == "node1", offer
     assert "rank(s) 0, 2, 3 continue in place; starting rank(s) 1 on node1" in job.said, job.said
     (row,) = rows(alloc)
     assert row["kind"] == "killed (signal 9)" and row["retried"], row
@@ -566,14 +566,14 @@ def test_a_lost_nodes_survivors_continue_in_place_on_a_spare_or_alone(tmp_path, 
                         TRAINSTACK_IN_PLACE="1")
     assert status == 0, job.said
     offer = alloc.files.rejoin_offer(0)
-    assert offer is not None and offer["ranks"] == [0, 1] and ("kill_steps",) not in slurm.calls, (offer, slurm.calls)
+    assert offer is not None and offer.ranks == (0, 1) and ("kill_steps",) not in slurm.calls, (offer, slurm.calls)
     if case == "spare":
         assert [nodelist(a) for a in slurm.launched] == [",".join(hosts[:2]), "node3"], slurm.launched
-        assert "--ntasks=2" in slurm.launched[1] and offer["env"]["TRAINSTACK_NPROCS"] == "4", offer
+        assert "--ntasks=2" in slurm.launched[1] and offer.env["TRAINSTACK_NPROCS"] == "4", offer
         assert "rank(s) 0, 1 continue in place; starting rank(s) 2, 3 on node3" in job.said, job.said
     else:
         assert len(slurm.launched) == 1 and "rank(s) 0, 1 continue in place" in job.said, job.said
-        assert offer["env"]["TRAINSTACK_NPROCS"] == "2" and offer["env"]["TRAINSTACK_PLANNED_WORLD"] == "4", offer
+        assert offer.env["TRAINSTACK_NPROCS"] == "2" and offer.env["TRAINSTACK_PLANNED_WORLD"] == "4", offer
     (row,) = rows(alloc)
     assert row["kind"] == "node failure" and row["blamed"] == "node2", row
 

@@ -7,6 +7,7 @@ from ``VARIABLES``). Torch-free leaf.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple, overload
 
 __all__ = ["Variable", "VARIABLES", "positive_number"] + [
@@ -122,7 +123,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TRAINSTACK_STEP", "--requeue job scripts",
              "The job step of this allocation that runs the program (0, then 1, 2, ... after retries in the "
              "allocation)."),
-    Variable("TRAINSTACK_IN_PLACE", "--requeue srun job scripts (you: 0 turns it off)",
+    Variable("TRAINSTACK_IN_PLACE", "--requeue srun job scripts (you: 0/false/no/off turns it off)",
              "1: a rank that lost a peer keeps its process and waits for the driver's next job step, which starts "
              "only the crashed ranks afresh; the survivors join its new process group and restore in place. 0: "
              "every rank of a failed step is relaunched."),
@@ -192,6 +193,22 @@ assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PREL
                                          STRAGGLER_RATIO, ATTEMPT, STEP, STORE_TIMEOUT, PLANNED_WORLD,
                                          CHECKPOINT_STORE, LEASE, CLUSTER, STAGED, NCCL_TRANSPORT, FAST_EXIT,
                                          GC_FREEZE, IN_PLACE, TASK_RANKS))
+
+
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def switch(name: str, default: bool = True, env: Mapping[str, str] | None = None) -> bool:
+    """The on/off variable ``name`` (1/true/yes/on, 0/false/no/off, any case; ``default`` when unset or empty); a
+    ValueError naming the value otherwise -- never read as the opposite of what was meant."""
+    import os
+
+    raw = (os.environ if env is None else env).get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in _ON or raw in _OFF:
+        return raw in _ON
+    raise ValueError(f"{name}={raw!r} is neither on ({'/'.join(_ON)}) nor off ({'/'.join(_OFF)})")
 
 
 @overload

@@ -27,7 +27,6 @@ time and last step of a crash). Every second from the first submission to the en
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -44,12 +43,13 @@ _COMPUTE = ("forward", "backward", "optimizer", "step")
 
 def _step_ledgers(folder: Path) -> dict[tuple[int, int], dict[str, Any]]:
     out = {}
-    for path in sorted(JobFiles(folder).ledger_dir.glob("*.json")):
+    files = JobFiles(folder)
+    for path in files.ledger_files():
+        row = files.ledger(path)
         try:
-            row = json.loads(path.read_text())
-        except (OSError, ValueError):
+            out[(int(row.get("restart", 0)), int(row.get("step_index", 0)))] = row
+        except (AttributeError, TypeError, ValueError, OverflowError):
             continue
-        out[(int(row.get("restart", 0)), int(row.get("step_index", 0)))] = row
     return out
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ._files import read_jsonl
 from ._jobfiles import JobFiles
 
 __all__ = ["EVENTS", "record", "read"]
@@ -26,5 +25,5 @@ def read(folder: Path | None, since: float = 0.0, kind: str | None = None) -> li
     """The events of ``folder`` recorded at or after ``since`` (a Unix time), oldest first; torn lines skipped."""
     if folder is None:
         return []
-    return [e for e in read_jsonl(Path(folder) / EVENTS) if isinstance(e.get("time"), (int, float))
+    return [e for e in JobFiles(Path(folder)).events() if isinstance(e.get("time"), (int, float))
             and e["time"] >= since and (kind is None or e.get("kind") == kind)]

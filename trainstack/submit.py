@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _envvars as envvars
-from ._files import UntrustedFileError, atomic_write, load_private_pickle, private_dir
+from ._files import UntrustedFileError, atomic_write, deny_others_write, load_private_pickle, private_dir
 from ._jobfiles import JobFiles
 from ._modules import make_callable
 from ._slurm import index, status
@@ -161,6 +161,7 @@ def submit_spec(spec: LaunchSpec, wait: bool = False, templates_dir: str | None 
             if root is not None else None
         ship_driver(staging / JobFiles.DRIVER)
         script = write_script(staging / JobFiles.SCRIPT, text, mode=0o700)  # --env values may be secrets
+        deny_others_write(staging)  # the job runs this code and driver as its user: nobody else may change them
         job = _sbatch_held(exe, spec, script, staging, log_dir, tasks, skipped, root if snap else None)
     except SnapshotError as exc:
         shutil.rmtree(staging, ignore_errors=True)
@@ -219,7 +220,9 @@ def _sbatch_held(exe: str, spec: LaunchSpec, script: Path, staging: Path, log_di
         os.replace(staging, job_dir)
         mask = os.umask(0)
         os.umask(mask)
-        job_dir.chmod(0o777 & ~mask)  # as a plain mkdir would have made it (the staging folder was private)
+        # readable as a plain mkdir would have made it (teams read each other's logs; the staging folder was
+        # private), never writable by group or others: the driver and the ranks act on what they read back in it
+        job_dir.chmod(0o755 & ~mask)
     except OSError as exc:
         subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
         raise SubmitError(f"job {job_id} was cancelled: its folder {job_dir} could not be created ({exc.strerror})"

@@ -129,12 +129,12 @@ def _fit_in_place(trainer: Trainer, entry: Callable[[Trainer, Claim], dict[str, 
                 raise
             error = inplace.detach(exc)
         trainer._let_go()
-        env = inplace.next_step(error, trainer.accelerator)
-        if env is None:
+        offer = inplace.next_step(error, trainer.accelerator)
+        if offer is None:
             raise error
         trainer.progress, trainer.metrics = copy.deepcopy(start), {}
         trainer.model.zero_grad(set_to_none=True)  # as in a fresh process: the failed step's gradients would add up
-        trainer.accelerator.rejoin(env)
+        inplace.join(trainer.accelerator, offer)
 
 
 def _eval_entry(trainer: Trainer, kind: str, loader: Any, predict_fn: Any = None) -> Any:

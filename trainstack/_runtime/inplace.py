@@ -7,12 +7,13 @@ environment turns it off) where the model is data-parallel (DDP, or one process 
 communicator may still hang on the lost peer: unchecked on a GPU, relaunched as before): a rank that lost a peer says
 it waits (``peers-lost/``, marked ``waiting``), the driver decides as for any crash and, where the next step keeps
 this rank at its place (the same nodes, a spare for a lost one, a shrink to the survivors), offers that step
-(``rejoin/step-<n>.json``: its rendezvous, counters and sizes) before it starts only the missing ranks
-(``TRAINSTACK_TASK_RANKS``). The survivor then leaves the failed group, takes the offer's environment (keeping its
-rank), clears its gradients, joins the new group and runs ``fit`` again from the newest complete checkpoint, as a
-fresh process would -- the same restore, the same exactness. No offer within ``WAIT_S`` (the driver requeued,
-stopped or relaunches the whole step and kills it anyway), or one without this rank: the original error ends the
-process as before.
+(``rejoin/step-<n>.json``: its rendezvous, counters and sizes -- nothing else is taken from it, and only from a file
+of this user's) before it starts only the missing ranks (``TRAINSTACK_TASK_RANKS``). The survivor then leaves the
+failed group, takes the offer's environment (keeping its rank), clears its gradients, joins the new group within
+``JOIN_S`` (else it leaves, saying where it could not join) and runs ``fit`` again from the newest complete
+checkpoint, as a fresh process would -- the same restore, the same exactness. No offer within ``WAIT_S`` (the driver
+requeued, stopped or relaunches the whole step and kills it anyway), or one without this rank: the original error
+ends the process as before.
 """
 
 from __future__ import annotations
@@ -21,15 +22,17 @@ import gc
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Mapping
 from typing import Protocol
 
 from .. import _envvars as envvars
-from .._jobfiles import JobFiles
+from .._jobfiles import OFFERED, JobFiles, Offer
 from . import fastexit
 
-__all__ = ["may_wait", "detach", "next_step", "WAIT_S", "Rejoining"]
+__all__ = ["may_wait", "detach", "next_step", "join", "environment", "WAIT_S", "JOIN_S", "Rejoining"]
 
 
 class Rejoining(Protocol):
@@ -41,7 +44,11 @@ class Rejoining(Protocol):
     @property
     def restarts_in_place(self) -> bool: ...
 
+    def rejoin(self, env: Mapping[str, str]) -> None: ...
+
 WAIT_S = 120.0  # the driver decides in well under a second; it kills a step it does not continue in place
+#: How long a rank continued in place may take to join the next step's group (the new ranks' start is most of it).
+JOIN_S = 60.0
 
 
 def may_wait(exc: BaseException, accelerator: Rejoining) -> bool:
@@ -65,10 +72,11 @@ def detach(exc: BaseException) -> BaseException:
     return exc
 
 
-def next_step(exc: BaseException, accelerator: Rejoining) -> dict[str, str] | None:
+def next_step(exc: BaseException, accelerator: Rejoining) -> Offer | None:
     """After ``exc`` (``detach``-ed) ended this rank's ``fit``, and the failed run was let go: the failed group's
-    last references collected (its connections close: a rank blocked on this one fails too), then the next job
-    step's environment where the driver continues this rank in place (it waits for the offer), else None."""
+    last references collected (its connections close: a rank blocked on this one fails too), then the driver's
+    offer of the next job step where it continues this rank in place (it waits for the offer), else None. Only the
+    driver's own offer counts (``JobFiles.rejoin_offer``: this user's file, checked)."""
     gc.collect()
     folder = JobFiles.current()
     assert folder is not None
@@ -80,15 +88,43 @@ def next_step(exc: BaseException, accelerator: Rejoining) -> dict[str, str] | No
     while time.monotonic() < deadline:
         offer = folder.rejoin_offer(step)
         if offer is not None:
-            if rank not in offer.get("ranks", []):
+            if rank not in offer.ranks:
                 return None
-            folder.note_step(socket.gethostname(), os.getppid(), int(offer["step"]))
-            print(f"trainstack: rank {rank} continues in place in job step {offer['step']}", file=sys.stderr,
+            folder.note_step(socket.gethostname(), os.getppid(), offer.step)
+            print(f"trainstack: rank {rank} continues in place in job step {offer.step}", file=sys.stderr,
                   flush=True)
-            return {**{str(k): str(v) for k, v in dict(offer.get("env") or {}).items()},
-                    envvars.TASK_RANKS: keep_rank(rank, int(offer.get("per_node") or 1))}
+            return offer
         time.sleep(0.02)
     return None
+
+
+def environment(offer: Offer, rank: int) -> dict[str, str]:
+    """What this rank takes from ``offer``: its rendezvous and counters (``OFFERED`` only) and its own rank."""
+    return {**{k: v for k, v in offer.env.items() if k in OFFERED},
+            envvars.TASK_RANKS: keep_rank(rank, offer.per_node)}
+
+
+def join(accelerator: Rejoining, offer: Offer) -> None:
+    """Join the offered step's process group within ``JOIN_S`` (then tell the driver), or end this process with a
+    line that says which step and rendezvous it could not join: a wrong or dead rendezvous never leaves it waiting
+    silently."""
+    rank = accelerator.rank
+
+    def give_up() -> None:
+        print(f"trainstack: rank {rank} could not join job step {offer.step} at {offer.where} within {JOIN_S:g} s: "
+              f"leaving", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    timer = threading.Timer(JOIN_S, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        accelerator.rejoin(environment(offer, rank))
+    finally:
+        timer.cancel()
+    folder = JobFiles.current()
+    if folder is not None:
+        folder.joined(rank, offer.step)
 
 
 def keep_rank(rank: int, per_node: int) -> str:

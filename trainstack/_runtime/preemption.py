@@ -120,7 +120,7 @@ class GracefulStop:
         """Why a stop is wanted here (this rank), or None."""
         if self.received:
             return INTERRUPT if self.received == INTERRUPT else f"signal {self.received}"
-        if self.stop_file is not None and self.stop_file.exists():
+        if self.stop_file is not None and JobFiles.stop_requested(self.stop_file):
             return f"stop file {self.stop_file}"
         if self.interrupt_file is not None and self.interrupt_file.exists():
             return INTERRUPT

@@ -361,7 +361,7 @@ class Watchdog(threading.Thread):
         steps = [int(b["step"]) for b in everyone.values() if isinstance(b.get("step"), int)]
         if self.job_dir is not None and steps:
             with contextlib.suppress(OSError):
-                JobFiles(self.job_dir).write_progress(max(steps))
+                JobFiles.mine(self.job_dir).write_progress(max(steps))
         if lost:
             self._on_lost(lost, everyone)
         self.write_ledger()
@@ -392,8 +392,7 @@ class Watchdog(threading.Thread):
                   "step": hb.step, "loop_started": hb.loop_started, "first_beat": hb.first_beat,
                   "time": time.time()}
         with contextlib.suppress(OSError):
-            ledger = JobFiles(self.job_dir).ledger_dir
-            ledger.mkdir(exist_ok=True)
+            ledger = JobFiles.mine(self.job_dir).own_ledger_dir()
             atomic_write(ledger / f"{record['attempt']}.json", json.dumps(record))
 
     def _on_lost(self, lost: list[int], everyone: dict[int, dict[str, Any]]) -> None:

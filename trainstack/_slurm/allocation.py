@@ -31,7 +31,7 @@ from .._jobfiles import EXIT_RECORD_SH, JobFiles
 from . import attempt as policy
 from . import sentinel
 from .batchjob import BatchJob
-from .inplace import Survivors
+from .inplace import JOIN_S, Survivors
 from .nodecheck import check as judge_nodes
 from .nodecheck import describe as describe_check
 from .nodecheck import measure as measure_nodes
@@ -161,8 +161,13 @@ class Allocation:
         self.presumed: list[str] = []  # the failed step's hosts presumed lost before the probe's answer
         self.pending: tuple[Probe, list[str]] | None = None  # that answer, awaited beside the next step
         self.log: Path | None = None
+        try:
+            in_place = envvars.switch(envvars.IN_PLACE, True, env)
+        except ValueError as exc:
+            self.job.warn(f"{exc}: restarts in place are off")
+            in_place = False
         self.in_place = Survivors(self.files, slurm, SENTINEL, plan.recovery.requeue and plan.launch.task_log ==
-                                   "rank" and env.get(envvars.IN_PLACE, "1") != "0")
+                                  "rank" and in_place)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
@@ -244,6 +249,10 @@ class Allocation:
                 self._detected(nodes)
             if failed_at is None and exited:
                 failed_at, why = now, "the step did not end {:g} s after its first failure"
+            late = self.in_place.late(self.step) if failed_at is None else []
+            if late:  # a survivor that took the offer but never joined: the step did not start
+                failed_at, why = now - grace, f"rank(s) {', '.join(map(str, late))} did not join job step " \
+                    f"{self.step} within {JOIN_S:g} s of its offer"
             if (failed_at is None or failed_at > now - grace) and why != GONE and self.probe is not None and \
                     (self.probe.found_lost() or (detected and self._presume_lost(nodes))):  # the others may wait
                 failed_at, why = (failed_at or now) if self.in_place.enabled else now - grace, GONE

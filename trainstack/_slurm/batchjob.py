@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .. import _envvars as envvars
-from .._jobfiles import JobFiles
+from .._files import UntrustedFileError, atomic_write
+from .._jobfiles import FREE_MEMORY_SH, JobFiles
 from .plan import Plan
 from .slurmcmd import Slurm
 
@@ -38,7 +39,7 @@ class BatchJob:
         array = self.env.get("SLURM_ARRAY_JOB_ID")
         self.task = self.env.get("SLURM_ARRAY_TASK_ID") if array else None
         self.job_dir = Path(plan.job_dir_prefix + (array or slurm.job_id))
-        self.files = JobFiles(self.job_dir / f"task-{self.task}" if self.task is not None else self.job_dir)
+        self.files = JobFiles.mine(self.job_dir / f"task-{self.task}" if self.task is not None else self.job_dir)
         self.requeue_id = f"{array}_{self.task}" if array else slurm.job_id
         self.hosts: list[str] = []
         self.keep_memory = False  # a requeued attempt restores from the memory checkpoints of the nodes it gets
@@ -55,8 +56,13 @@ class BatchJob:
             self.warn(f"this script was generated for {plan.allocated_nodes} node(s) but the job has "
                       f"{env['SLURM_NNODES']}")
             raise SystemExit(1)
-        try:
-            self.files.folder.mkdir(parents=True, exist_ok=True)
+        try:  # this user's, never writable by others: the driver and the ranks act on what they read in it
+            if self.task is not None:
+                JobFiles.mine(self.job_dir).make_own()
+            self.files.make_own()
+        except UntrustedFileError as exc:
+            self.warn(f"refusing the job folder: {exc}")
+            raise SystemExit(1) from None
         except OSError as exc:
             self.warn(f"cannot create the job folder {self.files.folder} ({exc.strerror}): is "
                       f"{self.job_dir.parent} writable from the compute nodes?")
@@ -158,9 +164,9 @@ class BatchJob:
 
     def _copy_script(self) -> None:
         target = self.job_dir / JobFiles.SCRIPT
-        if self.script is not None and not target.exists():
+        if self.script is not None and not os.path.lexists(target):
             try:
-                target.write_bytes(self.script.read_bytes())
+                atomic_write(target, self.script.read_bytes(), mode=0o600)  # --env values may be secrets
             except OSError:
                 pass
 
@@ -171,11 +177,9 @@ class BatchJob:
         self.event("job_end", None, step, status=status)
         self.report(step)
         folders = self.files.memory_folders()
-        if folders and not self.keep_memory:
-            script = ('while IFS= read -r d; do [[ "$d" == */trainstack-*/job-"$SLURM_JOB_ID"-* ]] && rm -rf -- '
-                      '"$d"; done < "$1"')
-            listing = str(self.files.path(JobFiles.MEMORY_FOLDERS))
-            answers = self.slurm.each(self.hosts, ["bash", "-c", script, "_", listing], timeout=10)
+        if folders and not self.keep_memory:  # the folders are computed on each node, not taken from the listing
+            answers = self.slurm.each(self.hosts, ["bash", "-c", FREE_MEMORY_SH, "_", self.slurm.job_id,
+                                                   *self.files.memory_roots()], timeout=10)
             missed = [host for host, ok in answers.items() if not ok]
             if missed:  # a cancelled job starts no step: the listing stays for the command that frees them
                 self.warn(f"memory checkpoints not freed on {','.join(missed)} (no job step ran there): "

@@ -15,10 +15,10 @@ relaunches the whole step as before.
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Mapping
 
-from .. import _envvars as envvars
-from .._jobfiles import JobFiles
+from .._jobfiles import OFFERED, JobFiles
 from .slurmcmd import Slurm
 
 __all__ = ["Survivors"]
@@ -27,8 +27,9 @@ __all__ = ["Survivors"]
 #: notices a lost peer at its next collective), then, once one has, for all of them; a rank that stays silent is
 #: killed and relaunched with the rest (a program that is not the Trainer's, a rank stuck elsewhere).
 FIRST_SIGN_S, ALL_WAITING_S = 2.0, 5.0
-#: What the waiting ranks take from the next step's environment: its rendezvous and counters.
-OFFERED = ("MASTER_ADDR", "MASTER_PORT", envvars.ATTEMPT, envvars.STEP, envvars.NPROCS, envvars.PLANNED_WORLD)
+#: How long the ranks continued in place may take to join the next step (they leave themselves after
+#: ``_runtime.inplace.JOIN_S``; this is the driver's own bound).
+JOIN_S = 90.0
 
 
 class Survivors:
@@ -38,6 +39,7 @@ class Survivors:
         self.files, self.slurm, self.keep_steps, self.enabled = files, slurm, keep_steps, enabled
         self.waiting: dict[int, str] = {}
         self.held: list[subprocess.Popen[bytes]] = []
+        self.joining: tuple[int, set[int], float] | None = None  # (step, ranks, offered at): not yet joined
 
     def all_waiting(self, step: int, world: int, gone: set[int]) -> bool:
         """Has every rank of job step ``step`` either recorded its exit, gone with its host (``gone``) or said it
@@ -91,6 +93,18 @@ class Survivors:
         """Tell the waiting ranks to join job step ``step`` (its rendezvous, counters and sizes from ``env``; each
         keeps its rank, in the block layout of ``per_node`` ranks per node)."""
         self.files.offer_rejoin(step, {k: env[k] for k in OFFERED if k in env}, sorted(self.waiting), per_node)
+        self.joining = (step, set(self.waiting), time.monotonic())
+
+    def late(self, step: int) -> list[int]:
+        """The ranks offered job step ``step`` that have not joined it ``JOIN_S`` after the offer (the step is then
+        a failure: a survivor that cannot join is not counted as started)."""
+        if self.joining is None or self.joining[0] != step:
+            return []
+        ranks = self.joining[1] - self.files.joined_ranks(step)
+        if not ranks:
+            self.joining = None
+            return []
+        return sorted(ranks) if time.monotonic() - self.joining[2] > JOIN_S else []
 
     def release(self) -> None:
         """Kill the held ranks (the next step relaunches every rank, or none follows) and forget them."""

@@ -5,21 +5,16 @@ Refused while the job may still run again (a requeued attempt restores from them
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
 from .. import _jobevents as jobevents
-from .._jobfiles import JobFiles
+from .._jobfiles import FREE_MEMORY_SH, JobFiles
 from .jobs import JobError
 from .status import job_status
 
-__all__ = ["free_memory", "REMOVE_SH"]
+__all__ = ["free_memory"]
 
-#: Removes the named folders that are this job's memory checkpoints (``.../trainstack-<uid>/job-<JOB>-...``) and
-#: nothing else, whatever the listing says.
-REMOVE_SH = 'job="$1"; shift; for d in "$@"; do [[ "$d" == */trainstack-*/job-"$job"-* ]] && rm -rf -- "$d"; ' \
-            'done; true'
 _LIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING")
 
 
@@ -35,7 +30,7 @@ def free_memory(job_id: str, wait_s: int = 60) -> tuple[list[str], list[str]]:
     if folder is None:
         raise JobError(f"job {job_id} has no job folder here: its memory checkpoints are not recorded. HINT: on each "
                        f"node, rm -rf /dev/shm/trainstack-$(id -u)/job-{job_id}-*")
-    files = JobFiles(folder)
+    files = JobFiles.mine(folder)  # what it deletes is computed on each node: this job's folders in this user's root
     folders = files.memory_folders()
     if not folders:
         return [], []
@@ -46,8 +41,8 @@ def free_memory(job_id: str, wait_s: int = 60) -> tuple[list[str], list[str]]:
     partition = _partition(files)
     argv = ["srun", f"--immediate={wait_s}", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}",
             "--ntasks-per-node=1", f"--nodelist={','.join(hosts)}", "--job-name=trainstack-free-memory",
-            *([f"--partition={partition}"] if partition else []), "bash", "-c", REMOVE_SH, "_",
-            job_id.partition("_")[0], *folders]
+            *([f"--partition={partition}"] if partition else []), "bash", "-c", FREE_MEMORY_SH, "_",
+            job_id.partition("_")[0], *files.memory_roots()]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=wait_s + 60, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -74,9 +69,6 @@ def hosts_of(folder: Path) -> list[str]:
 
 
 def _partition(files: JobFiles) -> str | None:
-    try:
-        spec = json.loads(files.path(JobFiles.METADATA).read_text()).get("spec") or {}
-    except (OSError, ValueError):
-        return None
+    spec = files.metadata().get("spec") or {}
     value = spec.get("partition") if isinstance(spec, dict) else None
     return str(value) if value else None
