@@ -2,7 +2,8 @@
 says which ranks fail, when, with what status, on which host (each failing task's exit record written as the task
 wrapper writes it), which ranks say they lost a peer and when (as fastexit does), how far rank 0's log gets,
 whether the step hangs until killed (a lost node), whether its waiting ranks train on in the next step once the
-driver offers it (continue_in_place: seconds), and whether the trainer answers a stop request with a checkpoint."""
+driver offers it (continue_in_place: seconds; joins: false, they never join its group), and whether the trainer
+answers a stop request with a checkpoint."""
 
 from __future__ import annotations
 
@@ -33,8 +34,12 @@ for f in failures:
 while scenario.get("hang"):  # a lost node: srun never returns until it is killed
     time.sleep(0.05)
 if scenario.get("continue_in_place"):  # ranks waiting in place: they train on in the next step, then end
-    while JobFiles(job).rejoin_offer(int(os.environ.get("TRAINSTACK_STEP", "0"))) is None:
+    while (offer := JobFiles(job).rejoin_offer(int(os.environ.get("TRAINSTACK_STEP", "0")))) is None:
         time.sleep(0.02)
+    while not scenario.get("joins", True):  # took the offer and never joined (a rendezvous nobody serves)
+        time.sleep(0.05)
+    for rank in offer.ranks:
+        JobFiles(job).joined(rank, offer.step)
     time.sleep(scenario["continue_in_place"])
     sys.exit(0)
 stop = os.environ.get("TRAINSTACK_STOP_FILE")

@@ -554,6 +554,34 @@ def test_a_crashed_rank_restarts_alone_beside_the_ranks_waiting_in_place(tmp_pat
     assert row["kind"] == "killed (signal 9)" and row["retried"], row
 
 
+def test_a_survivor_that_never_joins_its_offered_step_fails_the_step(tmp_path, job, monkeypatch):
+    """Probe A25: a survivor that took the offer but cannot join (a rendezvous nobody serves) -- the driver does not
+    count the step as started: it is killed, said, and relaunched whole (the survivors are not held again)."""
+    import trainstack._slurm.inplace as driver_side
+
+    monkeypatch.setattr(driver_side, "JOIN_S", 0.5)
+    waiting = [{"rank": r, "host": h, "waiting": True, "delay": 0.1} for r, h in ((0, "node1"), (2, "node2"),
+                                                                                   (3, "node2"))]
+    slurm = FakeSlurm(["node1", "node2"], [
+        {"fail": [{"rank": 1, "host": "node1", "code": 137}], "peer_lost": waiting, "continue_in_place": 0.3,
+         "joins": False}, {"hang": True}, {"duration": 0.2}])
+    status, _ = job(plan(tmp_path), slurm, TRAINSTACK_IN_PLACE="1")
+    assert status == 0, job.said
+    assert any("rank(s) 0, 2, 3 did not join job step 1 within 0.5 s of its offer: killing its tasks" in line
+               for line in job.said), job.said
+    assert len(slurm.launched) == 3 and "--ntasks=4" in slurm.launched[2], slurm.launched
+
+
+@pytest.mark.parametrize("value, on", [("false", False), ("off", False), ("0", False), ("yes", True),
+                                       ("maybe", False)])
+def test_in_place_restarts_take_the_usual_on_and_off_words(tmp_path, job, value, on):
+    """Probe A27: TRAINSTACK_IN_PLACE=false turned them on (anything but 0 did); an unknown word is said, and off."""
+    slurm = FakeSlurm(["node1", "node2"], [{"duration": 0.1}])
+    status, alloc = job(plan(tmp_path), slurm, TRAINSTACK_IN_PLACE=value)
+    assert status == 0 and alloc.in_place.enabled is on
+    assert ("neither on" in " ".join(job.said)) is (value == "maybe"), job.said
+
+
 @pytest.mark.parametrize("case", ["spare", "shrink"])
 def test_a_lost_nodes_survivors_continue_in_place_on_a_spare_or_alone(tmp_path, job, case):
     """node2 lost whole (its ranks say nothing, the probe finds it gone); ranks 0, 1 on node1 wait in place. With a

@@ -404,6 +404,8 @@ class JobFiles:
                 continue
             except UnreadableFile as exc:
                 pass_over(exc, "an offer")
+            except json.JSONDecodeError:
+                pass_over(UnreadableFile(steps[n], "is not JSON: not an offer of the driver's"), "an offer")
             except ValueError as exc:
                 pass_over(UnreadableFile(steps[n], f"is not an offer of the driver's: {exc}"), "an offer")
         return None

@@ -32,7 +32,7 @@ from .. import _envvars as envvars
 from .._jobfiles import OFFERED, JobFiles, Offer
 from . import fastexit
 
-__all__ = ["may_wait", "detach", "next_step", "join", "environment", "WAIT_S", "JOIN_S", "Rejoining"]
+__all__ = ["may_wait", "detach", "next_step", "join", "joined", "environment", "WAIT_S", "JOIN_S", "Rejoining"]
 
 
 class Rejoining(Protocol):
@@ -104,10 +104,13 @@ def environment(offer: Offer, rank: int) -> dict[str, str]:
             envvars.TASK_RANKS: keep_rank(rank, offer.per_node)}
 
 
+_JOINING: list[tuple[int, Offer, threading.Timer]] = []  # the offer this process is joining, until its group forms
+
+
 def join(accelerator: Rejoining, offer: Offer) -> None:
-    """Join the offered step's process group within ``JOIN_S`` (then tell the driver), or end this process with a
-    line that says which step and rendezvous it could not join: a wrong or dead rendezvous never leaves it waiting
-    silently."""
+    """Take ``offer`` and join its step's process group -- now, or at the next distributed call -- within
+    ``JOIN_S`` (``joined`` then tells the driver), or end this process with a line that says which step and
+    rendezvous it could not join: a wrong or dead rendezvous never leaves it waiting silently."""
     rank = accelerator.rank
 
     def give_up() -> None:
@@ -118,10 +121,18 @@ def join(accelerator: Rejoining, offer: Offer) -> None:
     timer = threading.Timer(JOIN_S, give_up)
     timer.daemon = True
     timer.start()
-    try:
-        accelerator.rejoin(environment(offer, rank))
-    finally:
-        timer.cancel()
+    _JOINING[:] = [(rank, offer, timer)]
+    accelerator.rejoin(environment(offer, rank))
+
+
+def joined() -> None:
+    """This process's process group formed (``ProcessGroupSession.start``): a rank continued in place has joined
+    its offered step -- the driver counts the step as started with it (``JobFiles.joined``)."""
+    if not _JOINING:
+        return
+    (rank, offer, timer), = _JOINING
+    _JOINING.clear()
+    timer.cancel()
     folder = JobFiles.current()
     if folder is not None:
         folder.joined(rank, offer.step)

@@ -54,7 +54,7 @@ from .. import _envvars as envvars
 from .. import _transport
 from .._files import atomic_write
 from ..errors import Interrupted, LaunchError, Preempted, TrainingHung
-from . import fastexit
+from . import fastexit, inplace
 from . import layout as _layout
 from . import preload as _preload
 from . import ranklog as _ranklog
@@ -149,6 +149,7 @@ class ProcessGroupSession:
             raise
         if required:
             _transport.confirm_after_init(required)
+        inplace.joined()  # a rank continued in place: the driver counts its step as started
         fastexit.arm(ctx.rank)  # after torch's own hook (init_process_group's): a failed rank skips the teardown
 
     def start_for_process(self) -> None:

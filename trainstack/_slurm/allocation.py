@@ -31,7 +31,7 @@ from .._jobfiles import EXIT_RECORD_SH, JobFiles
 from . import attempt as policy
 from . import sentinel
 from .batchjob import BatchJob
-from .inplace import JOIN_S, Survivors
+from .inplace import Survivors
 from .nodecheck import check as judge_nodes
 from .nodecheck import describe as describe_check
 from .nodecheck import measure as measure_nodes
@@ -252,7 +252,7 @@ class Allocation:
             late = self.in_place.late(self.step) if failed_at is None else []
             if late:  # a survivor that took the offer but never joined: the step did not start
                 failed_at, why = now - grace, f"rank(s) {', '.join(map(str, late))} did not join job step " \
-                    f"{self.step} within {JOIN_S:g} s of its offer"
+                    f"{self.step} within {self.in_place.join_s:g} s of its offer"
             if (failed_at is None or failed_at > now - grace) and why != GONE and self.probe is not None and \
                     (self.probe.found_lost() or (detected and self._presume_lost(nodes))):  # the others may wait
                 failed_at, why = (failed_at or now) if self.in_place.enabled else now - grace, GONE

@@ -40,6 +40,7 @@ class Survivors:
         self.waiting: dict[int, str] = {}
         self.held: list[subprocess.Popen[bytes]] = []
         self.joining: tuple[int, set[int], float] | None = None  # (step, ranks, offered at): not yet joined
+        self.join_s = JOIN_S
 
     def all_waiting(self, step: int, world: int, gone: set[int]) -> bool:
         """Has every rank of job step ``step`` either recorded its exit, gone with its host (``gone``) or said it
@@ -104,7 +105,7 @@ class Survivors:
         if not ranks:
             self.joining = None
             return []
-        return sorted(ranks) if time.monotonic() - self.joining[2] > JOIN_S else []
+        return sorted(ranks) if time.monotonic() - self.joining[2] > self.join_s else []
 
     def release(self) -> None:
         """Kill the held ranks (the next step relaunches every rank, or none follows) and forget them."""
