@@ -197,9 +197,25 @@ def test_why_names_the_missing_transport(tmp_path):
               "version 2.29.7\nncclInvalidUsage: This usually reflects invalid usage of NCCL library.\nLast error:\n"
               "Error: network IB not found."))
     (plain / "exit_code").write_text("1\n")
-    (plain.parent / "nccl.gpu-b07.2201.log").write_text((DATA / "ib-required-no-device.log").read_text())
+    (plain / "nccl.gpu-b07.2201.log").write_text((DATA / "ib-required-no-device.log").read_text())
+    # probe 5 D-7, D-8: the shared log folder's files (a concurrent job's, a planted one) are not this job's; a FIFO
+    # among this job's own is passed over, not waited on
+    (plain.parent / "nccl.gpu-b07.999.log").write_text("NCCL INFO Failed to open libibverbs.so[.1]\n")
+    os.mkfifo(plain / "nccl.gpu-b07.998.log")
     v = verdict("FAILED", plain, None)
     assert v.kind == "nccl transport" and "NCCL found no InfiniBand/RoCE device" in v.summary
+    assert "could not be opened" not in v.summary, v.summary
+
+
+def test_many_distinct_nccl_lines_are_read_in_linear_time(tmp_path):
+    """Probe 5 D-10: 80 000 distinct device lines took 26 s (a list searched per line); a bounded head is read."""
+    import time
+
+    log = tmp_path / "nccl.h.1.log"
+    log.write_text("".join(f"h:1:1 [0] NCCL INFO NET/Socket : Using [{i}]eth{i}:10.0.0.1<0>\n" for i in range(80_000)))
+    started = time.monotonic()
+    init = tr.read_init_files([log])
+    assert 50_000 < len(init.devices) <= 80_000 and time.monotonic() - started < 3  # the head: 4 MiB
 
 
 def test_doctor_and_nccl_check_require_the_transport(tmp_path):

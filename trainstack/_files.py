@@ -68,10 +68,11 @@ class UnreadableFile(UntrustedFileError):
         self.path, self.why = Path(path), why
 
 
-def read_back(path: str | os.PathLike, limit: int = SMALL, owner: int | None = -1, tail: bool = False) -> bytes:
+def read_back(path: str | os.PathLike, limit: int = SMALL, owner: int | None = -1, tail: bool = False,
+              head: bool = False) -> bytes:
     """The bytes of ``path`` as data trainstack reads back: opened without following a link and without blocking
-    (a FIFO, a device, a folder are refused), at most ``limit`` bytes (more is refused, or with ``tail`` only the
-    newest ``limit`` bytes are read). ``owner``: the uid the file must belong to, writable by nobody else (-1: this
+    (a FIFO, a device, a folder are refused), at most ``limit`` bytes (more is refused; with ``tail`` only the
+    newest ``limit`` bytes are read, with ``head`` the first, each cut at a line). ``owner``: the uid the file must belong to, writable by nobody else (-1: this
     user; None: anyone's, e.g. a log). A missing file raises FileNotFoundError; anything else ``UnreadableFile``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -91,7 +92,7 @@ def read_back(path: str | os.PathLike, limit: int = SMALL, owner: int | None = -
         if uid is not None and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             raise UnreadableFile(path, f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): anyone "
                                        f"could have written it")
-        if st.st_size > limit and not tail:
+        if st.st_size > limit and not (tail or head):
             raise UnreadableFile(path, f"holds {st.st_size} bytes, more than the {limit} such a record may have")
         if tail and st.st_size > limit:
             os.lseek(fd, st.st_size - limit, os.SEEK_SET)
@@ -106,20 +107,20 @@ def read_back(path: str | os.PathLike, limit: int = SMALL, owner: int | None = -
         os.close(fd)
     data = b"".join(chunks)
     if len(data) > limit:
-        if not tail:
+        if not (tail or head):
             raise UnreadableFile(path, f"holds more than the {limit} bytes such a record may have")
-        data = data[-limit:]
+        data = data[-limit:] if tail else data[:data.rfind(b"\n", 0, limit) + 1]
     if tail and st.st_size > limit:  # the first line was cut by the bound
         data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
     return data
 
 
 def read_back_text(path: str | os.PathLike, limit: int = SMALL, owner: int | None = -1, tail: bool = False,
-                   quiet: bool = False) -> str:
+                   head: bool = False, quiet: bool = False) -> str:
     """``read_back`` as text: a missing file is empty, an unreadable one is passed over (said once, on stderr,
     unless ``quiet``) and empty."""
     try:
-        return read_back(path, limit, owner, tail).decode("utf-8", errors="replace")
+        return read_back(path, limit, owner, tail, head).decode("utf-8", errors="replace")
     except FileNotFoundError:
         return ""
     except UnreadableFile as exc:

@@ -323,6 +323,17 @@ class JobFiles:
     def started_time(self) -> float | None:
         return self._mtime(self.path(self.STARTED))
 
+    def seal_logs(self) -> None:
+        """The logs a job step's programs wrote here with the user's umask (NCCL's ``nccl.*.log``, its flight
+        recorder's dumps) made unwritable by others: ``why`` reads them as this user's."""
+        for path in [*self.folder.glob("nccl.*.log"), *self.folder.glob("nccl-trace-rank-*")]:
+            try:
+                st = path.lstat()
+                if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o022:
+                    os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o022, follow_symlinks=False)
+            except (OSError, NotImplementedError):
+                continue
+
     def mark_attempt_in_logs(self, label: str) -> None:
         """``=== trainstack: attempt LABEL starts at ...`` in every rank and node log already there."""
         stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")

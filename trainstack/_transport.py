@@ -233,6 +233,7 @@ class NcclInit:
     networks: set[str] = field(default_factory=set)  # "IB", "Socket", "AWS Libfabric", ...
     devices: list[str] = field(default_factory=list)  # "NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:..."
     causes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # why a network was missing -> transports
+    _seen: set[str] = field(default_factory=set, repr=False, compare=False)
     not_found: str | None = None  # "Error: network IB not found." (NCCL_NET named a network it does not have)
     not_found_net: str | None = None  # "IB" (None: the line named none -- NCCL_NET's own network is the one missing)
 
@@ -240,7 +241,8 @@ class NcclInit:
         if m := _USING_NETWORK.search(line):
             self.networks.add(m["net"])
         elif m := _NET_DEVICES.search(line):
-            if m["line"] not in self.devices:
+            if m["line"] not in self._seen:  # a set beside the ordered list: distinct lines cost linear time
+                self._seen.add(m["line"])
                 self.devices.append(m["line"])
         elif m := _NOT_FOUND.search(line):
             self.not_found, self.not_found_net = m["line"], m["net"]
@@ -265,16 +267,19 @@ def read_init(lines: Iterable[str]) -> NcclInit:
     return init
 
 
-def read_init_files(paths: Iterable[Path], extra: str = "") -> NcclInit:
-    """NCCL_DEBUG_FILE outputs (``nccl.HOST.PID.log``) plus any other text (a job log: torch repeats NCCL's last
-    error there)."""
+#: How much of an NCCL debug file is read: its init lines come first.
+INIT_BYTES = 4 << 20
+
+
+def read_init_files(paths: Iterable[Path], extra: str = "", owner: int | None = -1) -> NcclInit:
+    """NCCL_DEBUG_FILE outputs (``nccl.HOST.PID.log``; the first ``INIT_BYTES`` of each, where NCCL's init lines are,
+    read as untrusted data: ``_files.read_back``, files of ``owner``) plus any other text (a job log: torch repeats
+    NCCL's last error there)."""
+    from ._files import read_back_text
+
     init = read_init(extra.splitlines())
     for path in paths:
-        try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            continue
-        for line in text.splitlines():
+        for line in read_back_text(path, INIT_BYTES, owner, head=True).splitlines():
             if "NCCL " in line:
                 init.add(line)
     return init

@@ -273,6 +273,7 @@ class Allocation:
                     p.kill()
             time.sleep(self.poll_s)
         self.job.event("step_end", nodes, self.step)
+        self.files.seal_logs()
         saved, finished = self.files.stop_answers()
         self.files.clear_stop()
         return StepEnd(first_failure(self.files, self.step, code if code >= 0 else 128 - code, self.job.warn),

@@ -80,6 +80,11 @@ class BatchJob:
             [env.get("SLURMD_NODENAME") or os.uname().nodename]
         self._code_snapshot()
         self._sweep_task()
+        debug = self.env.get("NCCL_DEBUG_FILE", "")
+        if Path(debug).name == "nccl.%h.%p.log" and Path(debug).parent == self.job_dir.parent:
+            # NCCL's init lines (--nccl-transport, --nccl-debug) in this job's folder, not the shared log folder:
+            # `why` reads this job's own, never a concurrent job's or a planted one
+            self.env["NCCL_DEBUG_FILE"] = str(self.files.path("nccl.%h.%p.log"))
         if plan.gpu:  # the NCCL flight recorder: each rank's last collectives, dumped here when one times out
             self.env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
             self.env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")

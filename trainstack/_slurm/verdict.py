@@ -348,8 +348,9 @@ def _transport_failure(ev: Evidence, folder: Path | None, kind_line: str, messag
     required = _transport.by_network(found["net"]) if found else None
     if required is None:
         return None
-    files = [p for p in folder.parent.glob("nccl.*.log") if _newer(p, ev.since)] if folder is not None else []
-    return _transport.judge(required.name, _transport.read_init_files(files, extra=said))
+    files = [p for p in folder.glob("nccl.*.log") if _newer(p, ev.since)] if folder is not None else []
+    owner = JobFiles(folder).uid if folder is not None else None  # this job's own files, in its folder only
+    return _transport.judge(required.name, _transport.read_init_files(files, extra=said, owner=owner))
 
 
 def _is_collective(kind_line: str, message: str) -> bool:
