@@ -197,4 +197,151 @@ def test_a_checkpoint_staged_in_a_clusters_scratch_is_taken_instead_of_downloade
     gamma = _train(tmp_path / "gamma", url, "gamma", STEPS=16, EVERY=4, TRAINSTACK_STAGED=scratch)
     out, _ = gamma.communicate(timeout=180)
     assert gamma.returncode == 0, out[-3000:]
-    assert "pre-staged" not in out and f"downloaded checkpoint {newest}" in out, out
+    assert "took checkpoint" not in out and f"downloaded checkpoint {newest}" in out, out
+    assert "not taking the pre-staged" in out and "its sizes differ" in out, out
+    # probe 5 B23: another run's checkpoint of the same size (same architecture) is refused by its sha256, and one
+    # in a staged folder others can write is refused outright
+    def stage_newest() -> str:
+        subprocess.run([sys.executable, "-m", "trainstack", "checkpoint", "stage", url, str(scratch)], check=True,
+                       capture_output=True, timeout=120, env=env)
+        return _store(url).newest()[1]
+
+    other = stage_newest()
+    (scratch / other).write_bytes(_flipped(store, other))
+    delta = _train(tmp_path / "delta", url, "delta", STEPS=20, EVERY=4, TRAINSTACK_STAGED=scratch)
+    out, _ = delta.communicate(timeout=180)
+    assert delta.returncode == 0 and "took checkpoint" not in out and "(sha256)" in out, out[-3000:]
+    assert f"downloaded checkpoint {other}" in out, out[-3000:]
+    newest_now = stage_newest()
+    scratch.chmod(0o777)
+    epsilon = _train(tmp_path / "epsilon", url, "epsilon", STEPS=24, EVERY=4, TRAINSTACK_STAGED=scratch)
+    out, _ = epsilon.communicate(timeout=180)
+    assert epsilon.returncode == 0 and "writable by others" in out and f"downloaded checkpoint {newest_now}" in out
+
+
+def _flipped(store, name: str) -> bytes:
+    """The committed checkpoint ``name`` with one byte changed: the same size, other content."""
+    data = bytearray(store.fs.cat_file(store._path(name)))
+    data[len(data) // 2] ^= 0xFF
+    return bytes(data)
+
+
+# ---------------------------------------------------------------- the store read back as data (probe 5, B2-B35)
+def test_a_lease_rewritten_backwards_never_reuses_an_epoch_or_an_attempt_record(url):
+    """Probe B35: lease.json rewritten to epoch 1 over epochs 1..3; the next take is epoch 4, and no attempt record
+    is overwritten."""
+    store = _store(url)
+    for cluster in ("a", "b", "c"):
+        store.lease({"cluster": cluster}).take(None)
+    store.fs.pipe_file(store._path("lease.json"), json.dumps(
+        {"epoch": 1, "holder": {"cluster": "forger"}, "epochs": [{"epoch": 1, "base_step": None}]}).encode())
+    assert store.lease({"cluster": "d"}).take(None) == 4
+    assert [r["cluster"] for r in _lease.attempts(store.fs, store.root)] == ["a", "b", "c", "d"]
+
+
+def test_epochs_that_do_not_increase_are_passed_over_and_said(url, caplog):
+    store = _store(url)
+    store.fs.makedirs(store.root, exist_ok=True)
+    store.fs.pipe_file(store._path("lease.json"), json.dumps({"epoch": 3, "epochs": [
+        {"epoch": 2, "base_step": None}, {"epoch": 1, "base_step": 4}, {"epoch": "3", "base_step": 0},
+        {"epoch": 3, "base_step": -1}, {"epoch": 5, "base_step": 8}]}).encode())
+    assert [e["epoch"] for e in _lease.history(store.fs, store.root)] == [2, 5]
+    assert caplog.text.count("passing over an epoch") == 3
+
+
+@pytest.mark.parametrize("record", [b"{{{", b"[1]", b'{"epoch": 1, "taken": 1e300}', b'{"epoch": 1, "taken": NaN}'])
+def test_a_garbage_attempt_record_is_passed_over_by_status_and_by_the_next_attempt(url, record):
+    """Probe B6, B8, B9, B15, B16: `status STORE` and a new attempt's start read past it."""
+    store = _store(url)
+    store.lease({"cluster": "a"}).take(None)
+    store.fs.pipe_file(store._path("attempts/epoch-0001.json"), record)
+    lines = _lease.describe(url)
+    assert lines[0].startswith(f"{url}: 1 attempt(s)"), lines
+    assert any("passed over" in line for line in lines) or "an unknown time" in "\n".join(lines), lines
+    from trainstack._train.runstore import take_lease
+
+    said: list[str] = []
+    assert take_lease(store, 1, said.append) is not None and "as epoch 2" in said[0], said
+
+
+def test_status_of_a_store_says_what_is_wrong_with_it(bucket, tmp_path):
+    """Probe B7, B13, B14: a garbage lease, a missing bucket, an endpoint that does not answer."""
+    url = f"s3://{bucket}/r"
+    store = _store(url)
+    store.fs.makedirs(store.root, exist_ok=True)
+    for garbage in (b"garbage", b"[1,2,3]"):
+        store.fs.pipe_file(store._path("lease.json"), garbage)
+        (line,) = _lease.describe(url)
+        assert "lease.json" in line and ("not JSON" in line or "not a lease record" in line), line
+    assert "no such bucket" in _lease.describe("s3://ts-no-such-bucket-x/r")[0]
+    env = {**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "PYTHONPATH": str(ROOT),
+           "TRAINSTACK_STORE_TIMEOUT": "2"}
+    done = subprocess.run([sys.executable, "-m", "trainstack", "status", url], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode != 0 and "Traceback" not in done.stderr and "cannot read the checkpoint store" in \
+        done.stderr and "AWS_ENDPOINT_URL" in done.stderr, done.stderr
+
+
+def test_a_forged_lease_dropping_the_lineage_is_said(url, caplog):
+    """Probe B19: a lease forged to epochs [1 fresh, 999 from step 0] passes over three good checkpoints: said."""
+    store = _store(url)
+    store.lease({"cluster": "a"}).take(None)
+    for step in (4, 8, 12):
+        _marker(store, f"ckpt-e00000-s{step:09d}.pt", 1)
+    store.fs.pipe_file(store._path("lease.json"), json.dumps({"epoch": 999, "epochs": [
+        {"epoch": 1, "base_step": None}, {"epoch": 999, "base_step": 0}]}).encode())
+    assert store.committed() == []
+    assert "passing over 3 committed checkpoint(s)" in caplog.text and "999 from step 0" in caplog.text
+
+
+@pytest.mark.parametrize("marker", [b"[]", b"{{{", b"5"])
+@pytest.mark.parametrize("takeover", [False, True])
+def test_a_damaged_newest_marker_is_passed_over_like_a_damaged_checkpoint(url, tmp_path, marker, takeover):
+    """Probe B17, B18, B28: the run resumes from the one before it, said; with a staged folder too (after a
+    takeover, markers past its step have their epoch read: B17's AttributeError)."""
+    from trainstack._train.runstore import pull_newer
+    from trainstack.checkpoint import Checkpointer
+
+    store = _store(url)
+    store.lease({"cluster": "a"}).take(None)
+    if takeover:
+        store.lease({"cluster": "b"}).take(4)
+    local = tmp_path / "ckpt-e00000-s000000004.pt"
+    import torch
+
+    torch.save({"x": 1}, local)
+    store.upload(local)
+    store.fs.pipe_file(store._path("ckpt-e00000-s000000008.pt"), b"x")
+    store.fs.pipe_file(store._path("ckpt-e00000-s000000008.pt.committed"), marker)
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    (staged / "ckpt-e00000-s000000008.pt").write_bytes(b"x")
+    os.environ["TRAINSTACK_STAGED"] = str(staged)
+    try:
+        said: list[str] = []
+        checkpointer = Checkpointer(tmp_path / "run", None, True, False)
+        pull_newer(store, checkpointer, True, said.append)
+    finally:
+        del os.environ["TRAINSTACK_STAGED"]
+    assert any("downloaded checkpoint ckpt-e00000-s000000004.pt" in line for line in said), said
+    assert (checkpointer.folder / "ckpt-e00000-s000000004.pt").exists()
+    assert takeover or any("passing over ckpt-e00000-s000000008.pt" in line for line in said), said
+
+
+def test_a_writer_that_lost_the_lease_on_its_last_save_does_not_end_as_a_success(url, tmp_path):
+    """Probe B2: its refused upload leaves no object behind, and the run's end raises StaleLease (exit non-zero)."""
+    from trainstack._checkpoint.store import Uploads
+    from trainstack._train.runstore import finish_uploads
+
+    store = _store(url)
+    lease = store.lease({"cluster": "a"})
+    lease.take(None)
+    store.lease({"cluster": "b"}).take(None)  # b takes the run over before a's last save
+    local = tmp_path / "ckpt-e00000-s000000008.pt"
+    local.write_bytes(b"weights")
+    said: list[str] = []
+    up = Uploads(store, None, said.append, lease)
+    up.submit(local)
+    with pytest.raises(_lease.StaleLease, match="another attempt took this run over"):
+        finish_uploads(up, False, said.append)
+    assert not store.fs.exists(store._path(local.name)) and store.committed() == []

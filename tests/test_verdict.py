@@ -183,3 +183,17 @@ def test_a_worker_torchrun_saw_killed_is_killed_not_its_agents_exit(tmp_path):
     assert verdict("FAILED", folder, log, 1).kind == "crashed (signal)"
     (log.parent / "job.out").write_text(block("2026-11-28_11:25:24", 1, "1"))  # a plain status: the agent's end
     assert verdict("FAILED", folder, log, 1).kind == "exited"
+
+
+def test_a_writer_another_attempt_took_over_from_is_superseded(tmp_path):
+    """Probe 5 B5: its StaleLease traceback read as `exited ... without a traceback` (the type did not end in
+    Error)."""
+    folder = tmp_path / "job-3"
+    folder.mkdir()
+    (folder / "rank-0.out").write_text(
+        "Traceback (most recent call last):\n  File \"/home/u/st.py\", line 9, in <module>\n    trainer.fit()\n"
+        "trainstack._lease.StaleLease: another attempt took this run over: s3://b/r is held at epoch 2 by beta job 7 "
+        "on b1, and this writer holds epoch 1.\n")
+    (folder / "exit_code").write_text("1\n")
+    v = verdict("FAILED", folder, None)
+    assert v.kind == "superseded" and "held at epoch 2 by beta" in v.summary, v

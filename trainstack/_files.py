@@ -72,8 +72,9 @@ def read_back(path: str | os.PathLike, limit: int = SMALL, owner: int | None = -
               head: bool = False) -> bytes:
     """The bytes of ``path`` as data trainstack reads back: opened without following a link and without blocking
     (a FIFO, a device, a folder are refused), at most ``limit`` bytes (more is refused; with ``tail`` only the
-    newest ``limit`` bytes are read, with ``head`` the first, each cut at a line). ``owner``: the uid the file must belong to, writable by nobody else (-1: this
-    user; None: anyone's, e.g. a log). A missing file raises FileNotFoundError; anything else ``UnreadableFile``."""
+    newest ``limit`` bytes are read, with ``head`` the first, each cut at a line). ``owner``: the uid the file must
+    belong to, writable by nobody else (-1: this user; None: anyone's, e.g. a log). A missing file raises
+    FileNotFoundError; anything else ``UnreadableFile``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:

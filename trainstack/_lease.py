@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import posixpath
 import socket
@@ -38,6 +39,7 @@ __all__ = ["Lease", "StaleLease", "LeaseConflict", "history", "attempts", "in_li
 
 LEASE = "lease.json"
 ATTEMPTS = "attempts"
+log = logging.getLogger("trainstack")
 
 
 class StaleLease(CheckpointError):
@@ -151,16 +153,18 @@ class Lease:
         self._io = _Conditional(self.fs, self.root, self.url)
 
     def take(self, base_step: int | None, fingerprint: dict[str, Any] | None = None, tries: int = 5) -> int:
-        """Become the run's writer: the next epoch, starting the lineage at ``base_step`` (the newest committed
-        checkpoint's step, None for a fresh run). Retried when another attempt takes it at the same moment."""
+        """Become the run's writer: the next epoch -- above every epoch the lease and the attempt records ever
+        named, so none is used twice even if ``lease.json`` was rewritten -- starting the lineage at ``base_step``
+        (the newest committed checkpoint's step, None for a fresh run). Retried when another attempt takes it at the
+        same moment."""
         for _ in range(tries):
             current = self._io.read(LEASE)
             try:
                 found = json.loads(current[0]) if current else {}
             except ValueError:
                 found = {}
-            epochs = _epochs(found.get("epochs") if isinstance(found, dict) else None)
-            epoch = max((e["epoch"] for e in epochs), default=0) + 1
+            epochs = _epochs(found.get("epochs") if isinstance(found, dict) else None, self.url)
+            epoch = max([e["epoch"] for e in epochs] + [_recorded_epoch(self.fs, self.root)], default=0) + 1
             entry = {"epoch": epoch, "base_step": base_step, "taken": time.time(), **self.holder}
             record = {"epoch": epoch, "holder": self.holder, "epochs": [*epochs, entry]}
             try:
@@ -171,16 +175,22 @@ class Lease:
             attempt = {**entry, "fingerprint": fingerprint or {}}
             if self._io.kind == "local":  # object stores have no folders
                 self.fs.makedirs(posixpath.join(self.root, ATTEMPTS), exist_ok=True)
-            self.fs.pipe_file(posixpath.join(self.root, ATTEMPTS, f"epoch-{epoch:04d}.json"),
-                              json.dumps(attempt, indent=1).encode())
+            try:  # created, never replaced: an attempt's record is its own
+                self._io.write(posixpath.join(ATTEMPTS, f"epoch-{epoch:04d}.json"),
+                               json.dumps(attempt, indent=1).encode(), None)
+            except LeaseConflict:
+                raise CheckpointError(f"{self.url}: the attempt record of epoch {epoch} already exists although the "
+                                      f"lease was just taken at that epoch: another writer is tampering with the "
+                                      f"store") from None
             return epoch
         raise LeaseConflict(f"{self.url}: the lease changed {tries} times while this attempt tried to take it")
 
     def note(self, **fields: Any) -> None:
         """Add ``fields`` to this attempt's record (its own object: no other writer touches it)."""
         path = posixpath.join(self.root, ATTEMPTS, f"epoch-{self.epoch:04d}.json")
-        record = json.loads(self.fs.cat_file(path))
-        self.fs.pipe_file(path, json.dumps({**record, **fields}, indent=1).encode())
+        record = _record(self.fs, path)
+        self.fs.pipe_file(path, json.dumps({**(record if isinstance(record, dict) else {}), **fields},
+                                           indent=1).encode())
 
     def check(self) -> None:
         """Raise ``StaleLease`` when another attempt holds the run now: called before every commit marker."""
@@ -226,33 +236,98 @@ def _where(holder: dict[str, Any]) -> str:
     return f"{holder.get('cluster', '?')}{job} on {holder.get('host', '?')}"
 
 
-def history(fs: Any, root: str) -> list[dict[str, Any]]:
-    """The lease's epochs, oldest first ([] for a store no attempt took a lease on)."""
+#: A lease record or an attempt record is small: more is not one trainstack wrote.
+RECORD_BYTES = 16 << 20
+
+
+def _record(fs: Any, path: str) -> object:
+    """A record read back from the store as data: bounded, JSON; ``Unreadable`` naming it otherwise (a missing one
+    raises FileNotFoundError)."""
+    raw = fs.cat_file(path, start=0, end=RECORD_BYTES + 1)
+    if len(raw) > RECORD_BYTES:
+        raise Unreadable(f"{path} holds more than {RECORD_BYTES} bytes: not a record trainstack wrote")
     try:
-        epochs = json.loads(fs.cat_file(posixpath.join(root.rstrip("/"), LEASE))).get("epochs", [])
+        return json.loads(raw)
+    except ValueError:
+        raise Unreadable(f"{path} is not JSON: a damaged or foreign record") from None
+
+
+class Unreadable(CheckpointError):
+    """A record in the store that is not one trainstack wrote (passed over, said)."""
+
+
+def history(fs: Any, root: str, url: str | None = None) -> list[dict[str, Any]]:
+    """The lease's epochs, oldest first ([] for a store no attempt took a lease on, or an unreadable lease --
+    said, naming it)."""
+    path = posixpath.join(root.rstrip("/"), LEASE)
+    try:
+        record = _record(fs, path)
     except FileNotFoundError:
         return []
-    except (ValueError, AttributeError):  # not the lease trainstack writes: said by the next take's conflict
+    except Unreadable as exc:
+        log.warning("trainstack: passing over the lease: %s", exc)
         return []
-    return _epochs(epochs)
+    if not isinstance(record, dict):
+        log.warning("trainstack: passing over the lease: %s is not a lease record", url or path)
+        return []
+    return _epochs(record.get("epochs", []), url or path)
 
 
-def _epochs(value: object) -> list[dict[str, Any]]:
-    """The well-formed epochs of a lease record's ``epochs`` (the store is data, checked before it is used)."""
+def _epochs(value: object, where: str = "the lease") -> list[dict[str, Any]]:
+    """The well-formed epochs of a lease record's ``epochs`` (the store is data, checked before it is used): each
+    a positive integer, strictly increasing, with a base step that is a non-negative integer or None; anything else
+    is passed over, said."""
     if not isinstance(value, list):
         return []
-    return [e for e in value if isinstance(e, dict) and isinstance(e.get("epoch"), int)
-            and isinstance(e.get("base_step"), (int, type(None)))]
+    kept: list[dict[str, Any]] = []
+    for e in value:
+        epoch = e.get("epoch") if isinstance(e, dict) else None
+        base = e.get("base_step") if isinstance(e, dict) else None
+        if type(epoch) is int and epoch > 0 and (base is None or (type(base) is int and base >= 0)) and \
+                (not kept or epoch > kept[-1]["epoch"]):
+            kept.append(e)
+        else:
+            log.warning("trainstack: passing over an epoch of %s that is not a positive integer above the one "
+                        "before it with a step from which it starts: %.120r", where, e)
+    return kept
 
 
-def attempts(fs: Any, root: str) -> list[dict[str, Any]]:
-    """Every attempt's record (``attempts/epoch-NNNN.json``), oldest first."""
+def attempts(fs: Any, root: str, problems: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every attempt's record (``attempts/epoch-NNNN.json``), oldest first; a record that is not a JSON object is
+    passed over (named in ``problems`` when given, else said)."""
     folder = posixpath.join(root.rstrip("/"), ATTEMPTS)
+    fs.invalidate_cache(folder)
     try:
         names = sorted(fs.ls(folder, detail=False))
     except FileNotFoundError:
         return []
-    return [json.loads(fs.cat_file(name)) for name in names if name.endswith(".json")]
+    found = []
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        try:
+            record = _record(fs, name)
+        except (FileNotFoundError, Unreadable) as exc:
+            record = str(exc) if not isinstance(exc, FileNotFoundError) else None
+        if isinstance(record, dict):
+            found.append(record)
+        elif record is not None:
+            why = record if isinstance(record, str) else f"{name} is not an object: {str(record)[:80]!r}"
+            problems.append(why) if problems is not None else log.warning("trainstack: passing over %s", why)
+    return found
+
+
+def _recorded_epoch(fs: Any, root: str) -> int:
+    """The highest epoch an attempt record is named for (0 without one)."""
+    folder = posixpath.join(root.rstrip("/"), ATTEMPTS)
+    fs.invalidate_cache(folder)  # s3fs caches listings: a record written since must count
+    try:
+        names = fs.ls(folder, detail=False)
+    except FileNotFoundError:
+        return 0
+    numbers = [posixpath.basename(n)[6:-5] for n in names if posixpath.basename(n).startswith("epoch-")
+               and n.endswith(".json")]
+    return max((int(n) for n in numbers if n.isdigit() and len(n) < 12), default=0)
 
 
 def in_lineage(step: int, epoch: int | None, epochs: list[dict[str, Any]]) -> bool:
@@ -283,8 +358,24 @@ def describe(url: str) -> list[str]:
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(url)
-    records = attempts(fs, root)
-    epochs = {e["epoch"]: e for e in history(fs, root) if isinstance(e, dict) and isinstance(e.get("epoch"), int)}
+    try:
+        fs.ls(root, detail=False)
+    except FileNotFoundError:
+        return [f"{url}: no such bucket or prefix (nothing is stored there)"]
+    except Exception as exc:  # noqa: BLE001 -- botocore's connection errors and the like
+        raise CheckpointError(f"cannot read the checkpoint store {url}: {type(exc).__name__}: {exc}. HINT: check the "
+                              f"endpoint (AWS_ENDPOINT_URL) is up and reachable, and the credentials.") from None
+    problems: list[str] = []
+    records = attempts(fs, root, problems)
+    try:
+        lease = _record(fs, posixpath.join(root.rstrip("/"), LEASE))
+    except FileNotFoundError:
+        lease = {}
+    except Unreadable as exc:
+        return [f"{url}: {exc}"]
+    if not isinstance(lease, dict):
+        return [f"{url}: its {LEASE} is not a lease record ({str(lease)[:80]!r}): not one trainstack wrote"]
+    epochs = {e["epoch"]: e for e in _epochs(lease.get("epochs", []), url)}
     if not epochs:
         return [f"{url}: no attempt took a lease here (not a run's checkpoint store, or a run from before leases)"]
     current = max(epochs)
@@ -296,11 +387,18 @@ def describe(url: str) -> list[str]:
             continue
         base = record.get("base_step")
         start = f"from step {base:,}" if isinstance(base, int) else "fresh"
-        taken = record.get("taken")
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(taken if isinstance(taken, (int, float)) else 0))
+        when = _when(record.get("taken"))
         given = record.get("fingerprint")
         fingerprint: dict[str, Any] = given if isinstance(given, dict) else {}
         lines.append(f"  epoch {record.get('epoch', '?')}: {_where(record)}, {start}, at {when}; "
                      f"{portability(before, fingerprint)}")
         before = fingerprint
-    return lines
+    return lines + [f"  (passed over: {why})" for why in problems]
+
+
+def _when(taken: object) -> str:
+    """A record's time as local time, or 'an unknown time' (a forged 1e300 or NaN is data, not a crash)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(taken))  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "an unknown time"

@@ -5,7 +5,7 @@ uploads it off the training thread and commits it there::
 
     s3://bucket/exp/ckpt-e00002-s000000040.pt            a file checkpoint, or
     s3://bucket/exp/ckpt-e00002-s000000040/...           a sharded (DCP) folder's objects
-    s3://bucket/exp/ckpt-e00002-s000000040.committed     written last: every object and its size
+    s3://bucket/exp/ckpt-e00002-s000000040.committed     written last: every object, its size and its sha256
 
 A checkpoint counts only with its ``.committed`` marker: a save killed mid-upload leaves objects without one, and the
 previous checkpoint stays the newest (the next upload of the same name replaces them). Removing deletes the marker
@@ -13,18 +13,23 @@ first. Training never waits for the store: every request is bounded (``TRAINSTAC
 S3's connect and read timeouts, two attempts), the check at start is bounded, a save made while an upload runs waits
 in a slot of one (a newer save replaces it: said), and the end of a run waits for the last upload a bounded time.
 ``resume="auto"`` downloads the newest committed checkpoint when the run folder has none as new (another machine, a
-lost disk); its objects are checked against the marker and a listing of its prefix (names, sizes). Credentials and
+lost disk); its objects are checked against the marker and a listing of its prefix (names, sizes, and each object's
+sha256 once downloaded -- a pre-staged copy is adopted only when every sha256 matches). Credentials and
 endpoints come from the store's own client configuration (for S3: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/
 ``AWS_ENDPOINT_URL``, ``~/.aws``; fsspec's ``FSSPEC_S3_*`` variables), never from the URL (masked where shown).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import logging
+import os
 import posixpath
 import re
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +47,7 @@ log = logging.getLogger("trainstack")
 __all__ = ["Store", "Uploads", "COMMITTED", "stage", "adopt"]
 
 COMMITTED = ".committed"
+MARKER_BYTES = 16 << 20  # a marker lists names, sizes and digests: a sharded checkpoint of 100k objects fits
 _NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)(\.pt)?$")
 #: The extra (pip) that brings a protocol's fsspec implementation.
 _EXTRAS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
@@ -76,6 +82,7 @@ class Store:
         self.url = self.masked(given)
         scheme = url_scheme(given) or "file"
         self.timeout = store_timeout()
+        self._said_dropped: list[str] = []
         try:
             self.fs, self.root = fsspec.core.url_to_fs(given, **_options(scheme, self.timeout))
         except ImportError as exc:
@@ -164,16 +171,24 @@ class Store:
         later = [e for e in epochs if e["epoch"] > 1]
         if later:  # only markers past the earliest takeover can be outside the lineage: read just those
             cut = min(e.get("base_step") or 0 for e in later)
-            found = [(key, name) for key, name in found
-                     if key[0] <= cut or in_lineage(key[0], self._epoch_of(name), epochs)]
+            kept = [(key, name) for key, name in found
+                    if key[0] <= cut or in_lineage(key[0], self._epoch_of(name), epochs)]
+            dropped = sorted(name for _, name in set(found) - set(kept))
+            if dropped and dropped != self._said_dropped:
+                self._said_dropped = dropped
+                log.warning("trainstack: passing over %d committed checkpoint(s) in %s outside the run's lineage "
+                            "(written by a writer another attempt took the run over from; the lease's epochs: %s): "
+                            "%s", len(dropped), self.url, ", ".join(f"{e['epoch']} from step {e.get('base_step')}"
+                                                                    for e in epochs[-4:]), ", ".join(dropped[:5]))
+            found = kept
         return sorted(found)
 
     def _epoch_of(self, name: str) -> int | None:
         try:
             epoch = self.manifest(name).get("epoch")
-        except (CheckpointError, ValueError):
+        except CheckpointError:
             return None
-        return epoch if isinstance(epoch, int) else None
+        return epoch if type(epoch) is int else None
 
     def lease(self, holder: dict[str, Any]) -> Lease:
         """This run's single-writer lease in the store (``ConfigError`` where the store has no conditional writes
@@ -186,11 +201,22 @@ class Store:
         return (found[-1][0][0], found[-1][1]) if found else None
 
     def manifest(self, name: str) -> dict[str, Any]:
+        """The commit marker of ``name``, read as data (bounded, a JSON object) or a ``CheckpointError`` naming it."""
         try:
-            return json.loads(self.fs.cat_file(self._path(name + COMMITTED)))
+            raw = self.fs.cat_file(self._path(name + COMMITTED), start=0, end=MARKER_BYTES + 1)
         except FileNotFoundError:
             raise CheckpointError(f"{self.url}/{name} is not a committed checkpoint (no {name}{COMMITTED}).") \
                 from None
+        if len(raw) > MARKER_BYTES:
+            raise CheckpointError(f"{self.url}/{name}{COMMITTED} is larger than a marker may be ({MARKER_BYTES} "
+                                  f"bytes): not a marker trainstack wrote.")
+        try:
+            found = json.loads(raw)
+        except ValueError:
+            found = None
+        if not isinstance(found, dict):
+            raise CheckpointError(f"{self.url}/{name}{COMMITTED} is not a JSON object: a damaged or forged marker.")
+        return found
 
     # ------------------------------------------------------------------ writing
     def upload(self, local: Path, lease: Lease | None = None) -> None:
@@ -210,9 +236,15 @@ class Store:
         else:
             self.fs.put_file(str(local), target)
         manifest = {"name": name, "objects": objects, "sharded": local.is_dir(), "committed_at": time.time(),
-                    "epoch": lease.epoch if lease is not None else None}
+                    "epoch": lease.epoch if lease is not None else None,
+                    "sha256": {rel: sha256_of(p) for rel, p in zip(objects, files, strict=True)}}
         if lease is not None:
-            lease.check()
+            try:
+                lease.check()
+            except StaleLease:  # refused: its objects go too (the lineage never names them)
+                with contextlib.suppress(Exception):
+                    self.fs.rm(target, recursive=True)
+                raise
         self.fs.pipe_file(marker, json.dumps(manifest).encode())
 
     def remove(self, name: str) -> None:
@@ -231,6 +263,20 @@ class Store:
         rotate(self, keep_last)
 
     # ------------------------------------------------------------------ reading
+    def checksums(self, name: str) -> dict[str, str] | None:
+        """The sha256 of every object of ``name`` as its marker lists them (None for a marker from before
+        checksums); a marker whose checksums are not one hex digest per object raises ``CheckpointError``."""
+        found = self.manifest(name).get("sha256")
+        if found is None:
+            return None
+        objects = self.objects(name)
+        if not isinstance(found, dict) or set(found) != set(objects) or not all(
+                isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
+                for v in found.values()):
+            raise CheckpointError(f"{self.url}/{name}: its marker's sha256 does not give one digest per object; "
+                                  f"refused (a damaged or forged marker).")
+        return dict(found)
+
     def objects(self, name: str) -> dict[str, int]:
         """The objects of the committed checkpoint ``name`` as its marker lists them (relative name -> bytes),
         trusted only as far as checked: every name stays inside the checkpoint (no absolute path, no ``..``, no
@@ -295,6 +341,14 @@ class Store:
             if wrong:
                 raise CheckpointError(f"{self.url}/{name}: downloaded objects differ from its marker (got, expected "
                                       f"bytes): {wrong}: the store holds a damaged copy.")
+            digests = self.checksums(name)
+            if digests is not None:
+                got = temp if "" in objects else None
+                bad = sorted(rel for rel, digest in digests.items()
+                             if sha256_of(got if got is not None else temp / rel) != digest)
+                if bad:
+                    raise CheckpointError(f"{self.url}/{name}: downloaded object(s) {bad[:5]!r} do not match the "
+                                          f"sha256 its marker records: the store holds a damaged or replaced copy.")
             try:
                 temp.rename(final)
             except OSError:  # another node's copy won the rename (a shared run folder): keep it
@@ -315,17 +369,31 @@ def stage(url: str, folder: Path) -> str | None:
     return newest[1]
 
 
-def adopt(store: Store, name: str, staged: Path, folder: Path) -> bool:
-    """The pre-staged copy of ``name`` (``staged/name``), checked against its marker (every object, its size), copied
-    into ``folder`` under a temp name and renamed; False when there is none or it does not match (then the store's
-    own download runs)."""
+def adopt(store: Store, name: str, staged: Path, folder: Path, say: Callable[[str], None] = log.warning
+          ) -> bool:
+    """The pre-staged copy of ``name`` (``staged/name``), checked against its marker (every object, its size and
+    its sha256; a staged folder or object not this user's, or writable by others, is refused), copied into
+    ``folder`` under a temp name and renamed; False when there is none or it does not match -- said -- (then the
+    store's own download runs)."""
     source = staged / name
-    if not source.exists():
+    if not os.path.lexists(source):
         return False
+    why = _not_own(staged, source)
     objects = store.objects(name)
-    sizes = ({rel: (source / rel).stat().st_size if (source / rel).is_file() else None for rel in objects}
-             if source.is_dir() else {"": source.stat().st_size})
-    if sizes != objects:
+    digests = store.checksums(name)
+    if not why and digests is None:
+        why = "its marker records no sha256 (committed before checksums): sizes alone cannot tell another run's copy"
+    if not why:
+        paths = {rel: source / rel if rel else source for rel in objects}
+        why = next((f"{paths[rel]} is not this user's regular file, or is writable by others" for rel in objects
+                    if _not_own(paths[rel].parent, paths[rel], file=True)), "")
+        assert digests is not None
+        if not why and any(paths[rel].lstat().st_size != size for rel, size in objects.items()):
+            why = "its sizes differ from the checkpoint the store committed (a damaged or partial copy)"
+        if not why and any(sha256_of(paths[rel]) != digests[rel] for rel in objects):
+            why = "its content differs from the checkpoint the store committed (sha256): another run's copy?"
+    if why:
+        say(f"trainstack: WARNING: not taking the pre-staged {source}: {why}; downloading it from {store.url}.")
         return False
     final = folder / name
     if final.exists():
@@ -342,6 +410,30 @@ def adopt(store: Store, name: str, staged: Path, folder: Path) -> bool:
     finally:
         _remove(temp)
     return True
+
+
+def _not_own(folder: Path, item: Path, file: bool = False) -> str:
+    """Why ``item`` (in ``folder``) is not this user's to adopt: '' when it and its folder are this user's, are no
+    links and nobody else can write them (cluster scratch is often shared)."""
+    for path in (folder, item):
+        try:
+            st = path.lstat()
+        except OSError as exc:
+            return f"{path} cannot be read ({exc.strerror})"
+        if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            return f"{path} is a link, belongs to uid {st.st_uid} (not to you) or is writable by others"
+    if file and not stat.S_ISREG(item.lstat().st_mode):
+        return f"{item} is not a regular file"
+    return ""
+
+
+def sha256_of(path: Path) -> str:
+    """The sha256 of a file's bytes (read in 8 MiB blocks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(8 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _inside(rel: str) -> bool:

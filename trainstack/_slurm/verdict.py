@@ -28,7 +28,8 @@ KINDS = ("completed", "cancelled", "preempted", "time limit", "hang", "cuda out-
 #: Verdicts that blame the machine, not the program: a requeue leaves the host out.
 HOST_FAULTS = ("cuda error", "node failure")
 
-_TRACE_END = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Error\w*))(?::\s*(?P<msg>.*))?$")
+_TRACE_END = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Error\w*|StaleLease|Conflict))"
+                        r"(?::\s*(?P<msg>.*))?$")  # trainstack's StaleLease, LeaseConflict end a traceback too
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
 # torch's distributed exception types, and the messages gloo and NCCL raise through RuntimeError
 _COLLECTIVE_TYPE = re.compile(r"(?:torch\.distributed\.)?Dist(?:Backend|Network|Store)Error$")

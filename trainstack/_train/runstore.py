@@ -130,13 +130,14 @@ def pull_newer(store: Store, checkpointer: Checkpointer, is_main: bool, say: Cal
             return
         start = time.perf_counter()
         staged = os.environ.get(envvars.STAGED)
-        if staged and adopt(store, name, Path(staged), checkpointer.folder):
-            seconds = time.perf_counter() - start
-            say(f"trainstack: took checkpoint {name} pre-staged in {staged} ({seconds:.1f} s, no download).")
-            if lease is not None:
-                lease.note(download_s=round(seconds, 3), downloaded=name, staged=True)
-            return
         try:
+            if staged and adopt(store, name, Path(staged), checkpointer.folder, say):
+                seconds = time.perf_counter() - start
+                say(f"trainstack: took checkpoint {name} pre-staged in {staged} ({seconds:.1f} s, no download, "
+                    f"every object's sha256 checked).")
+                if lease is not None:
+                    lease.note(download_s=round(seconds, 3), downloaded=name, staged=True)
+                return
             got = store.download(name, checkpointer.folder)
             if got not in checkpointer.checkpoints():  # e.g. a sharded folder without its own commit marker
                 remove_checkpoint(got)
@@ -154,9 +155,13 @@ def pull_newer(store: Store, checkpointer: Checkpointer, is_main: bool, say: Cal
 
 
 def finish_uploads(up: Uploads, failed: bool, say: Callable[[str], None]) -> None:
-    """The end of the run waits five times the store timeout for the last upload, then says what it has."""
+    """The end of the run waits five times the store timeout for the last upload, then says what it has; a writer
+    another attempt took the run over from ends with ``StaleLease`` (never exit 0: a scheduler or the follower
+    would read that as the run completed)."""
     bound = 5 * up.store.timeout
-    if not up.wait(bound):
+    if up.wait(bound) and up.stale is not None and not failed:
+        raise _lease.StaleLease(f"{up.stale} Its saves after the takeover were not committed (their objects removed).")
+    if not up.wait(0):
         say(f"trainstack: WARNING: the upload of {up.in_flight} to {up.store.url} did not finish within {bound:g} s "
             f"(the store does not answer?): the run ends without it; its local copy is committed, the store's "
             f"newest is {up.uploaded or 'an earlier one'}.")
