@@ -147,3 +147,14 @@ def test_sinfo_states_say_which_nodes_are_in_service():
                               "node7 drng\nnode8 comp\nnode1 alloc\nnode9 fail\n\n")
     assert found == {"node1": True, "node2": False, "node3": True, "node4": True, "node5": False, "node6": False,
                      "node7": False, "node8": True, "node9": False}
+
+
+def test_forged_verdict_rows_are_skipped_by_status_attempts(tmp_path):
+    """Probe 5 E23: rows without an integer attempt (`x`, `[1]`, {"restart": "a", "kind": 5}) raised KeyError."""
+    from trainstack._slurm.attempt import history
+    from trainstack._slurm.report import attempt_rows
+
+    (tmp_path / "verdicts.jsonl").write_text('x\n[1]\n{"restart": "a", "kind": 5}\n{"attempt": "1"}\n'
+                                            '{"attempt": 0, "step_index": 0, "kind": "crash", "cause": "boom"}\n')
+    assert [r["attempt"] for r in history(tmp_path)] == [0]
+    assert "attempt 0: boom" in attempt_rows(tmp_path)

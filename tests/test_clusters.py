@@ -68,3 +68,25 @@ def test_a_move_costs_what_the_runs_earlier_moves_cost():
     assert measured_move_cost({"moves": [move(False, 40.0, 5.0)]}) is None and measured_move_cost(None) is None
     assert measured_move_cost({"moves": [{"moved_in": True, "ledger": {"parts": "forged"}}]}) is None
     assert measured_move_cost({"moves": "forged"}) is None
+
+
+@pytest.mark.parametrize("body, said", [
+    ('host = 123\n', "host in {path} must be text, got 123"),
+    ('slurm_conf = 5\n', "slurm_conf in {path} must be text, got 5"),
+    ('cluster = ["b"]\n', "cluster in {path} must be text, got ['b']"),
+    ('slurm_cfg = "x"\n', "unknown option 'slurm_cfg' in {path}"),
+    ('slurm_conf = "/nonexistent/slurm.conf"\n', "names /nonexistent/slurm.conf, which is not a file here"),
+])
+def test_every_cluster_profile_is_checked_before_anything_is_asked(tmp_path, body, said):
+    """Probe 5 C3, C4, C5, C10, C12: raw exceptions at a cluster's first ask (C4 killed the follower), a list taken
+    as a name, a missing slurm_conf costing 118 s per ask in silence -- now a usage error at once."""
+    from click.testing import CliRunner
+
+    from trainstack.cli import main
+
+    good, bad = tmp_path / "good.toml", tmp_path / "bad.toml"
+    good.write_text('cluster = "good"\n')
+    bad.write_text(body)
+    result = CliRunner().invoke(main, ["submit", "--cpu", "--cluster", str(good), "--cluster", str(bad), "--store",
+                                       "s3://b/r", "--", "train.py"])
+    assert result.exit_code == 2 and said.format(path=bad) in result.output, result.output

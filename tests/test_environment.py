@@ -144,3 +144,11 @@ def test_a_step_beside_ranks_restarted_in_place_takes_each_tasks_rank_from_the_d
     with pytest.raises(LaunchError, match=r"TRAINSTACK_TASK_RANKS='2/3'.*SLURM_PROCID='1'.*PER_NODE/RANK"):
         detect_environment({"SLURM_STEP_ID": "1", "SLURM_PROCID": "1", "SLURM_NTASKS": "2",
                             "TRAINSTACK_NPROCS": "4", "TRAINSTACK_TASK_RANKS": "2/3", "MASTER_PORT": "1"})
+
+
+@pytest.mark.parametrize("listed", ["0/1", "99999999999999999999/1", "-3/1", "2/9", "2/-1"])
+def test_task_ranks_out_of_range_are_a_launch_error(listed):
+    """Probe 5 E7 (ZeroDivisionError), E10 (a 1e20 local world accepted), A11 (a negative per-node count)."""
+    with pytest.raises(LaunchError, match=r"TRAINSTACK_TASK_RANKS=.*expected PER_NODE/RANK"):
+        detect_environment({"SLURM_STEP_ID": "1", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_ID": "7",
+                            "TRAINSTACK_NPROCS": "4", "TRAINSTACK_TASK_RANKS": listed, "MASTER_PORT": "1"})

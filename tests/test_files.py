@@ -82,3 +82,40 @@ def test_remote_refuses_a_planted_call(tmp_path):
                           timeout=60)
     assert proc.returncode == 1 and "refusing to load" in proc.stderr and "Traceback" not in proc.stderr
     assert not canary.exists() and not (folder / "result.pkl").exists()
+
+
+def test_nothing_under_a_folder_is_left_writable_by_others(tmp_path):
+    from trainstack._files import deny_others_write
+
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "f").write_text("x")
+    (tmp_path / "a" / "link").symlink_to("/etc/passwd")
+    for p in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "f"):
+        p.chmod(0o777 if p.is_dir() else 0o666)
+    deny_others_write(tmp_path / "a")
+    assert all(not p.lstat().st_mode & 0o022 for p in (tmp_path / "a").rglob("*") if not p.is_symlink())
+    single = tmp_path / "one"
+    single.write_text("x")
+    single.chmod(0o666)
+    deny_others_write(single)
+    assert stat.S_IMODE(single.stat().st_mode) == 0o644
+
+
+@as_root
+def test_stage_into_a_folder_it_cannot_use_is_a_clear_error(tmp_path):
+    """Probe 5 B25: a PermissionError traceback; here a folder of another user's."""
+    from click.testing import CliRunner
+
+    from trainstack.cli import main
+
+    foreign = tmp_path / "scratch"
+    foreign.mkdir()
+    os.chown(foreign, NOBODY, NOBODY)
+    from trainstack._checkpoint.store import Store
+
+    local = tmp_path / "ckpt-e00000-s000000004.pt"
+    local.write_bytes(b"weights")
+    Store(f"file://{tmp_path / 'store'}").upload(local)
+    result = CliRunner().invoke(main, ["checkpoint", "stage", f"file://{tmp_path / 'store'}", str(foreign)])
+    assert result.exit_code == 1 and "cannot stage into" in result.output and "belongs to uid 65534" in \
+        result.output and result.exception is None or isinstance(result.exception, SystemExit), result.output

@@ -149,6 +149,11 @@ def deny_others_write(root: str | os.PathLike) -> None:
     """Nothing under ``root`` (its folders and files; links are left as they are) writable by group or others:
     a job folder's code snapshot and driver run as its user, so nobody else may change them (``shutil.copy2`` keeps
     a group-writable source's mode, and ``mkdir`` follows the umask)."""
+    st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode):
+        if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o022:
+            os.chmod(root, stat.S_IMODE(st.st_mode) & ~0o022)
+        return
     for folder, dirs, files in os.walk(root):
         for name in [*dirs, *files, ""]:
             path = os.path.join(folder, name) if name else folder

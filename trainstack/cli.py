@@ -598,7 +598,11 @@ def checkpoint_stage(store: str, folder: str) -> None:
 
     if not url_scheme(store):
         raise click.BadParameter(f"{store!r} is not a store URL (s3://bucket/run)", param_hint="'STORE'")
-    name = stage(store, Path(folder))
+    try:
+        name = stage(store, Path(folder))
+    except OSError as exc:  # an unwritable folder, someone else's, a full disk
+        raise click.ClickException(f"cannot stage into {folder}: {exc.strerror or exc}. HINT: a folder of your own "
+                                   f"that you can write (a cluster's scratch).") from None
     click.echo(f"staged {name} in {folder}" if name else f"nothing to stage: {store} has no committed checkpoint")
 
 

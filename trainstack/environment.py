@@ -223,6 +223,8 @@ class SlurmEnvironment(ClusterEnvironment):
             per_text, ranks_text = listed.split("/", 1)
             per, ranks = int(per_text), [int(r) for r in ranks_text.split(",")]
             rank, world = ranks[_int(environ, "SLURM_PROCID")], _int(environ, envvars.NPROCS)
+            if not (0 < per <= 4096 and 0 <= rank < world <= 1 << 20):  # as an offer's per_node: the reader checks
+                raise ValueError(listed)
         except (ValueError, IndexError):
             raise LaunchError(f"{envvars.TASK_RANKS}={listed!r} (SLURM_PROCID={environ.get('SLURM_PROCID')!r}): "
                               f"expected PER_NODE/RANK,RANK... with one rank per srun task, set by trainstack's "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -58,13 +59,15 @@ def check(accelerator: Accelerator, megabytes: int) -> dict:
             "network": ", ".join(sorted(init.networks)) or None, "devices": init.devices}
 
 
-def require(expect: str | None, environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+def require(expect: str | None, environ: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
     """Make the processes this check starts require ``expect`` (NCCL_NET, the pre-flight check, the init lines in
-    files of their own) unless a generated script already did."""
+    files of their own) unless a generated script already did: the temp folder made for those files (the caller
+    removes it: the temp folder is left as found), or None."""
     if not expect or environ.get(_transport.REQUIRED_ENV) == expect:
-        return
+        return None
     folder = tempfile.mkdtemp(prefix="trainstack-nccl-check-")
     environ.update(_transport.step_env(expect, os.path.join(folder, "nccl.%h.%p.log")))
+    return folder
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,11 +76,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compute-setup", default=os.environ.get(envvars.COMPUTE_SETUP, "auto"),
                         choices=["auto", "gpu", "cpu"])
     parser.add_argument("--megabytes", type=int, default=64, help="size of the timed all_reduce (0: skip)")
-    parser.add_argument("--expect", choices=sorted(_transport.TRANSPORTS),
-                        default=os.environ.get(_transport.REQUIRED_ENV) or None,
-                        help="the network NCCL must use; a host that lacks it, or a fallback, fails the check")
+    parser.add_argument("--expect", choices=sorted(_transport.TRANSPORTS), default=None,
+                        help="the network NCCL must use; a host that lacks it, or a fallback, fails the check "
+                             f"(default: {_transport.REQUIRED_ENV})")
     args = parser.parse_args(argv)
-    require(args.expect)
+    given = os.environ.get(_transport.REQUIRED_ENV) or None
+    if args.expect is None and given is not None and given not in _transport.TRANSPORTS:
+        parser.error(f"{_transport.REQUIRED_ENV}={given!r} is not a transport: "
+                     f"{', '.join(sorted(_transport.TRANSPORTS))}")
+    args.expect = args.expect or given
+    made = require(args.expect)
+    try:
+        return _check(args)
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+
+
+def _check(args: argparse.Namespace) -> int:
     accelerator = Accelerator(nprocs=args.nprocs, compute_setup=args.compute_setup)
     if args.expect and accelerator.backend != "nccl":
         print(f"nccl-check FAILED: --expect {args.expect} checks NCCL's network, and this run uses "

@@ -285,5 +285,11 @@ def test_more_spare_nodes_than_the_partition_has_are_refused_before_anything_is_
     assert out.returncode == 2, out.stdout + out.stderr
     assert "the job would need 2 + 5 spare = 7 nodes, partition spares has 3" in out.stderr, out.stderr
     assert "--spare-nodes 1 at most" in out.stderr
+    # probe 5 F11, F12: without --partition the default partition (debug: 2 nodes) is counted, not the cluster (3)
+    out = ts(env, "submit", "--setup", "multi-node", "--nodes", "2", "--cpu", "--spare-nodes", "1", "--time", "5",
+             "--job-name", JOB, "--log-dir", str(shared_tmp / "logs"), "--no-snapshot", "--", SLEEPER, "1",
+             cwd=shared_tmp, check=False)
+    assert out.returncode == 2 and "the default partition (debug) has 2" in out.stderr, out.stdout + out.stderr
+    assert "--spare-nodes 0 at most" in out.stderr
     after = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout.split()
     assert after == before

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _envvars as envvars
-from .._files import temp_path, url_scheme
+from .._files import deny_others_write, own_folder, temp_path, url_scheme
 from .._lease import Lease, StaleLease, history, in_lineage
 from ..errors import CheckpointError, ConfigError
 from .retention import rotate
@@ -365,7 +365,9 @@ def stage(url: str, folder: Path) -> str | None:
     newest = store.newest()
     if newest is None:
         return None
-    store.download(newest[1], folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    own_folder(folder)  # a run adopts only what nobody else could have written (``adopt``)
+    deny_others_write(store.download(newest[1], folder))
     return newest[1]
 
 

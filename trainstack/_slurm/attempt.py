@@ -165,8 +165,14 @@ def node_check_failed(folder: Path, hosts: list[str], budget: Budget = Budget(),
 
 
 def history(folder: Path) -> list[dict]:
-    """The recorded attempts of this job folder, oldest first (a torn last line is skipped)."""
-    return JobFiles(folder).verdicts()
+    """The recorded attempts of this job folder, oldest first: a torn line, or a row without an integer attempt and
+    step index, is skipped (read back as data: a forged row never raises)."""
+    rows = []
+    for row in JobFiles(folder).verdicts():
+        if type(row.get("attempt")) is int and type(row.setdefault("step_index", 0)) is int:
+            row["cause"] = str(row.get("cause", row.get("kind", "?")))
+            rows.append(row)
+    return rows
 
 
 #: A recovery's phases, each ending at the event named: the batch script saw the failure (``detected``), launched

@@ -367,7 +367,7 @@ def follow_command(ctx: click.Context, paths: tuple[str, ...], store: str | None
     import click
 
     from .hosted import forwarded_args
-    from .options import load_profile
+    from .options import check_profile, load_profile
 
     if store is None or "://" not in store:
         raise click.UsageError(f"--cluster needs --store URL: the run's checkpoint store every cluster reaches "
@@ -379,7 +379,13 @@ def follow_command(ctx: click.Context, paths: tuple[str, ...], store: str | None
         if ctx.params.get(name):
             raise click.UsageError(f"--{name.replace('_', '-')} does not go with --cluster: each cluster's profile "
                                    f"names its host and options")
-    clusters = [Cluster.from_profile(p, load_profile(p)) for p in paths]
+    profiles = {p: load_profile(p) for p in paths}
+    for path, profile in profiles.items():  # every profile checked before anything is asked or submitted
+        try:
+            check_profile(path, profile)
+        except click.BadParameter as exc:
+            raise click.BadParameter(exc.message, param_hint="'--cluster'") from None
+    clusters = [Cluster.from_profile(p, profile) for p, profile in profiles.items()]
     names = [c.name for c in clusters]
     if len(set(names)) != len(names):
         raise click.UsageError(f"two --cluster profiles name the same cluster ({names}): give each a `cluster` key")

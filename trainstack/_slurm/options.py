@@ -22,7 +22,7 @@ from ..errors import ConfigError
 from .program import parse_program
 from .spec import LaunchSpec, SpecError
 
-__all__ = ["build_spec", "load_profile", "PROFILE_ONLY", "check_submittable"]
+__all__ = ["build_spec", "load_profile", "check_profile", "PROFILE_ONLY", "check_submittable"]
 
 #: LaunchSpec fields that hold lists: a profile may give one string (one item; the program is split like a shell).
 _LISTS = ("bind", "setup_cmd", "program")
@@ -66,6 +66,24 @@ def load_profile(path: str) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.get("trainstack", data).items()}
 
 
+def check_profile(path: str, profile: dict[str, Any]) -> None:
+    """Every key of a profile is an option, and the profile-only ones (host, cluster, slurm_conf, scratch, ...) are
+    text -- a ``slurm_conf`` a file that exists here: a ``BadParameter`` naming the key and the file otherwise, at
+    once (not at a cluster's first ask, as a raw exception)."""
+    known = {f.name for f in fields(LaunchSpec)} | set(PROFILE_ONLY)
+    for key, value in profile.items():
+        if key not in known:
+            raise click.BadParameter(f"unknown option {key!r} in {path}; valid keys: {', '.join(sorted(known))}",
+                                     param_hint="'--profile'")
+        if key in PROFILE_ONLY and value is not None and (not isinstance(value, str) or not value.strip()):
+            raise click.BadParameter(f"{key} in {path} must be text, got {value!r}", param_hint="'--profile'")
+    conf = profile.get("slurm_conf")
+    if conf is not None and not Path(conf).expanduser().is_file():
+        raise click.BadParameter(f"slurm_conf in {path} names {conf}, which is not a file here (each Slurm command "
+                                 f"would retry it for a minute). HINT: the path of that cluster's slurm.conf on this "
+                                 f"machine, or host = ... to reach it over ssh.", param_hint="'--profile'")
+
+
 def _profile_value(key: str, value: Any, path: str) -> Any:
     """A profile value in the shape of its field: one string for a list field becomes one item."""
     if key in _LISTS and isinstance(value, str):
@@ -104,11 +122,8 @@ def build_spec(ctx: click.Context, params: dict[str, Any], site: dict[str, Any] 
     profile_path = params.pop("profile", None)
     templates_dir = params.pop("templates_dir", None)
     profile = site if site is not None and profile_path else load_profile(profile_path) if profile_path else {}
-    known = {f.name for f in fields(LaunchSpec)} | set(PROFILE_ONLY)
+    check_profile(str(profile_path), profile)
     for key, value in profile.items():
-        if key not in known:
-            raise click.BadParameter(f"unknown option {key!r} in {profile_path}; valid keys: "
-                                     f"{', '.join(sorted(known))}", param_hint="'--profile'")
         source = ctx.get_parameter_source(key) if key in ctx.params else None
         if key not in PROFILE_ONLY and (source is None or source.name in ("DEFAULT", "DEFAULT_MAP")):
             params[key] = _profile_value(key, value, str(profile_path))
@@ -194,7 +209,8 @@ def check_submittable(spec: LaunchSpec) -> None:
                                      f"that holds it.", param_hint="'PROGRAM'")
     _check_node_count(spec)
     if not spec.cpu and shutil.which("sinfo"):
-        parts = ["-p", spec.partition] if spec.partition else []
+        partition = spec.partition or default_partition()
+        parts = ["-p", partition] if partition else []
         try:
             out = subprocess.run(["sinfo", "-h", *parts, "-o", "%G"], capture_output=True, text=True, timeout=20)
         except (OSError, subprocess.SubprocessError):
@@ -208,13 +224,25 @@ def check_submittable(spec: LaunchSpec) -> None:
                                      param_hint="'--cpu'")
 
 
+def default_partition() -> str | None:
+    """The cluster's default partition (sinfo marks it ``*``), where a job without ``--partition`` runs; None when
+    sinfo cannot say."""
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    marked = [name[:-1] for name in out.stdout.split() if name.endswith("*")] if out.returncode == 0 else []
+    return marked[0] if marked else None
+
+
 def _check_node_count(spec: LaunchSpec) -> None:
     """``--nodes`` plus ``--spare-nodes`` against the nodes of the partition (sinfo): a job asking for more would
     wait forever ("PartitionConfig")."""
     if not shutil.which("sinfo"):
         return
+    partition = spec.partition or default_partition()
     try:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N", *(["-p", spec.partition] if spec.partition else [])],
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N", *(["-p", partition] if partition else [])],
                              capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
         return
@@ -222,7 +250,8 @@ def _check_node_count(spec: LaunchSpec) -> None:
     need = spec.nodes + spec.spare_nodes
     if out.returncode != 0 or not have or need <= have:
         return
-    where = f"partition {spec.partition}" if spec.partition else "the default partition"
+    where = f"partition {spec.partition}" if spec.partition else f"the default partition ({partition})" \
+        if partition else "this cluster"
     if spec.spare_nodes:
         raise click.BadParameter(f"{spec.spare_nodes}: the job would need {spec.nodes} + {spec.spare_nodes} spare = "
                                  f"{need} nodes, {where} has {have}. HINT: --spare-nodes {max(have - spec.nodes, 0)} "

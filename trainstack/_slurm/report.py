@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _jobevents as events
+from .._files import LARGE, atomic_write, read_back_text
 from .._goodput import format_ledger, ledger
 from .._jobfiles import JobFiles
 from .attempt import history
@@ -71,7 +72,7 @@ def write_report(folder: Path, restart: int, step_index: int) -> Path:
     report = {"attempt": restart, "step_index": step_index, "start": start, "end": end, **seen,
               "verdict": row, "step_parts": mine["parts"] if mine else None, "job_ledger": found}
     files = JobFiles(folder)
-    files.report(restart, step_index, ".json").write_text(json.dumps(report, indent=1, default=str))
+    atomic_write(files.report(restart, step_index, ".json"), json.dumps(report, indent=1, default=str))
     lines = [f"trainstack attempt report: attempt {restart}, job step {step_index}"]
     lines += [f"  {c['line']}" for c in seen["node_checks"]] or ["  node check: not run"]
     lines += [f"  node check named {h}: {why}" for c in seen["node_checks"] for h, why in c["named"].items()]
@@ -85,7 +86,7 @@ def write_report(folder: Path, restart: int, step_index: int) -> Path:
     if found:
         lines.append(f"  job so far: {format_ledger(found)}")
     path = files.report(restart, step_index, ".txt")
-    path.write_text("\n".join(lines) + "\n")
+    atomic_write(path, "\n".join(lines) + "\n")
     return path
 
 
@@ -134,9 +135,6 @@ def attempt_contract(log: Path | None) -> str | None:
     as, and which guarantee held), as its log said it."""
     if log is None:
         return None
-    try:
-        text = Path(log).read_text(errors="replace")
-    except OSError:
-        return None
+    text = read_back_text(log, LARGE, owner=None, tail=True, quiet=True)
     said = [line for line in text.splitlines() if "trainstack: this attempt writes " in line]
     return said[-1].split("trainstack: ", 1)[1].strip() if said else None

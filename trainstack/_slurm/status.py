@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import _jobevents as events
+from .._files import SMALL, read_back_text
 from .._jobfiles import DRIVER_QUIET_S, JobFiles
 from . import index
 from .jobfolder import JobPaths
@@ -78,8 +79,8 @@ def _record(base: str) -> dict | None:
 
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        data = json.loads(read_back_text(path, SMALL, owner=None, quiet=True) or "{}")
+    except json.JSONDecodeError:
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -390,7 +391,7 @@ def follow_log(job_id: str, rank: int | None, echo: Callable[[str], None], poll:
 
 
 def _read_from(path: Path | None, offset: int) -> Iterator[str]:
-    if path is None or not path.exists():
+    if path is None or not path.is_file():  # never a FIFO someone put in its place
         return
     with open(path, encoding="utf-8", errors="replace", newline="") as fh:
         fh.seek(offset)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .. import _jobevents as events
 from .. import _transport
+from .._files import read_back_text
 from .._jobfiles import ATTEMPT_MARK, DRIVER_QUIET_S, DRIVER_SILENT_S, Exit, JobFiles
 
 __all__ = ["Verdict", "verdict", "KINDS", "HOST_FAULTS", "last_step", "exit_records"]
@@ -549,10 +550,8 @@ def _tail(text: str, n: int = 5) -> list[str]:
 
 
 def _read(path: Path | None) -> str:
-    try:
-        return path.read_text(errors="replace")[-200_000:] if path is not None else ""
-    except OSError:
-        return ""
+    """A log's newest 200 kB, read as data (``read_back``: never a FIFO, a link or an unbounded read)."""
+    return read_back_text(path, 200_000, owner=None, tail=True, quiet=True) if path is not None else ""
 
 
 def _done(v: Verdict) -> Verdict:
