@@ -178,8 +178,13 @@ def test_a_killed_rank_restarts_alone_and_the_others_continue_in_place_bitwise(c
     ref = reference(tmp_root)
     out = tmp_root / "in-place"
     out.mkdir(mode=0o777)
-    job = submit_spec(spec(out, "srun", spare=0))
+    umask = os.umask(0o002)  # a group project space (probe 5): the job and its ranks run with it too
+    try:
+        job = submit_spec(spec(out, "srun", spare=0))
+    finally:
+        os.umask(umask)
     wait_until(lambda: reached(out) >= 22 and len(list((out / "pids").glob("*"))) == 4, 120, "step 22")
+    planted = _plant_as_group_member(job.log_path.with_suffix(""))
     before = {p.name: p.read_text().split()[0] for p in (out / "pids").glob("*")}
     killed = kill_rank(out, "node1", 1)
     assert wait_for(job, timeout=240) == 0, job.log_path.read_text()
@@ -194,6 +199,21 @@ def test_a_killed_rank_restarts_alone_and_the_others_continue_in_place_bitwise(c
     assert same_parameters(out / "final.pt", ref)
     (rec,) = json.loads(ts(cluster, "why", "--json", job.job_id))["recoveries"]
     assert rec["where"] == "in allocation" and rec["resumed_at"] % 5 == 0 and 0 <= rec["steps_lost"] <= 10, rec
+    folder = job.log_path.with_suffix("")  # issue 64: nothing the driver, the ranks or the CLI read back is open
+    open_to_others = [str(p) for p in [folder, *folder.rglob("*")] if not p.is_symlink() and p.lstat().st_mode & 0o022]
+    assert not open_to_others and (folder / "rejoin" / "joined-1-rank-0").is_file(), open_to_others
+    assert planted == [], planted  # the probe's A3/A28/E2/E32 writes, as a member of the job folder's group
+
+
+def _plant_as_group_member(folder: Path) -> list[str]:
+    """What another user of the job folder's group could write in it (probe 5's attacker): each path written."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return []
+    script = ('cd "$1"; for f in rejoin/step-99.json peers-lost/rank-0 exits/rank-1 memory-folders events.jsonl '
+              '.stop; do mkdir -p "$(dirname "$f")" 2>/dev/null; echo forged >> "$f" 2>/dev/null && echo "$f"; done')
+    done = subprocess.run(["setpriv", "--reuid=65534", f"--regid={folder.stat().st_gid}", "--clear-groups", "bash",
+                           "-c", script, "_", str(folder)], capture_output=True, text=True, timeout=30)
+    return done.stdout.split()
 
 
 def memory_folders(job_id: str) -> list[Path]:
