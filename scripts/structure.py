@@ -8,7 +8,7 @@
   are read only by ``TrainConfig`` (which validates them), the ``Schedule`` (which decides) and ``fast_dev_run``
   (which replaces them);
 * nothing hides per-run state in a user's object (``__dict__.setdefault``);
-* no module but ``trainstack/_jobfiles.py`` joins a job-folder file name to a path (``folder / "started"``): the job
+* no module but ``trainstack/_jobfiles/`` joins a job-folder file name to a path (``folder / "started"``): the job
   folder's contents have one owner, ``JobFiles``.
 
     python scripts/structure.py
@@ -32,13 +32,14 @@ CADENCE = {"checkpoint_every", "checkpoint_every_n_steps", "val_every", "val_eve
 CADENCE_READERS = {"trainstack/config.py", "trainstack/_train/schedule.py", "trainstack/_train/devrun.py"}
 
 
-JOB_FILES = "trainstack/_jobfiles.py"
+JOB_FILES = "trainstack/_jobfiles/names.py"
+JOB_FILES_ROOM = "trainstack/_jobfiles/"
 
 
 def _job_file_names() -> set[str]:
     """The names ``JobFiles`` owns (its upper-case string constants)."""
     tree = ast.parse((ROOT / JOB_FILES).read_text(encoding="utf-8"))
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "JobFiles")
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Names")
     return {n.value.value for n in cls.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
             and isinstance(n.value.value, str) and all(isinstance(t, ast.Name) and t.id.isupper() for t in n.targets)}
 
@@ -81,8 +82,11 @@ def problems(path: Path) -> list[str]:
                 and isinstance(node.ctx, ast.Load):
             out.append(f"{rel}:{node.lineno}: reads {node.attr}: the Schedule decides the cadence")
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant) \
-                and node.right.value in NAMES and rel != JOB_FILES:
+                and node.right.value in NAMES and not rel.startswith(JOB_FILES_ROOM):
             out.append(f"{rel}:{node.lineno}: joins the job-folder name {node.right.value!r} to a path: ask JobFiles")
+        if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant) and \
+                str(node.values[0].value).startswith(("rank-", "node-")) and not rel.startswith(JOB_FILES_ROOM):
+            out.append(f"{rel}:{node.lineno}: spells a per-rank or per-node name: _jobfiles.rank_log and the like")
         if isinstance(node, ast.Attribute) and node.attr == "setdefault" and \
                 isinstance(node.value, ast.Attribute) and node.value.attr == "__dict__":
             out.append(f"{rel}:{node.lineno}: stores state in another object's __dict__")

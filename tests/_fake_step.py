@@ -24,7 +24,7 @@ failures = sorted(scenario.get("fail", []) + scenario.get("peer_lost", []), key=
 for f in failures:
     time.sleep(max(0.0, start + f.get("delay", 0.0) - time.monotonic()))
     if "code" not in f:  # alive, asleep (or waiting in place): its collective failed because a peer is gone
-        JobFiles(job).peer_lost(f["rank"], f["host"], int(os.environ.get("TRAINSTACK_STEP", "0")),
+        JobFiles(job).step.peer_lost(f["rank"], f["host"], int(os.environ.get("TRAINSTACK_STEP", "0")),
                                 waiting=f.get("waiting", False))
         continue
     (job / "exits").mkdir(exist_ok=True)
@@ -34,12 +34,12 @@ for f in failures:
 while scenario.get("hang"):  # a lost node: srun never returns until it is killed
     time.sleep(0.05)
 if scenario.get("continue_in_place"):  # ranks waiting in place: they train on in the next step, then end
-    while (offer := JobFiles(job).rejoin_offer(int(os.environ.get("TRAINSTACK_STEP", "0")))) is None:
+    while (offer := JobFiles(job).step.offer_after(int(os.environ.get("TRAINSTACK_STEP", "0")))) is None:
         time.sleep(0.02)
     while not scenario.get("joins", True):  # took the offer and never joined (a rendezvous nobody serves)
         time.sleep(0.05)
     for rank in offer.ranks:
-        JobFiles(job).joined(rank, offer.step)
+        JobFiles(job).step.joined(rank, offer.step)
     time.sleep(scenario["continue_in_place"])
     sys.exit(0)
 stop = os.environ.get("TRAINSTACK_STOP_FILE")

@@ -168,7 +168,7 @@ def test_ranks_that_lost_their_peer_are_the_detection_of_a_node_lost_with_no_exi
     status, alloc = job(plan(tmp_path, spare=1), slurm)
     assert status == 0, job.said
     assert [nodelist(a) for a in slurm.launched] == ["node1,node2", "node1,node3"]
-    assert ("kill_steps",) in slurm.calls and not JobFiles(alloc.files.folder).exits()
+    assert ("kill_steps",) in slurm.calls and not JobFiles(alloc.files.folder).step.exits()
     (row,) = rows(alloc)
     assert row["kind"] == "node failure" and row["blamed"] == "node2", row
 
@@ -233,7 +233,7 @@ def test_a_step_whose_every_rank_is_out_is_killed_without_waiting_out_the_grace(
                                                           for r in (0, 2, 3)], "hang": True}])
     _, alloc = job(plan(tmp_path, max_retries=0, teardown_grace_s=3.0), slurm)
     at = {e["kind"]: e["time"] for e in _events(alloc)}
-    (first,) = JobFiles(alloc.files.folder).exits()
+    (first,) = JobFiles(alloc.files.folder).step.exits()
     assert at["step_end"] - first.time < 1.5, (at, first)
     (row,) = rows(alloc)
     assert row["status"] == 137 and row["rank"] == 1, row
@@ -254,7 +254,7 @@ def test_a_step_of_node_tasks_whose_every_rank_is_out_is_killed_without_waiting_
         _, alloc = job(plan(tmp_path / str(silent), max_retries=0, teardown_grace_s=grace, launcher=launcher),
                        FakeSlurm(["node1", "node2"], [scenario(silent)]))
         at = {e["kind"]: e["time"] for e in _events(alloc)}
-        (first,) = JobFiles(alloc.files.folder).exits()
+        (first,) = JobFiles(alloc.files.folder).step.exits()
         waited = at["step_end"] - first.time
         assert (waited >= grace) if silent else (waited < 1.5), (silent, at, first)
         (row,) = rows(alloc)
@@ -269,7 +269,7 @@ def test_a_lost_peer_is_not_the_cause_the_rank_that_failed_first_is(tmp_path, jo
                                             "hang": True}])
     status, alloc = job(plan(tmp_path, max_retries=0), slurm)
     kinds = {e["kind"]: e["time"] for e in map(json.loads, alloc.files.events_file.read_text().splitlines())}
-    (first,) = JobFiles(alloc.files.folder).exits()
+    (first,) = JobFiles(alloc.files.folder).step.exits()
     assert kinds["detected"] < first.time < kinds["step_end"], kinds  # detected before the cause left, not killed
     (row,) = rows(alloc)
     assert row["status"] == 2 and row["rank"] == 3, row
@@ -413,7 +413,7 @@ def test_a_stop_signal_during_a_step_checkpoints_and_requeues(tmp_path, job, sig
     assert any(said in line and "asking the trainer to checkpoint and stop" in line for line in job.said), job.said
     assert rows(alloc)[-1]["kind"] == kind and rows(alloc)[-1]["category"] == ("timeout" if kind == "time limit"
                                                                               else "preempt")
-    assert not alloc.files.stop_file.exists()
+    assert not alloc.files.stop.file.exists()
 
 
 def test_a_cancelled_job_is_never_requeued(tmp_path, job):
@@ -445,7 +445,7 @@ def test_a_task_of_the_step_before_that_dies_late_is_not_the_new_steps_failure(t
     status, alloc = job(plan(tmp_path), slurm)
     assert status == 0, job.said
     assert len(slurm.launched) == 2 and not any("killing its tasks" in line for line in job.said[1:]), job.said
-    assert [x.step for x in alloc.files.exits()] == [0] and alloc.files.exits(1) == []
+    assert [x.step for x in alloc.files.step.exits()] == [0] and alloc.files.step.exits(1) == []
 
 
 def test_a_lost_node_without_a_spare_continues_on_the_survivors_above_min_nodes(tmp_path, job):
@@ -544,7 +544,7 @@ def test_a_crashed_rank_restarts_alone_beside_the_ranks_waiting_in_place(tmp_pat
     assert status == 0, job.said
     assert [nodelist(a) for a in slurm.launched] == ["node1,node2", "node1"]
     assert "--ntasks=1" in slurm.launched[1] and ("kill_steps",) not in slurm.calls, slurm.calls
-    offer = alloc.files.rejoin_offer(0)
+    offer = alloc.files.step.offer_after(0)
     assert offer is not None and offer.step == 1 and offer.ranks == (0, 2, 3), offer
     assert set(offer.env) == {"MASTER_ADDR", "MASTER_PORT", "TRAINSTACK_ATTEMPT", "TRAINSTACK_STEP",
                               "TRAINSTACK_NPROCS"} and offer.per_node == 2, offer
@@ -593,7 +593,7 @@ def test_a_lost_nodes_survivors_continue_in_place_on_a_spare_or_alone(tmp_path, 
     status, alloc = job(plan(tmp_path, spare=1) if case == "spare" else plan(tmp_path, min_nodes=1), slurm,
                         TRAINSTACK_IN_PLACE="1")
     assert status == 0, job.said
-    offer = alloc.files.rejoin_offer(0)
+    offer = alloc.files.step.offer_after(0)
     assert offer is not None and offer.ranks == (0, 1) and ("kill_steps",) not in slurm.calls, (offer, slurm.calls)
     if case == "spare":
         assert [nodelist(a) for a in slurm.launched] == [",".join(hosts[:2]), "node3"], slurm.launched
@@ -617,7 +617,7 @@ def test_ranks_waiting_in_place_are_killed_where_the_next_step_cannot_continue_t
     first = {"fail": [{"rank": 2, "host": "node2", "code": code}], "peer_lost": waiting, "hang": True}
     slurm = FakeSlurm(["node1", "node2", "node3"], [first, {}], lost=("node2",) if case == "other nodes" else ())
     status, alloc = job(plan(tmp_path, spare=1), slurm, TRAINSTACK_IN_PLACE="0" if case == "off" else "1")
-    assert ("kill_steps",) in slurm.calls and alloc.files.rejoin_offer(0) is None
+    assert ("kill_steps",) in slurm.calls and alloc.files.step.offer_after(0) is None
     if case == "requeue":
         assert status == 1 and len(slurm.launched) == 1, job.said
     else:
@@ -653,7 +653,7 @@ def test_the_sentinel_requeues_a_job_whose_driver_fell_silent_and_stands_down_wh
     from trainstack._slurm.sentinel import watch
 
     files = JobFiles(tmp_path)
-    files.driver_started()
+    files.driver.started()
     old = time.time() - 100
     os.utime(files.path(JobFiles.ALIVE), (old, old))
     slurm = FakeSlurm(["node1", "node2"], [], serving={"node1": True, "node2": True, "node3": True})
@@ -666,9 +666,9 @@ def test_the_sentinel_requeues_a_job_whose_driver_fell_silent_and_stands_down_wh
     assert [c for c in slurm.calls] == [("requeue", "100"), ("exclude", "100", ("node1",)), ("start_now", "100")]
     (row,) = files.verdicts()
     assert row["kind"] == "node failure" and row["blamed"] == "node1" and "batch host lost" in row["cause"]
-    assert files.driver_silent_for() is None  # recorded as ended: status stops saying "no driver"
-    files.driver_started()
-    files.driver_ended("exit 0")
+    assert files.driver.silent_for() is None  # recorded as ended: status stops saying "no driver"
+    files.driver.started()
+    files.driver.ended("exit 0")
     assert watch(files, FakeSlurm(["node1", "node2"], []), "node1", "100", need=2, poll_s=0.01) == "ended"
 
 
@@ -681,7 +681,7 @@ def test_a_silent_driver_s_verdict_says_what_the_sentinel_does_and_when_its_requ
     from trainstack._slurm.verdict import verdict
 
     files = JobFiles(tmp_path)
-    files.driver_started()
+    files.driver.started()
     old = time.time() - 100
     os.utime(files.path(JobFiles.ALIVE), (old, old))
     assert "no sentinel watches it (one node, or no --requeue)" in verdict("RUNNING", tmp_path, None).summary
@@ -761,16 +761,17 @@ def test_the_task_wrapper_records_a_failure_under_its_ranks_global_rank_and_curr
     from trainstack._jobfiles import EXIT_RECORD_SH
 
     note = ("import os, socket; from trainstack._jobfiles import JobFiles; "
-            "JobFiles.current().note_step(socket.gethostname(), os.getppid(), 4); print('hello'); raise SystemExit(3)")
+            "JobFiles.current().step.note_step(socket.gethostname(), os.getppid(), 4); print('hello'); "
+            "raise SystemExit(3)")
     env = {**os.environ, "TRAINSTACK_JOB_DIR": str(tmp_path), "SLURM_PROCID": "0", "TRAINSTACK_STEP": "2",
            "TRAINSTACK_TASK_RANKS": "2/3", "SLURMD_NODENAME": "node2"}
     out = subprocess.run(["bash", "-c", EXIT_RECORD_SH, "trainstack-task", "rank", sys.executable, "-c", note],
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 3, out
-    (record,) = JobFiles(tmp_path).exits()
+    (record,) = JobFiles(tmp_path).step.exits()
     assert (record.rank, record.code, record.host, record.step) == (3, 3, "node2", 4), record
     assert (tmp_path / "rank-3.out").read_text() == "hello\n"
     files = JobFiles(tmp_path)  # an offer never outlives its step: a requeued job's step 0 would take a stale one
-    files.offer_rejoin(1, {"MASTER_PORT": "1"}, [0], 2)
-    files.clear_step()
-    assert files.rejoin_offer(0) is None
+    files.step.offer(1, {"MASTER_PORT": "1"}, [0], 2)
+    files.step.clear()
+    assert files.step.offer_after(0) is None

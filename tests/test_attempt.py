@@ -115,7 +115,7 @@ def test_a_recovery_is_read_back_with_its_phases_and_steps_lost(tmp_path):
     from trainstack._slurm.attempt import describe, recoveries
 
     (tmp_path / "rank-0.out").write_text("epoch 1 | step 23 | loss 0.5\n")
-    JobFiles(tmp_path).write_lost({"node2": [2, 3]})
+    JobFiles(tmp_path).step.write_lost({"node2": [2, 3]})
     (tmp_path / "exits").mkdir()
     (tmp_path / "exits" / "rank-0").write_text("100.0 1 rank-0 node1\n")
     go, line = decide(tmp_path, 1)

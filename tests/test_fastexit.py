@@ -135,7 +135,7 @@ def test_a_rank_that_failed_because_a_peer_did_says_so_in_its_job_and_waits_befo
     assert time.monotonic() - started >= fastexit.SECONDARY_WAIT_S
     assert not (tmp_path / "teardown").exists()
     assert (job / "peers-lost" / "rank-3").read_text().split()[1:] == ["2", "node7"]
-    assert JobFiles(job).peers_lost(2) and not JobFiles(job).peers_lost(1)
+    assert JobFiles(job).step.peers_lost(2) and not JobFiles(job).step.peers_lost(1)
     local = tmp_path / "local"
     local.mkdir()
     done = _run(local, "peer", TRAINSTACK_JOB_DIR="")

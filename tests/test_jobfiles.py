@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from trainstack._files import UnreadableFile, read_back
-from trainstack._jobfiles import EXIT_RECORD_SH, FREE_MEMORY_SH, JobFiles, Offer
+from trainstack._jobfiles import EXIT_RECORD_SH, FREE_MEMORY_SH, JobFiles, Offer, StopRequest
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
@@ -45,8 +45,8 @@ def _offer(files: JobFiles, name: str, body: object) -> Path:
 
 
 def test_the_drivers_offer_is_read_back_typed(files):
-    files.offer_rejoin(1, {**GOOD["env"], "PATH": "/x", "LD_PRELOAD": "/evil.so"}, [0], 1)
-    offer = files.rejoin_offer(0)
+    files.step.offer(1, {**GOOD["env"], "PATH": "/x", "LD_PRELOAD": "/evil.so"}, [0], 1)
+    offer = files.step.offer_after(0)
     assert offer == Offer(1, GOOD["env"], (0,), 1) and offer.where == "node1:61234"  # only OFFERED names written
 
 
@@ -67,16 +67,16 @@ def test_the_drivers_offer_is_read_back_typed(files):
 def test_a_malformed_or_overreaching_offer_is_passed_over_and_named(files, capsys, body, why):
     """Probe A2, A6-A13, A16: nothing of it reaches the survivor's environment; no TypeError/KeyError."""
     path = _offer(files, "step-1.json", body)
-    assert files.rejoin_offer(0) is None
+    assert files.step.offer_after(0) is None
     err = capsys.readouterr().err
     assert f"passing over an offer: {path}" in err and why in err, err
 
 
 def test_a_forged_higher_offer_does_not_shadow_the_drivers(files, capsys):
     """Probe A6: an unreadable step-99.json is named and the driver's own step-1 offer is still taken."""
-    files.offer_rejoin(1, GOOD["env"], [0], 1)
+    files.step.offer(1, GOOD["env"], [0], 1)
     _offer(files, "step-99.json", "{{{")
-    offer = files.rejoin_offer(0)
+    offer = files.step.offer_after(0)
     assert offer is not None and offer.step == 1 and "step-99.json" in capsys.readouterr().err
 
 
@@ -85,7 +85,7 @@ def test_an_offer_written_by_another_user_is_refused(files, capsys):
     """Probe A3: a group member's step-99.json with LD_PRELOAD (here even with only the right keys) is not taken."""
     path = _offer(files, "step-99.json", {**GOOD, "step": 99, "env": {**GOOD["env"], "TRAINSTACK_STEP": "99"}})
     os.chown(path, NOBODY, NOBODY)
-    assert files.rejoin_offer(0) is None
+    assert files.step.offer_after(0) is None
     assert "belongs to uid 65534" in capsys.readouterr().err
 
 
@@ -96,7 +96,7 @@ def test_an_offer_that_is_a_fifo_or_a_link_to_dev_zero_neither_blocks_nor_fills_
     os.mkfifo(folder / "step-2.json", 0o644)
     (folder / "step-3.json").symlink_to("/dev/zero")
     started = time.monotonic()
-    assert files.rejoin_offer(0) is None and time.monotonic() - started < 2
+    assert files.step.offer_after(0) is None and time.monotonic() - started < 2
     err = capsys.readouterr().err
     assert "not a regular file" in err and "symbolic link" in err, err
 
@@ -104,7 +104,7 @@ def test_an_offer_that_is_a_fifo_or_a_link_to_dev_zero_neither_blocks_nor_fills_
 def test_a_large_offer_is_refused_without_reading_it_whole(files, capsys):
     """Probe A20: a bounded read."""
     _offer(files, "step-1.json", json.dumps({**GOOD, "pad": "x" * (2 << 20)}))
-    assert files.rejoin_offer(0) is None and "more than the" in capsys.readouterr().err
+    assert files.step.offer_after(0) is None and "more than the" in capsys.readouterr().err
 
 
 @as_root
@@ -114,7 +114,7 @@ def test_a_rejoin_folder_of_another_user_is_refused_with_a_line(files):
     folder.mkdir(mode=0o755)
     os.chown(folder, NOBODY, NOBODY)
     with pytest.raises(PermissionError, match="belongs to uid 65534, not to you"):
-        files.offer_rejoin(1, GOOD["env"], [0], 1)
+        files.step.offer(1, GOOD["env"], [0], 1)
 
 
 def test_records_are_never_written_through_a_planted_link(files, tmp_path):
@@ -129,35 +129,35 @@ def test_records_are_never_written_through_a_planted_link(files, tmp_path):
              files.path(JobFiles.MEMORY_FOLDERS), files.path(JobFiles.LOST), files.path(JobFiles.PROGRESS)]
     for link in links:
         link.symlink_to(victim)
-    files.peer_lost(0, "node1", 3, waiting=True)
-    files.note_step("node1", 42, 1)
-    files.write_lost({"node2": [1]})
+    files.step.peer_lost(0, "node1", 3, waiting=True)
+    files.step.note_step("node1", 42, 1)
+    files.step.write_lost({"node2": [1]})
     files.write_progress(5)
     with pytest.raises(PermissionError):
-        files.record_memory_folder(Path("/dev/shm/trainstack-0/job-1-abc"))
+        files.memory.record(Path("/dev/shm/trainstack-0/job-1-abc"))
     assert victim.read_text() == "precious\n"
-    assert files.waiting(3) == {0: "node1"}  # the rank's record replaced the link
+    assert files.step.waiting(3) == {0: "node1"}  # the rank's record replaced the link
 
 
 def test_nothing_written_in_a_job_folder_is_writable_by_others_under_umask_002(files):
     """Done-when of issue 64: every record, subfolder and the exit record of the task wrapper."""
     files.mark_started()
-    files.peer_lost(1, "node1", 0)
-    files.offer_rejoin(1, GOOD["env"], [0], 1)
-    files.joined(0, 1)
-    files.note_step("node1", 7, 1)
+    files.step.peer_lost(1, "node1", 0)
+    files.step.offer(1, GOOD["env"], [0], 1)
+    files.step.joined(0, 1)
+    files.step.note_step("node1", 7, 1)
     files.record_event("x")
     files.append_verdict({"attempt": 0})
-    files.record_memory_folder(Path("/dev/shm/trainstack-0/job-1-abc"))
+    files.memory.record(Path("/dev/shm/trainstack-0/job-1-abc"))
     files.write_exit_code(0)
-    files.request_stop()
-    files.beat()
-    JobFiles.confirm_saved(str(files.stop_file), None)
+    files.stop.request()
+    files.driver.beat()
+    StopRequest.confirm_saved(str(files.stop.file), None)
     files.own_ledger_dir()
     env = {**os.environ, "TRAINSTACK_JOB_DIR": str(files.folder), "SLURM_PROCID": "0", "TRAINSTACK_STEP": "0"}
     done = subprocess.run(["bash", "-c", "umask 002; exec bash -c \"$0\" trainstack-task rank false",
                            EXIT_RECORD_SH], env=env, timeout=30)
-    assert done.returncode == 1 and [x.rank for x in files.exits(0)] == [0]
+    assert done.returncode == 1 and [x.rank for x in files.step.exits(0)] == [0]
     open_to_others = [str(p) for p in [files.folder, *files.folder.rglob("*")]
                       if not p.is_symlink() and p.lstat().st_mode & 0o022]
     assert not open_to_others and (files.folder / "rank-0.out").exists()
@@ -171,7 +171,7 @@ def test_a_forged_exit_record_of_another_user_is_not_believed(files, capsys):
     forged = folder / "rank-1"
     forged.write_text(f"{time.time()} 137 rank-1 node2 0\n")
     os.chown(forged, NOBODY, NOBODY)
-    assert files.exits(0) == [] and not files.has_exits(0)
+    assert files.step.exits(0) == [] and not files.step.has_exits(0)
     assert "belongs to uid 65534" in capsys.readouterr().err
 
 
@@ -181,7 +181,7 @@ def test_flags_planted_by_another_user_are_not_flags(files):
     for name in (JobFiles.STOP, JobFiles.CANCELLED, JobFiles.DRIVER_END):
         files.path(name).write_text("")
         os.chown(files.path(name), NOBODY, NOBODY)
-    assert not JobFiles.stop_requested(files.stop_file) and not files.cancelled()
+    assert not StopRequest.requested(files.stop.file) and not files.cancelled()
 
 
 def test_a_fifo_timeline_does_not_hang_its_readers(files):
@@ -237,7 +237,7 @@ def test_a_memory_listing_line_deletes_nothing_but_this_jobs_memory_folders(tmp_
     listing = line.format(root=memory_root, tmp=tmp_path, uid=os.getuid())
     files.path(JobFiles.MEMORY_FOLDERS).write_text(f"{memory_root}/job-8-aaaa\n{listing}\n")
     files.path(JobFiles.MEMORY_FOLDERS).chmod(0o644)
-    roots = files.memory_roots()
+    roots = files.memory.roots()
     assert roots == [str(memory_root)] or roots == [str(memory_root), listing.rsplit("/", 1)[0]]
     _free("8", roots)
     assert (victim / "precious").exists() and (victim / f"trainstack-{os.getuid()}").is_dir()
@@ -283,6 +283,6 @@ def test_the_owner_check_covers_a_group_writable_subfolder(files, capsys):
     (folder / "rank-0").write_text("1.0 0 node1 waiting\n")
     (folder / "rank-0").chmod(0o644)
     folder.chmod(0o775)
-    assert files.waiting(0) == {} and "only they can write" in capsys.readouterr().err
-    files.peer_lost(1, "node1", 0, waiting=True)  # the writer takes the folder back
-    assert not stat.S_IMODE(folder.stat().st_mode) & 0o022 and set(files.waiting(0)) == {0, 1}
+    assert files.step.waiting(0) == {} and "only they can write" in capsys.readouterr().err
+    files.step.peer_lost(1, "node1", 0, waiting=True)  # the writer takes the folder back
+    assert not stat.S_IMODE(folder.stat().st_mode) & 0o022 and set(files.step.waiting(0)) == {0, 1}

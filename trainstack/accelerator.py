@@ -199,9 +199,8 @@ class Accelerator(AccelerateAPI):
                                  == "gloo" and self.plan.environment.name == "slurm", doc="srun, DDP, gloo: rejoin()")
 
     def rejoin(self, env: Mapping[str, str]) -> None:
-        """Leave the failed process group and take the next job step's rendezvous and counters (``env``, checked by
-        its reader: ``_jobfiles.Offer``): joined again at once where this Accelerator joined at construction, else
-        by the next distributed call."""
+        """Leave the failed process group and take the next job step's rendezvous and counters (``env``: an Offer's):
+        joined again at once where this Accelerator joined at construction, else by the next distributed call."""
         joined, self._session = self._session, None
         if joined is not None:
             joined.stop(ok=False)

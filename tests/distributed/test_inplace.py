@@ -50,11 +50,11 @@ def _finish(out: Path, job: Path, procs: list[subprocess.Popen], fault: bool, ex
             procs[1].wait(timeout=120)
             assert procs[1].returncode == -9, _said(out)
             files, deadline = JobFiles(job), time.monotonic() + 60
-            while 0 not in files.waiting(0):
+            while 0 not in files.step.waiting(0):
                 assert time.monotonic() < deadline and procs[0].poll() is None, "rank 0 did not wait in place"
                 time.sleep(0.05)
             port = _free_port()
-            files.offer_rejoin(1, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TRAINSTACK_STEP": "1",
+            files.step.offer(1, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TRAINSTACK_STEP": "1",
                                    "TRAINSTACK_ATTEMPT": "1", "TRAINSTACK_NPROCS": "2"}, [0], 2)
             procs[1] = _task(out, job, 0, 1, port, 1, TRAINSTACK_TASK_RANKS="2/1", **extra)
         for proc in procs:

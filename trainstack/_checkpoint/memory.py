@@ -525,7 +525,7 @@ class MemoryCheckpoints:
         if job is None or self.rank != 0:
             return
         try:
-            job.record_memory_folder(self.folder)
+            job.memory.record(self.folder)
         except OSError:
             pass
 

@@ -116,7 +116,7 @@ def _say_peer_lost(rank: int) -> bool:
     one (a local run: its launcher -- trainstack's spawn, torchrun -- picks the cause by its own means)."""
     folder = JobFiles.current()
     if folder is not None:
-        folder.peer_lost(rank, this_host(), int(os.environ.get(envvars.STEP, "0") or 0))
+        folder.step.peer_lost(rank, this_host(), int(os.environ.get(envvars.STEP, "0") or 0))
     return folder is not None
 
 

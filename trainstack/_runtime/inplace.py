@@ -81,16 +81,16 @@ def next_step(exc: BaseException, accelerator: Rejoining) -> Offer | None:
     folder = JobFiles.current()
     assert folder is not None
     rank, step = accelerator.rank, int(os.environ.get(envvars.STEP, "0") or 0)
-    folder.peer_lost(rank, fastexit.this_host(), step, waiting=True)
+    folder.step.peer_lost(rank, fastexit.this_host(), step, waiting=True)
     print(f"trainstack: rank {rank} lost a peer in job step {step} ({type(exc).__name__}): waiting in place for the "
           f"next step", file=sys.stderr, flush=True)
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
-        offer = folder.rejoin_offer(step)
+        offer = folder.step.offer_after(step)
         if offer is not None:
             if rank not in offer.ranks:
                 return None
-            folder.note_step(socket.gethostname(), os.getppid(), offer.step)
+            folder.step.note_step(socket.gethostname(), os.getppid(), offer.step)
             print(f"trainstack: rank {rank} continues in place in job step {offer.step}", file=sys.stderr,
                   flush=True)
             return offer
@@ -135,7 +135,7 @@ def joined() -> None:
     timer.cancel()
     folder = JobFiles.current()
     if folder is not None:
-        folder.joined(rank, offer.step)
+        folder.step.joined(rank, offer.step)
 
 
 def keep_rank(rank: int, per_node: int) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 
 from .. import _envvars as envvars
-from .._jobfiles import JobFiles
+from .._jobfiles import StopRequest
 from ..errors import ConfigError
 
 __all__ = ["GracefulStop", "resolve_signals", "DEFAULT_SIGNALS", "INTERRUPT"]
@@ -120,7 +120,7 @@ class GracefulStop:
         """Why a stop is wanted here (this rank), or None."""
         if self.received:
             return INTERRUPT if self.received == INTERRUPT else f"signal {self.received}"
-        if self.stop_file is not None and JobFiles.stop_requested(self.stop_file):
+        if self.stop_file is not None and StopRequest.requested(self.stop_file):
             return f"stop file {self.stop_file}"
         if self.interrupt_file is not None and self.interrupt_file.exists():
             return INTERRUPT
@@ -150,7 +150,7 @@ class GracefulStop:
         """Tell the batch script the checkpoint is complete, so it requeues the job (main process only)."""
         marker = os.environ.get(envvars.STOP_FILE)
         if marker:
-            JobFiles.confirm_saved(marker, checkpoint)
+            StopRequest.confirm_saved(marker, checkpoint)
 
     @staticmethod
     def confirm_finished(step: int) -> None:
@@ -159,4 +159,4 @@ class GracefulStop:
         requeued attempt has nothing left to train."""
         marker = os.environ.get(envvars.STOP_FILE)
         if marker:  # a job folder gone meanwhile: the driver then books a signal as before
-            JobFiles.confirm_finished(marker, step)
+            StopRequest.confirm_finished(marker, step)

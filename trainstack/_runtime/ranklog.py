@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from .. import _envvars as envvars
+from .._jobfiles import rank_log
 
 __all__ = ["tee_rank_output", "close"]
 
@@ -31,7 +32,7 @@ def tee_rank_output(rank: int, environ: dict[str, str] | None = None) -> Path | 
     if _tee is not None or not folder or env.get(envvars.RANK_LOG) or shutil.which("tee") is None \
             or not Path(folder).is_dir():
         return None
-    path = Path(folder) / f"rank-{rank}.out"
+    path = Path(folder) / rank_log(rank)
     try:
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:

@@ -40,7 +40,7 @@ from typing import Any
 from .. import _envvars as envvars
 from .. import _jobevents as jobevents
 from .._files import atomic_write
-from .._jobfiles import JobFiles
+from .._jobfiles import JobFiles, rank_stacks
 from .._text import number_ranges
 from .stragglers import Stragglers, resolve_ratio
 
@@ -413,7 +413,7 @@ class Watchdog(threading.Thread):
         """Every rank dumps its stacks and shares where it is; ``reporter`` gathers, writes and returns the
         summary (a rank that sends nothing, e.g. stuck holding the GIL, is named as such)."""
         info = {"host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(), "pid": os.getpid(),
-                "step": _HEARTBEAT.step, "phase": _HEARTBEAT.phase, **dump_stacks(folder / f"rank-{self.rank}.txt")}
+                "step": _HEARTBEAT.step, "phase": _HEARTBEAT.phase, **dump_stacks(folder / rank_stacks(self.rank))}
         key = f"trainstack/report/{folder.name}"
         if self.store is not None and self.world > 1:
             self.store.set(f"{key}/{self.rank}", json.dumps(info))

@@ -161,13 +161,8 @@ class Allocation:
         self.presumed: list[str] = []  # the failed step's hosts presumed lost before the probe's answer
         self.pending: tuple[Probe, list[str]] | None = None  # that answer, awaited beside the next step
         self.log: Path | None = None
-        try:
-            in_place = envvars.switch(envvars.IN_PLACE, True, env)
-        except ValueError as exc:
-            self.job.warn(f"{exc}: restarts in place are off")
-            in_place = False
         self.in_place = Survivors(self.files, slurm, SENTINEL, plan.recovery.requeue and plan.launch.task_log ==
-                                  "rank" and in_place)
+                                  "rank" and Survivors.wanted(env, self.job.warn))
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
@@ -223,7 +218,7 @@ class Allocation:
     def run_step(self, nodes: list[str]) -> StepEnd:
         """Launch the step on ``nodes``, wait for it; a step whose first task failed is killed ``teardown_grace_s``
         later if it has not ended, one with a host the probe found gone at once (a lost node never answers srun)."""
-        self.files.clear_step()
+        self.files.step.clear()
         if self.step:
             self.files.mark_started()
             self.files.mark_attempt_in_logs(f"{self.job.restart}.{self.step}")
@@ -239,12 +234,12 @@ class Allocation:
             self._reconcile()
             code = (new.returncode if new is not None else 0) if all(p.poll() is not None for p in procs) else None
             if code is not None:
-                if not detected and (code != 0 or self.files.has_exits(self.step)):
+                if not detected and (code != 0 or self.files.step.has_exits(self.step)):
                     self._detected(nodes)
                 break
             now, grace = time.monotonic(), self.in_place.grace(self.step, base) if failed_at is not None else base
-            exited = self.files.has_exits(self.step)
-            if not detected and (exited or bool(self.files.peers_lost(self.step))):
+            exited = self.files.step.has_exits(self.step)
+            if not detected and (exited or bool(self.files.step.peers_lost(self.step))):
                 detected = True  # a rank that lost a peer says so before it leaves (fastexit): a lost node's sign
                 self._detected(nodes)
             if failed_at is None and exited:
@@ -259,7 +254,7 @@ class Allocation:
             gone = self._gone_ranks(nodes) if why == GONE else set()
             if failed_at is not None and kill_at is None and self.in_place.all_waiting(self.step, world, gone):
                 self.in_place.hold(procs, self.step)  # not killed: the next step continues its waiting ranks
-                code = next((x.code for x in self.files.exits(self.step)), 137)  # (a lost node's: killed)
+                code = next((x.code for x in self.files.step.exits(self.step)), 137)  # (a lost node's: killed)
                 break
             if failed_at is not None and failed_at > now - grace and \
                     all_out(self.files, self.step, nodes, self.plan, gone):
@@ -274,8 +269,8 @@ class Allocation:
             time.sleep(self.poll_s)
         self.job.event("step_end", nodes, self.step)
         self.files.seal_logs()
-        saved, finished = self.files.stop_answers()
-        self.files.clear_stop()
+        saved, finished = self.files.stop.answers()
+        self.files.stop.clear()
         return StepEnd(first_failure(self.files, self.step, code if code >= 0 else 128 - code, self.job.warn),
                        saved, finished)
 
@@ -496,7 +491,7 @@ class Allocation:
             answers = (self.probe or Probe(self.slurm, nodes)).answers()
         lost = {h: list(range(i * per, i * per + per)) for i, h in enumerate(nodes) if not answers.get(h)}
         if lost:
-            self.files.write_lost(lost)
+            self.files.step.write_lost(lost)
             self.pool.lose(list(lost))
 
     def _context(self, nodes: list[str]) -> policy.Context:
@@ -545,13 +540,13 @@ class Allocation:
               "without a requeue)" if kind == "preempt" and self.plan.recovery.requeue else ""
         self.job.say(f"{name} at {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}: asking the "
                      f"trainer to checkpoint and stop{why}")
-        self.files.request_stop()
+        self.files.stop.request()
 
 
 def first_failure(files: JobFiles, step: int, status: int, warn: Callable[[str], None]) -> int:
     """A failed step's status: its first failing task's. srun returns the largest status of its tasks, which after
     one failed is the SIGTERM (143) that --kill-on-bad-exit sent the others (said when they differ)."""
-    exits = files.exits(step)
+    exits = files.step.exits(step)
     if status == 0 or not exits:
         return status
     first = exits[0]
@@ -568,8 +563,8 @@ def all_out(files: JobFiles, step: int, nodes: list[str], plan: Plan, gone: set[
     grace has nothing left to wait for."""
     per = plan.procs_per_node
     if plan.launch.task_log == "rank":
-        return len(files.accounted(step) | gone) >= len(nodes) * per
-    out = files.hosts_out(step, per) | {nodes[r // per] for r in gone}
+        return len(files.step.accounted(step) | gone) >= len(nodes) * per
+    out = files.step.hosts_out(step, per) | {nodes[r // per] for r in gone}
     return all(host in out for host in nodes)
 
 
@@ -577,9 +572,9 @@ def presumed_lost(files: JobFiles, step: int, nodes: list[str]) -> list[str]:
     """The hosts of job step ``step`` presumed lost before the probe's answer (1.5-5 s) -- with one srun task per
     rank, whose wrapper records its exit at once: ranks on other hosts lost a peer ``PRESUME_LOST_S`` ago, no task
     recorded an exit, and no rank of these hosts said a thing (their tasks died with them). [] when none is."""
-    if files.has_exits(step):
+    if files.step.has_exits(step):
         return []
-    signs = files.peer_hosts(step)
+    signs = files.step.peer_hosts(step)
     if not signs or time.time() - min(signs.values()) < PRESUME_LOST_S:
         return []
     return [h for h in nodes if h not in signs]

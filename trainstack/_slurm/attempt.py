@@ -92,7 +92,7 @@ def decide(folder: Path, status: int, retry_on: tuple[str, ...] = DEFAULT_RETRY_
     record = {"attempt": where.attempt, "step_index": where.step_index, "category": "crash",
               "kind": found.kind, "summary": found.summary, "cause": cause, "rank": found.rank, "host": host,
               "blamed": host if found.kind in HOST_FAULTS else None, "step": last_step(folder), "status": status,
-              "fault_time": files.first_sign(), "time": time.time()}
+              "fault_time": files.step.first_sign(), "time": time.time()}
     rows = history(folder)
     previous = rows[-1] if rows else None
     retry, line = True, f"attempt {record['attempt']} ended with {cause}; retrying"

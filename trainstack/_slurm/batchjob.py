@@ -70,7 +70,7 @@ class BatchJob:
         self._copy_script()
         self.files.clear_exit_code()
         self.files.mark_started()
-        self.files.driver_started()
+        self.files.driver.started()
         self.files.mark_attempt_in_logs(str(self.restart))
         self.env[envvars.JOB_DIR] = str(self.files.folder)
         self.env.setdefault(envvars.SUBMIT_DIR, os.getcwd())
@@ -90,9 +90,9 @@ class BatchJob:
             self.env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
             self.env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(self.files.path("nccl-trace-rank-"))
         if plan.recovery.graceful_stop:  # the trainer polls the stop file; signals reach this driver only
-            self.env[envvars.STOP_FILE] = str(self.files.stop_file)
+            self.env[envvars.STOP_FILE] = str(self.files.stop.file)
             self.env[envvars.STOP_SIGNALS] = "SIGUSR2,SIGTERM"
-            self.files.clear_stop()
+            self.files.stop.clear()
         return self.hosts
 
     def provenance(self, master: str) -> None:
@@ -181,18 +181,18 @@ class BatchJob:
         self.files.write_exit_code(status)
         self.event("job_end", None, step, status=status)
         self.report(step)
-        folders = self.files.memory_folders()
+        folders = self.files.memory.folders()
         if folders and not self.keep_memory:  # the folders are computed on each node, not taken from the listing
             answers = self.slurm.each(self.hosts, ["bash", "-c", FREE_MEMORY_SH, "_", self.slurm.job_id,
-                                                   *self.files.memory_roots()], timeout=10)
+                                                   *self.files.memory.roots()], timeout=10)
             missed = [host for host, ok in answers.items() if not ok]
             if missed:  # a cancelled job starts no step: the listing stays for the command that frees them
                 self.warn(f"memory checkpoints not freed on {','.join(missed)} (no job step ran there): "
                           f"`trainstack checkpoint free-memory {self.requeue_id}` frees them")
             else:
-                self.files.forget_memory_folders()
+                self.files.memory.forget()
         self._done.set()
-        self.files.driver_ended(f"exit {status}")
+        self.files.driver.ended(f"exit {status}")
 
     def report(self, step: int) -> None:
         """The attempt report of this job step (never fails the job)."""
@@ -209,9 +209,9 @@ class BatchJob:
                                 nodes=",".join(nodes) if nodes else self.env.get("SLURM_JOB_NODELIST", ""), **extra)
 
     def _heartbeat(self) -> None:
-        self.files.beat()
+        self.files.driver.beat()
         while not self._done.wait(HEARTBEAT_S):
-            self.files.beat()
+            self.files.driver.beat()
 
     def say(self, line: str) -> None:
         self.emit(line, False)

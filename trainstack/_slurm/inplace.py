@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
+from .. import _envvars as envvars
 from .._jobfiles import OFFERED, JobFiles
 from .slurmcmd import Slurm
 
@@ -42,13 +43,23 @@ class Survivors:
         self.joining: tuple[int, set[int], float] | None = None  # (step, ranks, offered at): not yet joined
         self.join_s = JOIN_S
 
+    @staticmethod
+    def wanted(env: Mapping[str, str], warn: Callable[[str], None]) -> bool:
+        """Restarts in place as the job's environment asks (``TRAINSTACK_IN_PLACE``: on unless a false word; a value
+        that is neither is said, and off)."""
+        try:
+            return envvars.switch(envvars.IN_PLACE, True, env)
+        except ValueError as exc:
+            warn(f"{exc}: restarts in place are off")
+            return False
+
     def all_waiting(self, step: int, world: int, gone: set[int]) -> bool:
         """Has every rank of job step ``step`` either recorded its exit, gone with its host (``gone``) or said it
         waits in place (some do)?"""
         if not self.enabled:
             return False
-        waiting = self.files.waiting(step)
-        exited = {x.rank for x in self.files.exits(step) if x.rank is not None}
+        waiting = self.files.step.waiting(step)
+        exited = {x.rank for x in self.files.step.exits(step) if x.rank is not None}
         return bool(waiting) and set(range(world)) <= set(waiting) | exited | gone
 
     def grace(self, step: int, base: float) -> float:
@@ -56,12 +67,12 @@ class Survivors:
         place ``FIRST_SIGN_S`` for a rank to say it waits, ``ALL_WAITING_S`` once one has."""
         if not self.enabled:
             return base
-        return max(base, ALL_WAITING_S if self.files.waiting(step) else FIRST_SIGN_S)
+        return max(base, ALL_WAITING_S if self.files.step.waiting(step) else FIRST_SIGN_S)
 
     def hold(self, procs: list[subprocess.Popen[bytes]], step: int) -> None:
         """Keep the failed step's sruns (its waiting ranks) for the next step."""
         self.held += procs
-        self.waiting = self.files.waiting(step)
+        self.waiting = self.files.step.waiting(step)
 
     def missing(self, nodes: list[str], per_node: int) -> tuple[str, list[int]] | None:
         """The host and ranks the next step on ``nodes`` starts beside the waiting ones (none: ``("", [])``, a shrink
@@ -93,7 +104,7 @@ class Survivors:
     def offer(self, step: int, env: Mapping[str, str], per_node: int) -> None:
         """Tell the waiting ranks to join job step ``step`` (its rendezvous, counters and sizes from ``env``; each
         keeps its rank, in the block layout of ``per_node`` ranks per node)."""
-        self.files.offer_rejoin(step, {k: env[k] for k in OFFERED if k in env}, sorted(self.waiting), per_node)
+        self.files.step.offer(step, {k: env[k] for k in OFFERED if k in env}, sorted(self.waiting), per_node)
         self.joining = (step, set(self.waiting), time.monotonic())
 
     def late(self, step: int) -> list[int]:
@@ -101,7 +112,7 @@ class Survivors:
         a failure: a survivor that cannot join is not counted as started)."""
         if self.joining is None or self.joining[0] != step:
             return []
-        ranks = self.joining[1] - self.files.joined_ranks(step)
+        ranks = self.joining[1] - self.files.step.joined_ranks(step)
         if not ranks:
             self.joining = None
             return []

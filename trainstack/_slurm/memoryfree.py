@@ -31,7 +31,7 @@ def free_memory(job_id: str, wait_s: int = 60) -> tuple[list[str], list[str]]:
         raise JobError(f"job {job_id} has no job folder here: its memory checkpoints are not recorded. HINT: on each "
                        f"node, rm -rf /dev/shm/trainstack-$(id -u)/job-{job_id}-*")
     files = JobFiles.mine(folder)  # what it deletes is computed on each node: this job's folders in this user's root
-    folders = files.memory_folders()
+    folders = files.memory.folders()
     if not folders:
         return [], []
     hosts = hosts_of(folder)
@@ -42,7 +42,7 @@ def free_memory(job_id: str, wait_s: int = 60) -> tuple[list[str], list[str]]:
     argv = ["srun", f"--immediate={wait_s}", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}",
             "--ntasks-per-node=1", f"--nodelist={','.join(hosts)}", "--job-name=trainstack-free-memory",
             *([f"--partition={partition}"] if partition else []), "bash", "-c", FREE_MEMORY_SH, "_",
-            job_id.partition("_")[0], *files.memory_roots()]
+            job_id.partition("_")[0], *files.memory.roots()]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=wait_s + 60, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -53,7 +53,7 @@ def free_memory(job_id: str, wait_s: int = 60) -> tuple[list[str], list[str]]:
         raise JobError(f"srun on {','.join(hosts)} did not free them ({why[0]}): a node busy with another job "
                        f"(--immediate={wait_s} s) or down. HINT: run it again later, or on each node: rm -rf "
                        f"{' '.join(folders)}")
-    files.forget_memory_folders()
+    files.memory.forget()
     return hosts, folders
 
 

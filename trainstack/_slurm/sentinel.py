@@ -55,7 +55,7 @@ def watch(files: JobFiles, slurm: Slurm, batch_host: str, requeue_id: str, need:
     while True:
         if files.path(JobFiles.DRIVER_END).exists():
             return "ended"
-        silent = files.driver_silent_for()
+        silent = files.driver.silent_for()
         if silent is not None and silent > silent_s:
             break
         time.sleep(poll_s)
@@ -84,7 +84,7 @@ def watch(files: JobFiles, slurm: Slurm, batch_host: str, requeue_id: str, need:
     if done.excluded:
         _say(f"the requeued attempt leaves out {','.join(keep)}", log)
     _say(done.hold, log)
-    files.driver_ended(f"requeued by the sentinel: {batch_host} lost")
+    files.driver.ended(f"requeued by the sentinel: {batch_host} lost")
     return "requeued"
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from .. import _jobevents as events
 from .. import _transport
 from .._files import read_back_text
-from .._jobfiles import ATTEMPT_MARK, DRIVER_QUIET_S, DRIVER_SILENT_S, Exit, JobFiles
+from .._jobfiles import ATTEMPT_MARK, DRIVER_QUIET_S, DRIVER_SILENT_S, RANK_LOG_RE, Exit, JobFiles, rank_log, rank_unit
 
 __all__ = ["Verdict", "verdict", "KINDS", "HOST_FAULTS", "last_step", "exit_records"]
 
@@ -53,7 +53,7 @@ _JOB_HEADER = "=== trainstack job "  # the batch script's first line of each att
 _SRUN_EXIT = re.compile(r"^srun: error: (?P<host>\S+): tasks? (?P<task>\d+)(?:-\d+)?: "
                         r"(?:Exited with exit code (?P<code>\d+)|(?P<killed>Killed))", re.MULTILINE)
 _SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 11: "SIGSEGV"}
-_RANK_LOG = re.compile(r"rank-(\d+)\.out$")
+_RANK_LOG = re.compile(RANK_LOG_RE)
 _PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 _HINTS = {
     "cuda out-of-memory": ["a smaller per-process batch with more gradient_accumulation_steps",
@@ -150,7 +150,7 @@ def verdict(state: str, folder: Path | None, log: Path | None, status: int | Non
     ``status``: the launch's exit status when the caller knows it (the batch script, right after an attempt)."""
     base = state.split(" (")[0].split()[0] if state else "UNKNOWN"
     if base in ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED"):
-        silent = JobFiles(folder).driver_silent_for() if folder is not None and base == "RUNNING" else None
+        silent = JobFiles(folder).driver.silent_for() if folder is not None and base == "RUNNING" else None
         if silent is not None and silent > DRIVER_QUIET_S:
             return Verdict("running", f"the job holds its nodes but no process of it is known to run: its driver has "
                            f"not answered for {silent:.0f} s (its batch host lost?); {_sentinel(folder)}")
@@ -222,7 +222,7 @@ def _silent(ev: Evidence) -> Verdict | None:
 def _lost(folder: Path | None, ev: Evidence) -> Verdict | None:
     """A node of the step that did not answer the batch script's probe after the step failed (``lost``: one line
     per host, ``HOST RANKS``): the node failed, whatever its surviving peers printed while waiting for it."""
-    rows = JobFiles(folder).lost() if folder else []
+    rows = JobFiles(folder).step.lost() if folder else []
     if not rows:
         return None
     silent = ev.event("ranks_lost")
@@ -250,7 +250,7 @@ def last_step(folder: Path | None) -> int | None:
     furthest = JobFiles(folder).progress_step()  # rank 0's watchdog: the furthest step any rank reached
     if furthest is not None:
         steps.append(furthest)
-    text = _read(folder / "rank-0.out")
+    text = _read(folder / rank_log(0))
     steps += [int(m.group(1) or m.group(2)) for m in _STEP.finditer(text)]
     return max(steps) if steps else None
 
@@ -284,7 +284,7 @@ def _ended_without_traceback(ev: Evidence, first: Exit) -> Verdict | None:
     lines = _last_lines(ev, first)
     cause = _torchrun_root_cause(ev) if first.rank is None else None
     if cause is not None and cause[1] < 0:  # a worker killed by a signal: judged as that rank's own end
-        first = Exit(first.time, 128 - cause[1], f"rank-{cause[0]}", first.host)
+        first = Exit(first.time, 128 - cause[1], rank_unit(cause[0]), first.host)
     if first.code == 137:
         return Verdict("killed (signal 9)", f"a process was killed with signal 9 ({first.where}): the kernel's OOM "
                        f"killer, Slurm's memory limit or a kill -9", first.rank, first.host,
@@ -395,7 +395,7 @@ def attempt_start(folder: Path | None) -> float:
 
 def exit_records(folder: Path | None) -> list[Exit]:
     """The failing tasks of the current step, first first."""
-    return JobFiles(folder).exits() if folder is not None and folder.is_dir() else []
+    return JobFiles(folder).step.exits() if folder is not None and folder.is_dir() else []
 
 
 def _srun_exits(combined: str) -> list[Exit]:
@@ -403,7 +403,7 @@ def _srun_exits(combined: str) -> list[Exit]:
     out = []
     for i, m in enumerate(_SRUN_EXIT.finditer(combined)):
         code = 137 if m.group("killed") else int(m.group("code"))
-        out.append(Exit(float(i), code, f"rank-{m.group('task')}", m.group("host")))
+        out.append(Exit(float(i), code, rank_unit(m.group('task')), m.group("host")))
     return out
 
 
@@ -471,7 +471,7 @@ def _rank_texts(folder: Path | None) -> dict[int, str]:
     if folder is None or not folder.is_dir():
         return {}
     out = {}
-    for path in folder.glob("rank-*.out"):
+    for path in folder.glob(rank_log("*")):
         m = _RANK_LOG.search(path.name)
         if m:
             text = _read(path)
