@@ -775,3 +775,35 @@ def test_the_task_wrapper_records_a_failure_under_its_ranks_global_rank_and_curr
     files.step.offer(1, {"MASTER_PORT": "1"}, [0], 2)
     files.step.clear()
     assert files.step.offer_after(0) is None
+
+
+def test_the_ladder_is_data_climbed_in_order_and_explained(tmp_path, job, monkeypatch):
+    """The rungs are one ordered tuple: --explain prints them in order, and a rung added to the tuple is asked in
+    its place (here one before the spare that offers the step on node2 alone -- the next rungs are not asked)."""
+    import trainstack._slurm.allocation as driver
+    from trainstack._slurm.rungs import LADDER, Retry
+
+    assert [r.name for r in LADDER] == ["in place", "same nodes or a spare", "shrink", "requeue"]
+    lines = plan(tmp_path, spare=1, min_nodes=1).explain()
+    assert [line.split(",")[0] for line in lines if line.startswith("rung ")] == [
+        "rung 1", "rung 2", "rung 3", "rung 4"] and "rung 3, shrink" in "\n".join(lines)
+
+    class Node2Only:
+        name = "node2 only"
+
+        def applies(self, p):
+            return True
+
+        def holds(self):
+            return False
+
+        def offer(self, climb):
+            return Retry(["node2", "node1"]) if climb.kind == "crash" else None
+
+        def explain(self, p):
+            return "node2 only"
+
+    monkeypatch.setattr(driver, "LADDER", (LADDER[0], Node2Only(), *LADDER[1:]))
+    slurm = FakeSlurm(["node1", "node2"], [{"fail": [{"rank": 1, "host": "node1", "code": 137}]}, {}])
+    status, _ = job(plan(tmp_path), slurm)
+    assert status == 0 and [nodelist(a) for a in slurm.launched] == ["node1,node2", "node2,node1"], slurm.launched

@@ -11,7 +11,6 @@ import pytest
 from trainstack._slurm.attempt import (
     DEFAULT_RETRY_ON,
     FAILURES,
-    Budget,
     Context,
     decide,
     exclusions,
@@ -30,11 +29,14 @@ ZeroDivisionError: division by zero
 def test_the_same_cause_without_progress_stops_a_new_one_or_progress_retries(tmp_path):
     rank0 = tmp_path / "rank-0.out"
     rank0.write_text(ERROR.format(step=40))
-    assert decide(tmp_path, 1, FAILURES) == (True, "attempt 0 ended with python error: ZeroDivisionError: division "
-                                                   "by zero on rank 0 at train.py:9 (<module>); retrying")
+    first = decide(tmp_path, 1, FAILURES)
+    assert (first.go, first.line) == (True, "attempt 0 ended with python error: ZeroDivisionError: division by "
+                                            "zero on rank 0 at train.py:9 (<module>); retrying")
+    assert first.kind == "crash" and first.blamed is None  # a program's error blames no host
     rank0.write_text(ERROR.format(step=40) + ERROR.format(step=60))  # the next attempt got further: progress
-    assert decide(tmp_path, 1, FAILURES, where=Context(attempt=1))[0]
-    go, line = decide(tmp_path, 1, FAILURES, where=Context(attempt=2))  # failed again at the same step
+    assert decide(tmp_path, 1, FAILURES, where=Context(attempt=1)).go
+    outcome = decide(tmp_path, 1, FAILURES, where=Context(attempt=2))  # failed again at the same step
+    go, line = outcome.go, outcome.line
     assert not go and line == ("not retried: python error: ZeroDivisionError: division by zero on rank 0 at "
                                "train.py:9 (<module>), same as attempt 1, no progress (last step 60)")
     rows = [json.loads(line) for line in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
@@ -45,19 +47,20 @@ def test_a_host_fault_blames_the_host_the_failing_rank_ran_on(tmp_path):
     """Rank 3 of two hosts with two ranks each ran on the second host: it is blamed."""
     (tmp_path / "rank-3.out").write_text(ERROR.replace("ZeroDivisionError: division by zero",
                                                        "RuntimeError: CUDA error: an illegal memory access"))
-    assert decide(tmp_path, 1, where=Context(hosts=["node6", "node7"], procs_per_node=2))[0]
+    outcome = decide(tmp_path, 1, where=Context(hosts=["node6", "node7"], procs_per_node=2))
+    assert outcome.go and outcome.blamed == "node7"  # the outcome says it: no re-read of the history
     row = json.loads((tmp_path / "verdicts.jsonl").read_text().splitlines()[-1])
     assert row["kind"] == "cuda error" and row["blamed"] == "node7" and row["category"] == "crash"
 
 
 def test_a_python_error_is_not_retried_by_default_the_policy_names_why(tmp_path):
     (tmp_path / "rank-0.out").write_text(ERROR.format(step=40))
-    go, line = decide(tmp_path, 1)
-    assert not go and line.startswith("not retried: python error: ZeroDivisionError")
+    outcome = decide(tmp_path, 1)
+    assert not outcome.go and outcome.line.startswith("not retried: python error: ZeroDivisionError")
     row = json.loads((tmp_path / "verdicts.jsonl").read_text())
     assert row["retried"] is False and "--retry-on 'python error' retries it" in row["decision"]
     (tmp_path / "verdicts.jsonl").unlink()
-    assert decide(tmp_path, 1, parse_retry_on("python error,hang"))[0]  # a profile's choice
+    assert decide(tmp_path, 1, parse_retry_on("python error,hang")).go  # a profile's choice
 
 
 def test_retry_on_names_kinds_or_all_or_none_and_refuses_others():
@@ -71,12 +74,14 @@ def test_retry_on_names_kinds_or_all_or_none_and_refuses_others():
 def test_graceful_stops_are_recorded_and_a_time_limit_without_progress_stops(tmp_path):
     rank0 = tmp_path / "rank-0.out"
     rank0.write_text("epoch 1 | step 10 | loss 0.5\n")
-    assert stopped(tmp_path, 0, "timeout") == (True, "attempt 0 stopped gracefully (time limit) at step 10; "
-                                                     "continuing")
-    assert stopped(tmp_path, 0, "preempt", where=Context(attempt=1))[0]  # a preemption is never the run's fault
+    first = stopped(tmp_path, 0, "timeout")
+    assert (first.go, first.line, first.kind) == (True, "attempt 0 stopped gracefully (time limit) at step 10; "
+                                                        "continuing", "timeout")
+    assert stopped(tmp_path, 0, "preempt", where=Context(attempt=1)).go  # a preemption is never the run's fault
     rank0.write_text("epoch 1 | step 10 | loss 0.5\nepoch 1 | step 20 | loss 0.4\n")
-    assert stopped(tmp_path, 0, "timeout", where=Context(attempt=2))[0]
-    go, line = stopped(tmp_path, 0, "timeout", where=Context(attempt=3))  # no new step before the next limit
+    assert stopped(tmp_path, 0, "timeout", where=Context(attempt=2)).go
+    outcome = stopped(tmp_path, 0, "timeout", where=Context(attempt=3))  # no new step before the next limit
+    go, line = outcome.go, outcome.line
     assert not go and line.startswith("not requeued: time limit again at step 20, no progress since attempt 2")
     rows = [json.loads(r) for r in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in rows] == ["time limit", "preempted", "time limit", "time limit"]
@@ -89,13 +94,15 @@ def test_the_budget_is_the_decision_and_exclusions_keep_what_fits(tmp_path):
     fault = ERROR.replace("ZeroDivisionError: division by zero", "RuntimeError: CUDA error: an illegal memory access")
     (tmp_path / "rank-0.out").write_text(fault.format(step=10))
     alone = Context(hosts=["pnode1"], need=1, serving={"pnode1": True})
-    go, line = decide(tmp_path, 1, budget=Budget(0, 3), where=alone)
-    assert go and "could not leave out" not in line  # said only when a requeue follows (not a retry in place)
+    outcome = decide(tmp_path, 1, limit=1, where=alone)
+    assert outcome.go and "could not leave out" not in outcome.line  # said only when a requeue follows
+    assert outcome.note == "a requeued attempt could not leave out pnode1 (no other node in the partition for 1 " \
+                           "node(s))" and outcome.exclude == []
     assert json.loads((tmp_path / "verdicts.jsonl").read_text())["exclusion_note"] == \
         "a requeued attempt could not leave out pnode1 (no other node in the partition for 1 node(s))"
     (tmp_path / "rank-0.out").write_text(fault.format(step=10) + fault.format(step=20))
-    go, line = decide(tmp_path, 1, budget=Budget(3, 3), where=alone)
-    assert not go and "giving up after 3 earlier retries (--max-retries 3)" in line
+    outcome = decide(tmp_path, 1, limit=1, where=alone)  # the budget counted from the recorded attempts
+    assert not outcome.go and "giving up after 1 earlier retries (--max-retries 1)" in outcome.line
     rows = [json.loads(line) for line in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
     assert [r["retried"] for r in rows] == [True, False] and rows[0]["excluded"] == []
     assert exclusions(["n2", "n3"], {"n1": True, "n2": True, "n3": True}, 2) == (
@@ -104,7 +111,7 @@ def test_the_budget_is_the_decision_and_exclusions_keep_what_fits(tmp_path):
         ["n2"], "a requeued attempt could not leave out n3 (no other node in the partition for 2 node(s))")
     gone = tmp_path / "gone"
     gone.mkdir()
-    assert not stopped(gone, 0, "timeout", Budget(1, 1, "--max-requeues"))[0]
+    assert not stopped(gone, 0, "timeout", 0).go
     assert (gone / "verdicts.jsonl").exists()
 
 
@@ -118,8 +125,8 @@ def test_a_recovery_is_read_back_with_its_phases_and_steps_lost(tmp_path):
     JobFiles(tmp_path).step.write_lost({"node2": [2, 3]})
     (tmp_path / "exits").mkdir()
     (tmp_path / "exits" / "rank-0").write_text("100.0 1 rank-0 node1\n")
-    go, line = decide(tmp_path, 1)
-    assert go and "ended with node failure: node lost: node2" in line, line
+    outcome = decide(tmp_path, 1)
+    assert outcome.go and "ended with node failure: node lost: node2" in outcome.line, outcome
     row = json.loads((tmp_path / "verdicts.jsonl").read_text())
     assert row["blamed"] == "node2"
     assert row["step_index"] == 0 and row["fault_time"] == 100.0 and row["step"] == 23, row

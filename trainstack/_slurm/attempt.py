@@ -48,6 +48,20 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class Outcome:
+    """What the policy decided of an ended attempt, whole: go on or not, the line that says why, the kind of end
+    (``crash``, ``timeout``, ``preempt``, ``nodecheck``), the host it blames, the hosts a requeue leaves out and the
+    note on those it could not (no re-read of the history after the call)."""
+
+    go: bool
+    line: str
+    kind: str = "crash"
+    blamed: str | None = None
+    exclude: list[str] = field(default_factory=list)
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class Context:
     """The attempt being decided: its restart count, the job step of the allocation that ended, the step's hosts
     in rank order, the job's node count and the partition's nodes in service (``Slurm.partition_nodes``)."""
@@ -60,9 +74,9 @@ class Context:
     serving: Mapping[str, bool] = field(default_factory=dict)
 
 
-def spent(folder: Path, category: str) -> int:
-    """How many earlier attempts of this job went on after a ``category`` end (its budget's count)."""
-    return sum(1 for row in history(folder) if row.get("retried") and row.get("category") == category)
+def budget(rows: list[dict], category: str, limit: int | None, option: str = "--max-retries") -> Budget:
+    """The budget of ``category`` ends given the recorded attempts ``rows``: how many went on, and the limit."""
+    return Budget(sum(1 for row in rows if row.get("retried") and row.get("category") == category), limit, option)
 
 
 def parse_retry_on(text: str) -> tuple[str, ...]:
@@ -80,11 +94,11 @@ def parse_retry_on(text: str) -> tuple[str, ...]:
     return tuple(words)
 
 
-def decide(folder: Path, status: int, retry_on: tuple[str, ...] = DEFAULT_RETRY_ON, budget: Budget = Budget(),
-           where: Context = Context(), log: Path | None = None) -> tuple[bool, str]:
-    """(retry?, the line that says why) for the attempt that just crashed with ``status`` (``log``: the job's own,
-    where launchers such as torchrun's agents report what their workers did); recorded in ``verdicts.jsonl`` with
-    the decision. A retry the budget does not allow is recorded as not retried."""
+def decide(folder: Path, status: int, retry_on: tuple[str, ...] = DEFAULT_RETRY_ON, limit: int | None = None,
+           where: Context = Context(), log: Path | None = None) -> Outcome:
+    """The outcome for the attempt that just crashed with ``status`` (``log``: the job's own, where launchers such as
+    torchrun's agents report what their workers did); recorded in ``verdicts.jsonl`` with the decision. A retry
+    ``--max-retries`` (``limit``) does not allow is recorded as not retried."""
     files = JobFiles(folder)
     found = verdict("FAILED", folder, log, status)
     cause = f"{found.kind}: {found.summary.split(';')[0]}"
@@ -94,6 +108,7 @@ def decide(folder: Path, status: int, retry_on: tuple[str, ...] = DEFAULT_RETRY_
               "blamed": host if found.kind in HOST_FAULTS else None, "step": last_step(folder), "status": status,
               "fault_time": files.step.first_sign(), "time": time.time()}
     rows = history(folder)
+    spent = budget(rows, "crash", limit)
     previous = rows[-1] if rows else None
     retry, line = True, f"attempt {record['attempt']} ended with {cause}; retrying"
     if found.kind not in retry_on:
@@ -104,56 +119,58 @@ def decide(folder: Path, status: int, retry_on: tuple[str, ...] = DEFAULT_RETRY_
         if now is None or (before is not None and now <= before):
             retry, line = False, (f"not retried: {cause}, same as attempt {previous['attempt']}, no progress "
                                   f"(last step {now if now is not None else 'unknown'})")
-    if retry and budget.spent:
-        retry, line = False, (f"not retried: {cause}; giving up after {budget.count} earlier retries "
-                              f"({budget.option} {budget.limit})")
+    if retry and spent.spent:
+        retry, line = False, (f"not retried: {cause}; giving up after {spent.count} earlier retries "
+                              f"({spent.option} {spent.limit})")
     record["excluded"], record["exclusion_note"] = [], ""
     if retry:  # what a requeue would leave out (a retry in this allocation leaves the blamed host out of its pool)
         record["excluded"], record["exclusion_note"] = exclusions([r.get("blamed") for r in rows] +
                                                                   [record["blamed"]], where.serving, where.need)
     files.append_verdict({**record, "retried": retry, "decision": line})
-    return retry, line
+    return Outcome(retry, line, "crash", record["blamed"], record["excluded"], record["exclusion_note"])
 
 
-def stopped(folder: Path, status: int, kind: str, budget: Budget = Budget(option="--max-requeues"),
-            where: Context = Context()) -> tuple[bool, str]:
-    """(continue?, why) for an attempt that stopped gracefully with a checkpoint (``timeout`` before the time
-    limit, ``preempt``), recorded like a crash. A preemption always continues; a time-limit stop continues while
-    each attempt gets further than the one before (a run that cannot reach a new step within the time limit would
-    otherwise requeue forever)."""
+def stopped(folder: Path, status: int, kind: str, limit: int | None = None, where: Context = Context()) -> Outcome:
+    """The outcome for an attempt that stopped gracefully with a checkpoint (``timeout`` before the time limit,
+    ``preempt``), recorded like a crash. A preemption always continues; a time-limit stop continues while each
+    attempt gets further than the one before (a run that cannot reach a new step within the time limit would
+    otherwise requeue forever) and ``--max-requeues`` (``limit``, time limits only) allows."""
     found = _STOPPED.get(kind, kind)
     attempt, step = where.attempt, last_step(folder)
     rows = history(folder)
+    spent = budget(rows, kind, limit if kind == "timeout" else None, "--max-requeues")
     previous = rows[-1] if rows else None
     go, line = True, f"attempt {attempt} stopped gracefully ({found}) at step {step}; continuing"
     if kind == "timeout" and previous is not None and previous.get("kind") == found and \
             (step is None or (previous.get("step") is not None and step <= previous["step"])):
         go, line = False, (f"not requeued: {found} again at step {step}, no progress since attempt "
                            f"{previous['attempt']} (a longer --time, or a smaller first step)")
-    if go and budget.spent:
-        go, line = False, (f"not requeued: {found} after {budget.count} earlier requeues ({budget.option} "
-                           f"{budget.limit})")
+    if go and spent.spent:
+        go, line = False, (f"not requeued: {found} after {spent.count} earlier requeues ({spent.option} "
+                           f"{spent.limit})")
     JobFiles(folder).append_verdict(
         {"attempt": attempt, "step_index": where.step_index, "category": kind, "kind": found,
          "summary": "graceful stop with a checkpoint", "cause": f"{found}: graceful stop", "rank": None, "host": None,
          "blamed": None, "step": step, "status": status, "time": time.time(), "retried": go, "excluded": [],
          "decision": line})
-    return go, line
+    return Outcome(go, line, kind)
 
 
-def node_check_failed(folder: Path, hosts: list[str], budget: Budget = Budget(),
-                      where: Context = Context()) -> tuple[bool, str]:
-    """(requeue?, why) when the pre-flight node check named ``hosts`` and the allocation has no spare for them:
-    requeued leaving them out where the partition has other nodes (and the budget allows), else trained on."""
+def node_check_failed(folder: Path, hosts: list[str], limit: int | None = None,
+                      where: Context = Context()) -> Outcome:
+    """The outcome when the pre-flight node check named ``hosts`` and the allocation has no spare for them: requeued
+    leaving them out where the partition has other nodes (and ``--max-retries``, ``limit``, allows), else trained
+    on."""
     rows = history(folder)
+    spent = budget(rows, "nodecheck", limit)
     keep, note = exclusions([*(r.get("blamed") for r in rows), *hosts], where.serving, where.need)
-    go = bool(set(hosts) & set(keep)) and not budget.spent
+    go = bool(set(hosts) & set(keep)) and not spent.spent
     named = ", ".join(hosts)
     if go:
         line = f"node check named {named}: no spare in this allocation; requeueing without it"
-    elif budget.spent:
-        line = (f"node check named {named}: training on it anyway ({budget.count} earlier requeues for it, "
-                f"{budget.option} {budget.limit})")
+    elif spent.spent:
+        line = (f"node check named {named}: training on it anyway ({spent.count} earlier requeues for it, "
+                f"{spent.option} {spent.limit})")
     else:
         line = f"node check named {named}: training on it anyway ({note or 'no node to take its place'})"
     JobFiles(folder).append_verdict(
@@ -161,7 +178,7 @@ def node_check_failed(folder: Path, hosts: list[str], budget: Budget = Budget(),
          "summary": f"the pre-flight node check named {named}", "cause": f"node check: {named}", "rank": None,
          "host": hosts[0] if hosts else None, "blamed": hosts[0] if go and hosts else None, "step": None,
          "status": 0, "time": time.time(), "retried": go, "excluded": keep if go else [], "decision": line})
-    return go, line
+    return Outcome(go, line, "nodecheck", hosts[0] if go and hosts else None, keep if go else [], note)
 
 
 def history(folder: Path) -> list[dict]:

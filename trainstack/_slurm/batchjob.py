@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import subprocess
 import threading
 from collections.abc import Callable, Mapping
@@ -18,6 +19,7 @@ from .. import _envvars as envvars
 from .._files import UntrustedFileError, atomic_write
 from .._jobfiles import FREE_MEMORY_SH, JobFiles
 from .plan import Plan
+from .rungs import Requeue
 from .slurmcmd import Slurm
 
 __all__ = ["BatchJob", "PROBE", "HEARTBEAT_S"]
@@ -193,6 +195,37 @@ class BatchJob:
                 self.files.memory.forget()
         self._done.set()
         self.files.driver.ended(f"exit {status}")
+
+    def finished(self, step: int) -> int:
+        """The run finished (said where the job could have retried or stopped): the job's status, 0."""
+        r = self.plan.recovery
+        if r.requeue:
+            retried = f" after {step} retries in this allocation" if step else ""
+            self.say(f"finished (restart count {self.restart}){retried}")
+        elif r.graceful_stop:
+            self.say("finished")
+        self.sweep_done()
+        return 0
+
+    def requeue(self, decision: Requeue, status: int, step: int) -> int:
+        """The last rung: requeue the job (an array task by its own id), leaving out the hosts blamed, and release
+        Slurm's hold on it where its owner may; the job's status. SIGTERM from the requeue is ignored meanwhile
+        (Slurm's KillWait)."""
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        self.report(step)
+        self.say(f"{decision.kind} (exit status {status}): requeueing job {self.requeue_id} as restart "
+                 f"{self.restart + 1}")
+        done = self.slurm.requeue(self.requeue_id, decision.exclude)
+        if not done.done:
+            self.warn(f"scontrol requeue {self.requeue_id} failed: {done.answer}")
+            return status or 1
+        if done.already:
+            self.say(f"job {self.requeue_id} was already requeued (scontrol requeue)")
+        self.keep_memory = True
+        if done.excluded:
+            self.say(f"the requeued attempt leaves out {','.join(decision.exclude)} (blamed by a verdict)")
+        self.say(done.hold)
+        return 0
 
     def report(self, step: int) -> None:
         """The attempt report of this job step (never fails the job)."""

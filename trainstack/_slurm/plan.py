@@ -17,6 +17,7 @@ from .._choices import PORT_BASE, PORT_SPAN
 from .._version import __version__
 from .attempt import parse_retry_on
 from .jobfolder import JobPaths
+from .rungs import LADDER
 from .spec import MIN_STEP_SECONDS, NODE_CHECK_BUDGET_S, TEARDOWN_GRACE_S, LaunchSpec
 
 __all__ = ["Plan", "Launch", "Recovery", "NodeCheckPlan", "Sweep", "build_plan", "FORMAT", "driver_note"]
@@ -142,23 +143,10 @@ class Plan:
             lines.append(f"before each step every node is checked within {self.node_check.budget_s} s (compute, "
                          f"GPUs, memory, /dev/shm, job-folder writes, links); a node far below the others is named")
         if r.requeue:
-            spare = f"{self.spare_nodes} spare node(s) take the place of" if self.spare_nodes else "no spare for"
-            lines += [f"a crash whose verdict is one of [{', '.join(r.retry_on)}] is retried as a new step of this "
-                      f"allocation (at most {r.max_retries} retries; the same cause without progress is not), with "
-                      f"at least {r.min_step_s} s left; {spare} a lost or named node",
-                      f"a failed step's tasks are killed {r.teardown_grace_s:g} s after its first failure; its "
-                      f"hosts are probed, one that does not answer is lost",
-                      *(["with one task per rank, the ranks that lose a peer restart in place (the Trainer, DDP on "
-                         "gloo): the failed step is kept and the next one starts only the missing ranks "
-                         "(TRAINSTACK_IN_PLACE=0 in the job's environment relaunches every rank)"]
-                        if self.launch.task_log == "rank" else []),
-                      *([f"with no spare left, the run continues on the surviving nodes (at least {r.min_nodes} of "
-                         f"{self.nodes}) at the exact sample, the global batch kept by gradient accumulation"]
-                        if r.min_nodes else []),
-                      "otherwise, or on a graceful stop (the time limit's warning, a preemption), the job is "
-                      "requeued leaving out the hosts blamed (scontrol requeue, ExcNodeList, StartTime=now)"
-                      + (f"; at most {r.max_requeues} requeues at the time limit" if r.max_requeues is not None
-                         else "")]
+            lines.append(f"a failed step's tasks are killed {r.teardown_grace_s:g} s after its first failure; its "
+                         f"hosts are probed, one that does not answer is lost; then the recovery ladder, in order:")
+            lines += [f"rung {i}, {rung.explain(self)}"
+                      for i, rung in enumerate((x for x in LADDER if x.applies(self)), 1)]
         elif r.graceful_stop:
             lines.append("a stop signal asks the trainer to checkpoint and stop; the job is not requeued")
         else:
