@@ -67,7 +67,7 @@ gpu-wheels: $(VENV)/.installed  ## wheels a stock PyTorch GPU image lacks (.whl/
 test-gpu: $(VENV)/.installed  ## the GPU lane (tests/gpu; skipped without CUDA, part of make test when CUDA is present)
 	$(PY) -m pytest tests/gpu -m gpu -rs $(PYTEST_ARGS)
 
-test-slurm: $(VENV)/.installed slurm-up  ## tests on the local 2-node Slurm
+test-slurm: $(VENV)/.installed slurm-up  ## tests on the local 3-node Slurm (node1-3)
 	SLURM_CONF=$(SLURM_CONF_PATH) $(PY) -m pytest -m slurm $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed lint-hpc  ## ruff, the import contracts and graph, the structural checks, the size ceiling, lint-hpc
@@ -88,7 +88,7 @@ docs-serve: $(VENV)/.installed  ## serve the documentation at http://127.0.0.1:8
 typecheck: $(VENV)/.installed  ## mypy over the package (settings in pyproject.toml)
 	$(PY) -m mypy
 
-slurm-up:  ## start a 2-node Slurm on this host (root; apt-get install slurm-wlm munge)
+slurm-up:  ## start a 3-node Slurm on this host (root; apt-get install slurm-wlm munge)
 	scripts/slurm-local.sh up
 
 slurm-down:  ## stop the local Slurm
@@ -98,7 +98,7 @@ clean:  ## remove build outputs and run folders
 	rm -rf build dist .pytest_cache runs logs qml_logs
 
 MN_LAUNCHER ?= torchrun
-run-multinode: $(VENV)/.installed slurm-up  ## demo on the local 2-node Slurm: 2 nodes x 2 CPU processes
+run-multinode: $(VENV)/.installed slurm-up  ## demo on the local 3-node Slurm: 2 nodes x 2 CPU processes
 	SLURM_CONF=$(SLURM_CONF_PATH) $(VENV)/bin/trainstack submit --setup multi-node --nodes 2 --cpu \
 	  --procs-per-node 2 --launcher $(MN_LAUNCHER) --job-name demo-multinode --time 00:10:00 \
 	  --venv $(CURDIR)/$(VENV) --wait -- examples/demo.py --nprocs 4

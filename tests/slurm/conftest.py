@@ -1,4 +1,4 @@
-"""Access to the local 2-node Slurm (`make slurm-up`). In CI (CI=true) a missing cluster is a failure."""
+"""Access to the local 3-node Slurm (node1-3) (`make slurm-up`). In CI (CI=true) a missing cluster is a failure."""
 
 from __future__ import annotations
 
