@@ -121,7 +121,7 @@ run-multinode: $(VENV)/.installed slurm-up  ## demo on the local 3-node Slurm: 2
 render-examples: $(VENV)/.installed  ## render the template matrix into build/scripts for eyeballing
 	$(PY) scripts/render_matrix.py build/scripts
 
-IMAGE ?= trainstack:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' trainstack/_version.py)
+IMAGE ?= trainstack:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' trainstack/_common/version.py)
 SIF ?= trainstack.sif
 CONTAINER_ENGINE ?= docker
 REVISION := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)

@@ -65,7 +65,7 @@ def cli() -> str:
 
 
 def envvars() -> str:
-    from trainstack._envvars import VARIABLES
+    from trainstack._common.envvars import VARIABLES
 
     rows = [f"| `{v.name}` | {_cell(v.set_by)} | {_cell(v.meaning)} |" for v in VARIABLES]
     return "\n".join(["# Environment variables", "", GENERATED, "",

@@ -8,8 +8,8 @@
   are read only by ``TrainConfig`` (which validates them), the ``Schedule`` (which decides) and ``fast_dev_run``
   (which replaces them);
 * nothing hides per-run state in a user's object (``__dict__.setdefault``);
-* no module but ``trainstack/_jobfiles/`` joins a job-folder file name to a path (``folder / "started"``): the job
-  folder's contents have one owner, ``JobFiles``.
+* no module but ``trainstack/_common/jobfiles/`` joins a job-folder file name to a path (``folder / "started"``):
+  the job folder's contents have one owner, ``JobFiles``.
 
     python scripts/structure.py
 """
@@ -32,8 +32,8 @@ CADENCE = {"checkpoint_every", "checkpoint_every_n_steps", "val_every", "val_eve
 CADENCE_READERS = {"trainstack/config.py", "trainstack/_train/schedule.py", "trainstack/_train/devrun.py"}
 
 
-JOB_FILES = "trainstack/_jobfiles/names.py"
-JOB_FILES_ROOM = "trainstack/_jobfiles/"
+JOB_FILES = "trainstack/_common/jobfiles/names.py"
+JOB_FILES_ROOM = "trainstack/_common/jobfiles/"
 
 
 def _job_file_names() -> set[str]:
@@ -86,7 +86,7 @@ def problems(path: Path) -> list[str]:
             out.append(f"{rel}:{node.lineno}: joins the job-folder name {node.right.value!r} to a path: ask JobFiles")
         if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant) and \
                 str(node.values[0].value).startswith(("rank-", "node-")) and not rel.startswith(JOB_FILES_ROOM):
-            out.append(f"{rel}:{node.lineno}: spells a per-rank or per-node name: _jobfiles.rank_log and the like")
+            out.append(f"{rel}:{node.lineno}: spells a per-rank or per-node name: jobfiles.rank_log and the like")
         if isinstance(node, ast.Attribute) and node.attr == "setdefault" and \
                 isinstance(node.value, ast.Attribute) and node.value.attr == "__dict__":
             out.append(f"{rel}:{node.lineno}: stores state in another object's __dict__")

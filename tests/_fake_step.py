@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainstack._jobfiles import JobFiles
+from trainstack._common.jobfiles import JobFiles
 
 scenario = json.loads(os.environ["FAKE_STEP"])
 job = Path(os.environ["TRAINSTACK_JOB_DIR"])

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from trainstack import _jobevents as jobevents
-from trainstack._jobfiles import JobFiles
+from trainstack._common import jobevents as jobevents
+from trainstack._common.jobfiles import JobFiles
 from trainstack._slurm.allocation import Allocation, NodePool
 from trainstack._slurm.plan import Launch, Plan, Recovery, build_plan
 from trainstack._slurm.slurmcmd import Slurm
@@ -758,9 +758,9 @@ def test_the_task_wrapper_records_a_failure_under_its_ranks_global_rank_and_curr
     """A step that starts only some ranks names each task's global rank (TRAINSTACK_TASK_RANKS): the exit record
     and the rank log are that rank's. A rank restarted in place says which job step it is in now (steps/): its
     wrapper, started by an earlier step, records a later failure under that step."""
-    from trainstack._jobfiles import EXIT_RECORD_SH
+    from trainstack._common.jobfiles import EXIT_RECORD_SH
 
-    note = ("import os, socket; from trainstack._jobfiles import JobFiles; "
+    note = ("import os, socket; from trainstack._common.jobfiles import JobFiles; "
             "JobFiles.current().step.note_step(socket.gethostname(), os.getppid(), 4); print('hello'); "
             "raise SystemExit(3)")
     env = {**os.environ, "TRAINSTACK_JOB_DIR": str(tmp_path), "SLURM_PROCID": "0", "TRAINSTACK_STEP": "2",

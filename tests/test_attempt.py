@@ -118,7 +118,7 @@ def test_the_budget_is_the_decision_and_exclusions_keep_what_fits(tmp_path):
 def test_a_recovery_is_read_back_with_its_phases_and_steps_lost(tmp_path):
     """A crash retried in the allocation: the decision blames the lost host for the next step, and ``recoveries``
     reads the phases from the events the driver and the trainer recorded."""
-    from trainstack._jobfiles import JobFiles
+    from trainstack._common.jobfiles import JobFiles
     from trainstack._slurm.attempt import describe, recoveries
 
     (tmp_path / "rank-0.out").write_text("epoch 1 | step 23 | loss 0.5\n")

@@ -41,7 +41,7 @@ def test_parse_test_only():
 
 
 def test_the_run_ledger_across_clusters():
-    from trainstack._goodput import run_ledger
+    from trainstack._common.goodput import run_ledger
 
     alpha = {"ledger": {"parts": {"queue": 5.0, "startup": 4.0, "compile": 2.0, "productive": 30.0}}, "left": True}
     beta = {"ledger": {"parts": {"queue": 1.0, "startup": 6.0, "compile": 3.0, "productive": 20.0}},

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
+from trainstack._common.transport import match_ifname
 from trainstack._runtime.doctor import Facts, diagnose, gather_facts, run_doctor, suggest_ifname
-from trainstack._transport import match_ifname
 
 IFACES = {"lo": ["127.0.0.1"], "docker0": ["172.17.0.1"], "eth0": ["10.0.0.5"], "ib0": ["192.168.1.5"]}
 

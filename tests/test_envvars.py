@@ -1,5 +1,5 @@
 """One owner for the environment variables: every TRAINSTACK_* name the package or its job templates use is listed
-(with who sets it and what it does) in trainstack._envvars, and every listed one is used."""
+(with who sets it and what it does) in trainstack._common.envvars, and every listed one is used."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainstack import _envvars
+from trainstack._common import envvars as _envvars
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"TRAINSTACK_[A-Z][A-Z0-9_]*[A-Z0-9]")
@@ -27,7 +27,7 @@ def _used() -> dict[str, set[str]]:
 def test_every_variable_used_is_listed_with_its_meaning():
     listed = {v.name for v in _envvars.VARIABLES}
     unlisted = {name: sorted(where) for name, where in _used().items() if name not in listed}
-    assert not unlisted, f"add these to trainstack/_envvars.py: {unlisted}"
+    assert not unlisted, f"add these to trainstack/_common/envvars.py: {unlisted}"
     assert all(v.meaning and v.set_by for v in _envvars.VARIABLES)
 
 
@@ -40,7 +40,7 @@ def test_every_listed_variable_is_used_and_read_through_its_constant():
 
 
 def test_number_variables_are_read_in_one_place_with_the_bad_value_named(monkeypatch):
-    from trainstack._envvars import positive_number
+    from trainstack._common.envvars import positive_number
 
     monkeypatch.delenv("TRAINSTACK_TIMEOUT_S", raising=False)
     assert positive_number("TRAINSTACK_TIMEOUT_S", 1800.0) == 1800.0 and positive_number("TRAINSTACK_TIMEOUT_S") is None

@@ -121,7 +121,7 @@ def test_a_rank_that_failed_because_a_peer_did_says_so_in_its_job_and_waits_befo
     """The first failing task decides the job's status and verdict: in a job, a rank that lost its peer writes the
     driver's signal (peers-lost/rank-<r>: time, step, host) and sleeps (no CPU) before it leaves, so the rank that
     caused it -- perhaps through Python's slower exit -- ends first; outside a job it keeps Python's own exit."""
-    from trainstack._jobfiles import JobFiles
+    from trainstack._common.jobfiles import JobFiles
     from trainstack._runtime import fastexit
 
     job = tmp_path / "job"

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from trainstack._files import UntrustedFileError, atomic_write, check_private, load_private_pickle, private_dir
+from trainstack._common.files import UntrustedFileError, atomic_write, check_private, load_private_pickle, private_dir
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
@@ -85,7 +85,7 @@ def test_remote_refuses_a_planted_call(tmp_path):
 
 
 def test_nothing_under_a_folder_is_left_writable_by_others(tmp_path):
-    from trainstack._files import deny_others_write
+    from trainstack._common.files import deny_others_write
 
     (tmp_path / "a" / "b").mkdir(parents=True)
     (tmp_path / "a" / "b" / "f").write_text("x")

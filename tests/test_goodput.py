@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from trainstack._goodput import PARTS, format_ledger, ledger
+from trainstack._common.goodput import PARTS, format_ledger, ledger
 
 
 def write(folder, events, books, verdicts=()):

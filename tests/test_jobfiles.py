@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from trainstack._files import UnreadableFile, read_back
-from trainstack._jobfiles import EXIT_RECORD_SH, FREE_MEMORY_SH, JobFiles, Offer, StopRequest
+from trainstack._common.files import UnreadableFile, read_back
+from trainstack._common.jobfiles import EXIT_RECORD_SH, FREE_MEMORY_SH, JobFiles, Offer, StopRequest
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
@@ -193,7 +193,7 @@ def test_a_fifo_timeline_does_not_hang_its_readers(files):
 
 
 def test_a_long_timeline_is_read_from_its_newest_end(files, monkeypatch):
-    import trainstack._files as module
+    import trainstack._common.files as module
 
     monkeypatch.setattr(module, "LARGE", 4096)
     for i in range(500):
@@ -264,7 +264,7 @@ def test_a_survivor_that_cannot_join_leaves_saying_where(tmp_path):
 import sys, time
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from trainstack._runtime import inplace
-from trainstack._jobfiles import Offer
+from trainstack._common.jobfiles import Offer
 inplace.JOIN_S = 0.5
 class Stuck:
     rank = 0

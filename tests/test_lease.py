@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, ci_leaves_out
 
-from trainstack import _lease
+from trainstack._common import lease as _lease
 from trainstack.errors import ConfigError
 
 pytest.importorskip("s3fs")

@@ -117,7 +117,7 @@ def test_links_planted_by_another_user_in_a_shared_run_folder_are_never_followed
     from torch.utils.data import DataLoader, TensorDataset
 
     from trainstack import TrainConfig, Trainer
-    from trainstack._files import UntrustedFileError
+    from trainstack._common.files import UntrustedFileError
 
     tmp_path = shared_folder
     run = tmp_path / "run"

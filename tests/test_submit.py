@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from trainstack._files import atomic_write, private_dir
+from trainstack._common.files import atomic_write, private_dir
 from trainstack.submit import FunctionJob, SubmitError, write_script
 
 
@@ -40,8 +40,8 @@ def test_a_result_planted_by_another_user_is_refused(tmp_path):
 
 
 def test_array_ranges_and_exit_codes():
+    from trainstack._common.text import number_ranges as _ranges_text
     from trainstack._slurm.status import _exit_of
-    from trainstack._text import number_ranges as _ranges_text
 
     def _ranges(numbers):
         return _ranges_text(numbers, ",")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trainstack import _transport as tr
+from trainstack._common import transport as tr
 from trainstack._runtime.carried import carried_header, worker_error
 from trainstack._slurm.verdict import verdict
 from trainstack.render import LaunchSpec, SpecError, render
@@ -182,7 +182,7 @@ def test_why_names_the_missing_transport(tmp_path):
     folder = logs / "job-7"
     folder.mkdir(parents=True)
     (folder / "rank-0.out").write_text(TRACE.format(
-        error="trainstack._transport.TransportError: NCCL transport ib is required here "
+        error="trainstack._common.transport.TransportError: NCCL transport ib is required here "
               "(TRAINSTACK_NCCL_TRANSPORT=ib, --nccl-transport) and this host cannot provide it: no InfiniBand/RoCE "
               "device in /sys/class/infiniband on this host"))
     (folder / "exit_code").write_text("1\n")

@@ -192,8 +192,8 @@ def test_a_writer_another_attempt_took_over_from_is_superseded(tmp_path):
     folder.mkdir()
     (folder / "rank-0.out").write_text(
         "Traceback (most recent call last):\n  File \"/home/u/st.py\", line 9, in <module>\n    trainer.fit()\n"
-        "trainstack._lease.StaleLease: another attempt took this run over: s3://b/r is held at epoch 2 by beta job 7 "
-        "on b1, and this writer holds epoch 1.\n")
+        "trainstack._common.lease.StaleLease: another attempt took this run over: s3://b/r is held at epoch 2 by beta "
+        "job 7 on b1, and this writer holds epoch 1.\n")
     (folder / "exit_code").write_text("1\n")
     v = verdict("FAILED", folder, None)
     assert v.kind == "superseded" and "held at epoch 2 by beta" in v.summary, v

@@ -21,7 +21,7 @@ from . import (
     render,
     submit,  # noqa: E402  (torch-free and cheap)
 )
-from ._version import __version__  # a plain constant: importlib.metadata costs ~0.1 s at CLI start-up
+from ._common.version import __version__  # a plain constant: importlib.metadata costs ~0.1 s at CLI start-up
 from .render import LaunchSpec  # noqa: E402
 
 __all__ = ["Accelerator", "Trainer", "TrainConfig", "Callback", "optimize_step", "seed_everything", "LaunchSpec",

@@ -39,7 +39,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from . import _envvars as envvars
 from ._accelerate import ops as _accelerate_ops
 from ._accelerate.api import AccelerateAPI
 from ._accelerate.config import (
@@ -49,7 +48,8 @@ from ._accelerate.config import (
 )
 from ._accelerate.options import AccelerateOptions
 from ._accelerate.state import AcceleratorState, GradientState
-from ._choices import BACKENDS, COMPUTE_SETUPS, DEFAULT_COMPUTE_SETUP, LOG_SETUPS, STRATEGIES
+from ._common import envvars as envvars
+from ._common.choices import BACKENDS, COMPUTE_SETUPS, DEFAULT_COMPUTE_SETUP, LOG_SETUPS, STRATEGIES
 from ._runtime import collectives as collectives
 from ._runtime import compiling
 from ._runtime import layout as _layout

@@ -40,7 +40,7 @@ from ._checkpoint.retention import rotate
 from ._checkpoint.rng import capture_rng, gather_rng, restore_rng
 from ._checkpoint.sharded import load_checked as _load_shards
 from ._checkpoint.store import Store, Uploads, adopt, stage
-from ._files import TEMP_RE, create_new, fsync_path, temp_path, url_scheme
+from ._common.files import TEMP_RE, create_new, fsync_path, temp_path, url_scheme
 from .errors import CheckpointError, UnreadableCheckpoint
 
 if TYPE_CHECKING:

@@ -16,13 +16,13 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from . import _envvars as envvars
+from ._common import envvars as envvars
+from ._common.transport import TRANSPORTS
+from ._common.version import __version__
 from ._slurm.options import build_spec
 from ._slurm.plan import driver_note
 from ._slurm.program import FORMS
 from ._slurm.spec import spec_defaults
-from ._transport import TRANSPORTS
-from ._version import __version__
 from .render import CONTAINERS, LAUNCHERS, SETUPS, LaunchSpec, SpecError, render
 
 DEFAULTS = spec_defaults()
@@ -353,7 +353,7 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool, 
         return
     stores = [j for j in job_ids if "://" in j]
     if stores:  # a run's checkpoint store: the run across clusters, one line per attempt
-        from ._lease import describe
+        from ._common.lease import describe
 
         for url in stores:
             click.echo("\n".join(describe(url)))
@@ -407,7 +407,7 @@ def why(job_id: str, as_json: bool) -> None:
     """Why a job ended: the verdict (completed, cancelled, preempted, time limit, hang, CUDA out-of-memory, killed by
     signal 9, collective failure, node failure, a Python error on its first failing rank, unknown), the evidence
     lines from its logs and job folder, and what to do about it."""
-    from ._goodput import format_ledger, ledger
+    from ._common.goodput import format_ledger, ledger
     from ._slurm.attempt import describe, recoveries
     from ._slurm.report import attempt_contract, health, health_lines
     from ._slurm.status import job_status, pending_note
@@ -562,7 +562,7 @@ def _which(fn: Any) -> Any:
 
 def _checkpoint_path(path: str) -> None:
     """A checkpoint, run folder or checkpoint-store URL (s3://...): a local one must exist here."""
-    from ._files import url_scheme
+    from ._common.files import url_scheme
 
     if not url_scheme(path) and not Path(path).exists():
         raise click.BadParameter(f"{path!r} does not exist here (with --host it is read on the login node)",
@@ -593,7 +593,7 @@ def checkpoint_free_memory(job_id: str, wait_s: int) -> None:
 def checkpoint_stage(store: str, folder: str) -> None:
     """Download a run's newest committed checkpoint from its STORE (s3://...) into FOLDER (a cluster's scratch), so a
     job of the run that waits there starts without the download (TRAINSTACK_STAGED=FOLDER)."""
-    from ._files import url_scheme
+    from ._common.files import url_scheme
     from .checkpoint import stage
 
     if not url_scheme(store):

@@ -20,7 +20,7 @@ from typing import Any, overload
 import torch
 from torch import nn
 
-from ._choices import (
+from ._common.choices import (
     BACKENDS,
     CHECKPOINT_FORMATS,
     COMPUTE_SETUPS,
@@ -31,8 +31,8 @@ from ._choices import (
     STRATEGIES,
     TRACKING_TOOLS,
 )
-from ._files import url_scheme
-from ._lease import run_store
+from ._common.files import url_scheme
+from ._common.lease import run_store
 from ._runtime.compiling import compile_options
 from ._runtime.parallel import Parallelism
 from .errors import ConfigError, UnknownField
@@ -347,7 +347,7 @@ class TrainConfig:
     def to_file(self, path: str | os.PathLike) -> Path:
         """Write the plain fields (not functions or callbacks) as YAML (``.yaml``/``.yml``) or JSON, atomically; what
         ``from_file`` reads back."""
-        from ._files import atomic_write
+        from ._common.files import atomic_write
 
         path = Path(path)
         data = {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name in _FILE_FIELDS}

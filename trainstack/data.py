@@ -29,7 +29,7 @@ from torch.utils.data import (
 )
 from torch.utils.data import DistributedSampler as _TorchDistributedSampler
 
-from . import _envvars as envvars
+from ._common import envvars as envvars
 from .errors import ConfigError
 
 __all__ = ["ResumableDistributedSampler", "PreparedDataLoader", "FastTensorLoader", "prepare_dataloader",

@@ -25,8 +25,8 @@ from typing import ClassVar
 
 import hostlist
 
-from . import _envvars as envvars
-from ._choices import PORT_BASE, PORT_SPAN
+from ._common import envvars as envvars
+from ._common.choices import PORT_BASE, PORT_SPAN
 from .errors import LaunchError
 
 __all__ = [

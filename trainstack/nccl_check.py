@@ -23,8 +23,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from . import _envvars as envvars
-from . import _transport
+from ._common import envvars as envvars
+from ._common import transport as _transport
 from .accelerator import Accelerator
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._files import atomic_write
+from ._common.files import atomic_write
 
 __all__ = ["compute_rate", "gpu_facts", "host_facts", "write_speed", "links", "main"]
 

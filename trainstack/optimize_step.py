@@ -6,7 +6,7 @@ package attribute for every imported submodule), so the module itself is callabl
 
 from __future__ import annotations
 
-from ._modules import make_callable
+from ._common.modules import make_callable
 from ._train.steps import optimize_step
 
 __all__ = ["optimize_step"]

@@ -16,11 +16,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ._modules import make_callable
+from ._common.modules import make_callable
+from ._common.version import __version__
 from ._slurm.jobfolder import safe_name
 from ._slurm.plan import build_plan
 from ._slurm.spec import CONTAINERS, LAUNCHERS, PLACEHOLDERS, SETUPS, LaunchSpec, SpecError
-from ._version import __version__
 
 __all__ = ["LaunchSpec", "SpecError", "render", "template_dirs", "safe_name", "SETUPS", "LAUNCHERS", "CONTAINERS",
            "PLACEHOLDERS", "TEMPLATE"]

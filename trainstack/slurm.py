@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from . import _envvars as envvars
+from ._common import envvars as envvars
 from .errors import ConfigError
 
 __all__ = ["SlurmConfig", "SlurmFunction", "slurm_fn", "LocalJob"]
@@ -219,7 +219,7 @@ def _run_locally(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], co
     """mode='local': the job's own runner (``python -m trainstack._remote``) in a subprocess, waited for."""
     import pickle
 
-    from ._files import atomic_write, load_private_pickle, private_dir
+    from ._common.files import atomic_write, load_private_pickle, private_dir
 
     folder = private_dir(config.output_path.expanduser().absolute(), prefix=f"{config.job_name}-local-")
     module, where = _importable(fn)

@@ -17,16 +17,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import _envvars as envvars
-from ._files import UntrustedFileError, atomic_write, deny_others_write, load_private_pickle, private_dir
-from ._jobfiles import JobFiles
-from ._modules import make_callable
+from ._common import envvars as envvars
+from ._common.files import UntrustedFileError, atomic_write, deny_others_write, load_private_pickle, private_dir
+from ._common.jobfiles import JobFiles
+from ._common.modules import make_callable
+from ._common.text import number_ranges
 from ._slurm import index, status
 from ._slurm.jobfolder import JobPaths, safe_name
 from ._slurm.jobs import JobError
 from ._slurm.snapshot import Snapshot, SnapshotError, git_root, git_state, ship_driver, take
 from ._slurm.spec import LaunchSpec
-from ._text import number_ranges
 from .errors import TrainstackError
 from .render import render
 
@@ -251,7 +251,7 @@ def _metadata(spec: LaunchSpec, job: SubmittedJob, argv: list[str] | None) -> di
     import socket
     from importlib import metadata
 
-    from ._version import __version__
+    from ._common.version import __version__
 
     def version(dist: str) -> str | None:
         try:

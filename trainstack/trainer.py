@@ -29,8 +29,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from . import _jobevents as jobevents
-from ._choices import SHARDING
+from ._common import jobevents as jobevents
+from ._common.choices import SHARDING
 from ._runtime import compiling, inplace, watchdog
 from ._runtime.watchdog import heartbeat
 from ._train import devrun, handoff, notes, qadence, run

@@ -45,7 +45,7 @@ def cuda_libraries() -> dict[str, list[str]]:
 def main() -> None:
     import torch
 
-    from trainstack._transport import missing_libraries
+    from trainstack._common.transport import missing_libraries
 
     versions = json.loads(Path("/opt/trainstack/versions.json").read_text())
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() else None

@@ -17,7 +17,7 @@ import pytest
 import torch
 from helpers import _free_port
 
-from trainstack._jobfiles import JobFiles
+from trainstack._common.jobfiles import JobFiles
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 PROGRAM = str(Path(__file__).with_name("_inplace_train.py"))

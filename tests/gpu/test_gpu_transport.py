@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.timeout(180)]
 
 PROGRAM = r"""
 import os, sys, datetime, torch, torch.distributed as dist
-from trainstack import _transport
+from trainstack._common import transport as _transport
 required = os.environ[_transport.REQUIRED_ENV]
 try:
     _transport.check_before_init()
@@ -42,7 +42,7 @@ dist.destroy_process_group()
 
 
 def _run(tmp_path, transport: str, skip_preflight: bool = False) -> subprocess.CompletedProcess:
-    from trainstack import _transport
+    from trainstack._common import transport as _transport
 
     env = {**os.environ, **_transport.step_env(transport, str(tmp_path / "nccl.%h.%p.log"))}
     program = PROGRAM.replace("_transport.check_before_init()", "pass") if skip_preflight else PROGRAM
@@ -56,7 +56,7 @@ def test_socket_required_and_used(tmp_path):
 
 
 def test_a_network_the_host_lacks_fails_at_init_with_the_reason(tmp_path):
-    from trainstack import _transport
+    from trainstack._common import transport as _transport
 
     if not _transport.preflight("ib"):
         pytest.skip("this GPU host has working InfiniBand: nothing is missing")

@@ -27,7 +27,7 @@ import torch
 from _sshd import VENV, account, keys, remote_install, sshd
 from helpers import ROOT, ci_leaves_out, moto_s3
 
-from trainstack import _lease
+from trainstack._common import lease as _lease
 
 pytestmark = [pytest.mark.slow, pytest.mark.own_clusters, pytest.mark.timeout(600)]
 PROGRAM = "tests/slurm/_across_train.py"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, ci_leaves_out
 
-from trainstack._goodput import ledger
+from trainstack._common.goodput import ledger
 from trainstack.render import LaunchSpec
 from trainstack.submit import submit_spec, wait_for
 

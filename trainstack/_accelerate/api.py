@@ -316,7 +316,7 @@ class AccelerateAPI(AccelerateLoop):
         weights = self.get_state_dict(model)
         path = folder / ("model.safetensors" if safe_serialization else "pytorch_model.bin")
         if self.state.is_main_process:
-            from .._files import atomic_write
+            from .._common.files import atomic_write
 
             folder.mkdir(parents=True, exist_ok=True)
             if safe_serialization:
@@ -336,7 +336,7 @@ class AccelerateAPI(AccelerateLoop):
         """``torch.save`` (or safetensors) on the main process only, written atomically."""
         if not self.state.is_main_process:
             return
-        from .._files import atomic_write
+        from .._common.files import atomic_write
 
         if safe_serialization:
             from safetensors.torch import save as to_bytes

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .._choices import SHARDING
+from .._common.choices import SHARDING
 from .._runtime import loop as _loop
 from ..errors import ConfigError
 from .loader import skip_first_batches

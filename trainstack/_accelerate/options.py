@@ -10,7 +10,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .._choices import MIXED_PRECISION, TRACKING_TOOLS
+from .._common.choices import MIXED_PRECISION, TRACKING_TOOLS
 from ..errors import ConfigError
 from .config import (
     AutocastKwargs,

@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .._files import temp_path
+from .._common.files import temp_path
 
 __all__ = ["link", "alias_path", "ALIASES"]
 

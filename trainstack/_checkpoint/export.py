@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .._files import temp_path
+from .._common.files import temp_path
 from ..errors import CheckpointError
 
 __all__ = ["write_safetensors", "save_pretrained", "export_model", "check_exportable", "require", "parse_size", "INDEX",

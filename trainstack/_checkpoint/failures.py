@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from .._files import WRITE_FAILURES
+from .._common.files import WRITE_FAILURES
 
 _REASONS = WRITE_FAILURES
 

@@ -36,9 +36,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .. import _envvars as envvars
-from .._files import untrusted_folder
-from .._jobfiles import JobFiles
+from .._common import envvars as envvars
+from .._common.files import untrusted_folder
+from .._common.jobfiles import JobFiles
 from ..errors import ConfigError
 from .memformat import is_dtensor, packed, staged, unpacked, unstaged
 from .parts import Restored, load_parts, state_of

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .._files import fsync_path, temp_path
+from .._common.files import fsync_path, temp_path
 from ..errors import CheckpointError, UnreadableCheckpoint
 
 __all__ = ["MARKER", "EXTRAS", "load_checked", "write", "finish", "read_extras", "load_into", "is_complete", "tensors",

@@ -36,9 +36,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import _envvars as envvars
-from .._files import deny_others_write, own_folder, temp_path, url_scheme
-from .._lease import Lease, StaleLease, history, in_lineage
+from .._common import envvars as envvars
+from .._common.files import deny_others_write, own_folder, temp_path, url_scheme
+from .._common.lease import Lease, StaleLease, history, in_lineage
 from ..errors import CheckpointError, ConfigError
 from .retention import rotate
 

@@ -8,7 +8,7 @@ import functools
 import json
 from typing import Any
 
-from .._transport import TransportError
+from .._common.transport import TransportError
 from ..errors import ConfigError, TrainingDiverged, TrainstackError, UnknownField, WorkerError
 
 __all__ = ["carried_header", "worker_error"]

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import _envvars as envvars
-from .._files import untrusted_folder
+from .._common import envvars as envvars
+from .._common.files import untrusted_folder
 from ..errors import ConfigError
 
 __all__ = ["compile_options", "unwrap_compiled", "plan", "compile_in_place", "use_cache", "cache_folder", "window",

@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import _envvars as envvars
-from .._transport import REQUIRED_ENV, match_ifname, preflight
+from .._common import envvars as envvars
+from .._common.transport import REQUIRED_ENV, match_ifname, preflight
 
 __all__ = ["Facts", "Finding", "gather_facts", "diagnose", "run_doctor"]
 
@@ -231,7 +231,7 @@ def _report(f: Facts) -> dict[str, Any]:
     error = _launcher_error(f.environ)
     launcher = f"error: {error}" if error else detect_environment(f.environ).describe()
     env = {k: v for k, v in sorted(f.environ.items()) if k.startswith(_ENV_PREFIXES)}
-    from .._version import __version__
+    from .._common.version import __version__
 
     return {"trainstack": __version__, "python": f.python, "platform": platform.platform(), "torch": f.torch,
             "cuda": f.cuda, "cudnn": f.cudnn, "nccl": f.nccl, "nccl_available": f.nccl_available, "gpus": f.gpus,

@@ -34,8 +34,8 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from .. import _envvars as envvars
-from .._jobfiles import JobFiles
+from .._common import envvars as envvars
+from .._common.jobfiles import JobFiles
 from . import preemption
 
 __all__ = ["arm"]

@@ -28,8 +28,8 @@ import traceback
 from collections.abc import Mapping
 from typing import Protocol
 
-from .. import _envvars as envvars
-from .._jobfiles import OFFERED, JobFiles, Offer
+from .._common import envvars as envvars
+from .._common.jobfiles import OFFERED, JobFiles, Offer
 from . import fastexit
 
 __all__ = ["may_wait", "detach", "next_step", "join", "joined", "environment", "WAIT_S", "JOIN_S", "Rejoining"]

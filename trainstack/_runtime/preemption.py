@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from .. import _envvars as envvars
-from .._jobfiles import StopRequest
+from .._common import envvars as envvars
+from .._common.jobfiles import StopRequest
 from ..errors import ConfigError
 
 __all__ = ["GracefulStop", "resolve_signals", "DEFAULT_SIGNALS", "INTERRUPT"]

@@ -31,7 +31,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 
-from .. import _envvars as envvars
+from .._common import envvars as envvars
 
 log = logging.getLogger("trainstack")
 

@@ -15,8 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .. import _envvars as envvars
-from .._jobfiles import rank_log
+from .._common import envvars as envvars
+from .._common.jobfiles import rank_log
 
 __all__ = ["tee_rank_output", "close"]
 

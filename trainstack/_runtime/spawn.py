@@ -50,9 +50,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
-from .. import _envvars as envvars
-from .. import _transport
-from .._files import atomic_write
+from .._common import envvars as envvars
+from .._common import transport as _transport
+from .._common.files import atomic_write
 from ..errors import Interrupted, LaunchError, Preempted, TrainingHung
 from . import fastexit, inplace
 from . import layout as _layout

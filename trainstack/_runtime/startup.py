@@ -14,7 +14,7 @@ from types import FrameType
 
 import torch
 
-from .. import _envvars as envvars
+from .._common import envvars as envvars
 from ..errors import LaunchError
 from . import preload as _preload
 

@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _envvars as envvars
+from .._common import envvars as envvars
 
 __all__ = ["Straggler", "Stragglers", "COMPARED", "DEFAULT_RATIO"]
 

@@ -37,11 +37,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from .. import _envvars as envvars
-from .. import _jobevents as jobevents
-from .._files import atomic_write
-from .._jobfiles import JobFiles, rank_stacks
-from .._text import number_ranges
+from .._common import envvars as envvars
+from .._common import jobevents as jobevents
+from .._common.files import atomic_write
+from .._common.jobfiles import JobFiles, rank_stacks
+from .._common.text import number_ranges
 from .stragglers import Stragglers, resolve_ratio
 
 __all__ = ["Heartbeat", "Watchdog", "heartbeat", "HANG_EXIT_CODE", "start", "stop", "resolve_timeout",

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .._files import WRITE_FAILURES
-from .._text import number
+from .._common.files import WRITE_FAILURES
+from .._common.text import number
 from ..errors import ConfigError, TrainstackError
 
 __all__ = ["Writers", "NullWriter", "make_writers", "format_metrics"]
@@ -43,7 +43,7 @@ class JsonlWriter:
     """
 
     def __init__(self, folder: Path, keep_through: int | None = None) -> None:
-        from .._files import open_append
+        from .._common.files import open_append
 
         self.path = Path(folder) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -53,12 +53,12 @@ class JsonlWriter:
 
     def rows(self) -> list[dict[str, Any]]:
         """The rows written so far (a line cut short by a kill is skipped)."""
-        from .._files import read_jsonl
+        from .._common.files import read_jsonl
 
         return read_jsonl(self.path)
 
     def _drop_rows_after(self, step: int) -> None:
-        from .._files import atomic_write
+        from .._common.files import atomic_write
 
         kept = [row for row in self.rows() if int(row.get("step", -1)) <= step]
         atomic_write(self.path, "".join(json.dumps(row) + "\n" for row in kept), mode=0o600)
@@ -79,7 +79,7 @@ class JsonlWriter:
                                     f"log_folder.") from None
 
     def log_hyperparams(self, hyperparams: dict[str, Any]) -> None:
-        from .._files import atomic_write
+        from .._common.files import atomic_write
 
         atomic_write(self.path.with_name("hyperparams.json"), json.dumps(
             {k: v if isinstance(v, (int, float, str, bool)) else repr(v) for k, v in hyperparams.items()}, indent=2))
@@ -133,7 +133,7 @@ class TrackerIds:
             self.data = {}
 
     def save(self) -> None:
-        from .._files import atomic_write
+        from .._common.files import atomic_write
 
         atomic_write(self.path, json.dumps(self.data), mode=0o600)
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from .. import _envvars as envvars
-from .._jobfiles import EXIT_RECORD_SH, JobFiles
+from .._common import envvars as envvars
+from .._common.jobfiles import EXIT_RECORD_SH, JobFiles
 from . import attempt as policy
 from . import sentinel
 from .batchjob import BatchJob

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import _jobevents as events
-from .._jobfiles import JobFiles
+from .._common import jobevents as events
+from .._common.jobfiles import JobFiles
 from .verdict import HOST_FAULTS, KINDS, last_step, verdict
 
 #: Failures worth another attempt by default: the machine's or the network's, not the program's. A Python error or
@@ -122,12 +122,13 @@ def decide(folder: Path, status: int, retry_on: tuple[str, ...] = DEFAULT_RETRY_
     if retry and spent.spent:
         retry, line = False, (f"not retried: {cause}; giving up after {spent.count} earlier retries "
                               f"({spent.option} {spent.limit})")
-    record["excluded"], record["exclusion_note"] = [], ""
+    exclude: list[str] = []
+    note = ""
     if retry:  # what a requeue would leave out (a retry in this allocation leaves the blamed host out of its pool)
-        record["excluded"], record["exclusion_note"] = exclusions([r.get("blamed") for r in rows] +
-                                                                  [record["blamed"]], where.serving, where.need)
-    files.append_verdict({**record, "retried": retry, "decision": line})
-    return Outcome(retry, line, "crash", record["blamed"], record["excluded"], record["exclusion_note"])
+        exclude, note = exclusions([r.get("blamed") for r in rows] + [record["blamed"]], where.serving, where.need)
+    files.append_verdict({**record, "excluded": exclude, "exclusion_note": note, "retried": retry, "decision": line})
+    blamed = record["blamed"]
+    return Outcome(retry, line, "crash", blamed if isinstance(blamed, str) else None, exclude, note)
 
 
 def stopped(folder: Path, status: int, kind: str, limit: int | None = None, where: Context = Context()) -> Outcome:

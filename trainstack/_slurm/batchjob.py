@@ -15,9 +15,9 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from .. import _envvars as envvars
-from .._files import UntrustedFileError, atomic_write
-from .._jobfiles import FREE_MEMORY_SH, JobFiles
+from .._common import envvars as envvars
+from .._common.files import UntrustedFileError, atomic_write
+from .._common.jobfiles import FREE_MEMORY_SH, JobFiles
 from .plan import Plan
 from .rungs import Requeue
 from .slurmcmd import Slurm

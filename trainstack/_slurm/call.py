@@ -12,7 +12,7 @@ import pickle
 import sys
 from pathlib import Path
 
-from .._files import UntrustedFileError, atomic_write, load_private_pickle
+from .._common.files import UntrustedFileError, atomic_write, load_private_pickle
 from ..environment import detect_environment
 
 

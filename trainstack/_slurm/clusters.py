@@ -3,8 +3,8 @@ nodes (``trainstack submit --cluster a.toml --cluster b.toml --store URL``).
 
 Each cluster is a site profile (its login node as ``host``, or ``slurm_conf`` for a second Slurm on this machine;
 its partition, nodes, container, scratch). The run's single source of truth is its checkpoint store: every attempt
-takes the run's lease there and resumes from its newest committed checkpoint (``trainstack._lease``), so the jobs on
-the clusters are caches of one run. The follower runs where the user is (``submit`` without returning, or
+takes the run's lease there and resumes from its newest committed checkpoint (``trainstack._common.lease``), so the
+jobs on the clusters are caches of one run. The follower runs where the user is (``submit`` without returning, or
 ``--hedge``): it asks each cluster when a job would start (``sbatch --test-only``, and whether the partition is up),
 submits where the run starts first once the cost of a move is counted, and watches the job; when the job ends
 without finishing (preempted, its node lost, a time limit) or waits in a queue while another cluster would start it
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import _envvars as envvars
+from .._common import envvars as envvars
 
 if TYPE_CHECKING:
     import click
@@ -322,7 +322,7 @@ class Follower:
     def report(self, wall_s: float) -> None:
         """The run's goodput across its clusters: each job's ledger, the queues it left, the checkpoint downloads
         of its moves, the cold compiles after them."""
-        from .._goodput import format_ledger, run_ledger
+        from .._common.goodput import format_ledger, run_ledger
 
         for move in self.moves:
             if move.ledger is None:
@@ -331,7 +331,7 @@ class Follower:
         try:
             import fsspec
 
-            from .._lease import attempts
+            from .._common.lease import attempts
 
             fs, root = fsspec.core.url_to_fs(self.store)
             downloads = {(str(a.get("cluster")), str(a.get("job"))): float(a.get("download_s") or 0.0)

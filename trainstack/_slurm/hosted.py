@@ -21,9 +21,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .. import _envvars as envvars
-from .._files import atomic_write
-from .._version import __version__
+from .._common import envvars as envvars
+from .._common.files import atomic_write
+from .._common.version import __version__
 from .progress import Progress
 from .ssh import Remote, RemoteError
 

@@ -18,8 +18,8 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 
-from .. import _envvars as envvars
-from .._jobfiles import OFFERED, JobFiles
+from .._common import envvars as envvars
+from .._common.jobfiles import OFFERED, JobFiles
 from .slurmcmd import Slurm
 
 __all__ = ["Survivors"]

@@ -8,8 +8,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from .. import _jobevents as jobevents
-from .._jobfiles import FREE_MEMORY_SH, JobFiles
+from .._common import jobevents as jobevents
+from .._common.jobfiles import FREE_MEMORY_SH, JobFiles
 from .jobs import JobError
 from .status import job_status
 

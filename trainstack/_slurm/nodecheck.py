@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .._jobfiles import JobFiles
+from .._common.jobfiles import JobFiles
 from .slurmcmd import Slurm
 
 __all__ = ["THRESHOLDS", "judge", "read_checks", "describe", "check", "check_threshold"]

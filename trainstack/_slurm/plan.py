@@ -13,8 +13,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .._choices import PORT_BASE, PORT_SPAN
-from .._version import __version__
+from .._common.choices import PORT_BASE, PORT_SPAN
+from .._common.version import __version__
 from .attempt import parse_retry_on
 from .jobfolder import JobPaths
 from .rungs import LADDER

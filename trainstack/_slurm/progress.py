@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._text import duration
+from .._common.text import duration
 
 __all__ = ["Progress", "progress_of"]
 

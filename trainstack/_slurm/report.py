@@ -12,10 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .. import _jobevents as events
-from .._files import LARGE, atomic_write, read_back_text
-from .._goodput import format_ledger, ledger
-from .._jobfiles import JobFiles
+from .._common import jobevents as events
+from .._common.files import LARGE, atomic_write, read_back_text
+from .._common.goodput import format_ledger, ledger
+from .._common.jobfiles import JobFiles
 from .attempt import history
 from .nodecheck import describe as describe_check
 from .nodecheck import read_checks

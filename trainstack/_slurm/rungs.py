@@ -38,8 +38,11 @@ class Climb(Protocol):
     ``preempt``), time enough left for a step, the usable hosts, why nodes are missing, the hosts a requeue leaves
     out; and how it says what it did."""
 
-    plan: Plan
-    kind: str
+    @property
+    def plan(self) -> Plan: ...
+
+    @property
+    def kind(self) -> str: ...
 
     def time_left(self) -> bool: ...
 

@@ -19,8 +19,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from .. import _jobevents as events
-from .._jobfiles import DRIVER_SILENT_S, JobFiles
+from .._common import jobevents as events
+from .._common.jobfiles import DRIVER_SILENT_S, JobFiles
 from . import attempt as policy
 from .slurmcmd import Slurm
 from .verdict import last_step

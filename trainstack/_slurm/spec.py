@@ -17,10 +17,10 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .._choices import PORT_BASE, PORT_SPAN
-from .._files import url_scheme
-from .._transport import TRANSPORTS
-from .._transport import step_env as transport_env
+from .._common.choices import PORT_BASE, PORT_SPAN
+from .._common.files import url_scheme
+from .._common.transport import TRANSPORTS
+from .._common.transport import step_env as transport_env
 from ..errors import ConfigError
 from .attempt import DEFAULT_RETRY_ON, parse_retry_on
 from .jobfolder import JobPaths, safe_name

@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .. import _envvars as envvars
+from .._common import envvars as envvars
 from ..errors import TrainstackError
 
 __all__ = ["Remote", "RemoteError", "control_dir"]

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import _jobevents as events
-from .._files import SMALL, read_back_text
-from .._jobfiles import DRIVER_QUIET_S, JobFiles, rank_log
+from .._common import jobevents as events
+from .._common.files import SMALL, read_back_text
+from .._common.jobfiles import DRIVER_QUIET_S, JobFiles, rank_log
 from . import index
 from .jobfolder import JobPaths
 from .jobs import JobError, JobInfo, check_job_id, job_folder, job_infos

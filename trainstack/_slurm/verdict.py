@@ -16,10 +16,19 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import _jobevents as events
-from .. import _transport
-from .._files import read_back_text
-from .._jobfiles import ATTEMPT_MARK, DRIVER_QUIET_S, DRIVER_SILENT_S, RANK_LOG_RE, Exit, JobFiles, rank_log, rank_unit
+from .._common import jobevents as events
+from .._common import transport as _transport
+from .._common.files import read_back_text
+from .._common.jobfiles import (
+    ATTEMPT_MARK,
+    DRIVER_QUIET_S,
+    DRIVER_SILENT_S,
+    RANK_LOG_RE,
+    Exit,
+    JobFiles,
+    rank_log,
+    rank_unit,
+)
 
 __all__ = ["Verdict", "verdict", "KINDS", "HOST_FAULTS", "last_step", "exit_records"]
 

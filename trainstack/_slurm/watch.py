@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .._jobfiles import JobFiles
+from .._common.jobfiles import JobFiles
 from .inplace import Survivors
 from .plan import Plan
 from .slurmcmd import Slurm

@@ -14,8 +14,8 @@ import sys
 import time
 from typing import Any
 
-from .. import _envvars as envvars
-from .._text import duration, number
+from .._common import envvars as envvars
+from .._common.text import duration, number
 
 __all__ = ["ProgressBar", "LiveLog", "banner", "progress_enabled", "format_line", "summary", "hold_warnings", "timed",
            "DATA_BOUND"]

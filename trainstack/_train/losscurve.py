@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
-from .._files import atomic_write
+from .._common.files import atomic_write
 
 __all__ = ["save_loss_curve", "loss_series"]
 

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from .. import _envvars as envvars
-from .. import _jobevents as jobevents
-from .._choices import SHARDING
+from .._common import envvars as envvars
+from .._common import jobevents as jobevents
+from .._common.choices import SHARDING
 from .._runtime import compiling, watchdog
 from .._runtime.preemption import INTERRUPT, GracefulStop, resolve_signals
 from ..accelerator import retarget_optimizer, seed_everything

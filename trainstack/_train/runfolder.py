@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from .. import _envvars as envvars
-from .._jobfiles import JobFiles
+from .._common import envvars as envvars
+from .._common.jobfiles import JobFiles
 from ..checkpoint import Checkpointer, CheckpointError, Store, check_fits, has_checkpoint
 from ..errors import ConfigError
 
@@ -172,7 +172,7 @@ def remember_for_restarts(folder: Path, root: Path, log_folder: Path, new_per_ru
     if record is None or new_per_run or log_folder != Path("./") or env.get("SLURM_JOB_ID") or \
             env.get(envvars.RUN_DIR) or folder.parent != root:
         return
-    from .._files import atomic_write
+    from .._common.files import atomic_write
 
     try:
         atomic_write(record, f"{folder}\n")
@@ -286,7 +286,7 @@ def ensure_run_id(folder: Path, echo: Callable[[str], None] = print) -> tuple[st
     every restart), ``new`` (no usable ``run.json``: a checkpoint's id may take its place) or ``copied`` (the folder
     was copied from another run's: a new id, so the copy never writes into the original's tracker runs). The
     trackers resume the run it names."""
-    from .._files import atomic_write
+    from .._common.files import atomic_write
 
     path = folder / "run.json"
     here, state = str(Path(folder).resolve()), "new"
@@ -405,7 +405,7 @@ class RunFolder:
 
     def adopt(self, run_id: str, folder: Path) -> str:
         """A checkpoint's id for a run whose ``run.json`` was lost (not copied): the trackers continue its run."""
-        from .._files import atomic_write
+        from .._common.files import atomic_write
 
         if self.run_id_state == "new" and valid_run_id(run_id) and run_id != self.run_id:
             self.run_id = run_id

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import _envvars as envvars
-from .. import _lease
-from .._jobfiles import JobFiles
+from .._common import envvars as envvars
+from .._common import lease as _lease
+from .._common.jobfiles import JobFiles
 from ..checkpoint import Checkpointer, CheckpointError, Store, Uploads, adopt, remove_checkpoint, step_of
 from ..errors import ConfigError
 
@@ -26,7 +26,8 @@ __all__ = ["open_store", "pull_newer", "finish_uploads"]
 def open_store(config: TrainConfig, path: Path, is_main: bool, kept: int | None, say: Callable[[str], None],
                world_size: int = 1) -> tuple[Store | None, Uploads | None]:
     """The run's store (its own prefix with ``create_subfolder_per_run``), checked reachable and writable on every
-    rank before training; rank 0 takes the run's single-writer lease there (``trainstack._lease``) and uploads."""
+    rank before training; rank 0 takes the run's single-writer lease there (``trainstack._common.lease``) and
+    uploads."""
     if config.checkpoint_store is None:
         return None, None
     url = config.checkpoint_store.rstrip("/") + (f"/{path.name}" if config.create_subfolder_per_run else "")

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .. import _envvars as envvars
+from .._common import envvars as envvars
 
 if TYPE_CHECKING:
     from ..config import TrainConfig

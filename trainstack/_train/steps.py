@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from .._choices import SHARDING
+from .._common.choices import SHARDING
 from .._runtime.watchdog import heartbeat
 from ..errors import ConfigError
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import _envvars as envvars
+from .._common import envvars as envvars
 from ..errors import ConfigError
 
 if TYPE_CHECKING:

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import _envvars as envvars
-from .._files import read_jsonl
-from .._goodput import format_ledger, ledger
+from .._common import envvars as envvars
+from .._common.files import read_jsonl
+from .._common.goodput import format_ledger, ledger
+from .._common.text import size as text_size
 from .._runtime import watchdog
 from .._runtime.compiling import window
 from .._runtime.writers import NullWriter, Writers, format_metrics, make_writers
-from .._text import size as text_size
 from ..data import DictDataLoader, is_infinite
 from .live import LiveLog, ProgressBar, banner, format_line, progress_enabled, summary
 from .losscurve import save_loss_curve

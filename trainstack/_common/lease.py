@@ -31,8 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import _envvars as envvars
-from .errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError
+from . import envvars as envvars
 
 __all__ = ["Lease", "StaleLease", "LeaseConflict", "history", "attempts", "in_lineage", "portability", "run_store",
            "LEASE"]

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._files import atomic_write
+from ..files import atomic_write
 from .base import Folder
 
 __all__ = ["StopRequest"]

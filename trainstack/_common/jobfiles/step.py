@@ -11,8 +11,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from .. import _envvars as envvars
-from .._files import SMALL, UnreadableFile, atomic_write, pass_over, read_back
+from .. import envvars as envvars
+from ..files import SMALL, UnreadableFile, atomic_write, pass_over, read_back
 from .base import Folder
 from .names import OFFERED
 

@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import _envvars as envvars
-from .errors import LaunchError
+from ..errors import LaunchError
+from . import envvars as envvars
 
 __all__ = ["Transport", "TRANSPORTS", "TransportError", "NcclInit", "transport", "missing_libraries", "preflight",
            "step_env", "read_init", "read_init_files", "judge", "match_ifname", "by_network", "own_debug_files",
@@ -275,7 +275,7 @@ def read_init_files(paths: Iterable[Path], extra: str = "", owner: int | None = 
     """NCCL_DEBUG_FILE outputs (``nccl.HOST.PID.log``; the first ``INIT_BYTES`` of each, where NCCL's init lines are,
     read as untrusted data: ``_files.read_back``, files of ``owner``) plus any other text (a job log: torch repeats
     NCCL's last error there)."""
-    from ._files import read_back_text
+    from .files import read_back_text
 
     init = read_init(extra.splitlines())
     for path in paths:

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._files import UnreadableFile, open_append, pass_over
+from ..files import UnreadableFile, open_append, pass_over
 from .base import Folder
 
 __all__ = ["MemoryListing"]

@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import _jobevents as jobevents
-from ._jobfiles import JobFiles
+from . import jobevents as jobevents
+from .jobfiles import JobFiles
 
 __all__ = ["PARTS", "RUN_PARTS", "ledger", "run_ledger", "format_ledger"]
 

@@ -19,8 +19,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import _envvars as envvars
-from .._files import UntrustedFileError, own_folder
+from .. import envvars as envvars
+from ..files import UntrustedFileError, own_folder
 from .driver import DriverLiveness
 from .memory import MemoryListing
 from .names import (

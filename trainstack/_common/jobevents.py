@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ._jobfiles import JobFiles
+from .jobfiles import JobFiles
 
 __all__ = ["EVENTS", "record", "read"]
 

@@ -4,7 +4,7 @@ bash wrapper every Slurm task runs in (``EXIT_RECORD_SH``) and the memory cleanu
 
 from __future__ import annotations
 
-from .. import _envvars as envvars
+from .. import envvars as envvars
 
 __all__ = ["Names", "EXIT_RECORD_SH", "FREE_MEMORY_SH", "DRIVER_SILENT_S", "DRIVER_QUIET_S", "ATTEMPT_MARK",
            "OFFERED", "rank_log", "node_log", "rank_stacks", "rank_unit", "RANK_LOG_RE"]

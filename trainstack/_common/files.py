@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any
 
-from .errors import TrainstackError
+from ..errors import TrainstackError
 
 __all__ = ["atomic_write", "private_dir", "check_private", "load_private_pickle", "UntrustedFileError", "temp_path",
            "TEMP_RE", "create_new", "open_append", "fsync_path", "untrusted_folder", "url_scheme", "read_back",
@@ -154,7 +154,7 @@ def deny_others_write(root: str | os.PathLike) -> None:
         if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o022:
             os.chmod(root, stat.S_IMODE(st.st_mode) & ~0o022)
         return
-    for folder, dirs, files in os.walk(root):
+    for folder, dirs, files in os.walk(os.fspath(root)):
         for name in [*dirs, *files, ""]:
             path = os.path.join(folder, name) if name else folder
             st = os.lstat(path)

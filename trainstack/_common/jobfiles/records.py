@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._files import atomic_write, open_append, read_jsonl
+from ..files import atomic_write, open_append, read_jsonl
 from .base import Folder
 from .names import ATTEMPT_MARK, node_log, rank_log
 

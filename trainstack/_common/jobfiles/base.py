@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._files import SMALL, UnreadableFile, own_folder, pass_over, read_back_text
+from ..files import SMALL, UnreadableFile, own_folder, pass_over, read_back_text
 from .names import Names
 
 __all__ = ["Folder"]

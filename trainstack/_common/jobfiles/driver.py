@@ -7,7 +7,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from .._files import atomic_write
+from ..files import atomic_write
 from .base import Folder
 
 __all__ = ["DriverLiveness"]
