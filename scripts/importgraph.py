@@ -22,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "trainstack"
 TORCH_FREE = ("trainstack.cli", "trainstack.render", "trainstack.submit", "trainstack._slurm")
 #: Lazy imports that leave the torch-free rooms on purpose: commands that inspect checkpoints or the machine.
-LAZY_ON_PURPOSE = {("trainstack.cli", "trainstack.checkpoint"), ("trainstack.cli", "trainstack._runtime.doctor")}
+LAZY_ON_PURPOSE = {("trainstack.cli.checkpoints", "trainstack.checkpoint"),
+                   ("trainstack.cli.doctor", "trainstack._runtime.doctor")}
 
 
 def module_name(path: Path) -> str:
