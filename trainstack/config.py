@@ -27,14 +27,14 @@ from ._common.choices import (
     DEFAULT_COMPUTE_SETUP,
     LOG_SETUPS,
     MIXED_PRECISION,
-    SHARDING,
     STRATEGIES,
     TRACKING_TOOLS,
+    check_int,
 )
 from ._common.files import url_scheme
-from ._common.lease import run_store
 from ._runtime.compiling import compile_options
 from ._runtime.parallel import Parallelism
+from ._train import runstore, schedule
 from .errors import ConfigError, UnknownField
 
 __all__ = ["TrainConfig"]
@@ -204,36 +204,24 @@ class TrainConfig:
     finite checkpoint is kept. False: train on."""
 
     def __post_init__(self) -> None:
+        """Every field checked by its owner, a message naming the field: the run's folders and sizes here, the
+        cadence by the ``Schedule``, checkpoints and the store by ``runstore``, the parallel plan by
+        ``Parallelism``, the graceful stop by the stopper."""
         compile_options(self.compile, "TrainConfig.compile")
         self.root_folder = _as_path("root_folder", self.root_folder)
         self.log_folder = _as_path("log_folder", self.log_folder)
-        for name in ("max_iter", "print_every", "write_every", "checkpoint_every", "plot_every", "val_every",
-                     "log_every_n_steps", "val_every_n_steps", "checkpoint_every_n_steps",
-                     "memory_checkpoint_every_n_steps"):
-            _check_int(name, getattr(self, name), minimum=0)
-        if self.max_steps is not None:
-            _check_int("max_steps", self.max_steps, minimum=1)
-        if isinstance(self.log_every_seconds, bool) or not isinstance(self.log_every_seconds, (int, float)) \
-                or self.log_every_seconds < 0:
-            raise ConfigError(f"TrainConfig.log_every_seconds={self.log_every_seconds!r} must be a number of seconds "
-                              f">= 0 (0: only every log_every_n_steps).")
-        _check_int("nprocs", self.nprocs, minimum=1)
-        _check_int("batch_size", self.batch_size, minimum=1)
-        _check_int("fsdp_min_params", self.fsdp_min_params, minimum=1)
+        for name in ("nprocs", "batch_size", "gradient_accumulation_steps", "stop_check_every"):
+            check_int(name, getattr(self, name), minimum=1)
+        for name in ("max_batches", "keep_last_checkpoints", "seed"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), minimum=0 if name == "seed" else 1)
         if self.hang_timeout is not None and (isinstance(self.hang_timeout, bool) or not isinstance(
                 self.hang_timeout, (int, float)) or self.hang_timeout < 0):
             raise ConfigError(f"TrainConfig.hang_timeout={self.hang_timeout!r} must be a number of seconds >= 0 (0 "
                               f"turns the hang watchdog off) or None.")
-        if self.fsdp_blocks is not None:
-            if isinstance(self.fsdp_blocks, str) or not all(isinstance(b, str) for b in self.fsdp_blocks):
-                raise ConfigError(f"TrainConfig.fsdp_blocks={self.fsdp_blocks!r} must be a tuple of module class "
-                                  f"names, e.g. ('TransformerEncoderLayer',).")
-            self.fsdp_blocks = tuple(self.fsdp_blocks)
         if self.batch_size != 1:
             warnings.warn(f"TrainConfig.batch_size={self.batch_size} is not used (nor was it by qadence): the "
                           f"DataLoader's batch_size decides.", stacklevel=3)
-        _check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, minimum=1)
-        _check_int("stop_check_every", self.stop_check_every, minimum=1)
         if self.stop_file is not None:
             self.stop_file = _as_path("stop_file", self.stop_file)
         if self.stop_signals is not None:
@@ -243,13 +231,19 @@ class TrainConfig:
             self.stop_signals = tuple(self.stop_signals)
         if isinstance(self.fast_dev_run, bool):  # Lightning's spelling: True is one step
             self.fast_dev_run = int(self.fast_dev_run)
-        _check_int("fast_dev_run", self.fast_dev_run, minimum=0)
-        for name in ("max_batches", "keep_last_checkpoints", "seed"):
-            if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name), minimum=0 if name == "seed" else 1)
+        check_int("fast_dev_run", self.fast_dev_run, minimum=0)
         self._check_choices()
         self._check_callables()
-        self._check_combinations()
+        schedule.check(self)
+        self.checkpoint_store = runstore.check(self)
+        if self.resume is False:  # type: ignore[comparison-overlap]  # qadence-style "off"
+            self.resume = None
+        if self.create_subfolder_per_run and self.log_folder != Path("./"):
+            raise ConfigError(f"TrainConfig.log_folder={str(self.log_folder)!r} and create_subfolder_per_run=True "
+                              f"contradict each other: pick one run folder or a new subfolder of root_folder per run.")
+        self.fsdp_blocks = Parallelism(self.hsdp_replicas, self.tensor_parallel_size, self.parallelize_fn,
+                                       self.activation_checkpointing).check_config(
+            self.strategy, self.fsdp_blocks, self.fsdp_min_params)
         # A valid multi-process config: let the workers' fork server import torch while the script goes on
         # building its model and data (trainstack._runtime.preload; TRAINSTACK_PRELOAD=0 turns it off).
         from ._runtime.preload import start_for
@@ -274,20 +268,8 @@ class TrainConfig:
         if self.grad_clip_norm is not None and (not isinstance(self.grad_clip_norm, (int, float))
                                                 or self.grad_clip_norm <= 0):
             raise ConfigError(f"TrainConfig.grad_clip_norm={self.grad_clip_norm!r} must be a number > 0 or None.")
-        if self.resume not in (None, False, "auto") and not isinstance(self.resume, (str, os.PathLike)):
-            raise ConfigError(f"TrainConfig.resume={self.resume!r} must be 'auto', a checkpoint path, or None.")
-        if self.resume not in (None, False, "auto"):
+        if self.resume not in (None, False, "auto") and isinstance(self.resume, (str, os.PathLike)):
             _not_a_url("resume", self.resume)
-        if self.resume is False:  # type: ignore[comparison-overlap]  # qadence-style "off"
-            self.resume = None
-        if self.export_final_model not in (None, "safetensors", "hf"):
-            raise ConfigError(f"TrainConfig.export_final_model={self.export_final_model!r} must be 'safetensors', "
-                              f"'hf' or None.")
-        self.checkpoint_store = run_store(self.checkpoint_store, self.resume, self.create_subfolder_per_run)
-        if self.checkpoint_store is not None and not url_scheme(self.checkpoint_store):
-            raise ConfigError(f"TrainConfig.checkpoint_store={self.checkpoint_store!r} must be a URL such as "
-                              f"s3://bucket/prefix. HINT: checkpoints already go to the run folder "
-                              f"(log_folder/root_folder) on a local or shared file system.")
 
     def _check_callables(self) -> None:
         from .callbacks import Callback  # lazily: the callbacks package is only needed when a config is checked
@@ -304,34 +286,6 @@ class TrainConfig:
             raise ConfigError("TrainConfig.plotting_functions must be functions (model, iteration) -> (name, figure).")
         if not isinstance(self.hyperparams, dict):
             raise ConfigError(f"TrainConfig.hyperparams must be a dict, got {type(self.hyperparams).__name__}.")
-
-    def _check_combinations(self) -> None:
-        if self.checkpoint_best_only and self.val_every == 0 and self.val_every_n_steps == 0:
-            raise ConfigError("TrainConfig.checkpoint_best_only=True needs validation: set val_every > 0 (or "
-                              "val_every_n_steps) and pass a validation DataLoader.")
-        if self.plot_every and not self.plotting_functions:
-            raise ConfigError(f"TrainConfig.plot_every={self.plot_every} but plotting_functions is empty: nothing to "
-                              f"plot. HINT: pass plotting_functions=(fn,) or set plot_every=0.")
-        if self.create_subfolder_per_run and self.log_folder != Path("./"):
-            raise ConfigError(f"TrainConfig.log_folder={str(self.log_folder)!r} and create_subfolder_per_run=True "
-                              f"contradict each other: pick one run folder or a new subfolder of root_folder per run.")
-        if self.memory_checkpoint_every_n_steps and self.resume != "auto":
-            raise ConfigError(f"TrainConfig.memory_checkpoint_every_n_steps={self.memory_checkpoint_every_n_steps} "
-                              f"but resume={self.resume!r}: only a restart with resume='auto' reads memory "
-                              f"checkpoints. HINT: set resume='auto', or memory_checkpoint_every_n_steps=0.")
-        if self.resume == "auto" and self.create_subfolder_per_run:
-            raise ConfigError("TrainConfig.resume='auto' cannot find earlier checkpoints when "
-                              "create_subfolder_per_run=True makes a new folder every time. HINT: set one of them.")
-        if self.async_checkpoint and self.checkpoint_format == "file" or self.async_checkpoint and \
-                self.checkpoint_format == "auto" and self.strategy not in SHARDING:
-            raise ConfigError("TrainConfig.async_checkpoint=True needs sharded checkpoints: set checkpoint_format="
-                              "'sharded' (or strategy='fsdp'/'hsdp').")
-        if (self.fsdp_blocks or self.fsdp_min_params != 1_000_000) and self.strategy not in SHARDING \
-                and self.activation_checkpointing is None:
-            raise ConfigError(f"TrainConfig.fsdp_blocks/fsdp_min_params only apply with strategy='fsdp' or 'hsdp' "
-                              f"(strategy={self.strategy!r}) or activation_checkpointing.")
-        Parallelism(self.hsdp_replicas, self.tensor_parallel_size, self.parallelize_fn,
-                    self.activation_checkpointing).check_strategy(self.strategy)
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (loadable with ``torch.load(weights_only=True)``): functions become their names."""
@@ -458,11 +412,6 @@ def _not_a_url(name: str, value: str | os.PathLike) -> None:
                           f"are written to a file system: it would become a local folder named '{scheme}:'. HINT: "
                           f"give a path on a local or shared file system for the run folder and "
                           f"checkpoint_store={str(value)!r} to commit the checkpoints there too.")
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"TrainConfig.{name}={value!r} must be an integer >= {minimum}.")
 
 
 def _plain(value: Any) -> Any:

@@ -21,3 +21,11 @@ DEFAULT_COMPUTE_SETUP = "auto"
 #: PyTorch hook; used by ``environment.port_from_job_id`` and by the generated sbatch scripts.
 PORT_BASE = 61000
 PORT_SPAN = 4536
+
+
+def check_int(name: str, value: object, minimum: int) -> None:
+    """``TrainConfig.<name>`` is an integer of at least ``minimum`` (a ``ConfigError`` naming it otherwise)."""
+    from ..errors import ConfigError
+
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"TrainConfig.{name}={value!r} must be an integer >= {minimum}.")

@@ -34,7 +34,7 @@ from typing import Any
 from ..errors import CheckpointError, ConfigError
 from . import envvars as envvars
 
-__all__ = ["Lease", "StaleLease", "LeaseConflict", "history", "attempts", "in_lineage", "portability", "run_store",
+__all__ = ["Lease", "StaleLease", "LeaseConflict", "history", "attempts", "in_lineage", "portability",
            "LEASE"]
 
 LEASE = "lease.json"
@@ -205,24 +205,6 @@ class Lease:
             raise StaleLease(f"another attempt took this run over: {self.url} is held at epoch {record.get('epoch')} "
                              f"by {_where(holder)}, and this writer holds epoch {self.epoch}. It stops without "
                              f"committing, so the run keeps one lineage (trainstack status {self.url}).")
-
-
-def run_store(configured: str | None, resume: object, subfolder_per_run: bool) -> str | None:
-    """``TrainConfig.checkpoint_store`` for a run across clusters (``TRAINSTACK_CHECKPOINT_STORE``, set by ``submit
-    --cluster ... --store``): that store, which the config may leave unset or name the same; every attempt must
-    resume from it. Otherwise the configured value."""
-    across = os.environ.get(envvars.CHECKPOINT_STORE)
-    if not across:
-        return configured
-    if configured not in (None, across):
-        raise ConfigError(f"TrainConfig.checkpoint_store={configured!r}, but this run across clusters keeps its "
-                          f"checkpoints in {across!r} ({envvars.CHECKPOINT_STORE}, trainstack submit --store). HINT: "
-                          f"leave checkpoint_store unset in the program.")
-    if resume != "auto" or subfolder_per_run:
-        raise ConfigError(f"this run moves between clusters ({envvars.CHECKPOINT_STORE}={across}), so each attempt "
-                          f"must resume from the store: TrainConfig.resume={resume!r} and create_subfolder_per_run="
-                          f"{subfolder_per_run!r}. HINT: resume='auto' and one fixed log_folder.")
-    return across
 
 
 def holder_here(environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from .._common.choices import SHARDING, check_int
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
@@ -55,6 +56,21 @@ class Parallelism:
             raise ConfigError(f"tensor_parallel_size={self.tensor_parallel_size} needs parallelize_fn: your "
                               f"tensor-parallel plan, applied to the model with the 'tp' mesh it receives "
                               f"(docs/how-to/fsdp.md).")
+
+    def check_config(self, strategy: str, blocks: object, min_params: object) -> tuple[str, ...] | None:
+        """``TrainConfig``'s parallel plan checked by its owner: the strategy's combinations, the FSDP wrap
+        settings (``fsdp_blocks``: module class names, returned as a tuple; ``fsdp_min_params``: an integer >= 1)
+        that apply only where something shards or checkpoints activations."""
+        check_int("fsdp_min_params", min_params, minimum=1)
+        if blocks is not None and (isinstance(blocks, str) or not isinstance(blocks, (list, tuple))
+                                   or not all(isinstance(b, str) for b in blocks)):
+            raise ConfigError(f"TrainConfig.fsdp_blocks={blocks!r} must be a tuple of module class names, e.g. "
+                              f"('TransformerEncoderLayer',).")
+        if (blocks or min_params != 1_000_000) and strategy not in SHARDING and self.activation_checkpointing is None:
+            raise ConfigError(f"TrainConfig.fsdp_blocks/fsdp_min_params only apply with strategy='fsdp' or 'hsdp' "
+                              f"(strategy={strategy!r}) or activation_checkpointing.")
+        self.check_strategy(strategy)
+        return tuple(blocks) if isinstance(blocks, (list, tuple)) else None
 
     def check_strategy(self, strategy: str) -> None:
         """The combinations a strategy cannot run, said before any process starts."""

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from .._common import envvars as envvars
 from .._common import lease as _lease
+from .._common.choices import SHARDING
+from .._common.files import url_scheme
 from .._common.jobfiles import JobFiles
 from ..checkpoint import Checkpointer, CheckpointError, Store, Uploads, adopt, remove_checkpoint, step_of
 from ..errors import ConfigError
@@ -20,7 +22,7 @@ from ..errors import ConfigError
 if TYPE_CHECKING:
     from ..config import TrainConfig
 
-__all__ = ["open_store", "pull_newer", "finish_uploads"]
+__all__ = ["open_store", "pull_newer", "finish_uploads", "check", "run_store"]
 
 
 def open_store(config: TrainConfig, path: Path, is_main: bool, kept: int | None, say: Callable[[str], None],
@@ -171,3 +173,44 @@ def finish_uploads(up: Uploads, failed: bool, say: Callable[[str], None]) -> Non
             else ""
         say(f"Checkpoints committed to {up.store.url}: newest {up.uploaded} (its upload: {up.seconds:.1f} s)"
             f"{skipped}.")
+
+
+def check(config: TrainConfig) -> str | None:
+    """Where the run's checkpoints come from and go, checked by their owner (``TrainConfig`` calls it): ``resume``
+    a path or 'auto', a store a URL (the one a run across clusters names: returned), and what each needs."""
+    if config.resume not in (None, False, "auto") and not isinstance(config.resume, (str, os.PathLike)):
+        raise ConfigError(f"TrainConfig.resume={config.resume!r} must be 'auto', a checkpoint path, or None.")
+    if config.export_final_model not in (None, "safetensors", "hf"):
+        raise ConfigError(f"TrainConfig.export_final_model={config.export_final_model!r} must be 'safetensors', "
+                          f"'hf' or None.")
+    store = run_store(config.checkpoint_store, config.resume, config.create_subfolder_per_run)
+    if store is not None and not url_scheme(store):
+        raise ConfigError(f"TrainConfig.checkpoint_store={store!r} must be a URL such as s3://bucket/prefix. HINT: "
+                          f"checkpoints already go to the run folder (log_folder/root_folder) on a local or shared "
+                          f"file system.")
+    if config.resume == "auto" and config.create_subfolder_per_run:
+        raise ConfigError("TrainConfig.resume='auto' cannot find earlier checkpoints when "
+                          "create_subfolder_per_run=True makes a new folder every time. HINT: set one of them.")
+    if config.async_checkpoint and config.checkpoint_format == "file" or config.async_checkpoint and \
+            config.checkpoint_format == "auto" and config.strategy not in SHARDING:
+        raise ConfigError("TrainConfig.async_checkpoint=True needs sharded checkpoints: set checkpoint_format="
+                          "'sharded' (or strategy='fsdp'/'hsdp').")
+    return store
+
+
+def run_store(configured: str | None, resume: object, subfolder_per_run: bool) -> str | None:
+    """``TrainConfig.checkpoint_store`` for a run across clusters (``TRAINSTACK_CHECKPOINT_STORE``, set by ``submit
+    --cluster ... --store``): that store, which the config may leave unset or name the same; every attempt must
+    resume from it. Otherwise the configured value."""
+    across = os.environ.get(envvars.CHECKPOINT_STORE)
+    if not across:
+        return configured
+    if configured not in (None, across):
+        raise ConfigError(f"TrainConfig.checkpoint_store={configured!r}, but this run across clusters keeps its "
+                          f"checkpoints in {across!r} ({envvars.CHECKPOINT_STORE}, trainstack submit --store). HINT: "
+                          f"leave checkpoint_store unset in the program.")
+    if resume != "auto" or subfolder_per_run:
+        raise ConfigError(f"this run moves between clusters ({envvars.CHECKPOINT_STORE}={across}), so each attempt "
+                          f"must resume from the store: TrainConfig.resume={resume!r} and create_subfolder_per_run="
+                          f"{subfolder_per_run!r}. HINT: resume='auto' and one fixed log_folder.")
+    return across

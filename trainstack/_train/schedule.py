@@ -12,12 +12,42 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from .._common.choices import check_int
+from ..errors import ConfigError
+
 if TYPE_CHECKING:
     from ..config import TrainConfig
 
-__all__ = ["Schedule", "Clock", "NEVER"]
+__all__ = ["Schedule", "Clock", "NEVER", "check"]
 
 NEVER = sys.maxsize
+#: The cadence settings: how often each duty falls (0: never).
+CADENCE = ("max_iter", "print_every", "write_every", "checkpoint_every", "plot_every", "val_every", "log_every_n_steps",
+           "val_every_n_steps", "checkpoint_every_n_steps", "memory_checkpoint_every_n_steps")
+
+
+def check(config: TrainConfig) -> None:
+    """The run's cadence settings, checked by their reader (``TrainConfig`` calls it at construction): periods are
+    integers >= 0, a step limit >= 1, a log interval in seconds >= 0, and each duty has what it needs (best-only
+    checkpoints a validation, plots their functions, memory checkpoints a restart that reads them)."""
+    for name in CADENCE:
+        check_int(name, getattr(config, name), minimum=0)
+    if config.max_steps is not None:
+        check_int("max_steps", config.max_steps, minimum=1)
+    seconds = config.log_every_seconds
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+        raise ConfigError(f"TrainConfig.log_every_seconds={seconds!r} must be a number of seconds >= 0 (0: only "
+                          f"every log_every_n_steps).")
+    if config.checkpoint_best_only and config.val_every == 0 and config.val_every_n_steps == 0:
+        raise ConfigError("TrainConfig.checkpoint_best_only=True needs validation: set val_every > 0 (or "
+                          "val_every_n_steps) and pass a validation DataLoader.")
+    if config.plot_every and not config.plotting_functions:
+        raise ConfigError(f"TrainConfig.plot_every={config.plot_every} but plotting_functions is empty: nothing to "
+                          f"plot. HINT: pass plotting_functions=(fn,) or set plot_every=0.")
+    if config.memory_checkpoint_every_n_steps and config.resume != "auto":
+        raise ConfigError(f"TrainConfig.memory_checkpoint_every_n_steps={config.memory_checkpoint_every_n_steps} "
+                          f"but resume={config.resume!r}: only a restart with resume='auto' reads memory "
+                          f"checkpoints. HINT: set resume='auto', or memory_checkpoint_every_n_steps=0.")
 
 
 class Schedule:
