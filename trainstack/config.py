@@ -34,7 +34,7 @@ from ._common.choices import (
 from ._common.files import url_scheme
 from ._runtime.compiling import compile_options
 from ._runtime.parallel import Parallelism
-from ._train import runstore, schedule
+from ._train import configread, runstore, schedule
 from .errors import ConfigError, UnknownField
 
 __all__ = ["TrainConfig"]
@@ -296,7 +296,7 @@ class TrainConfig:
     def from_file(cls, path: str | os.PathLike, **overrides: Any) -> TrainConfig:
         """A config from a YAML, TOML or JSON file of field values (``overrides`` win); unknown keys and bad values
         are the same ``ConfigError`` as in code."""
-        return cls(**{**_read_settings(Path(path)), **overrides})
+        return cls(**{**configread.read_settings(Path(path), _from_file_value), **overrides})
 
     def to_file(self, path: str | os.PathLike) -> Path:
         """Write the plain fields (not functions or callbacks) as YAML (``.yaml``/``.yml``) or JSON, atomically; what
@@ -342,7 +342,7 @@ class TrainConfig:
         if "--help" in rest or "-h" in rest:
             print(cli_usage(config, own))
             raise SystemExit(0)
-        values = _parse_options(own, rest)
+        values = configread.parse_options(own, rest, _suggestion)
         return (config, SimpleNamespace(**values)) if options is not None else config
 
     @classmethod
@@ -376,7 +376,7 @@ class TrainConfig:
                 else:
                     value, i = args[i + 1], i + 1
             if name == "config":
-                from_file = _read_settings(Path(value))
+                from_file = configread.read_settings(Path(value), _from_file_value)
             else:
                 cli[name] = _parse_value(name, value)
             i += 1
@@ -494,88 +494,6 @@ def cli_usage(config: TrainConfig, own: dict[str, Any] | None = None) -> str:
             option = f"--{name} {_plain(getattr(config, name))!r}"
             lines.append(f"  {option:<40} {first}")
     return "\n".join(lines)
-
-
-def _parse_options(own: dict[str, Any], rest: list[str]) -> dict[str, Any]:
-    """The script's own options out of the arguments that are not fields (``--name value``, ``--name=value``,
-    ``--flag``/``--no-flag`` for a boolean), typed as their defaults; anything else is an error."""
-    values, i = dict(own), 0
-    while i < len(rest):
-        word = rest[i]
-        name, eq, text = word[2:].partition("=") if word.startswith("--") else ("", "", "")
-        key = name.replace("-", "_")
-        negated = key.startswith("no_") and isinstance(own.get(key[3:]), bool)
-        if negated or (key in own and isinstance(own[key], bool) and not eq):
-            values[key[3:] if negated else key] = not negated
-            i += 1
-            continue
-        if key not in own:
-            where = f"{_suggestion(key)}" if key else ""
-            mine = _closest(key, list(own)) if key else ""
-            what = "neither a TrainConfig field nor one of the script's options" if own else "not a field"
-            raise ConfigError(f"TrainConfig.from_cli: {word!r} is {what}{mine or where} (for the script's own "
-                              f"arguments: config, opts = TrainConfig.from_cli(options={{'lr': 3e-3, ...}}), or "
-                              f"config, rest = TrainConfig.parse_cli() and your own parser).")
-        if not eq:
-            if i + 1 >= len(rest):
-                raise ConfigError(f"TrainConfig.from_cli: --{name} needs a value.")
-            text, i = rest[i + 1], i + 1
-        values[key] = _typed_option(key, text, own[key])
-        i += 1
-    return values
-
-
-def _typed_option(name: str, text: str, default: Any) -> Any:
-    kind = type(default)
-    if default is None or kind is str:
-        return text
-    if kind is bool:
-        if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
-            raise ConfigError(f"TrainConfig.from_cli: --{name} {text!r} is not a boolean (true/false).")
-        return text.lower() in ("true", "1", "yes")
-    try:
-        return kind(text)
-    except (TypeError, ValueError):
-        raise ConfigError(f"TrainConfig.from_cli: --{name} {text!r} is not a {kind.__name__} (its default is "
-                          f"{default!r}).") from None
-
-
-def _closest(name: str, names: list[str]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-    return f". HINT: did you mean --{close[0]}?" if close else ""
-
-
-def _read_settings(path: Path) -> dict[str, Any]:
-    """Field values from a YAML, TOML or JSON file (a top-level table, or one under ``[train]``)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read the config file {path}: {exc.strerror or exc}.") from None
-    try:
-        if path.suffix in (".yaml", ".yml"):
-            try:
-                import yaml
-            except ImportError:
-                raise ConfigError(f"reading {path} needs pyyaml: pip install 'trainstack[yaml]'.") from None
-            data = yaml.safe_load(text) or {}
-        elif path.suffix == ".toml":
-            if sys.version_info >= (3, 11):
-                import tomllib
-            else:  # pragma: no cover - Python 3.10
-                import tomli as tomllib
-            data = tomllib.loads(text)
-        else:
-            data = json.loads(text)
-    except ConfigError:
-        raise
-    except Exception as exc:  # each parser has its own error class
-        raise ConfigError(f"{path} is not a valid {path.suffix.lstrip('.') or 'json'} file: {exc}") from None
-    data = data.get("train", data) if isinstance(data, dict) else data
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a table of TrainConfig fields, got {type(data).__name__}.")
-    return {str(k).replace("-", "_"): _from_file_value(str(k).replace("-", "_"), v) for k, v in data.items()}
 
 
 def _from_file_value(name: str, value: Any) -> Any:
