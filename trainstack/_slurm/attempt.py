@@ -94,6 +94,29 @@ def parse_retry_on(text: str) -> tuple[str, ...]:
     return tuple(words)
 
 
+def check_settings(requeue: bool, nodes: int, max_requeues: int | None, max_retries: int, spare_nodes: int,
+                   min_nodes: int | None, retry_on: str) -> tuple[str, str] | None:
+    """What is wrong with a job's recovery settings, as (option, why), or None: the policy owns its budgets, and
+    spare nodes and a minimum node count only act where a crash is retried (--requeue)."""
+    for option, value in (("--max-requeues", max_requeues), ("--max-retries", max_retries),
+                          ("--spare-nodes", spare_nodes)):
+        if value is not None and value < 0:
+            return option, f"{value} is less than 0"
+    if spare_nodes and not requeue:
+        return "--spare-nodes", ("spare nodes take over from a failed one when a crash is retried: add --requeue (the "
+                                 "retry policy: --max-retries, --retry-on)")
+    if min_nodes is not None and not 1 <= min_nodes <= nodes:
+        return "--min-nodes", f"{min_nodes} is not between 1 and --nodes {nodes}"
+    if min_nodes is not None and not requeue:
+        return "--min-nodes", "a job continues on the nodes that survive when a crash is retried in its allocation: " \
+                              "add --requeue"
+    try:
+        parse_retry_on(retry_on)
+    except ValueError as exc:
+        return "--retry-on", str(exc)
+    return None
+
+
 def decide(folder: Path, status: int, retry_on: tuple[str, ...] = DEFAULT_RETRY_ON, limit: int | None = None,
            where: Context = Context(), log: Path | None = None) -> Outcome:
     """The outcome for the attempt that just crashed with ``status`` (``log``: the job's own, where launchers such as

@@ -182,3 +182,24 @@ def check(files: JobFiles, hosts: list[str], started: float, gpus: int, limits: 
     files.append_node_check(record)
     files.record_event("node_check", started=started, seconds=record["seconds"], nodes=hosts, named=named)
     return record
+
+
+#: The pre-flight node check's time budget (seconds; a site's ``node_check_thresholds.budget_s`` may change it).
+BUDGET_S = 30
+
+
+def check_settings(thresholds: Mapping[str, object]) -> str | None:
+    """What is wrong with a profile's ``node_check_thresholds`` (a key the judge does not know, a threshold out of
+    range, a budget that is not whole seconds from 5 to 300), or None: the judge owns its thresholds."""
+    known = (*THRESHOLDS, "budget_s")
+    for key, value in dict(thresholds).items():
+        if key not in known:
+            return f"node_check_thresholds has no {key!r}; valid: {', '.join(known)}"
+        problem = check_threshold(key, value)
+        if problem:
+            return f"node_check_thresholds.{key} {problem}"
+    budget = float(thresholds.get("budget_s", BUDGET_S))  # type: ignore[arg-type]
+    if not 5 <= budget <= 300 or budget != int(budget):
+        return (f"node_check_thresholds.budget_s = {thresholds.get('budget_s')!r}: the node check needs a whole number "
+                f"of seconds from 5 to 300 (default {BUDGET_S}; --no-node-check skips it)")
+    return None

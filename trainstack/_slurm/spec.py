@@ -8,10 +8,6 @@ written here once (the CLI reads them off the fields).
 from __future__ import annotations
 
 import functools
-import hashlib
-import itertools
-import json
-import math
 import re
 import shlex
 from dataclasses import asdict, dataclass, field
@@ -22,11 +18,14 @@ from .._common.files import url_scheme
 from .._common.transport import TRANSPORTS
 from .._common.transport import step_env as transport_env
 from ..errors import ConfigError
-from .attempt import DEFAULT_RETRY_ON, parse_retry_on
+from .attempt import DEFAULT_RETRY_ON
+from .attempt import check_settings as check_recovery
 from .jobfolder import JobPaths, safe_name
-from .nodecheck import THRESHOLDS, check_threshold
+from .nodecheck import BUDGET_S as NODE_CHECK_BUDGET_S
+from .nodecheck import check_settings as node_check_settings
 from .program import KINDS, Program, ambiguous_for_torchrun, parse_program
 from .slurmcmd import slurm_seconds
+from .sweep import check_sweep, sweep_tasks
 
 __all__ = ["LaunchSpec", "SpecError", "SETUPS", "LAUNCHERS", "CONTAINERS", "PLACEHOLDERS", "MAX_GPUS_PER_NODE",
            "DEFAULT_CPUS_PER_GPU_PROCESS", "spec_defaults"]
@@ -42,8 +41,6 @@ DEFAULT_CPUS_PER_GPU_PROCESS = 4
 #: only with this much time left.
 TEARDOWN_GRACE_S = 0.5
 MIN_STEP_SECONDS = 60
-#: The pre-flight node check's time budget (seconds; a site's ``node_check_thresholds.budget_s`` may change it).
-NODE_CHECK_BUDGET_S = 30
 _TIME = re.compile(r"\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE")
 _UNIT_TIME = re.compile(r"\s*(?:(\d+)\s*d)?\s*(?:(\d+)\s*h)?\s*(?:(\d+)\s*m(?:in)?)?\s*(?:(\d+)\s*s)?\s*",
                         re.IGNORECASE)
@@ -135,8 +132,7 @@ class LaunchSpec:
         self._check_folders()
         self._check_shape()
         self._check_resources()
-        self._check_retries()
-        self._check_node_check()
+        self._check_recovery()
         self._check_program()
 
     # ------------------------------------------------------------------ validation
@@ -261,68 +257,26 @@ class LaunchSpec:
             raise SpecError("--max-restarts", f"{self.max_restarts} is less than 0")
         if self.max_restarts and self.launcher != "torchrun":
             raise SpecError("--max-restarts", "only applies to --launcher torchrun")
-        self._check_sweep()
+        problem = check_sweep(self.sweep, self.max_parallel)
+        if problem:
+            raise SpecError(*problem)
 
-    def _check_node_check(self) -> None:
+    def _check_recovery(self) -> None:
+        """The recovery settings, each checked by its owner: the retry policy (``attempt``), the node check's judge."""
         if self.node_check is not None:
             _expect("node_check", self.node_check, bool)
-        known = (*THRESHOLDS, "budget_s")
-        for key, value in dict(self.node_check_thresholds).items():
-            if key not in known:
-                raise SpecError("--profile", f"node_check_thresholds has no {key!r}; valid: {', '.join(known)}")
-            problem = check_threshold(key, value)
-            if problem:
-                raise SpecError("--profile", f"node_check_thresholds.{key} {problem}")
-        budget = self.node_check_thresholds.get("budget_s", NODE_CHECK_BUDGET_S)
-        if not 5 <= float(budget) <= 300 or float(budget) != int(budget):
-            raise SpecError("--profile", f"node_check_thresholds.budget_s = {budget!r}: the node check needs a whole "
-                                         f"number of seconds from 5 to 300 (default {NODE_CHECK_BUDGET_S}; "
-                                         f"--no-node-check skips it)")
+        problem = node_check_settings(self.node_check_thresholds)
+        if problem:
+            raise SpecError("--profile", problem)
+        wrong = check_recovery(self.requeue, self.nodes, self.max_requeues, self.max_retries, self.spare_nodes,
+                               self.min_nodes, self.retry_on)
+        if wrong:
+            raise SpecError(*wrong)
 
     @property
     def node_check_on(self) -> bool:
         """The pre-flight node check runs: asked for, or by default on more than one node."""
         return self.node_check if self.node_check is not None else self.nodes > 1
-
-    def _check_retries(self) -> None:
-        if self.max_requeues is not None and self.max_requeues < 0:
-            raise SpecError("--max-requeues", f"{self.max_requeues} is less than 0")
-        if self.max_retries < 0:
-            raise SpecError("--max-retries", f"{self.max_retries} is less than 0")
-        if self.spare_nodes < 0:
-            raise SpecError("--spare-nodes", f"{self.spare_nodes} is less than 0")
-        if self.spare_nodes and not self.requeue:
-            raise SpecError("--spare-nodes", "spare nodes take over from a failed one when a crash is retried: "
-                                             "add --requeue (the retry policy: --max-retries, --retry-on)")
-        if self.min_nodes is not None:
-            if not 1 <= self.min_nodes <= self.nodes:
-                raise SpecError("--min-nodes", f"{self.min_nodes} is not between 1 and --nodes {self.nodes}")
-            if not self.requeue:
-                raise SpecError("--min-nodes", "a job continues on the nodes that survive when a crash is retried in "
-                                               "its allocation: add --requeue")
-        try:
-            parse_retry_on(self.retry_on)
-        except ValueError as exc:
-            raise SpecError("--retry-on", str(exc)) from None
-
-    def _check_sweep(self) -> None:
-        for key, values in self.sweep.items():
-            if not re.fullmatch(r"-{0,2}[A-Za-z_][A-Za-z0-9_.-]*", key):
-                raise SpecError("--sweep", f"{key!r} is not an option name (letters, digits, _ . -), e.g. lr=1e-3,1e-4")
-            if not values or any(v == "" for v in values):
-                raise SpecError("--sweep", f"{key}={','.join(values)!r} has an empty value; give KEY=V1,V2,...")
-            if any("\n" in v or "\r" in v for v in values):
-                raise SpecError("--sweep", f"{key}: values must be single lines")
-            if len(set(values)) != len(values):
-                raise SpecError("--sweep", f"{key} repeats a value ({','.join(values)}): each task would run twice")
-        if self.max_parallel is not None and not self.sweep:
-            raise SpecError("--max-parallel", "only applies with --sweep (it limits how many array tasks run at once)")
-        if self.max_parallel is not None and self.max_parallel < 1:
-            raise SpecError("--max-parallel", f"{self.max_parallel} is less than 1")
-        count = math.prod(len(v) for v in self.sweep.values()) if self.sweep else 0  # before building any task
-        if count > 1000:
-            raise SpecError("--sweep", f"{count} tasks: more than Slurm's default MaxArraySize (1001) allows; split "
-                                       f"the sweep")
 
     def _check_program(self) -> None:
         if self.program_kind is not None and self.program_kind not in KINDS:
@@ -412,27 +366,14 @@ class LaunchSpec:
 
     @functools.cached_property
     def tasks(self) -> list[dict[str, Any]]:
-        """The sweep's tasks, in array order: each one's extra arguments and its stable signature (built once)."""
-        if not self.sweep:
-            return []
-        keys = list(self.sweep)
-        setting = self._signature_basis()
-        out = []
-        for combo in itertools.product(*(self.sweep[k] for k in keys)):
-            args: list[str] = []
-            for key, value in zip(keys, combo, strict=True):
-                args += [key if key.startswith("-") else f"--{key}", value]
-            digest = hashlib.sha1(json.dumps([setting, args]).encode()).hexdigest()[:12]
-            out.append({"args": args, "signature": digest, "values": dict(zip(keys, combo, strict=True))})
-        return out
-
-    def _signature_basis(self) -> list[Any]:
-        """What a sweep task's result depends on besides its own arguments: the program, its environment and
-        interpreter, the resources it trains on. A rerun that changes any of it is a new task, not a finished one
-        (the code's contents are not part of it: the snapshot is taken per submission)."""
-        return [self.program, self.command, self.env, self.python, self.venv, self.setup_cmd, self.container,
-                self.image, self.bind, self.setup, self.launcher, self.nodes, self.procs, self.cpu, self.time,
-                self.mem, self.cpus_per_task, self.partition, self.constraint, self.nodelist, self.chdir]
+        """The sweep's tasks, in array order: each one's extra arguments and its stable signature (built once). What
+        a task's result depends on besides its own arguments -- the program, its environment and interpreter, the
+        resources it trains on -- is in its signature: a rerun that changes any of it is a new task, not a finished
+        one (the code's contents are not part of it: the snapshot is taken per submission)."""
+        basis = [self.program, self.command, self.env, self.python, self.venv, self.setup_cmd, self.container,
+                 self.image, self.bind, self.setup, self.launcher, self.nodes, self.procs, self.cpu, self.time,
+                 self.mem, self.cpus_per_task, self.partition, self.constraint, self.nodelist, self.chdir]
+        return sweep_tasks(self.sweep, basis)
 
     @property
     def sweep_dir(self) -> str:
