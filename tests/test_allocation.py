@@ -807,3 +807,26 @@ def test_the_ladder_is_data_climbed_in_order_and_explained(tmp_path, job, monkey
     slurm = FakeSlurm(["node1", "node2"], [{"fail": [{"rank": 1, "host": "node1", "code": 137}]}, {}])
     status, _ = job(plan(tmp_path), slurm)
     assert status == 0 and [nodelist(a) for a in slurm.launched] == ["node1,node2", "node2,node1"], slurm.launched
+
+
+def test_a_driver_taking_over_from_a_dead_one_goes_on_in_the_same_allocation(tmp_path, monkeypatch):
+    """Issue 66: the keeper's new driver numbers its steps after the dead one's, leaves out the host the dead one
+    had found lost, starts no second sentinel and is recorded as a takeover, not a second job start."""
+    p = plan(tmp_path, spare=1)
+    files = JobFiles.mine(Path(p.job_dir_prefix + "100"))
+    files.make_own()
+    for kind, step in (("job_start", 0), ("step_start", 0), ("step_end", 0), ("step_start", 1)):
+        files.record_event(kind, attempt=0, step_index=step)
+    files.step.write_lost({"node2": [2, 3]})
+    slurm = FakeSlurm(["node1", "node2", "node3"], [{}])
+    said: list[str] = []
+    monkeypatch.delenv("TRAINSTACK_JOB_DIR", raising=False)
+    env = {"SLURM_JOB_ID": "100", "SLURM_NNODES": "3", "SLURM_JOB_NODELIST": "x", "PATH": os.environ["PATH"],
+           "TRAINSTACK_IN_PLACE": "0"}
+    alloc = Allocation(p, slurm, env, poll_s=0.02, kill_after_s=0.2, emit=lambda line, error: said.append(line),
+                       takeover=1)
+    assert alloc.run() == 0, said
+    assert [nodelist(a) for a in slurm.launched] == ["node1,node3"] and not any(c[0] == "sentinel" for c in
+                                                                                 slurm.calls), slurm.calls
+    kinds = [(e["kind"], e.get("step_index")) for e in files.events()]
+    assert ("driver_takeover", 0) in kinds and ("step_start", 2) in kinds and kinds.count(("job_start", 0)) == 1

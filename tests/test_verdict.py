@@ -197,3 +197,22 @@ def test_a_writer_another_attempt_took_over_from_is_superseded(tmp_path):
     (folder / "exit_code").write_text("1\n")
     v = verdict("FAILED", folder, None)
     assert v.kind == "superseded" and "held at epoch 2 by beta" in v.summary, v
+
+
+def test_a_job_whose_driver_died_says_so(tmp_path):
+    """Probe 5 A23: the verdict blamed the last rank failure the driver would have recovered; now the driver's
+    death is named -- by its keeper's record, or by a job that started and ended without the driver's end."""
+    from trainstack._common.jobfiles import JobFiles
+
+    folder = tmp_path / "job-4"
+    folder.mkdir()
+    files = JobFiles(folder)
+    files.mark_started()
+    files.driver.started()
+    (folder / "rank-1.out").write_text("Traceback (most recent call last):\n  File \"t.py\", line 1, in <module>\n"
+                                      "RuntimeError: Connection closed by peer\n")
+    v = verdict("FAILED", folder, None, 137)
+    assert v.kind == "driver died" and "no driver.ended" in v.summary, v
+    files.record_event("driver_died", why="killed by SIGKILL", takeover=None, requeued=True)
+    v = verdict("FAILED", folder, None, 137)
+    assert v.kind == "driver died" and "killed by SIGKILL" in v.summary and "requeued" in v.summary, v

@@ -216,6 +216,42 @@ def _plant_as_group_member(folder: Path) -> list[str]:
     return done.stdout.split()
 
 
+def _driver_pid(job_id: str) -> int | None:
+    """The allocation driver of job ``job_id``: the child of the keeper (both run trainstack._slurm.allocation)."""
+    found: dict[int, int] = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or b"trainstack._slurm.allocation" not in (proc / "cmdline").read_bytes():
+                continue
+            if f"SLURM_JOB_ID={job_id}\0".encode() not in (proc / "environ").read_bytes():
+                continue
+            found[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+    return next((pid for pid, parent in found.items() if parent in found), None)
+
+
+def test_a_killed_driver_is_replaced_in_the_allocation_bitwise(cluster, tmp_root):
+    """Issue 66 (probe 5 A23): the allocation driver SIGKILLed mid-run -- the job does not end with it: its keeper
+    says so, kills the steps it left, and a new driver takes over the same allocation from the newest checkpoint;
+    every step is done, the final parameters bitwise equal to an uninterrupted run's, the attempt named."""
+    ref = reference(tmp_root)
+    out = tmp_root / "driver"
+    out.mkdir(mode=0o777)
+    job = submit_spec(spec(out, "srun", spare=0))
+    wait_until(lambda: reached(out) >= 12 and _driver_pid(job.job_id) is not None, 120, "step 12")
+    killed = time.time()
+    os.kill(_driver_pid(job.job_id), signal.SIGKILL)
+    assert wait_for(job, timeout=240) == 0, job.log_path.read_text()
+    log = job.log_path.read_text()
+    assert "the allocation driver died (killed by SIGKILL) without ending the job" in log, log
+    assert job_field(cluster, job.job_id, "Restarts") in ("0", None)
+    assert same_parameters(out / "final.pt", ref)
+    print(f"driver killed -> first resumed step {first_step_after(job, killed) - killed:.1f} s")
+    attempts = ts(cluster, "status", "--attempts", job.job_id)
+    assert "driver died: killed by SIGKILL" in attempts, attempts
+
+
 def memory_folders(job_id: str) -> list[Path]:
     return list(Path("/dev/shm").glob(f"trainstack-*/job-{job_id}-*"))
 

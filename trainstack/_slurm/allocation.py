@@ -32,6 +32,7 @@ from . import attempt as policy
 from . import sentinel
 from .batchjob import BatchJob
 from .inplace import Survivors
+from .keeper import Keeper, next_step
 from .plan import Plan
 from .preflight import Preflight
 from .rungs import LADDER, Requeue, Retry
@@ -105,8 +106,8 @@ class Allocation:
 
     def __init__(self, plan: Plan, slurm: Slurm, env: Mapping[str, str], script: Path | None = None,
                  poll_s: float = 0.1, kill_after_s: float = 0.3,
-                 emit: Callable[[str, bool], None] | None = None) -> None:
-        self.plan, self.slurm = plan, slurm
+                 emit: Callable[[str, bool], None] | None = None, takeover: int = 0) -> None:
+        self.plan, self.slurm, self.takeover = plan, slurm, takeover  # takeover: a driver after a dead one
         self.poll_s, self.kill_after_s = poll_s, kill_after_s
         self.job = BatchJob(plan, slurm, env, script, emit or _emit)
         self.files = self.job.files
@@ -348,15 +349,21 @@ class Allocation:
     # ------------------------------------------------------------------ the job's start and end
     def _begin(self) -> None:
         """The job's record and environment, the pool of its hosts, the signals, the sentinel, the versions."""
-        self.pool = NodePool(self.job.begin())
+        self.pool = NodePool(self.job.begin(self.takeover))
         self.log = self.slurm.log_path()  # the job's own log: what torchrun's agents said of their workers
+        if self.takeover:  # the dead driver's steps, lost and blamed hosts are this one's to go on from
+            self.step = next_step(self.files)
+            self.pool.lose([host for host, _ in self.files.step.lost()])
+            self.pool.leave_out([str(r["blamed"]) for r in policy.history(self.files.folder)
+                                 if r.get("blamed") and r.get("attempt") == self.job.restart])
+            self.preflight.checked.update(self.pool.usable())  # checked by the driver before it
         if self.plan.recovery.graceful_stop:
             signal.signal(signal.SIGUSR1, lambda *_: self._stop("timeout", "SIGUSR1"))
             signal.signal(signal.SIGUSR2, lambda *_: self._stop("timeout", "SIGUSR2"))
             signal.signal(signal.SIGTERM, lambda *_: self._stop("preempt", "SIGTERM"))
         else:
             signal.signal(signal.SIGTERM, _terminated)
-        if self.plan.recovery.requeue:
+        if self.plan.recovery.requeue and not self.takeover:  # the first driver's sentinel watches on
             sentinel.start(self.slurm, self.files, self.pool.allocated, self.job.env, self.job.requeue_id,
                            int(self.job.env.get("SLURM_NNODES") or self.plan.allocated_nodes), self.job.restart)
         self.job.provenance(f"{(self.pool.choose(1) or ['?'])[0]}:{self.port()}")
@@ -443,7 +450,12 @@ def main(argv: list[str] | None = None) -> int:
         print("trainstack: the allocation driver runs inside a Slurm job (no SLURM_JOB_ID): submit the script "
               "with sbatch", file=sys.stderr)
         return 1
-    return Allocation(plan, Slurm(job), os.environ, Path(args[0]) if args else None).run()
+    slurm, script = Slurm(job), Path(args[0]) if args else None
+    where = BatchJob(plan, slurm, os.environ, script, _emit)  # the job folder and its requeue id: nothing started
+    keeper = Keeper(where.files, lambda takeover: Allocation(plan, slurm, os.environ, script, takeover=takeover).run(),
+                    lambda: slurm.kill_steps(keep=SENTINEL),
+                    lambda: plan.recovery.requeue and slurm.requeue(where.requeue_id).done, _emit)
+    return keeper.run()
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from .verdict import HOST_FAULTS, KINDS, last_step, verdict
 DEFAULT_RETRY_ON = ("node failure", "collective failure", "killed (signal 9)", "crashed (signal)", "cuda error", "hang",
                     "unknown")
 #: The verdicts a crash can get (what --retry-on may name, besides ``all`` and ``none``).
-FAILURES = tuple(k for k in KINDS if k not in ("completed", "cancelled", "preempted", "running"))
+FAILURES = tuple(k for k in KINDS if k not in ("completed", "cancelled", "preempted", "running", "driver died"))
 _STOPPED = {"timeout": "time limit", "preempt": "preempted"}
 #: What a verdict row is, for the budgets: a crash (--max-retries), a graceful stop at the time limit
 #: (--max-requeues), a preemption (no limit), a node check that named a node with no spare (--max-retries).

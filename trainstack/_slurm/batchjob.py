@@ -50,9 +50,10 @@ class BatchJob:
         self.cwd: Path | None = None
         self._done = threading.Event()
 
-    def begin(self) -> list[str]:
-        """The job's start: the job folder and its record, the timeline, the heartbeat, the code it runs, the sweep
-        task, the environment of its steps. The allocation's hosts, in order."""
+    def begin(self, takeover: int = 0) -> list[str]:
+        """The job's start (``takeover``: a driver's after a dead one's, recorded as such): the job folder and its
+        record, the timeline, the heartbeat, the code it runs, the sweep task, the environment of its steps. The
+        allocation's hosts, in order."""
         env, plan = self.env, self.plan
         if env.get("SLURM_NNODES") and env["SLURM_NNODES"] != str(plan.allocated_nodes):
             self.warn(f"this script was generated for {plan.allocated_nodes} node(s) but the job has "
@@ -76,7 +77,10 @@ class BatchJob:
         self.files.mark_attempt_in_logs(str(self.restart))
         self.env[envvars.JOB_DIR] = str(self.files.folder)
         self.env.setdefault(envvars.SUBMIT_DIR, os.getcwd())
-        self.event("job_start", None, 0, submitted=self.slurm.submitted(), nnodes=env.get("SLURM_NNODES"))
+        if takeover:
+            self.event("driver_takeover", None, 0, takeover=takeover)
+        else:
+            self.event("job_start", None, 0, submitted=self.slurm.submitted(), nnodes=env.get("SLURM_NNODES"))
         threading.Thread(target=self._heartbeat, name="trainstack-heartbeat", daemon=True).start()
         self.hosts = self.slurm.hostnames(env.get("SLURM_JOB_NODELIST", "")) or \
             [env.get("SLURMD_NODENAME") or os.uname().nodename]

@@ -53,7 +53,7 @@ def watch(files: JobFiles, slurm: Slurm, batch_host: str, requeue_id: str, need:
     """Watch until the driver ends (``"ended"``) or falls silent: then record, requeue without ``batch_host`` and
     return what was done."""
     while True:
-        if files.path(JobFiles.DRIVER_END).exists():
+        if files.driver.has_ended():
             return "ended"
         silent = files.driver.silent_for()
         if silent is not None and silent > silent_s:
@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
     """``python -m trainstack._slurm.sentinel TASK_DIR BATCH_HOST REQUEUE_ID NODES RESTART``."""
     folder, batch_host, requeue_id, need, restart = argv[1], argv[2], argv[3], int(argv[4]), int(argv[5])
     slurm = Slurm(os.environ.get("SLURM_JOB_ID", requeue_id.split("_")[0]))
-    files = JobFiles(Path(folder))
+    files = JobFiles.mine(Path(folder))
     files.record_event("sentinel_start", host=os.environ.get("SLURMD_NODENAME", ""), watching=batch_host,
                        attempt=restart)
     try:

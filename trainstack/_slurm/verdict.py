@@ -34,7 +34,7 @@ __all__ = ["Verdict", "verdict", "KINDS", "HOST_FAULTS", "last_step", "exit_reco
 
 KINDS = ("completed", "cancelled", "preempted", "time limit", "hang", "cuda out-of-memory", "cuda error",
          "killed (signal 9)", "crashed (signal)", "collective failure", "node failure", "nccl transport", "superseded",
-         "python error", "exited", "running", "unknown")
+         "driver died", "python error", "exited", "running", "unknown")
 #: Verdicts that blame the machine, not the program: a requeue leaves the host out.
 HOST_FAULTS = ("cuda error", "node failure")
 
@@ -81,6 +81,9 @@ _HINTS = {
     "cuda error": ["a requeued attempt leaves the host out (--requeue); `trainstack doctor` on that node",
                    "if it follows the job to every host, it is the program: CUDA_LAUNCH_BLOCKING=1 finds the kernel"],
     "node failure": ["--requeue runs the job again; Slurm drains the failed node (sinfo -R shows why)"],
+    "driver died": ["the allocation driver (python -m trainstack._slurm.allocation) was killed or crashed: the OOM "
+                    "killer (dmesg on the batch host), a kill, a bug -- its keeper lets a new driver take over the "
+                    "allocation twice, then requeues the job; trainstack status --attempts JOB shows each death"],
     "superseded": ["another attempt of the run (another job, or another cluster) took its lease: this one stopped "
                    "without committing, so the run keeps one lineage; `trainstack status STORE_URL` shows the "
                    "attempts"],
@@ -142,6 +145,22 @@ class Evidence:
         return found[-1] if found else None
 
 
+def _driver_died(folder: Path | None, ev: Evidence) -> Verdict | None:
+    """The allocation driver died and no new one ended the job: its keeper's record, or a job that started and
+    ended without the driver's end (the keeper itself was killed)."""
+    died = ev.event("driver_died")
+    if died is not None and died.get("takeover") is None:
+        return Verdict("driver died", f"the allocation driver died ({died.get('why')}) more often than its keeper "
+                                      f"lets a new one take over" + ("; the job was requeued" if died.get("requeued")
+                                                                    else ""))
+    files = JobFiles(folder) if folder is not None else None
+    if files is not None and files.has_started() and not files.driver.has_ended() and not files.cancelled() and \
+            files.driver.silent_for() is not None:
+        return Verdict("driver died", "the allocation driver died without ending the job (no driver.ended), and "
+                                      "nothing took over: the job script's process itself was killed")
+    return None
+
+
 def _sentinel(folder: Path | None) -> str:
     """What will happen to a job whose driver fell silent: the sentinel's part (``sentinel.py``), as its events say."""
     kinds = {e.get("kind"): e for e in events.read(folder) if e.get("kind", "").startswith(("sentinel", "driver_lost"))}
@@ -175,6 +194,9 @@ def verdict(state: str, folder: Path | None, log: Path | None, status: int | Non
         return _done(Verdict("hang", hang[0], evidence=hang))
     if (folder is not None and JobFiles(folder).cancelled()) or base == "CANCELLED":
         return _done(Verdict("cancelled", "cancelled by the user (trainstack cancel / scancel)"))
+    died = _driver_died(folder, ev)
+    if died is not None:
+        return _done(died)
     if base == "NODE_FAIL":
         down = _down_nodes()
         now = f" (down now: {', '.join(down)})" if down else ""

@@ -34,6 +34,10 @@ class DriverLiveness(Folder):
         beat = self._mtime(self.path(self.ALIVE))
         return None if beat is None else (now or time.time()) - beat
 
+    def has_ended(self) -> bool:
+        """The driver recorded the job's end (a dead driver did not)."""
+        return self._present(self.path(self.DRIVER_END))
+
     def ended(self, why: str) -> None:
         try:
             atomic_write(self.path(self.DRIVER_END), why + "\n")
