@@ -177,3 +177,13 @@ def test_spare_nodes_imply_requeue_and_come_from_the_site_profile(runner, tmp_pa
     out = _gen(runner, "--profile", str(profile), "--setup", "multi-node", "--nodes", "2", "--", "train.py")
     assert out.exit_code == 0 and "#SBATCH --nodes=3" in out.output and "#SBATCH --requeue" in out.output, out.output
     assert f"spare_nodes in {profile} imply --requeue" in out.output
+
+
+def test_retries_with_no_requeue_are_a_contradiction_not_silently_requeue(runner, tmp_path):
+    """UX review 4: `--min-nodes 1 --no-requeue` silently turned requeue on."""
+    out = _gen(runner, "--setup", "multi-node", "--nodes", "2", "--min-nodes", "1", "--no-requeue", "--", "train.py")
+    assert out.exit_code == 2 and "--min-nodes" in out.output and "--no-requeue forbids" in out.output, out.output
+    profile = tmp_path / "site.toml"
+    profile.write_text("spare_nodes = 1\nrequeue = false\n")
+    out = _gen(runner, "--profile", str(profile), "--setup", "multi-node", "--nodes", "2", "--", "train.py")
+    assert out.exit_code == 2 and "--no-requeue forbids" in out.output, out.output

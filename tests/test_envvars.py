@@ -36,7 +36,8 @@ def test_every_listed_variable_is_used_and_read_through_its_constant():
     assert not [v.name for v in _envvars.VARIABLES if v.name not in used and v.name not in
                 {getattr(_envvars, k) for k in _envvars.__all__ if k.isupper()}]
     for path in ROOT.glob("trainstack/**/*.py"):  # code never spells a name as a bare string: it uses the constant
-        assert not re.search(r"[\"']TRAINSTACK_[A-Z_]+[\"']", path.read_text()) or path.as_posix().endswith("_common/envvars.py"), path
+        assert not re.search(r"[\"']TRAINSTACK_[A-Z_]+[\"']", path.read_text()) or \
+            path.as_posix().endswith("_common/envvars.py"), path
 
 
 def test_number_variables_are_read_in_one_place_with_the_bad_value_named(monkeypatch):

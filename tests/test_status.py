@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from trainstack._slurm.jobs import JobError
-from trainstack._slurm.status import _exit_of, _from_folder, format_table, job_status, last_metric
+from trainstack._slurm.status import _from_folder, exit_status, format_table, job_status, last_metric
 from trainstack.cli import main
 
 
@@ -43,7 +43,7 @@ def test_states_from_the_folder(tmp_path):
     assert [r.state for r in rows] == ["COMPLETED", "FAILED (exit 3)", "ENDED (killed: no exit status recorded)",
                                        "NEVER RAN", "CANCELLED",
                                        "ENDED (exit 143, SIGTERM: scancel, the time limit or a preemption)"]
-    assert _exit_of(rows[5].state) == 143  # a signalled job is never read as a success
+    assert exit_status(rows[5].state) == 143  # a signalled job is never read as a success
     assert rows[0].restarts == 1 and rows[0].metric == "Iteration      2 | loss: 0.5" and rows[0].source == "folder"
     assert all(r.ended for r in rows)
     table = format_table(rows).splitlines()

@@ -41,15 +41,15 @@ def test_a_result_planted_by_another_user_is_refused(tmp_path):
 
 def test_array_ranges_and_exit_codes():
     from trainstack._common.text import number_ranges as _ranges_text
-    from trainstack._slurm.status import _exit_of
+    from trainstack._slurm.status import exit_status
 
     def _ranges(numbers):
         return _ranges_text(numbers, ",")
 
     assert _ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and _ranges([3]) == "3"
-    assert _exit_of("COMPLETED") == 0 and _exit_of("FAILED (exit 3:0)") == 3
-    assert _exit_of("CANCELLED (exit 0:15)") == 143 and _exit_of("FAILED (exit 2)") == 2
-    assert _exit_of("ENDED (killed: no exit status recorded)") == 1
+    assert exit_status("COMPLETED") == 0 and exit_status("FAILED (exit 3:0)") == 3
+    assert exit_status("CANCELLED (exit 0:15)") == 143 and exit_status("FAILED (exit 2)") == 2
+    assert exit_status("ENDED (killed: no exit status recorded)") == 1
 
 
 def test_an_absolute_program_in_the_repository_runs_from_the_snapshot(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 from helpers import ci_leaves_out
 
 from trainstack._slurm import status
-from trainstack._slurm.status import _exit_of, _from_folder
+from trainstack._slurm.status import _from_folder, exit_status
 from trainstack._slurm.verdict import verdict
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -310,6 +310,11 @@ def test_status_logs_cancel_on_running_pending_finished_and_unknown_jobs(env, sh
     time.sleep(3)
     assert status_rows(env, running)[0]["restarts"] == 0  # cancelled, not requeued
     assert "slept" in ts(env, "logs", finished).stdout
+    # wait and logs -f exit with the job's status (UX review 4: logs -f of a FAILED job exited 0)
+    done = ts(env, "wait", finished)
+    assert done.returncode == 0 and "COMPLETED" in done.stdout, done
+    assert ts(env, "wait", running, check=False).returncode != 0
+    assert ts(env, "logs", "-f", running, check=False).returncode != 0
     again = ts(env, "cancel", finished, check=False)
     assert again.returncode == 1 and "not queued or running (COMPLETED)" in again.stderr
 
@@ -348,7 +353,7 @@ def test_a_job_ended_by_plain_scancel_is_never_recorded_as_a_success(env, shared
     assert code.read_text().strip() == "143"
     record = {"job_id": job, "name": JOB, "job_dir": str(code.parent), "log_dir": str(work / "logs")}
     [row] = _from_folder(job, record, None)  # what status answers after MinJobAge
-    assert row.state.startswith("ENDED (exit 143, SIGTERM") and _exit_of(row.state) == 143, row
+    assert row.state.startswith("ENDED (exit 143, SIGTERM") and exit_status(row.state) == 143, row
     assert verdict(row.state, code.parent, row.log).kind == "terminated"
 
 

@@ -133,6 +133,12 @@ def build_spec(ctx: click.Context, params: dict[str, Any], site: dict[str, Any] 
                and ctx.get_parameter_source(k) is click.core.ParameterSource.COMMANDLINE]
     retries += [f"{k} in {profile_path}" for k in IMPLY_REQUEUE if k in profile
                 and f"--{k.replace('_', '-')}" not in retries and not (k == "spare_nodes" and not profile[k])]
+    said_no = ("requeue" in ctx.params and ctx.get_parameter_source("requeue") is click.core.ParameterSource.COMMANDLINE
+               and not params.get("requeue")) or profile.get("requeue") is False
+    if retries and said_no:  # asked for retries and against them: a contradiction, never silently resolved
+        raise click.BadParameter(f"{' and '.join(retries)} retry a failed attempt (in the allocation or by "
+                                 f"requeueing the job), which --no-requeue forbids. HINT: drop one of them.",
+                                 param_hint="'--requeue'")
     if retries and not params.get("requeue"):  # retries happen by requeueing: asking for them asks for it
         click.echo(f"note: {' and '.join(retries)} imply --requeue (a failed attempt is retried in the "
                    f"allocation, or by requeueing the job); --requeue is on", err=True)

@@ -27,7 +27,7 @@ from .jobs import JobError, JobInfo, check_job_id, job_folder, job_infos
 from .progress import Progress, progress_of
 
 __all__ = ["TaskStatus", "job_status", "my_jobs", "format_table", "find_log", "follow_log", "cancel_job",
-           "wait_for", "ENDED", "slurm_problem", "pending_note"]
+           "wait_for", "exit_status", "ENDED", "slurm_problem", "pending_note"]
 
 #: States after which nothing more happens to a job (a requeued job passes through none of them for long).
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
@@ -435,7 +435,7 @@ def cancel_job(job_id: str) -> list[str]:
     return [i.label for i in infos]
 
 
-def _exit_of(state: str) -> int:
+def exit_status(state: str) -> int:
     """0 for COMPLETED; else the exit status in ``STATE (exit N)`` / ``(exit N:S)`` (128+S for a signal), or 1."""
     if state == "COMPLETED":
         return 0
@@ -477,9 +477,10 @@ class RequeueHolds:
 
 
 def wait_for(job_id: str, log_path: Path | None, echo: Callable[[str], None] | None = None,
-             timeout: float | None = None, poll: float = 0.5) -> tuple[int, str]:
+             timeout: float | None = None, poll: float = 0.5, cancel: bool = True) -> tuple[int, str]:
     """Follow the job's log until it (every array task) ends; return its exit code (non-zero for any failure) and
-    final state. Slurm answers while it knows the job; after that, the job folder's record does."""
+    final state. Slurm answers while it knows the job; after that, the job folder's record does. Past ``timeout``
+    the job is cancelled (a JobError), or with ``cancel=False`` left running (TimeoutError)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     offset, holds = 0, RequeueHolds()
     while True:
@@ -497,8 +498,10 @@ def wait_for(job_id: str, log_path: Path | None, echo: Callable[[str], None] | N
             rows = job_status(job_id) or rows
             if all(r.ended for r in rows):
                 state = rows[0].state if len(rows) == 1 else ", ".join(sorted({r.state for r in rows}))
-                return max(_exit_of(r.state) for r in rows), state
+                return max(exit_status(r.state) for r in rows), state
         if deadline is not None and time.monotonic() > deadline:
+            if not cancel:
+                raise TimeoutError(job_id)
             subprocess.run(["scancel", job_id], timeout=30)
             raise JobError(f"job {job_id} did not finish within {timeout:.0f}s; cancelled it.")
         time.sleep(poll)

@@ -133,12 +133,12 @@ def why(job_id: str, as_json: bool) -> None:
 @hosted
 def logs(job_id: str, rank: int | None, follow: bool, from_byte: int) -> None:
     """Print a job's combined log, or one rank's log; an array task is <job>_<task>."""
-    from .._slurm.status import find_log, follow_log
+    from .._slurm.status import exit_status, find_log, follow_log
 
-    if follow:
+    if follow:  # the job's exit status is the command's (a FAILED job is not a success)
         row = follow_log(job_id, rank, echo=lambda text: click.echo(text, nl=False), offset=from_byte)
         click.echo(f"--- job {row.job} {row.state}", err=True)
-        return
+        sys.exit(exit_status(row.state))
     path, _ = find_log(job_id, rank)
     with open(path, encoding="utf-8", errors="replace") as fh:
         for line in fh:
@@ -154,6 +154,25 @@ def cancel(job_id: str) -> None:
 
     done = cancel_job(job_id)
     click.echo(f"cancelled {', '.join(done)}")
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Give up waiting after this long (exit 124; the job goes on).")
+@hosted
+def wait(job_id: str, timeout: float | None) -> None:
+    """Wait until a job (every task of an array) ends, releasing Slurm's hold on its requeues, and exit with its
+    exit status (0: completed), as submitit's job.wait() returns it."""
+    from .._slurm.status import wait_for
+
+    try:
+        code, state = wait_for(job_id, None, timeout=timeout, cancel=False)
+    except TimeoutError:
+        click.echo(f"job {job_id} has not ended within {timeout:g} s (it goes on)", err=True)
+        sys.exit(124)
+    click.echo(f"job {job_id} {state}")
+    sys.exit(code)
 
 
 @main.command()
