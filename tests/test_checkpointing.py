@@ -145,3 +145,17 @@ def test_bad_model_checkpoint_arguments(kwargs, needle):
 def test_a_monitored_metric_that_does_not_exist_lists_what_does(tmp_path):
     with pytest.raises(ConfigError, match=r"'val_f1' not found; available: \[.*'val_acc'.*\]"):
         _fit(tmp_path, callbacks=[ModelCheckpoint(monitor="val_f1")])
+
+
+@pytest.mark.parametrize("on", ["train_epoch_end", "val_epoch_end"])
+def test_a_hand_called_save_best_compares_the_results_loss_as_qadence_does(tmp_path, on):
+    """qadence's own callback test (UX review 4): a constructed Trainer whose opt_result holds loss=0.5 and only an
+    accuracy metric -- the callback compares opt_result.loss (no val_loss was computed) and saves best.pt."""
+    model = nn.Linear(2, 1)
+    config = TrainConfig(log_folder=tmp_path, max_iter=1, val_every=1,
+                         validation_criterion=lambda current, best, eps: current < best - eps)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), config, loss_fn="mse")
+    trainer.opt_result.loss, trainer.opt_result.metrics, trainer.opt_result.iteration = 0.5, {"accuracy": 0.9}, 1
+    callback = SaveBestCheckpoint(on=on, called_every=1)
+    callback(on, trainer, config, None)
+    assert (tmp_path / "checkpoints" / "best.pt").exists() and callback.best_val_loss == 0.5
