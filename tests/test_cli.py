@@ -187,3 +187,15 @@ def test_retries_with_no_requeue_are_a_contradiction_not_silently_requeue(runner
     profile.write_text("spare_nodes = 1\nrequeue = false\n")
     out = _gen(runner, "--profile", str(profile), "--setup", "multi-node", "--nodes", "2", "--", "train.py")
     assert out.exit_code == 2 and "--no-requeue forbids" in out.output, out.output
+
+
+def test_a_profile_mixing_top_level_keys_and_a_trainstack_table_keeps_both(runner, tmp_path):
+    """UX review 4: the documented snippets combined (top-level keys, then [trainstack.node_check_thresholds])
+    dropped the top-level keys silently -- the job went to the wrong partition."""
+    profile = tmp_path / "site.toml"
+    profile.write_text('partition = "spares"\n[trainstack.node_check_thresholds]\nmin_ratio = 0.5\n')
+    out = _gen(runner, "--profile", str(profile), "--setup", "multi-node", "--nodes", "2", "--", "train.py")
+    assert out.exit_code == 0 and "#SBATCH --partition=spares" in out.output, out.output
+    profile.write_text('partition = "a"\n[trainstack]\npartition = "b"\n')
+    out = _gen(runner, "--profile", str(profile), "--", "train.py")
+    assert out.exit_code == 2 and "sets partition both at the top level and under [trainstack]" in out.output

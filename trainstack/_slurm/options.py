@@ -63,7 +63,13 @@ def load_profile(path: str) -> dict[str, Any]:
             raise click.BadParameter(f"{path} is not valid TOML: {exc}", param_hint="'--profile'") from None
     if not isinstance(data, dict) or not isinstance(data.get("trainstack", data), dict):
         raise click.BadParameter(f"{path} must hold a table of option values", param_hint="'--profile'")
-    return {str(k).replace("-", "_"): v for k, v in data.get("trainstack", data).items()}
+    table = dict(data.get("trainstack", {}))  # [trainstack] and [trainstack.*] tables, beside top-level keys
+    top = {k: v for k, v in data.items() if k != "trainstack"}
+    both = sorted(set(top) & set(table))
+    if both:
+        raise click.BadParameter(f"{path} sets {', '.join(both)} both at the top level and under [trainstack]: keep "
+                                 f"one", param_hint="'--profile'")
+    return {str(k).replace("-", "_"): v for k, v in {**top, **table}.items()}
 
 
 def check_profile(path: str, profile: dict[str, Any]) -> None:
