@@ -201,6 +201,13 @@ def _sbatch_held(exe: str, spec: LaunchSpec, script: Path, staging: Path, log_di
     env.pop(envvars.SNAPSHOT, None)
     if root is not None:  # the job runs from <job folder>/code/<this folder relative to the repository>
         env[envvars.SNAPSHOT] = os.path.relpath(Path(spec.chdir or ".").resolve(), root)
+    # Slurm's own check of the request first: a held submission skips it, so a job no node can hold (--mem beyond
+    # every node, a partition that does not exist) would otherwise pend forever
+    tested = subprocess.run([exe, "--test-only", str(script)], capture_output=True, text=True, timeout=120, env=env)
+    if tested.returncode != 0:
+        said = (tested.stderr.strip() or tested.stdout.strip()).splitlines()
+        raise SubmitError(f"Slurm refuses this job: {said[-1] if said else 'sbatch --test-only failed'}. HINT: "
+                          f"`sinfo -N -o '%N %c %m %G %P'` shows what the nodes have (CPUs, memory in MB, GPUs).")
     args = [exe, "--parsable", "--hold"]
     token = os.environ.get(envvars.SUBMISSION)
     if token:  # a laptop's submission over ssh: findable by its token should the connection drop now

@@ -291,5 +291,10 @@ def test_more_spare_nodes_than_the_partition_has_are_refused_before_anything_is_
              cwd=shared_tmp, check=False)
     assert out.returncode == 2 and "the default partition (debug) has 2" in out.stderr, out.stdout + out.stderr
     assert "--spare-nodes 0 at most" in out.stderr
+    # UX review 4: --mem beyond every node was submitted held (which skips Slurm's check) and pended forever
+    out = ts(env, "submit", "--cpu", "--mem", "64GB", "--time", "5", "--job-name", JOB, "--log-dir",
+             str(shared_tmp / "logs"), "--no-snapshot", "--", SLEEPER, "1", cwd=shared_tmp, check=False)
+    assert out.returncode != 0 and "Slurm refuses this job" in out.stderr and "Traceback" not in out.stderr, \
+        out.stdout + out.stderr
     after = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout.split()
     assert after == before
