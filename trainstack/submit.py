@@ -205,9 +205,7 @@ def _sbatch_held(exe: str, spec: LaunchSpec, script: Path, staging: Path, log_di
     # every node, a partition that does not exist) would otherwise pend forever
     tested = subprocess.run([exe, "--test-only", str(script)], capture_output=True, text=True, timeout=120, env=env)
     if tested.returncode != 0:
-        said = (tested.stderr.strip() or tested.stdout.strip()).splitlines()
-        raise SubmitError(f"Slurm refuses this job: {said[-1] if said else 'sbatch --test-only failed'}. HINT: "
-                          f"`sinfo -N -o '%N %c %m %G %P'` shows what the nodes have (CPUs, memory in MB, GPUs).")
+        raise _refused(spec, tested.stderr.strip() or tested.stdout.strip(), "Slurm refuses this job")
     args = [exe, "--parsable", "--hold"]
     token = os.environ.get(envvars.SUBMISSION)
     if token:  # a laptop's submission over ssh: findable by its token should the connection drop now
@@ -216,10 +214,7 @@ def _sbatch_held(exe: str, spec: LaunchSpec, script: Path, staging: Path, log_di
         args.append(f"--array={number_ranges(tasks, ',')}" + (f"%{spec.max_parallel}" if spec.max_parallel else ""))
     proc = subprocess.run([*args, str(script)], capture_output=True, text=True, timeout=120, env=env)
     if proc.returncode != 0:
-        said = proc.stderr.strip() or proc.stdout.strip()
-        hint = " HINT: this cluster (or partition) has no GPUs: add --cpu to train on CPU processes (gloo)." \
-            if "gres" in said.lower() and not spec.cpu else ""
-        raise SubmitError(f"sbatch rejected the script: {said}.{hint}")
+        raise _refused(spec, proc.stderr.strip() or proc.stdout.strip(), "sbatch rejected the script")
     job_id = proc.stdout.strip().split(";")[0]
     paths = JobPaths(log_dir, spec.job_name, job_id, tasks[0] if spec.tasks else None)
     job_dir = paths.job_folder
@@ -236,6 +231,15 @@ def _sbatch_held(exe: str, spec: LaunchSpec, script: Path, staging: Path, log_di
                           f".") from None
     return SubmittedJob(job_id, job_dir / JobFiles.SCRIPT, paths.log, job_dir, tasks=tasks if spec.tasks else [],
                         skipped=skipped)
+
+
+def _refused(spec: LaunchSpec, answer: str, what: str) -> SubmitError:
+    """sbatch's refusal, said with what to do about it."""
+    said = answer.splitlines()[-1] if answer else "no answer"
+    hint = " HINT: this cluster (or partition) has no GPUs: add --cpu to train on CPU processes (gloo)." \
+        if "gres" in answer.lower() and not spec.cpu else \
+        " HINT: `sinfo -N -o '%N %c %m %G %P'` shows what the nodes have (CPUs, memory in MB, GPUs, partitions)."
+    return SubmitError(f"{what}: {said}.{hint}")
 
 
 def _program_in_snapshot(spec: LaunchSpec, root: Path) -> LaunchSpec:

@@ -115,6 +115,7 @@ class Allocation:
         self.step = 0
         self.stop_kind: str | None = None
         self.preflight = Preflight(self)
+        self.sentinel_host: str | None = None  # where the sentinel watches the batch host from
         self.watch: StepWatch | None = None  # the last step's watch: its probe, its hosts presumed lost
         self.pending: tuple[StepWatch, list[str]] | None = None  # the probe's answer on those, awaited beside the next
         self.log: Path | None = None
@@ -339,6 +340,10 @@ class Allocation:
         if lost:
             self.files.step.write_lost(lost)
             self.pool.lose(list(lost))
+            if self.sentinel_host in lost:  # its node went: the batch host is watched from another one
+                self.job.say(f"the sentinel's node {self.sentinel_host} is lost: watching the batch host from "
+                             f"another node")
+                self.watch_batch_host(self.pool.usable())
 
     def context(self, nodes: list[str]) -> policy.Context:
         """The attempt being decided, for the policy."""
@@ -364,9 +369,15 @@ class Allocation:
         else:
             signal.signal(signal.SIGTERM, _terminated)
         if self.plan.recovery.requeue and not self.takeover:  # the first driver's sentinel watches on
-            sentinel.start(self.slurm, self.files, self.pool.allocated, self.job.env, self.job.requeue_id,
-                           int(self.job.env.get("SLURM_NNODES") or self.plan.allocated_nodes), self.job.restart)
+            self.watch_batch_host(self.pool.allocated)
         self.job.provenance(f"{(self.pool.choose(1) or ['?'])[0]}:{self.port()}")
+
+    def watch_batch_host(self, hosts: list[str]) -> None:
+        """The sentinel, on the first of ``hosts`` that is not the batch host (again after its node was lost: its
+        duty survives the loss of any one node)."""
+        self.sentinel_host = sentinel.start(self.slurm, self.files, hosts, self.job.env, self.job.requeue_id,
+                                            int(self.job.env.get("SLURM_NNODES") or self.plan.allocated_nodes),
+                                            self.job.restart)
 
     def _stop(self, kind: str, name: str) -> None:
         self.stop_kind = kind

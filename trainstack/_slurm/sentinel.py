@@ -32,13 +32,13 @@ STEP_NAME = "trainstack-sentinel"  # the sentinel's job step: never killed with 
 
 
 def start(slurm: Slurm, files: JobFiles, allocated: list[str], env: Mapping[str, str], requeue_id: str, need: int,
-          restart: int) -> None:
-    """Start the sentinel on another node of the allocation than the batch host (none with a single node): it
-    requeues the job without the batch host should the driver's heartbeat stop."""
+          restart: int) -> str | None:
+    """Start the sentinel on another node of ``allocated`` than the batch host (none with a single node): it
+    requeues the job without the batch host should the driver's heartbeat stop. The host it runs on (None: none)."""
     here = env.get("SLURMD_NODENAME") or (allocated[:1] or [""])[0]
     others = [h for h in allocated if h != here]
     if not others:
-        return
+        return None
     package = str(Path(__file__).resolve().parents[2])  # this trainstack, also where it is a shipped copy
     step_env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), package) if p)}
     out = files.path("sentinel.out")  # written by the sentinel's node: the batch host may be gone
@@ -46,6 +46,7 @@ def start(slurm: Slurm, files: JobFiles, allocated: list[str], env: Mapping[str,
             f"--output={out}", "--open-mode=append", sys.executable, "-m", "trainstack._slurm.sentinel",
             str(files.folder), here, requeue_id, str(need), str(restart)]
     slurm.launch(argv, step_env, output=Path(os.devnull))
+    return others[0]
 
 
 def watch(files: JobFiles, slurm: Slurm, batch_host: str, requeue_id: str, need: int, restart: int = 0,
