@@ -148,6 +148,8 @@ def test_a_lost_node_is_replaced_by_a_spare_in_the_allocation(tmp_path, job):
     assert [nodelist(a) for a in slurm.launched] == ["node1,node2", "node1,node3"]
     assert ("kill_steps",) in slurm.calls and not any(c[0] == "requeue" for c in slurm.calls)
     assert ("sentinel", "node2") in slurm.calls  # the batch host (node1) is watched from another node
+    assert ("sentinel", "node3") in slurm.calls  # ... and again from the spare once node2 is lost (issue 66)
+    assert "the sentinel's node node2 is lost: watching the batch host from another node" in job.said
     (row,) = rows(alloc)
     assert row["kind"] == "node failure" and row["blamed"] == "node2" and row["retried"], row
     assert "crash (exit status 1): retrying in this allocation as step 1 on node1,node3 (no requeue)" in job.said
