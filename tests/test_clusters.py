@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -90,3 +91,56 @@ def test_every_cluster_profile_is_checked_before_anything_is_asked(tmp_path, bod
     result = CliRunner().invoke(main, ["submit", "--cpu", "--cluster", str(good), "--cluster", str(bad), "--store",
                                        "s3://b/r", "--", "train.py"])
     assert result.exit_code == 2 and said.format(path=bad) in result.output, result.output
+
+
+def _follower(tmp_path, monkeypatch, answers: dict, submit_args: list[str] | None = None):
+    """A follower over clusters a and b whose `trainstack` calls answer from ``answers`` (no Slurm): test-only
+    answers {"start_in_s", "reason"} per cluster, a submit's (returncode, stdout); every call recorded."""
+    import subprocess
+
+    from trainstack._slurm.clusters import Cluster, Follower
+
+    calls: list[tuple[str, list[str]]] = []
+
+    def trainstack(self, args, timeout=600):
+        calls.append((self.name, list(args)))
+        if "--test-only" in args:
+            return subprocess.CompletedProcess(args, 0, json.dumps(answers[self.name]["test"]) + "\n", "")
+        code, out = answers[self.name]["submit"]
+        return subprocess.CompletedProcess(args, code, out, "" if code == 0 else "sbatch: error: boom")
+
+    monkeypatch.setattr(Cluster, "trainstack", trainstack)
+    profiles = []
+    for name in ("a", "b"):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(f'cluster = "{name}"\n')
+        profiles.append(Cluster(name, str(path)))
+    said: list[str] = []
+    follower = Follower(profiles, submit_args or ["--cpu", "--", "train.py"], "s3://b/r", said.append, poll_s=0.01)
+    return follower, calls, said
+
+
+def test_every_clusters_reason_is_said_and_permanent_refusals_stop_before_anything_is_submitted(tmp_path,
+                                                                                                 monkeypatch):
+    """Probe 5 C13: two bad partitions looped 'asking again in 30 s' forever with the reasons dropped."""
+    bad = {"test": {"start_in_s": None, "reason": "sbatch: error: Batch job submission failed: Invalid partition "
+                                                  "name specified"}, "submit": (1, "")}
+    follower, calls, said = _follower(tmp_path, monkeypatch, {"a": bad, "b": bad})
+    assert follower.place() is None
+    assert not any(args[0] == "submit" and "--test-only" not in args for _, args in calls), calls
+    assert any("no cluster can ever start the run as asked" in line and "a: sbatch: error" in line and
+               "b: sbatch" in line and "Invalid partition" in line for line in said), said
+
+
+def test_a_failed_submit_moves_on_and_job_folders_are_the_clusters_own(tmp_path, monkeypatch):
+    """UX review 4 defect 1: a submit that failed on one cluster crashed the follower, leaving the run with no job
+    anywhere; two clusters handing out the same job id shared one job folder."""
+    answers = {"a": {"test": {"start_in_s": 0.0, "reason": "now"}, "submit": (1, "")},
+               "b": {"test": {"start_in_s": 10.0, "reason": "soon"}, "submit": (0, "job 6 submitted\n")}}
+    follower, calls, said = _follower(tmp_path, monkeypatch, answers, ["--cpu", "--log-dir", "shared", "--", "t.py"])
+    move = follower.place()
+    assert move is not None and move.cluster == "b" and move.job == "6", said
+    assert any("submitting on a failed" in line and "asking the other clusters" in line for line in said), said
+    submits = {name: args for name, args in calls if args[0] == "submit" and "--test-only" not in args}
+    assert submits["a"][submits["a"].index("--log-dir") + 1] == "shared/a"
+    assert submits["b"][submits["b"].index("--log-dir") + 1] == "shared/b" and submits["b"][-2:] == ["--", "t.py"]

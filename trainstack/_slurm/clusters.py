@@ -42,6 +42,9 @@ DEFAULT_MOVE_COST_S = 120.0
 DEFAULT_MARGIN_S = 60.0
 #: While the run's job waits, every cluster is asked again this often (each ask renders and test-submits there).
 LOOK_EVERY_S = 20.0
+#: Answers of ``sbatch --test-only`` that no wait changes: the run cannot start there as asked.
+PERMANENT = ("Invalid partition", "Unable to process configuration", "Invalid account", "Invalid qos",
+             "Requested node configuration is not available", "Invalid generic resource", "Invalid feature")
 #: Polls in a row in which neither Slurm nor the job folder knows the run's job: it is gone, the run continues.
 LOST_POLLS = 12
 
@@ -154,26 +157,55 @@ class Follower:
     moves: list[Move] = field(default_factory=list)
     worlds: dict[str, int] = field(default_factory=dict)  # each cluster's number of processes, as its submit says
     planned_world: int | None = None  # the first placement's: a move elsewhere keeps its global batch
+    reasons: dict[str, str] = field(default_factory=dict)  # each cluster's last answer, said when none can start
     _staged: set[str] = field(default_factory=set)  # the jobs whose cluster got the newest checkpoint pre-staged
 
     def _named(self, name: str) -> Cluster:
         return next(c for c in self.clusters if c.name == name)
 
     def expected_starts(self) -> dict[str, float | None]:
+        """When each cluster would start the run's job (None: not now), each one's reason kept (``reasons``)."""
         starts: dict[str, float | None] = {}
         for cluster in self.clusters:
-            out = cluster.trainstack(["submit", "--profile", cluster.profile, "--test-only", *self.submit_args],
-                                     timeout=300)
+            out = cluster.trainstack(["submit", "--profile", cluster.profile, "--test-only",
+                                      *self.cluster_args(cluster)], timeout=300)
             try:
                 answer = json.loads(out.stdout.strip().splitlines()[-1])
                 starts[cluster.name] = answer.get("start_in_s")
+                self.reasons[cluster.name] = str(answer.get("reason") or "")
                 if isinstance(answer.get("world_size"), int):
                     self.worlds[cluster.name] = answer["world_size"]
             except (ValueError, IndexError, AttributeError):
                 starts[cluster.name] = None
+                said = (out.stderr or out.stdout).strip().splitlines()
+                self.reasons[cluster.name] = said[-1] if said else "no answer"
                 self.say(f"trainstack: {cluster.name}: cannot tell when a job would start there "
-                         f"({(out.stderr or out.stdout).strip().splitlines()[-1:] or ['no answer']})")
+                         f"({self.reasons[cluster.name]})")
         return starts
+
+    def refused(self, name: str) -> bool:
+        """Does cluster ``name``'s last answer refuse the run for good (not just not now)?"""
+        return any(word in self.reasons.get(name, "") for word in PERMANENT)
+
+    def cluster_args(self, cluster: Cluster) -> list[str]:
+        """The submit command line for ``cluster``: the run's own, with a log folder of the cluster's own (two
+        clusters may hand out the same job id: their job folders must not be one)."""
+        args, base = list(self.submit_args), None
+        for i, word in enumerate(args):
+            if word == "--log-dir" and i + 1 < len(args):
+                base = args.pop(i + 1)
+                args.pop(i)
+                break
+            if word.startswith("--log-dir="):
+                base = args.pop(i).split("=", 1)[1]
+                break
+        if base is None:
+            from .options import load_profile
+            from .spec import LaunchSpec
+
+            base = str(load_profile(cluster.profile).get("log_dir") or LaunchSpec.log_dir)
+        at = args.index("--") if "--" in args else len(args)
+        return [*args[:at], "--log-dir", f"{base.rstrip('/')}/{cluster.name}", *args[at:]]
 
     def _job_env(self, cluster: Cluster) -> list[str]:
         """The job's part of the run: its store, the lease required, its cluster's name, and -- on a cluster with
@@ -204,7 +236,7 @@ class Follower:
         self.say(f"trainstack: {move.cluster}: {said[-1] if said else 'staging said nothing'}")
 
     def submit(self, cluster: Cluster, reason: str) -> Move:
-        args = ["submit", "--profile", cluster.profile, *self._job_env(cluster), *self.submit_args]
+        args = ["submit", "--profile", cluster.profile, *self._job_env(cluster), *self.cluster_args(cluster)]
         out = cluster.trainstack(args, timeout=600)
         job = next((line.split()[1] for line in out.stdout.splitlines() if line.startswith("job ")), None)
         if out.returncode != 0 or job is None:
@@ -246,17 +278,33 @@ class Follower:
             self.say(f"trainstack: the run moved {len(self.moves)} times; stopping (max {self.max_moves})")
             return None
         previous = next((m.cluster for m in reversed(self.moves) if not m.left), None) if self.moves else None
+        failed: set[str] = set()  # clusters whose submit failed in this placement: the others are asked first
         while True:
             starts = self.expected_starts()
-            where = choose(starts, previous, self.move_cost_s, self.margin_s)
-            if where is not None:
+            where = choose({k: v for k, v in starts.items() if k not in failed}, previous, self.move_cost_s,
+                           self.margin_s)
+            if where is None:
+                failed.clear()  # every cluster failed or none can start now: all are asked again after a wait
+            why = "; ".join(f"{name}: {self.reasons.get(name) or 'no answer'}" for name in starts)
+            if where is None and all(self.refused(name) for name in starts):
+                self.say(f"trainstack: no cluster can ever start the run as asked ({why}): stopping")
+                return None
+            if where is None:
+                self.say(f"trainstack: no cluster can start the run now ({why}); asking again in "
+                         f"{self.poll_s * 6:g} s")
+                time.sleep(self.poll_s * 6)
+                continue
+            if self.hedge:
                 break
-            self.say(f"trainstack: no cluster can start the run now ({starts}); asking again in "
-                     f"{self.poll_s * 6:g} s")
-            time.sleep(self.poll_s * 6)
+            try:
+                reason = "first placement" if not self.moves else f"continued after {self.moves[-1].cluster}"
+                return self.submit(self._named(where), f"{reason}; expected start in {starts[where]:.0f} s")
+            except RuntimeError as exc:  # said; the next best cluster is asked (the run is never left jobless)
+                self.say(f"trainstack: {exc}; asking the other clusters")
+                self.reasons[where] = str(exc)
+                failed.add(where)
+                time.sleep(self.poll_s)
         reason = "first placement" if not self.moves else f"continued after {self.moves[-1].cluster}"
-        if not self.hedge:
-            return self.submit(self._named(where), f"{reason}; expected start in {starts[where]:.0f} s")
         hedged = [self.submit(self._named(name), f"{reason}; hedged, expected start in {wait:.0f} s")
                   for name, wait in sorted(starts.items(), key=lambda kv: (kv[1] is None, kv[1] or 0.0))
                   if wait is not None]
