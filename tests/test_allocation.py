@@ -332,13 +332,31 @@ def test_a_node_check_that_names_a_node_puts_the_spare_in_its_place(tmp_path, jo
     slurm = FakeSlurm(["node1", "node2", "node3"], [{}], rates={"node2": 10.0})
     status, alloc = job(plan(tmp_path, spare=1, node_check=True), slurm)
     assert status == 0, job.said
-    # one check: the spare measured with the step's nodes, so it steps in without a second one
-    assert [c for c in slurm.calls if c[0] == "node_check"] == [("node_check", ("node1", "node2", "node3"))]
+    # one check: the spare measured with the step's nodes, so it steps in without a second one; the named node
+    # measured again beside one that passed before it is left out (one noisy window is not evidence enough)
+    assert [c for c in slurm.calls if c[0] == "node_check"] == [("node_check", ("node1", "node2", "node3")),
+                                                                 ("node_check", ("node2", "node1"))]
     assert [nodelist(a) for a in slurm.launched] == ["node1,node3"]
     assert "node check: leaving out node2; the step runs on node1,node3" in job.said
-    (only,) = JobFiles(alloc.files.folder).node_checks()
-    assert list(only["named"]) == ["node2"] and "0.10x the median" in only["named"]["node2"]
-    assert list(only["figures"]) == ["node1", "node2", "node3"]
+    first, again = JobFiles(alloc.files.folder).node_checks()
+    assert list(first["named"]) == ["node2"] and "0.10x the median" in first["named"]["node2"]
+    assert list(first["figures"]) == ["node1", "node2", "node3"] and list(again["named"]) == ["node2"]
+
+
+def test_a_node_named_once_but_not_again_is_kept_and_a_removed_spare_is_said(tmp_path, job):
+    """Issue 66: a noisy node check removed the only spare silently; now a named node is measured again, and a
+    spare left out is said with what it leaves."""
+    class Noisy(FakeSlurm):
+        def on_nodes(self, hosts, argv, timeout, output=None, env=None):  # noqa: ANN001 -- as FakeSlurm.on_nodes
+            self.rates = {"node3": 10.0} if not any(c[0] == "node_check" for c in self.calls) else {}
+            return super().on_nodes(hosts, argv, timeout, output, env)
+
+    status, _ = job(plan(tmp_path, spare=1, node_check=True), Noisy(["node1", "node2", "node3"], [{}]))
+    assert status == 0 and "node check: node3 passed when measured again: kept (one noisy measurement)" in job.said
+    slurm = FakeSlurm(["node1", "node2", "node3"], [{}], rates={"node3": 10.0})
+    status, _ = job(plan(tmp_path / "b", spare=1, node_check=True), slurm)
+    assert any("node check: leaving out spare node3: 0 spare(s) left for a lost node -- a node lost now is recovered "
+               "by a shrink or a requeue" in line for line in job.said), job.said
 
 
 def test_a_spare_checked_at_the_start_replaces_a_lost_node_without_another_check(tmp_path, job):
@@ -488,7 +506,8 @@ def test_a_node_check_without_a_spare_shrinks_instead_of_requeueing_above_min_no
     status, alloc = job(plan(tmp_path, node_check=True, min_nodes=1), slurm)
     assert status == 0, job.said
     assert [nodelist(a) for a in slurm.launched] == ["node1"] and "--nodes=1" in slurm.launched[0]
-    assert [c for c in slurm.calls if c[0] == "node_check"] == [("node_check", ("node1", "node2"))]  # not again
+    assert [c for c in slurm.calls if c[0] == "node_check"] == [("node_check", ("node1", "node2")),
+                                                                 ("node_check", ("node2", "node1"))]  # confirmed
     assert not any(c[0] == "requeue" for c in slurm.calls)
     assert any("node2 named by the node check): continuing on 1 of 2 nodes (node1)" in line for line in job.said)
 

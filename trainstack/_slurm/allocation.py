@@ -300,6 +300,8 @@ class Allocation:
         decision = next(d for rung in LADDER if rung.applies(self.plan) and (d := rung.offer(climb)) is not None)
         if isinstance(decision, Requeue) and outcome.note:
             self.job.warn(outcome.note)
+        if isinstance(decision, Requeue) and kind == "crash" and self.pool.left_out:  # never starved silently
+            self.job.warn(f"no spare left in this allocation ({self.missing_why()}): the job is requeued")
         return decision
 
     def _without_ladder(self, ended: StepEnd) -> Decision | None:

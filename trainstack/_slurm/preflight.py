@@ -42,6 +42,19 @@ class Preflight:
             alloc.job.say(f"node check: {host}: {why}")
         return dict(record["named"])
 
+    def confirmed(self, named: list[str], hosts: list[str]) -> list[str]:
+        """The named hosts measured again beside one that passed (one noisy window is not evidence enough to leave
+        a node out): those named twice; the others were noise (said)."""
+        if not named:
+            return named
+        passed = [h for h in hosts if h not in named][:1]
+        again = set(self.measure([*named, *passed]))
+        cleared = [h for h in named if h not in again]
+        if cleared:
+            self.alloc.job.say(f"node check: {','.join(cleared)} passed when measured again: kept (one noisy "
+                               f"measurement)")
+        return [h for h in named if h in again]
+
     def before(self, nodes: list[str]) -> list[str] | Requeue:
         """The nodes the step runs on after the check (a job without --requeue names a node and trains on it)."""
         alloc, plan, pool = self.alloc, self.alloc.plan, self.alloc.pool
@@ -55,10 +68,14 @@ class Preflight:
         if set(nodes) <= self.checked:
             return nodes
         hosts = [h for h in pool.usable() if h not in self.checked]
-        named = list(self.measure(hosts))
+        named = self.confirmed(list(self.measure(hosts)), hosts)
         self.checked.update(h for h in hosts if h not in named)
         pool.leave_out(named)
         if not set(named) & set(nodes):  # none, or a named spare: the step's nodes stand
+            if named:
+                left = len(pool.usable()) - plan.nodes
+                alloc.job.warn(f"node check: leaving out spare {','.join(named)}: {left} spare(s) left for a lost "
+                               f"node" + ("" if left else " -- a node lost now is recovered by a shrink or a requeue"))
             return nodes
         chosen = pool.choose(plan.nodes)
         if chosen is not None:
