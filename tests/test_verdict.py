@@ -211,8 +211,9 @@ def test_a_job_whose_driver_died_says_so(tmp_path):
     files.driver.started()
     (folder / "rank-1.out").write_text("Traceback (most recent call last):\n  File \"t.py\", line 1, in <module>\n"
                                       "RuntimeError: Connection closed by peer\n")
-    v = verdict("FAILED", folder, None, 137)
+    v = verdict("FAILED", folder, None)  # `why` after the job's end
     assert v.kind == "driver died" and "no driver.ended" in v.summary, v
+    assert verdict("FAILED", folder, None, 1).kind == "collective failure"  # the living driver asks of its step
     files.record_event("driver_died", why="killed by SIGKILL", takeover=None, requeued=True)
     v = verdict("FAILED", folder, None, 137)
     assert v.kind == "driver died" and "killed by SIGKILL" in v.summary and "requeued" in v.summary, v

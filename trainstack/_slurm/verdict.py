@@ -145,15 +145,16 @@ class Evidence:
         return found[-1] if found else None
 
 
-def _driver_died(folder: Path | None, ev: Evidence) -> Verdict | None:
-    """The allocation driver died and no new one ended the job: its keeper's record, or a job that started and
-    ended without the driver's end (the keeper itself was killed)."""
+def _driver_died(folder: Path | None, ev: Evidence, asked_by_driver: bool) -> Verdict | None:
+    """The allocation driver died and no new one ended the job: its keeper's record, or -- asked after the job's
+    end, not by a living driver about its step -- a job that started and ended without the driver's end (the
+    keeper itself was killed)."""
     died = ev.event("driver_died")
     if died is not None and died.get("takeover") is None:
         return Verdict("driver died", f"the allocation driver died ({died.get('why')}) more often than its keeper "
                                       f"lets a new one take over" + ("; the job was requeued" if died.get("requeued")
                                                                     else ""))
-    files = JobFiles(folder) if folder is not None else None
+    files = JobFiles(folder) if folder is not None and not asked_by_driver else None
     if files is not None and files.has_started() and not files.driver.has_ended() and not files.cancelled() and \
             files.driver.silent_for() is not None:
         return Verdict("driver died", "the allocation driver died without ending the job (no driver.ended), and "
@@ -194,7 +195,7 @@ def verdict(state: str, folder: Path | None, log: Path | None, status: int | Non
         return _done(Verdict("hang", hang[0], evidence=hang))
     if (folder is not None and JobFiles(folder).cancelled()) or base == "CANCELLED":
         return _done(Verdict("cancelled", "cancelled by the user (trainstack cancel / scancel)"))
-    died = _driver_died(folder, ev)
+    died = _driver_died(folder, ev, asked_by_driver=status is not None)
     if died is not None:
         return _done(died)
     if base == "NODE_FAIL":
