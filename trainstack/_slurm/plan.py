@@ -147,6 +147,15 @@ class Plan:
                          f"hosts are probed, one that does not answer is lost; then the recovery ladder, in order:")
             lines += [f"rung {i}, {rung.explain(self)}"
                       for i, rung in enumerate((x for x in LADDER if x.applies(self)), 1)]
+            if self.spare_nodes:
+                lines.append(f"the cost of the spare: {self.spare_nodes} of the {self.allocated_nodes} allocated "
+                             f"node(s) wait idle until a node fails (the price of a recovery in seconds, not a "
+                             f"requeue)")
+            lines += ["the driver itself: the job script's process keeps it as a child; a driver that dies (the OOM "
+                      "killer, a kill) is replaced in the allocation twice, then the job is requeued",
+                      *(["a sentinel (one more job step, srun --overlap) on another node watches the driver's "
+                         "heartbeat and requeues the job if the batch host is lost; it is started again on another "
+                         "node if its own is lost"] if self.allocated_nodes > 1 else [])]
         elif r.graceful_stop:
             lines.append("a stop signal asks the trainer to checkpoint and stop; the job is not requeued")
         else:
