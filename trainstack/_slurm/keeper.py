@@ -30,7 +30,8 @@ _PR_SET_CHILD_SUBREAPER = 36
 
 
 class Keeper:
-    """Runs ``drive(takeover)`` in a child process until one ends with the job's end recorded (``driver.ended``);
+    """Runs ``drive(takeover)`` in a child process until one finishes its run (a driver killed, or crashed past
+    Python, never says it did);
     ``cleanup()`` kills the job steps a dead driver left, ``requeue()`` requeues the job (False where it cannot)."""
 
     def __init__(self, files: JobFiles, drive: Callable[[int], int], cleanup: Callable[[], None],
@@ -46,8 +47,8 @@ class Keeper:
             signal.signal(sig, self._forward)
         takeover = 0
         while True:
-            code = self._run_driver(takeover)
-            if self.files.driver.has_ended():
+            code, ended = self._run_driver(takeover)
+            if ended:  # the driver finished its run (its job folder may be gone: a pipe, not a file, says so)
                 return code
             why = _describe(code)
             takeover += 1
@@ -56,11 +57,15 @@ class Keeper:
             self._record(why, takeover)
             self.cleanup()
 
-    def _run_driver(self, takeover: int) -> int:
+    def _run_driver(self, takeover: int) -> tuple[int, bool]:
+        """One driver, run to its end: (its exit status, whether it finished its run -- said through a pipe as its
+        last act; a driver killed or crashed past Python says nothing)."""
         sys.stdout.flush()
         sys.stderr.flush()
+        done_r, done_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the driver
+            os.close(done_r)
             for sig in FORWARDED:
                 signal.signal(sig, signal.SIG_DFL)
             code = 1
@@ -69,18 +74,23 @@ class Keeper:
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
+                os.write(done_w, b"1")
                 os._exit(code)
+        os.close(done_w)
         self.child = pid
-        while True:
-            try:
-                done, status = os.waitpid(-1, 0)
-            except ChildProcessError:
-                return 1
-            except InterruptedError:  # a forwarded signal
-                continue
-            if done == pid:
-                self.child = 0
-                return os.waitstatus_to_exitcode(status)
+        try:
+            while True:
+                try:
+                    found, status = os.waitpid(-1, 0)
+                except ChildProcessError:
+                    return 1, False
+                except InterruptedError:  # a forwarded signal
+                    continue
+                if found == pid:
+                    self.child = 0
+                    return os.waitstatus_to_exitcode(status), os.read(done_r, 1) == b"1"
+        finally:
+            os.close(done_r)
 
     def _forward(self, signum: int, frame: object) -> None:
         if self.child:
