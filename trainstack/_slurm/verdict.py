@@ -187,7 +187,7 @@ def verdict(state: str, folder: Path | None, log: Path | None, status: int | Non
     ev = Evidence.of(folder, log, status)
     if base == "COMPLETED":  # a requeued job's log also holds the failures of its earlier attempts
         return _stopped_early(ev.combined) or Verdict("completed", "the job ended with exit code 0")
-    gone = _lost(folder, ev) or _silent(ev)
+    gone = _lost(folder, ev) or _silent(ev) or _driver_died(folder, ev, asked_by_driver=status is not None)
     if gone is not None:
         return _done(gone)
     hang = _hang(ev, folder)
@@ -195,9 +195,6 @@ def verdict(state: str, folder: Path | None, log: Path | None, status: int | Non
         return _done(Verdict("hang", hang[0], evidence=hang))
     if (folder is not None and JobFiles(folder).cancelled()) or base == "CANCELLED":
         return _done(Verdict("cancelled", "cancelled by the user (trainstack cancel / scancel)"))
-    died = _driver_died(folder, ev, asked_by_driver=status is not None)
-    if died is not None:
-        return _done(died)
     if base == "NODE_FAIL":
         down = _down_nodes()
         now = f" (down now: {', '.join(down)})" if down else ""
