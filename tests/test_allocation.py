@@ -93,6 +93,8 @@ class FakeSlurm(Slurm):
             self.calls.append(("exclude", argv[2].removeprefix("JobId="), tuple(argv[3].split("=")[1].split(","))))
         elif argv[:2] == ["scontrol", "update"] and argv[3] == "StartTime=now":
             self.calls.append(("start_now", argv[2].removeprefix("JobId=")))
+        elif argv[:2] == ["scontrol", "update"] and argv[3].startswith("NodeList="):
+            self.calls.append(("release", tuple(argv[3].split("=")[1].split(","))))
         else:
             raise AssertionError(f"the driver ran an unexpected Slurm command: {argv}")
         return self.scontrol.pop(0) if self.scontrol else (0, "")
@@ -149,6 +151,8 @@ def test_a_lost_node_is_replaced_by_a_spare_in_the_allocation(tmp_path, job):
     assert ("kill_steps",) in slurm.calls and not any(c[0] == "requeue" for c in slurm.calls)
     assert ("sentinel", "node2") in slurm.calls  # the batch host (node1) is watched from another node
     assert ("sentinel", "node3") in slurm.calls  # ... and again from the spare once node2 is lost (issue 66)
+    assert ("release", ("node1", "node3")) in slurm.calls  # the lost node handed back: the end does not wait for it
+    assert "handed node2 back to Slurm (lost; the job goes on with node1,node3)" in job.said
     assert "the sentinel's node node2 is lost: watching the batch host from another node" in job.said
     (row,) = rows(alloc)
     assert row["kind"] == "node failure" and row["blamed"] == "node2" and row["retried"], row
@@ -156,8 +160,8 @@ def test_a_lost_node_is_replaced_by_a_spare_in_the_allocation(tmp_path, job):
     assert "finished (restart count 0) after 1 retries in this allocation" in job.said
     assert JobFiles(alloc.files.folder).exit_code() == "0"
     kinds = [e["kind"] for e in map(json.loads, alloc.files.events_file.read_text().splitlines())]
-    assert kinds == ["job_start", "step_start", "detected", "step_end", "step_start", "relaunch", "step_end",
-                     "job_end"]
+    assert kinds == ["job_start", "step_start", "detected", "step_end", "step_start", "relaunch", "released",
+                     "step_end", "job_end"]
 
 
 def test_ranks_that_lost_their_peer_are_the_detection_of_a_node_lost_with_no_exit_to_record(tmp_path, job):

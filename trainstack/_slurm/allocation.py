@@ -116,6 +116,7 @@ class Allocation:
         self.stop_kind: str | None = None
         self.preflight = Preflight(self)
         self.sentinel_host: str | None = None  # where the sentinel watches the batch host from
+        self.held_hosts: list[str] = []
         self.watch: StepWatch | None = None  # the last step's watch: its probe, its hosts presumed lost
         self.pending: tuple[StepWatch, list[str]] | None = None  # the probe's answer on those, awaited beside the next
         self.log: Path | None = None
@@ -133,6 +134,7 @@ class Allocation:
             status = int(exc.code) if isinstance(exc.code, int) else 1
         finally:
             self.in_place.release()
+            self.hand_back()  # its end must not wait for a lost node
             self.job.end(status, self.step)
         return status
 
@@ -174,6 +176,8 @@ class Allocation:
         if self.step or self.job.restart:
             self.job.event("relaunch", nodes, self.step)
         new, procs = self._launch(nodes)
+        if not self.in_place.carried_any:  # no surviving srun spans a lost node now: it can be handed back
+            self.hand_back()
         watch = self.watch = StepWatch(self.files, self.plan, self.slurm, self.in_place, self.step, nodes, new, procs,
                                        self.kill_after_s, lambda: self.job.event("detected", nodes, self.step),
                                        self._spare_for)
@@ -357,6 +361,7 @@ class Allocation:
     def _begin(self) -> None:
         """The job's record and environment, the pool of its hosts, the signals, the sentinel, the versions."""
         self.pool = NodePool(self.job.begin(self.takeover))
+        self.held_hosts = list(self.pool.allocated)  # what the allocation holds (less what was handed back)
         self.log = self.slurm.log_path()  # the job's own log: what torchrun's agents said of their workers
         if self.takeover:  # the dead driver's steps, lost and blamed hosts are this one's to go on from
             self.step = next_step(self.files)
@@ -373,6 +378,23 @@ class Allocation:
         if self.plan.recovery.requeue and not self.takeover:  # the first driver's sentinel watches on
             self.watch_batch_host(self.pool.allocated)
         self.job.provenance(f"{(self.pool.choose(1) or ['?'])[0]}:{self.port()}")
+
+    def hand_back(self) -> None:
+        """The lost hosts the job no longer uses are released from the allocation (Slurm shrinks a running job):
+        its end then does not wait for Slurm to declare them dead, and nobody pays for them meanwhile."""
+        gone = [h for h in self.pool.lost if h in self.held_hosts]
+        if not gone:
+            return
+        keep = [h for h in self.held_hosts if h not in gone]
+        done, answer = self.slurm.release(keep)
+        if done:
+            self.held_hosts = keep
+            self.job.say(f"handed {','.join(gone)} back to Slurm (lost; the job goes on with {','.join(keep)})")
+            self.job.event("released", gone, self.step)
+        else:
+            self.job.warn(f"could not hand {','.join(gone)} back to Slurm ({answer}): the job's end waits until "
+                          f"Slurm declares them dead")
+            self.held_hosts = [h for h in self.held_hosts if h not in gone]  # asked once
 
     def watch_batch_host(self, hosts: list[str]) -> None:
         """The sentinel, on the first of ``hosts`` that is not the batch host (again after its node was lost: its

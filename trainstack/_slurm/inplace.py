@@ -41,6 +41,7 @@ class Survivors:
         self.waiting: dict[int, str] = {}
         self.held: list[subprocess.Popen[bytes]] = []
         self.joining: tuple[int, set[int], float] | None = None  # (step, ranks, offered at): not yet joined
+        self.carried_procs: list[subprocess.Popen[bytes]] = []  # sruns of earlier steps running in the current one
         self.join_s = JOIN_S
 
     @staticmethod
@@ -127,7 +128,13 @@ class Survivors:
                 proc.wait()
         self.held, self.waiting = [], {}
 
+    @property
+    def carried_any(self) -> bool:
+        """Does a held srun of an earlier step still run (it may span a lost node)?"""
+        return any(p.poll() is None for p in self.carried_procs)
+
     def carried(self) -> list[subprocess.Popen[bytes]]:
         """The held sruns, now part of the step that continues their ranks (forgotten here: the step owns them)."""
         held, self.held, self.waiting = self.held, [], {}
+        self.carried_procs = list(held)
         return held

@@ -109,6 +109,13 @@ class Slurm:
         code, out = self._run(["scontrol", "show", "hostnames", nodelist])
         return out.split() if code == 0 else []
 
+    def release(self, keep: Sequence[str]) -> tuple[bool, str]:
+        """Shrink the running job to the hosts ``keep`` (``scontrol update JobId=... NodeList=...``): the others --
+        lost nodes the job no longer uses -- are handed back, so the job's end does not wait for Slurm to declare
+        them dead (SlurmdTimeout, 300 s by default). (done, Slurm's answer)."""
+        code, out = self._run(["scontrol", "update", f"JobId={self.job_id}", f"NodeList={','.join(keep)}"])
+        return code == 0, out
+
     def seconds_left(self) -> int | None:
         """The job's time left (``squeue %L``); None when unlimited or unknown."""
         code, out = self._run(["squeue", "-h", "-j", self.job_id, "-o", "%L"])
