@@ -20,6 +20,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from .keeper import Keeper, next_step
 from .plan import Plan
 from .preflight import Preflight
 from .rungs import LADDER, Requeue, Retry
-from .slurmcmd import Slurm
+from .slurmcmd import RELEASE_S, Slurm
 from .watch import Ended, ForceKill, Held, Probe, StepWatch, TearDown
 
 __all__ = ["Allocation", "NodePool", "Finish", "Retry", "Requeue", "Stop", "main"]
@@ -117,6 +118,7 @@ class Allocation:
         self.preflight = Preflight(self)
         self.sentinel_host: str | None = None  # where the sentinel watches the batch host from
         self.held_hosts: list[str] = []
+        self.releasing: threading.Thread | None = None  # the hand-back of lost hosts, asked in the background
         self.watch: StepWatch | None = None  # the last step's watch: its probe, its hosts presumed lost
         self.pending: tuple[StepWatch, list[str]] | None = None  # the probe's answer on those, awaited beside the next
         self.log: Path | None = None
@@ -134,8 +136,8 @@ class Allocation:
             status = int(exc.code) if isinstance(exc.code, int) else 1
         finally:
             self.in_place.release()
-            self.hand_back()  # its end must not wait for a lost node
-            self.job.end(status, self.step)
+            self.hand_back(wait=True)  # its end must not wait for a lost node
+            self.job.end(status, self.step, self.pool.lost)
         return status
 
     def _loop(self) -> int:
@@ -379,22 +381,28 @@ class Allocation:
             self.watch_batch_host(self.pool.allocated)
         self.job.provenance(f"{(self.pool.choose(1) or ['?'])[0]}:{self.port()}")
 
-    def hand_back(self) -> None:
-        """The lost hosts the job no longer uses are released from the allocation (Slurm shrinks a running job):
-        its end then does not wait for Slurm to declare them dead, and nobody pays for them meanwhile."""
+    def hand_back(self, wait: bool = False) -> None:
+        """The lost hosts the job no longer uses are released from the allocation (Slurm shrinks a running job:
+        asked in the background, Slurm may take seconds to allow it): its end then does not wait for Slurm to
+        declare them dead, and nobody pays for them meanwhile. ``wait``: the job's end, which waits for the answer."""
         gone = [h for h in self.pool.lost if h in self.held_hosts]
-        if not gone:
-            return
-        keep = [h for h in self.held_hosts if h not in gone]
+        if gone:
+            keep = [h for h in self.held_hosts if h not in gone]
+            self.held_hosts = keep  # asked once
+            self.releasing = threading.Thread(target=self._release, args=(gone, keep, self.step), daemon=True,
+                                              name="trainstack-release")
+            self.releasing.start()
+        if wait and self.releasing is not None:
+            self.releasing.join(RELEASE_S + 5)
+
+    def _release(self, gone: list[str], keep: list[str], step: int) -> None:
         done, answer = self.slurm.release(keep)
         if done:
-            self.held_hosts = keep
             self.job.say(f"handed {','.join(gone)} back to Slurm (lost; the job goes on with {','.join(keep)})")
-            self.job.event("released", gone, self.step)
+            self.job.event("released", gone, step)
         else:
             self.job.warn(f"could not hand {','.join(gone)} back to Slurm ({answer}): the job's end waits until "
                           f"Slurm declares them dead")
-            self.held_hosts = [h for h in self.held_hosts if h not in gone]  # asked once
 
     def watch_batch_host(self, hosts: list[str]) -> None:
         """The sentinel, on the first of ``hosts`` that is not the batch host (again after its node was lost: its

@@ -181,15 +181,17 @@ class BatchJob:
             except OSError:
                 pass
 
-    def end(self, status: int, step: int) -> None:
+    def end(self, status: int, step: int, lost: list[str] | None = None) -> None:
         """The job's exit status in its folder, its end in the timeline, the attempt report, and the memory
-        checkpoints freed on every node still answering (kept for a requeued attempt, which restores from them)."""
+        checkpoints freed on every node still answering (kept for a requeued attempt, which restores from them; a
+        ``lost`` node's went with it)."""
         self.files.write_exit_code(status)
         self.event("job_end", None, step, status=status)
         self.report(step)
         folders = self.files.memory.folders()
-        if folders and not self.keep_memory:  # the folders are computed on each node, not taken from the listing
-            answers = self.slurm.each(self.hosts, ["bash", "-c", FREE_MEMORY_SH, "_", self.slurm.job_id,
+        hosts = [h for h in self.hosts if h not in (lost or [])]
+        if folders and not self.keep_memory and hosts:  # the folders are computed on each node, not listed
+            answers = self.slurm.each(hosts, ["bash", "-c", FREE_MEMORY_SH, "_", self.slurm.job_id,
                                                    *self.files.memory.roots()], timeout=10)
             missed = [host for host, ok in answers.items() if not ok]
             if missed:  # a cancelled job starts no step: the listing stays for the command that frees them

@@ -25,6 +25,8 @@ TRANSIENT = ("try again", "timed out", "Unable to contact", "temporarily unavail
              "Zero Bytes were transmitted")
 #: How long a requeue's calls are tried again (the requeue itself; leaving hosts out; releasing the hold).
 RETRY_S = (30.0, 8.0, 8.0)
+#: How long a hand-back of lost hosts is tried again (a job whose node just failed waits for its database index).
+RELEASE_S = 20.0
 RETRY_PAUSE_S = 1.0
 
 
@@ -113,7 +115,8 @@ class Slurm:
         """Shrink the running job to the hosts ``keep`` (``scontrol update JobId=... NodeList=...``): the others --
         lost nodes the job no longer uses -- are handed back, so the job's end does not wait for Slurm to declare
         them dead (SlurmdTimeout, 300 s by default). (done, Slurm's answer)."""
-        code, out = self._run(["scontrol", "update", f"JobId={self.job_id}", f"NodeList={','.join(keep)}"])
+        code, out = self._retrying(["scontrol", "update", f"JobId={self.job_id}", f"NodeList={','.join(keep)}"],
+                                   RELEASE_S)
         return code == 0, out
 
     def seconds_left(self) -> int | None:
