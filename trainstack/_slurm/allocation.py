@@ -398,7 +398,8 @@ class Allocation:
     def _release(self, gone: list[str], keep: list[str], step: int) -> None:
         done, answer = self.slurm.release(keep)
         if done:
-            self.job.say(f"handed {','.join(gone)} back to Slurm (lost; the job goes on with {','.join(keep)})")
+            self.job.say(f"handed {','.join(gone)} back to Slurm (lost; the job goes on with {','.join(keep)})"
+                         + ("; Slurm had taken it out already" if answer.startswith("already") else ""))
             self.job.event("released", gone, step)
         else:
             self.job.warn(f"could not hand {','.join(gone)} back to Slurm ({answer}): the job's end waits until "

@@ -115,9 +115,23 @@ class Slurm:
         """Shrink the running job to the hosts ``keep`` (``scontrol update JobId=... NodeList=...``): the others --
         lost nodes the job no longer uses -- are handed back, so the job's end does not wait for Slurm to declare
         them dead (SlurmdTimeout, 300 s by default). (done, Slurm's answer)."""
-        code, out = self._retrying(["scontrol", "update", f"JobId={self.job_id}", f"NodeList={','.join(keep)}"],
-                                   RELEASE_S)
-        return code == 0, out
+        argv = ["scontrol", "update", f"JobId={self.job_id}", f"NodeList={','.join(keep)}"]
+        deadline = time.monotonic() + RELEASE_S
+        while True:
+            code, out = self._run(argv)
+            if code == 0:
+                return True, out
+            held = self.held()
+            if held is not None and not set(held) - set(keep):  # Slurm took them out itself (declared them dead)
+                return True, "already taken out by Slurm"
+            if not any(t in out for t in TRANSIENT) or time.monotonic() >= deadline:
+                return False, out
+            time.sleep(RETRY_PAUSE_S)
+
+    def held(self) -> list[str] | None:
+        """The hosts the running job holds now (``squeue %N``); None when Slurm cannot say."""
+        code, out = self._run(["squeue", "-h", "-j", self.job_id, "-o", "%N"])
+        return self.hostnames(out.splitlines()[0].strip()) if code == 0 and out.strip() else None
 
     def seconds_left(self) -> int | None:
         """The job's time left (``squeue %L``); None when unlimited or unknown."""
