@@ -25,6 +25,7 @@ __all__ = ["StepWatch", "Probe", "Running", "Ended", "Held", "TearDown", "ForceK
 
 GONE = "a host of the step is gone"
 PRESUME_LOST_S = 0.5  # ranks elsewhere lost a peer this long ago, a host's ranks silent: presumed lost (srun)
+FINISHED_GRACE_S = 5.0  # the run finished: an srun still waiting on a lost host's tasks is ended this much later
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,8 @@ class StepWatch:
         self.detected, self.why = False, ""
         self.failed_at: float | None = None
         self.kill_at: float | None = None
+        self.started, self.looked = time.time(), 0.0
+        self.finished_at: float | None = None  # the run finished while sruns of an earlier step still ran
 
     def poll(self, now: float) -> StepState:
         """The step's state now (``now``: ``time.monotonic()``)."""
@@ -114,6 +117,8 @@ class StepWatch:
             if code != 0 or self.files.step.has_exits(self.step):
                 self._detect()
             return Ended(code)
+        if self._finished_beside_a_lost_host(now):
+            return ForceKill()
         self._notice(now)
         grace = self.grace()
         gone = self.gone_ranks() if self.why == GONE else set()
@@ -128,6 +133,20 @@ class StepWatch:
             self.kill_at = now + self.kill_after_s  # srun itself, if Slurm's kill did not end it
             return TearDown(f"{self.why.format(grace)}: killing its tasks")
         return ForceKill() if self.kill_at is not None and now >= self.kill_at else Running()
+
+    def _finished_beside_a_lost_host(self, now: float) -> bool:
+        """The run finished (the trainer's ``finished`` event, in this step) and only sruns carried from an earlier
+        step still run -- srun waits for the tasks of a lost host until Slurm declares it dead (SlurmdTimeout): past
+        ``FINISHED_GRACE_S`` they are ended, so the job ends with its training."""
+        if self.failed_at is not None or (self.new is not None and self.new.poll() != 0) or \
+                not all(p.poll() is not None or p in self.in_place.carried_procs for p in self.procs):
+            return False
+        if self.finished_at is None and now - self.looked >= 1.0:
+            self.looked = now
+            if any(e.get("kind") == "finished" and float(e.get("time", 0)) >= self.started
+                   for e in self.files.events()[-20:]):
+                self.finished_at = now
+        return self.finished_at is not None and now - self.finished_at >= FINISHED_GRACE_S
 
     def grace(self) -> float:
         """How long the failed step may take to end before it is killed (with restarts in place: the survivors'
