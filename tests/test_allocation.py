@@ -84,7 +84,7 @@ class FakeSlurm(Slurm):
     def kill_steps(self, keep: str = "") -> None:
         self.calls.append(("kill_steps",))
 
-    def _run(self, argv, timeout: float = 30) -> tuple[int, str]:  # noqa: ANN001 -- as Slurm._run
+    def _run(self, argv, timeout: float = 30, cwd=None) -> tuple[int, str]:  # noqa: ANN001 -- as Slurm._run
         """The requeue's scontrol calls, recorded as ("requeue", job), ("exclude", job, hosts), ("start_now", job);
         Slurm's answers from ``scontrol`` (a list of (code, text), first first), else success."""
         if argv[:2] == ["scontrol", "requeue"]:

@@ -396,7 +396,8 @@ class Allocation:
             self.releasing.join(RELEASE_S + 5)
 
     def _release(self, gone: list[str], keep: list[str], step: int) -> None:
-        done, answer = self.slurm.release(keep)
+        done, answer = self.slurm.release(keep, self.files.folder)
+        self.files.seal_logs()  # scontrol's resize scripts, written with the user's umask
         if done:
             self.job.say(f"handed {','.join(gone)} back to Slurm (lost; the job goes on with {','.join(keep)})"
                          + ("; Slurm had taken it out already" if answer.startswith("already") else ""))

@@ -95,10 +95,10 @@ class Slurm:
         self.job_id = job_id
         self.env = dict(os.environ if env is None else env)
 
-    def _run(self, argv: Sequence[str], timeout: float = 30) -> tuple[int, str]:
+    def _run(self, argv: Sequence[str], timeout: float = 30, cwd: Path | None = None) -> tuple[int, str]:
         try:
             out = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=self.env,
-                                 stdin=subprocess.DEVNULL)
+                                 stdin=subprocess.DEVNULL, cwd=cwd)
         except (OSError, subprocess.SubprocessError) as exc:
             return 127, str(exc)
         return out.returncode, (out.stdout + out.stderr).strip()
@@ -111,14 +111,16 @@ class Slurm:
         code, out = self._run(["scontrol", "show", "hostnames", nodelist])
         return out.split() if code == 0 else []
 
-    def release(self, keep: Sequence[str]) -> tuple[bool, str]:
+    def release(self, keep: Sequence[str], folder: Path) -> tuple[bool, str]:
         """Shrink the running job to the hosts ``keep`` (``scontrol update JobId=... NodeList=...``): the others --
         lost nodes the job no longer uses -- are handed back, so the job's end does not wait for Slurm to declare
-        them dead (SlurmdTimeout, 300 s by default). (done, Slurm's answer)."""
+        them dead (SlurmdTimeout, 300 s by default). scontrol writes its environment-reset scripts
+        (``slurm_job_<id>_resize.sh``) where it runs: in ``folder`` (the job folder), never the user's working
+        directory. (done, Slurm's answer)."""
         argv = ["scontrol", "update", f"JobId={self.job_id}", f"NodeList={','.join(keep)}"]
         deadline = time.monotonic() + RELEASE_S
         while True:
-            code, out = self._run(argv)
+            code, out = self._run(argv, cwd=folder if folder.is_dir() else None)
             if code == 0:
                 return True, out
             held = self.held()

@@ -88,9 +88,11 @@ class JobFiles(JobRecords):
         own_folder(self.folder)
 
     def seal_logs(self) -> None:
-        """The logs a job step's programs wrote here with the user's umask (NCCL's ``nccl.*.log``, its flight
-        recorder's dumps) made unwritable by others: ``why`` reads them as this user's."""
-        for path in [*self.folder.glob("nccl.*.log"), *self.folder.glob("nccl-trace-rank-*")]:
+        """The files programs wrote here with the user's umask (NCCL's ``nccl.*.log``, its flight recorder's dumps,
+        scontrol's ``slurm_job_*_resize.*`` after a hand-back) made unwritable by others: ``why`` reads the logs as
+        this user's, and nothing in a job folder is anyone else's to change."""
+        for path in [*self.folder.glob("nccl.*.log"), *self.folder.glob("nccl-trace-rank-*"),
+                     *self.folder.glob("slurm_job_*_resize.*")]:
             try:
                 st = path.lstat()
                 if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o022:
