@@ -280,6 +280,7 @@ def test_a_lost_node_is_replaced_by_a_spare_bitwise(cluster, tmp_root, launcher)
     # issue 66: the lost node is handed back, so the job ends with its training, not SlurmdTimeout (30 s here,
     # 300 s by Slurm's default) after it
     assert "handed node2 back to Slurm (lost; the job goes on with node1,node3)" in log, log
+    assert not list(Path.cwd().glob(f"slurm_job_{job.job_id}_resize.*"))  # scontrol's scripts: in the job folder
     end_of_training = (out / "final.pt").stat().st_mtime
     print(f"{launcher}: last step -> job ended {ended - end_of_training:.1f} s")
     assert ended - end_of_training <= 20, ended - end_of_training
