@@ -834,9 +834,10 @@ def test_the_ladder_is_data_climbed_in_order_and_explained(tmp_path, job, monkey
     assert status == 0 and [nodelist(a) for a in slurm.launched] == ["node1,node2", "node2,node1"], slurm.launched
 
 
-def test_a_driver_taking_over_from_a_dead_one_goes_on_in_the_same_allocation(tmp_path, monkeypatch):
+def test_a_driver_taking_over_from_a_dead_one_goes_on_in_the_same_allocation(tmp_path, monkeypatch, job):
     """Issue 66: the keeper's new driver numbers its steps after the dead one's, leaves out the host the dead one
     had found lost, starts no second sentinel and is recorded as a takeover, not a second job start."""
+    del job  # asked for its teardown: it restores the signal handlers the driver installs
     p = plan(tmp_path, spare=1)
     files = JobFiles.mine(Path(p.job_dir_prefix + "100"))
     files.make_own()

@@ -475,7 +475,9 @@ def _emit(line: str, error: bool) -> None:
 
 def _terminated(signum: int, frame: FrameType | None) -> None:
     """SIGTERM to a job without a graceful stop (scancel, the time limit): the job's record says 143, never a
-    success."""
+    success. Once: Slurm signals the batch script's process group and the keeper forwards it too, and a second
+    SystemExit would cut the job's end short."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(143)
 
 
