@@ -119,3 +119,16 @@ def test_stage_into_a_folder_it_cannot_use_is_a_clear_error(tmp_path):
     result = CliRunner().invoke(main, ["checkpoint", "stage", f"file://{tmp_path / 'store'}", str(foreign)])
     assert result.exit_code == 1 and "cannot stage into" in result.output and "belongs to uid 65534" in \
         result.output and result.exception is None or isinstance(result.exception, SystemExit), result.output
+
+
+def test_a_run_folders_metrics_written_under_umask_002_are_still_read(tmp_path):
+    """The bounded reader's owner check is for job folders: a run folder's metrics.jsonl that an older version
+    wrote group-writable (umask 002) is read, never dropped on resume."""
+    from trainstack._runtime.writers import JsonlWriter
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n')
+    path.chmod(0o664)
+    writer = JsonlWriter(tmp_path)
+    assert [r["step"] for r in writer.rows()] == [1, 2]
+    writer.close()

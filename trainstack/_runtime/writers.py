@@ -55,7 +55,7 @@ class JsonlWriter:
         """The rows written so far (a line cut short by a kill is skipped)."""
         from .._common.files import read_jsonl
 
-        return read_jsonl(self.path)
+        return read_jsonl(self.path, owner=None)  # the run folder's own metrics, whatever the umask made them
 
     def _drop_rows_after(self, step: int) -> None:
         from .._common.files import atomic_write

@@ -234,8 +234,8 @@ def epoch_text(position: float) -> str:
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a metrics.jsonl with a step (a whole resumed run's, not only this process's), numbers only."""
-    return [{k: v for k, v in row.items() if isinstance(v, (int, float))} for row in read_jsonl(path)
-            if isinstance(row.get("step"), int)]
+    return [{k: v for k, v in row.items() if isinstance(v, (int, float))} for row in read_jsonl(path, owner=None)
+            if isinstance(row.get("step"), int)]  # a run folder's own file: read whatever the umask made it
 
 
 def _parallelism(strategy: str, layout: Any, checkpointing: Any) -> str:
