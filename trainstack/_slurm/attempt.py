@@ -301,12 +301,6 @@ def exclusions(blamed: Sequence[str | None], serving: Mapping[str, bool], need: 
     return sorted(keep), note
 
 
-def excluded(folder: Path) -> list[str]:
-    """The hosts the last recorded decision left out (what the requeued job leaves out)."""
-    rows = history(folder)
-    return list(rows[-1].get("excluded") or []) if rows and rows[-1].get("retried") else []
-
-
 def _host_of_rank(rank: int | None, where: Context) -> str | None:
     """The host rank ``rank`` ran on: ranks fill the step's hosts in order (srun's block layout, torchrun's node
     ranks)."""

@@ -157,10 +157,6 @@ class JobRecords(Folder):
     def run_folder(self) -> str:
         return self._read(self.path(self.RUN_FOLDER)).strip()
 
-    @property
-    def ledger_dir(self) -> Path:
-        return self.path(self.LEDGER)
-
     def own_ledger_dir(self) -> Path:
         """The ledger folder, to write into (this user's only)."""
         return self._sub(self.LEDGER)
