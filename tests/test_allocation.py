@@ -59,7 +59,7 @@ class FakeSlurm(Slurm):
         return None
 
     def launch(self, argv, env, cwd=None, output=None):  # noqa: ANN001 -- as Slurm.launch
-        if "trainstack._slurm.sentinel" in argv:
+        if "trainstack._slurm.takeover" in argv:
             self.calls.append(("sentinel", nodelist(argv)))
             return subprocess.Popen(["true"])
         self.launched.append(list(argv))
@@ -95,6 +95,8 @@ class FakeSlurm(Slurm):
             self.calls.append(("start_now", argv[2].removeprefix("JobId=")))
         elif argv[:2] == ["scontrol", "update"] and argv[3].startswith("NodeList="):
             self.calls.append(("release", tuple(argv[3].split("=")[1].split(","))))
+        elif argv[0] == "scancel":
+            self.calls.append(("scancel", argv[1]))
         else:
             raise AssertionError(f"the driver ran an unexpected Slurm command: {argv}")
         return self.scontrol.pop(0) if self.scontrol else (0, "")
@@ -670,61 +672,143 @@ def test_the_driver_needs_nothing_but_the_standard_library():
     assert out.stdout.strip() == "[]", out
 
 
-def test_the_sentinel_requeues_a_job_whose_driver_fell_silent_and_stands_down_when_it_ended(tmp_path):
-    """The batch host's heartbeat stops: the sentinel records a node failure blaming it, requeues the job leaving it
-    out (where the partition can spare it) and releases the hold; a driver that ended is never requeued."""
-    import time
-
-    from trainstack._slurm.sentinel import watch
-
-    files = JobFiles(tmp_path)
-    files.driver.started()
+def _silent_driver(folder: Path, host: str = "node1") -> JobFiles:
+    """A job folder whose driver started on ``host`` and beat long ago."""
+    folder.mkdir(exist_ok=True)
+    files = JobFiles(folder)
+    files.driver.started(host)
     old = time.time() - 100
     os.utime(files.path(JobFiles.ALIVE), (old, old))
-    slurm = FakeSlurm(["node1", "node2"], [], serving={"node1": True, "node2": True, "node3": True})
-    handler = signal.getsignal(signal.SIGTERM)
-    try:
-        assert watch(files, slurm, "node1", "100", need=2, silent_s=30, poll_s=0.01) == "requeued"
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # the requeue's SIGTERM cannot cut it short
-    finally:
-        signal.signal(signal.SIGTERM, handler)
-    assert [c for c in slurm.calls] == [("requeue", "100"), ("exclude", "100", ("node1",)), ("start_now", "100")]
-    (row,) = files.verdicts()
-    assert row["kind"] == "node failure" and row["blamed"] == "node1" and "batch host lost" in row["cause"]
-    assert files.driver.silent_for() is None  # recorded as ended: status stops saying "no driver"
-    files.driver.started()
-    files.driver.ended("exit 0")
-    assert watch(files, FakeSlurm(["node1", "node2"], []), "node1", "100", need=2, poll_s=0.01) == "ended"
+    return files
 
 
-def test_a_silent_driver_s_verdict_says_what_the_sentinel_does_and_when_its_requeue_failed(tmp_path):
-    """``status``/``why`` of a job whose driver fell silent: the sentinel that started names its node; its failed
-    requeue is said with Slurm's answer and what to do (the job holds its nodes with nothing running)."""
-    import time
-
+def test_the_sentinel_asks_slurm_about_a_silent_batch_host_and_tells_a_lost_one_from_a_hung_driver(tmp_path):
+    """Issue 66: the heartbeat is read by its changes on the sentinel's clock (another node's may be off: a beat
+    100 s old by this clock is no evidence); after ``suspect_s`` without a change the batch host is asked, and one
+    that does not answer is lost at once; a driver that beats again is watched on; one silent past ``silent_s`` on
+    a host that answers is gone too (hung); a driver that ended stands the sentinel down."""
     from trainstack._slurm.sentinel import watch
+
+    files = _silent_driver(tmp_path)
+    lost = FakeSlurm(["node1", "node2"], [], lost=("node1",))
+    gone = watch(files, lost, "node1", suspect_s=0.1, silent_s=30, poll_s=0.01, control="node2")
+    assert gone is not None and gone.lost and 0.1 < gone.silent < 5, gone
+    assert lost.calls == [("each", ("node1", "node2"), "true")]  # beside its own node: a quick answer to compare
+    answering = FakeSlurm(["node1", "node2"], [])
+    gone = watch(files, answering, "node1", suspect_s=0.05, silent_s=0.3, poll_s=0.01)
+    assert gone is not None and not gone.lost and len(answering.calls) >= 2  # asked again while silent
+    stop = threading.Event()
+
+    def beats() -> None:
+        while not stop.wait(0.02):
+            files.driver.beat()
+            now = time.time() + 0.5 * (time.time() % 1)  # a changing mtime, whatever the file system's resolution
+            os.utime(files.path(JobFiles.ALIVE), (now, now))
+        files.driver.ended("exit 0")
+
+    beating = threading.Thread(target=beats)
+    beating.start()
+    threading.Timer(0.5, stop.set).start()
+    assert watch(files, lost, "node1", suspect_s=0.2, silent_s=30, poll_s=0.01) is None  # beat, then ended
+    beating.join()
+
+
+def test_a_sentinel_that_cannot_take_over_requeues_without_the_batch_host(tmp_path):
+    """A driver silent on a host that still answers (hung), or no plan in the job folder: the sentinel records a
+    node failure blaming the batch host and requeues the job leaving it out, the hold released; a failed requeue
+    is said with Slurm's answer and what to do."""
+    from trainstack._slurm.sentinel import Gone
+    from trainstack._slurm.takeover import take_over
     from trainstack._slurm.verdict import verdict
 
-    files = JobFiles(tmp_path)
-    files.driver.started()
-    old = time.time() - 100
-    os.utime(files.path(JobFiles.ALIVE), (old, old))
+    files = _silent_driver(tmp_path)
     assert "no sentinel watches it (one node, or no --requeue)" in verdict("RUNNING", tmp_path, None).summary
     files.record_event("sentinel_start", host="node2", watching="node1", attempt=0)
-    assert "the sentinel on node2 requeues it without that host after 30 s" in verdict("RUNNING", tmp_path,
-                                                                                        None).summary
+    assert "the sentinel on node2 takes the driver's place once Slurm finds that host lost" in verdict(
+        "RUNNING", tmp_path, None).summary
     slurm = FakeSlurm(["node1", "node2"], [], serving={"node1": True, "node2": True, "node3": True})
-    slurm.scontrol = [(1, "Invalid job id specified")]
     log = tmp_path / "job.out"
     handler = signal.getsignal(signal.SIGTERM)
     try:
-        assert watch(files, slurm, "node1", "100", need=2, silent_s=30, poll_s=0.01, log=log) == "requeue failed"
+        assert take_over(files, slurm, "node1", Gone(31, lost=True), "100", 2, 0, log) == 0
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # the requeue's SIGTERM cannot cut it short
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    assert slurm.calls == [("requeue", "100"), ("exclude", "100", ("node1",)), ("start_now", "100")]
+    assert "cannot take the driver's place (no plan of the job's owner" in log.read_text()
+    (row,) = files.verdicts()
+    assert row["kind"] == "node failure" and row["blamed"] == "node1" and "batch host lost" in row["cause"]
+    assert files.driver.silent_for() is None  # recorded as ended: status stops saying "no driver"
+    files = _silent_driver(tmp_path / "failed")
+    slurm = FakeSlurm(["node1", "node2"], [], serving={"node1": True, "node2": True, "node3": True})
+    slurm.scontrol = [(1, "Invalid job id specified")]
+    try:
+        assert take_over(files, slurm, "node1", Gone(31, lost=False), "100", 2, 0, log) == 1
     finally:
         signal.signal(signal.SIGTERM, handler)
     assert "scontrol requeue 100 failed: Invalid job id specified; trainstack cancel the job" in log.read_text()
-    os.utime(files.path(JobFiles.ALIVE), (old, old))
+    os.utime(files.path(JobFiles.ALIVE), (0, 0))
     assert "the sentinel's requeue failed (Invalid job id specified): trainstack cancel the job" in verdict(
-        "RUNNING", tmp_path, None).summary
+        "RUNNING", tmp_path / "failed", None).summary
+
+
+@pytest.mark.parametrize("case", ["spare", "shrink", "requeue"])
+def test_the_sentinel_takes_a_lost_batch_host_s_place_in_the_allocation(tmp_path, monkeypatch, job, case):
+    """Issue 66: node1 (the batch host) lost: the sentinel on node2 becomes the driver -- the dead driver's steps
+    killed, node1 left out, the next step on node2 and the spare (or on node2 alone above --min-nodes, or a requeue
+    without node1 below it), a new sentinel on another node watching it -- and ends the job itself once the run is
+    over (no batch script is left to), its status recorded first: ``status`` reads COMPLETED over Slurm's
+    CANCELLED."""
+    del job  # asked for its teardown: it restores the signal handlers the driver installs
+    from trainstack._slurm.sentinel import Gone
+    from trainstack._slurm.status import closed_state
+    from trainstack._slurm.takeover import take_over
+
+    p = plan(tmp_path, spare=1 if case == "spare" else 0, **({"min_nodes": 1} if case == "shrink" else {}))
+    files = JobFiles.mine(Path(p.job_dir_prefix + "100"))
+    files.make_own()
+    files.record_event("job_start", attempt=0, step_index=0)
+    files.record_event("step_start", attempt=0, step_index=0)
+    files.driver.started("node1")
+    files.driver.keep_plan(p.to_json())
+    hosts = ["node1", "node2", "node3"] if case == "spare" else ["node1", "node2"]
+    slurm = FakeSlurm(hosts, [{}], lost=("node1",))
+    monkeypatch.delenv("TRAINSTACK_JOB_DIR", raising=False)
+    for key, value in {"SLURMD_NODENAME": "node2", "SLURM_JOB_ID": "100", "SLURM_JOB_NUM_NODES": str(len(hosts)),
+                       "SLURM_NNODES": "1", "SLURM_STEP_ID": "3", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "x",
+                       "TRAINSTACK_IN_PLACE": "0"}.items():
+        monkeypatch.setenv(key, value)
+    log = tmp_path / "job.out"
+    log.touch()
+    monkeypatch.setattr("trainstack._slurm.takeover._output_to", lambda log: None)  # pytest holds the output
+    status = take_over(files, slurm, "node1", Gone(3.5, lost=True), "100", len(hosts), 0, log)
+    text = log.read_text()
+    assert ("kill_steps",) in slurm.calls
+    if case == "requeue":
+        assert status == 0 and ("requeue", "100") in slurm.calls and not slurm.launched, slurm.calls
+        assert ("exclude", "100", ("node1",)) in slurm.calls and ("scancel", "100") not in slurm.calls
+        return
+    assert status == 0, text
+    assert [nodelist(a) for a in slurm.launched] == ["node2,node3" if case == "spare" else "node2"]
+    assert "the driver's place is taken on node2 in this allocation (takeover 1 of 2)" in text
+    assert ("sentinel", "node3" if case == "spare" else None) in slurm.calls or case == "shrink"
+    assert slurm.calls[-1] == ("scancel", "100")
+    kinds = [e["kind"] for e in files.events()]
+    assert "driver_lost" in kinds and "driver_takeover" in kinds and kinds[-1] == "job_closed"
+    assert files.driver.host()[0] == "node2" and files.exit_code() == "0"
+    assert closed_state("CANCELLED", files.folder) == "COMPLETED"
+    files.record_event("job_start", attempt=1, step_index=0)  # a later attempt: its own end decides
+    assert closed_state("CANCELLED", files.folder) == "CANCELLED"
+
+
+def test_a_sentinel_s_driver_runs_its_steps_with_the_job_s_environment_not_its_own_step_s():
+    from trainstack._slurm.sentinel import job_env
+
+    env = job_env({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "2", "SLURM_NTASKS": "1", "SLURM_NNODES": "1",
+                   "SLURM_JOB_NUM_NODES": "3", "SLURM_NODELIST": "node2", "SLURM_JOB_NODELIST": "node[1-3]",
+                   "SLURM_PROCID": "0", "SLURM_CPU_BIND": "none", "SLURMD_NODENAME": "node2", "PATH": "/bin"})
+    assert env == {"SLURM_JOB_ID": "7", "SLURM_NNODES": "3", "SLURM_JOB_NUM_NODES": "3", "SLURM_NODELIST": "node[1-3]",
+                   "SLURM_JOB_NODELIST": "node[1-3]", "SLURMD_NODENAME": "node2", "PATH": "/bin"}
 
 
 def test_a_torchrun_that_forwards_signals_gets_them_asked_for(tmp_path, job):

@@ -30,8 +30,11 @@ PROGRAM = textwrap.dedent("""
     said = []
 
     def drive(takeover):
-        files.driver.started()
+        files.driver.started(os.uname().nodename)
         (folder / f"driver-{takeover}").write_text(str(os.getpid()))
+        if behaviour == "replaced":  # a sentinel took this host for lost and its driver started on node2
+            files.driver.started("node2")
+            os._exit(75)
         if behaviour == "dies" or (behaviour == "dies-once" and takeover == 0):
             os.kill(os.getpid(), signal.SIGKILL)
         if behaviour == "signal":
@@ -50,10 +53,59 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-def _run(folder: Path, behaviour: str) -> subprocess.Popen:
+def _run(folder: Path, behaviour: str, out: Path | None = None) -> subprocess.Popen:
     folder.mkdir(mode=0o755, exist_ok=True)
-    return subprocess.Popen([sys.executable, "-c", PROGRAM, str(folder), behaviour], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen([sys.executable, "-c", PROGRAM, str(folder), behaviour],
+                            stdout=subprocess.PIPE if out is None else out.open("w"), stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def test_a_keeper_whose_driver_another_replaced_stands_aside_until_the_job_ends(tmp_path):
+    """A sentinel's driver took the allocation over: the old driver's death is neither cleaned up after (its steps
+    are the new driver's now) nor taken over, and the batch script does not end (that would end the job): it waits
+    for Slurm's signal."""
+    out = tmp_path / "out.txt"
+    proc = _run(tmp_path / "job", "replaced", out)
+    try:
+        deadline = time.monotonic() + 20
+        while "driven from node2" not in out.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "the allocation is driven from node2 now: this batch script waits for its end" in out.read_text()
+        time.sleep(0.3)
+        assert proc.poll() is None and not (tmp_path / "job" / "cleaned").exists()
+        assert not (tmp_path / "job" / "driver-1").exists() and not JobFiles(tmp_path / "job").events()
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_driver_another_replaced_stops_at_its_next_heartbeat(tmp_path):
+    """Two drivers of one allocation would fight over its steps: the one a sentinel took for lost stops itself."""
+    program = textwrap.dedent(f"""
+        import os, sys, time
+        from pathlib import Path
+        from trainstack._slurm.batchjob import BatchJob
+        from trainstack._slurm.slurmcmd import Slurm
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_allocation import plan
+        p = plan(Path(sys.argv[1]))
+        job = BatchJob(p, Slurm("100", {{}}), {{"SLURM_JOB_ID": "100", "SLURMD_NODENAME": "node1"}}, None,
+                       lambda line, error: print(line, flush=True))
+        job.files.make_own()
+        job.files.driver.started("node1")
+        import threading
+        threading.Thread(target=job._heartbeat, daemon=True).start()
+        time.sleep(1.5)
+        job.files.driver.started("node2")
+        time.sleep(10)
+        print("still running")
+    """)
+    proc = subprocess.run([sys.executable, "-c", program, str(tmp_path)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 75, proc
+    assert "the driver on node2 has taken this allocation over (this host was taken for lost): the driver on node1 " \
+           "stops" in proc.stdout and "still running" not in proc.stdout
 
 
 def test_a_driver_killed_is_said_recorded_and_a_new_one_takes_over(tmp_path):

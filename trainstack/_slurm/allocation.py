@@ -107,8 +107,10 @@ class Allocation:
 
     def __init__(self, plan: Plan, slurm: Slurm, env: Mapping[str, str], script: Path | None = None,
                  poll_s: float = 0.1, kill_after_s: float = 0.3,
-                 emit: Callable[[str, bool], None] | None = None, takeover: int = 0) -> None:
+                 emit: Callable[[str, bool], None] | None = None, takeover: int = 0,
+                 lost_host: str | None = None) -> None:
         self.plan, self.slurm, self.takeover = plan, slurm, takeover  # takeover: a driver after a dead one
+        self.lost_host = lost_host  # a sentinel's driver: the batch host it took for lost
         self.poll_s, self.kill_after_s = poll_s, kill_after_s
         self.job = BatchJob(plan, slurm, env, script, emit or _emit)
         self.files = self.job.files
@@ -142,6 +144,11 @@ class Allocation:
 
     def _loop(self) -> int:
         nodes = self.pool.choose(self.plan.nodes)
+        if nodes is None and self.lost_host:  # a sentinel's driver, short of a spare: the ladder says how to go on
+            first = self.ladder(self.climb("crash", [self.lost_host]))
+            if isinstance(first, Requeue):
+                return self.job.requeue(first, 1, self.step)
+            nodes = first.nodes
         while True:
             if nodes is None:
                 self.job.warn(f"fewer than {self.plan.nodes} usable node(s) in this allocation ({self.missing_why()})")
@@ -302,8 +309,7 @@ class Allocation:
             return Stop(ended.status or 1)
         if outcome.blamed:
             self.pool.leave_out([outcome.blamed])
-        climb = self.climb(kind, outcome.exclude)
-        decision = next(d for rung in LADDER if rung.applies(self.plan) and (d := rung.offer(climb)) is not None)
+        decision = self.ladder(self.climb(kind, outcome.exclude))
         if isinstance(decision, Requeue) and outcome.note:
             self.job.warn(outcome.note)
         if isinstance(decision, Requeue) and kind == "crash" and self.pool.left_out:  # never starved silently
@@ -324,6 +330,10 @@ class Allocation:
             self.job.warn("cancelled (trainstack cancel): not requeueing")
             return Stop(ended.status or 1)
         return None
+
+    def ladder(self, climb: Climbing) -> Retry | Requeue:
+        """The first rung's offer, climbing ``LADDER`` in order (the last rung always offers)."""
+        return next(d for rung in LADDER if rung.applies(self.plan) and (d := rung.offer(climb)) is not None)
 
     def climb(self, kind: str, exclude: list[str] | None = None) -> Climbing:
         """The allocation as the ladder's rungs read it, for an end of ``kind``."""
@@ -371,15 +381,19 @@ class Allocation:
             self.pool.leave_out([str(r["blamed"]) for r in policy.history(self.files.folder)
                                  if r.get("blamed") and r.get("attempt") == self.job.restart])
             self.preflight.checked.update(self.pool.usable())  # checked by the driver before it
+            if self.lost_host:  # Slurm takes a lost batch host out of the job itself (it refuses to be asked)
+                self.pool.lose([self.lost_host])
+                self.held_hosts = [h for h in self.held_hosts if h != self.lost_host]
         if self.plan.recovery.graceful_stop:
             signal.signal(signal.SIGUSR1, lambda *_: self._stop("timeout", "SIGUSR1"))
             signal.signal(signal.SIGUSR2, lambda *_: self._stop("timeout", "SIGUSR2"))
             signal.signal(signal.SIGTERM, lambda *_: self._stop("preempt", "SIGTERM"))
         else:
             signal.signal(signal.SIGTERM, _terminated)
-        if self.plan.recovery.requeue and not self.takeover:  # the first driver's sentinel watches on
-            self.watch_batch_host(self.pool.allocated)
-        self.job.provenance(f"{(self.pool.choose(1) or ['?'])[0]}:{self.port()}")
+        if self.plan.recovery.requeue and (not self.takeover or self.lost_host):  # a keeper's driver: the first
+            self.watch_batch_host(self.pool.usable())                             # one's sentinel watches on
+        if not self.takeover or (self.plan.launch.torchrun and self.plan.recovery.graceful_stop):
+            self.job.provenance(f"{(self.pool.choose(1) or ['?'])[0]}:{self.port()}")  # said once: a takeover is quick
 
     def hand_back(self, wait: bool = False) -> None:
         """The lost hosts the job no longer uses are released from the allocation (Slurm shrinks a running job:

@@ -17,17 +17,18 @@ from pathlib import Path
 
 from .._common import envvars as envvars
 from .._common.files import UntrustedFileError, atomic_write
-from .._common.jobfiles import FREE_MEMORY_SH, JobFiles
+from .._common.jobfiles import DRIVER_BEAT_S, FREE_MEMORY_SH, JobFiles
 from .plan import Plan
 from .rungs import Requeue
 from .slurmcmd import Slurm
 
-__all__ = ["BatchJob", "PROBE", "HEARTBEAT_S"]
+__all__ = ["BatchJob", "PROBE", "REPLACED"]
 
 #: What the job's interpreter says of itself, in its container (the provenance line of every attempt).
 PROBE = ('import sys, torch; n = torch.cuda.nccl.version() if torch.cuda.is_available() else None; '
          'print(f"python {sys.version.split()[0]} torch {torch.__version__} cuda {torch.version.cuda} nccl {n}")')
-HEARTBEAT_S = 5.0
+#: The exit status of a driver another one replaced (a sentinel took it for lost): the keeper stands aside.
+REPLACED = 75
 
 
 class BatchJob:
@@ -43,6 +44,8 @@ class BatchJob:
         self.job_dir = Path(plan.job_dir_prefix + (array or slurm.job_id))
         self.files = JobFiles.mine(self.job_dir / f"task-{self.task}" if self.task is not None else self.job_dir)
         self.requeue_id = f"{array}_{self.task}" if array else slurm.job_id
+        self.host = self.env.get("SLURMD_NODENAME") or os.uname().nodename  # where this driver runs
+        self.requeued = False
         self.hosts: list[str] = []
         self.keep_memory = False  # a requeued attempt restores from the memory checkpoints of the nodes it gets
         self.torchrun_signals = False
@@ -73,7 +76,8 @@ class BatchJob:
         self._copy_script()
         self.files.clear_exit_code()
         self.files.mark_started()
-        self.files.driver.started()
+        self.files.driver.started(self.host)
+        self.files.driver.keep_plan(plan.to_json())
         self.files.mark_attempt_in_logs(str(self.restart))
         self.env[envvars.JOB_DIR] = str(self.files.folder)
         self.env.setdefault(envvars.SUBMIT_DIR, os.getcwd())
@@ -227,7 +231,7 @@ class BatchJob:
             return status or 1
         if done.already:
             self.say(f"job {self.requeue_id} was already requeued (scontrol requeue)")
-        self.keep_memory = True
+        self.keep_memory = self.requeued = True
         if done.excluded:
             self.say(f"the requeued attempt leaves out {','.join(decision.exclude)} (blamed by a verdict)")
         self.say(done.hold)
@@ -248,8 +252,16 @@ class BatchJob:
                                 nodes=",".join(nodes) if nodes else self.env.get("SLURM_JOB_NODELIST", ""), **extra)
 
     def _heartbeat(self) -> None:
+        """The driver's heartbeat, every ``DRIVER_BEAT_S``; a driver that another one replaced (a sentinel took its
+        host for lost) stops at once: two drivers of one allocation would fight over its steps."""
+        me = (self.host, os.getpid())
         self.files.driver.beat()
-        while not self._done.wait(HEARTBEAT_S):
+        while not self._done.wait(DRIVER_BEAT_S):
+            now = self.files.driver.host()
+            if self.files.driver.replaced(*me):
+                self.warn(f"the driver on {now[0] if now else '?'} has taken this allocation over (this host was "
+                          f"taken for lost): the driver on {self.host} stops")
+                os._exit(REPLACED)
             self.files.driver.beat()
 
     def say(self, line: str) -> None:

@@ -38,7 +38,8 @@ class Keeper:
                  requeue: Callable[[], bool], emit: Callable[[str, bool], None], takeovers: int = TAKEOVERS) -> None:
         self.files, self.drive, self.cleanup, self.requeue, self.emit = files, drive, cleanup, requeue, emit
         self.takeovers = takeovers
-        self.child = 0
+        self.child = self.last_pid = 0
+        self.host = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
 
     def run(self) -> int:
         """The job's exit status: the last driver's."""
@@ -50,6 +51,8 @@ class Keeper:
             code, ended = self._run_driver(takeover)
             if ended:  # the driver finished its run (its job folder may be gone: a pipe, not a file, says so)
                 return code
+            if self.files.driver.replaced(self.host, self.last_pid):  # a sentinel's driver runs the job now
+                return self._stand_aside()
             why = _describe(code)
             takeover += 1
             if takeover > self.takeovers:
@@ -77,7 +80,7 @@ class Keeper:
                 os.write(done_w, b"1")
                 os._exit(code)
         os.close(done_w)
-        self.child = pid
+        self.child = self.last_pid = pid
         try:
             while True:
                 try:
@@ -91,6 +94,17 @@ class Keeper:
                     return os.waitstatus_to_exitcode(status), os.read(done_r, 1) == b"1"
         finally:
             os.close(done_r)
+
+    def _stand_aside(self) -> int:
+        """Another driver took the allocation over (a sentinel took this host for lost): its steps are not ours to
+        kill, and the job must not end with this script -- wait for the new driver to end the job (Slurm's signal)."""
+        now = self.files.driver.host()
+        self.emit(f"the allocation is driven from {now[0] if now else 'another node'} now: this batch script waits "
+                  f"for its end", True)
+        for sig in FORWARDED:
+            signal.signal(sig, signal.SIG_DFL)
+        while True:
+            signal.pause()
 
     def _forward(self, signum: int, frame: object) -> None:
         if self.child:

@@ -218,6 +218,10 @@ class Slurm:
                 subprocess.Popen(["scancel", "--signal=KILL", step], env=self.env, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
+    def end(self, job: str) -> None:
+        """End the job (``scancel``): what its driver does where no batch script is left to end it."""
+        self._run(["scancel", job], timeout=60)
+
     # ------------------------------------------------------------------ requeue
     def requeue(self, job: str, leave_out: Sequence[str] = ()) -> Requeued:
         """``scontrol requeue JOB`` (an array task by ``<array>_<task>``), then ``update ExcNodeList`` with

@@ -102,7 +102,7 @@ def last_metric(log: Path | None) -> str:
 def _from_slurm(info: JobInfo) -> TaskStatus:
     folder = job_folder(info)
     log = Path(info.stdout) if info.stdout and "4294967294" not in info.stdout else None
-    state = info.state
+    state = closed_state(info.state, folder)
     silent = JobFiles(folder).driver.silent_for() if folder is not None and state == "RUNNING" else None
     if state == "PENDING" and info.reason and info.reason != "None":
         state = f"PENDING ({info.reason})"
@@ -112,6 +112,21 @@ def _from_slurm(info: JobInfo) -> TaskStatus:
         state = f"{state} (exit {info.exit_code})"
     return TaskStatus(info.label, info.name, state, str(info.num_nodes or info.nodes), info.elapsed,
                       info.restarts, last_metric(log), "scontrol", log, folder)
+
+
+def closed_state(state: str, folder: Path | None) -> str:
+    """Slurm's state, or the job's own where its driver ended it: a driver that took a lost batch host's place ends
+    the job with ``scancel`` (nothing else would: its batch script is gone), after recording the run's exit status
+    -- the job then completed or failed as that status says, not "CANCELLED" (``takeover.py``)."""
+    if not state.startswith("CANCELLED") or folder is None or JobFiles(folder).cancelled():
+        return state
+    closed = events.read(folder, kind="job_closed")
+    starts = events.read(folder, kind="job_start")
+    if not closed or (starts and starts[-1].get("time", 0) > closed[-1].get("time", 0)):
+        return state
+    status = closed[-1].get("status")
+    return "COMPLETED" if status == 0 else f"FAILED (exit {status}; ended by the driver that took the batch " \
+        f"host's place)"
 
 
 def _sacct(job_id: str) -> list[TaskStatus] | None:
@@ -221,6 +236,7 @@ def _with_folder_facts(rows: list[TaskStatus], folder_rows: list[TaskStatus]) ->
         mine = by_label.get(row.job)
         if mine is not None:
             row.log, row.folder, row.metric, row.restarts = mine.log, mine.folder, mine.metric, mine.restarts
+            row.state = closed_state(row.state, mine.folder)
     return rows
 
 

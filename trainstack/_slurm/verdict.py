@@ -169,8 +169,9 @@ def _sentinel(folder: Path | None) -> str:
         return f"the sentinel's requeue failed ({kinds['driver_lost_requeue_failed'].get('answer')}): trainstack " \
                f"cancel the job"
     if "sentinel_start" in kinds:
-        return f"the sentinel on {kinds['sentinel_start'].get('host') or 'another node'} requeues it without that " \
-               f"host after {DRIVER_SILENT_S:.0f} s of silence"
+        return f"the sentinel on {kinds['sentinel_start'].get('host') or 'another node'} takes the driver's place " \
+               f"once Slurm finds that host lost (or requeues the job without it after {DRIVER_SILENT_S:.0f} s " \
+               f"of silence)"
     return "no sentinel watches it (one node, or no --requeue): trainstack cancel the job"
 
 

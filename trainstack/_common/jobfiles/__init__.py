@@ -25,8 +25,10 @@ from .driver import DriverLiveness
 from .memory import MemoryListing
 from .names import (
     ATTEMPT_MARK,
+    DRIVER_BEAT_S,
     DRIVER_QUIET_S,
     DRIVER_SILENT_S,
+    DRIVER_SUSPECT_S,
     EXIT_RECORD_SH,
     FREE_MEMORY_SH,
     OFFERED,
@@ -41,7 +43,8 @@ from .step import Exit, Offer, StepRecords
 from .stop import StopRequest
 
 __all__ = ["JobFiles", "Exit", "Offer", "StepRecords", "StopRequest", "DriverLiveness", "MemoryListing",
-           "EXIT_RECORD_SH", "FREE_MEMORY_SH", "DRIVER_SILENT_S", "DRIVER_QUIET_S", "ATTEMPT_MARK", "OFFERED",
+           "EXIT_RECORD_SH", "FREE_MEMORY_SH", "DRIVER_SILENT_S", "DRIVER_QUIET_S", "DRIVER_BEAT_S",
+           "DRIVER_SUSPECT_S", "ATTEMPT_MARK", "OFFERED",
            "UntrustedFileError", "rank_log", "node_log", "rank_stacks", "rank_unit", "RANK_LOG_RE"]
 
 

@@ -1,4 +1,5 @@
-"""The allocation driver's liveness: its heartbeat (``driver.alive``'s mtime, touched every few seconds) and its
+"""The allocation driver's liveness: its heartbeat (``driver.alive``'s mtime, touched every second), where it runs
+(``driver.host``: a driver another one replaced stops), the plan a driver taking over runs (``plan.json``) and its
 end (``driver.ended``): what ``status``, ``why`` and the sentinel read. Torch-free."""
 
 from __future__ import annotations
@@ -44,6 +45,37 @@ class DriverLiveness(Folder):
         except OSError:
             pass
 
-    def started(self) -> None:
+    def last_beat(self) -> float | None:
+        """The heartbeat's mtime as stored (the sentinel compares it with the one before, never with its own clock:
+        another node's clock may be seconds off)."""
+        return self._mtime(self.path(self.ALIVE))
+
+    def started(self, host: str = "") -> None:
+        """A driver starts on ``host``: it is the allocation's driver from now on (one before it, if alive, stops)."""
         self.path(self.DRIVER_END).unlink(missing_ok=True)
+        try:
+            atomic_write(self.path(self.DRIVER_HOST), f"{host} {os.getpid()}\n")
+        except OSError:
+            pass
         self.beat()
+
+    def host(self) -> tuple[str, int] | None:
+        """(host, pid) of the allocation's driver now, as the last one to start recorded it."""
+        words = self._read(self.path(self.DRIVER_HOST)).split()
+        return (words[0], int(words[1])) if len(words) == 2 and words[1].isdigit() else None
+
+    def replaced(self, host: str, pid: int) -> bool:
+        """Has another driver taken the place of the one at ``host``/``pid`` (a sentinel that took it for lost)?"""
+        now = self.host()
+        return now is not None and now != (host, pid)
+
+    def keep_plan(self, text: str) -> None:
+        """The job's plan, for a driver that takes over on another node (0600: it holds the job's environment)."""
+        try:
+            atomic_write(self.path(self.PLAN), text, mode=0o600)
+        except OSError:
+            pass
+
+    def plan(self) -> str:
+        """The plan the first driver kept ('' when missing or not the job owner's)."""
+        return self._read(self.path(self.PLAN), limit=1 << 20)

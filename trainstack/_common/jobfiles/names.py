@@ -61,6 +61,8 @@ class Names:
     DRIVER = "driver"                # trainstack submit's copy of the torch-free driver for the batch host
     ALIVE = "driver.alive"           # the driver's heartbeat (its mtime), for status and the sentinel
     DRIVER_END = "driver.ended"      # written when the driver ends: the sentinel stands down
+    DRIVER_HOST = "driver.host"      # where the allocation's driver runs now ("host pid"): a replaced one stops
+    PLAN = "plan.json"               # the job's plan (0600): what a driver taking over on another node runs
 
 
 #: Every Slurm task of a job step runs ``bash -c EXIT_RECORD_SH trainstack-task KIND PROGRAM...``: a copy of its
@@ -106,9 +108,12 @@ FREE_MEMORY_SH = ('job="$1"; shift; me="trainstack-$(id -u)"; '
                   'for d in "$root"/job-"$job"-*; do [[ -d "$d" && ! -L "$d" && -O "$d" ]] && rm -rf -- "$d"; done; '
                   'done; true')
 
-#: Seconds without the driver's heartbeat (touched every 5 s) after which it counts as gone: its batch host lost
-#: (the sentinel requeues the job then). ``status`` and ``why`` say so from ``DRIVER_QUIET_S`` on (three missed beats),
-#: so the user reads it before the requeue, not only after.
+#: The driver's heartbeat (``driver.alive``'s mtime) is touched every ``DRIVER_BEAT_S``. After ``DRIVER_SUSPECT_S``
+#: without a new beat the sentinel asks Slurm whether the batch host answers (a trivial step there): one that does
+#: not is lost, and the sentinel takes the driver's place at once. A driver silent for ``DRIVER_SILENT_S`` on a host
+#: that still answers counts as gone too (hung). ``status`` and ``why`` say "no driver" from ``DRIVER_QUIET_S`` on.
+DRIVER_BEAT_S = 1.0
+DRIVER_SUSPECT_S = 3.0
 DRIVER_SILENT_S = 30.0
 DRIVER_QUIET_S = 15.0
 
