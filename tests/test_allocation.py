@@ -711,6 +711,9 @@ def test_the_sentinel_asks_slurm_about_a_silent_batch_host_and_tells_a_lost_one_
     threading.Timer(0.5, stop.set).start()
     assert watch(files, lost, "node1", suspect_s=0.2, silent_s=30, poll_s=0.01) is None  # beat, then ended
     beating.join()
+    files.driver.started("node1")
+    files.driver.watched_from("node3")  # node2 was taken for lost: the sentinel restarted on node3 watches now
+    assert watch(files, lost, "node1", suspect_s=0.01, silent_s=30, poll_s=0.01, control="node2") is None
 
 
 def test_a_sentinel_that_cannot_take_over_requeues_without_the_batch_host(tmp_path):
@@ -799,6 +802,23 @@ def test_the_sentinel_takes_a_lost_batch_host_s_place_in_the_allocation(tmp_path
     assert closed_state("CANCELLED", files.folder) == "COMPLETED"
     files.record_event("job_start", attempt=1, step_index=0)  # a later attempt: its own end decides
     assert closed_state("CANCELLED", files.folder) == "CANCELLED"
+
+
+def test_only_one_sentinel_takes_a_dead_driver_s_place(tmp_path):
+    """Two sentinels that both saw the driver go (one on a node partitioned away, say): the first claim wins, the
+    other stands down without a step, a requeue or a record."""
+    from trainstack._slurm.sentinel import Gone
+    from trainstack._slurm.takeover import take_over
+
+    files = _silent_driver(tmp_path)
+    assert files.driver.claim(files.driver.host())  # the first sentinel's
+    slurm = FakeSlurm(["node1", "node2", "node3"], [{}], lost=("node1",))
+    log = tmp_path / "job.out"
+    assert take_over(files, slurm, "node1", Gone(4, lost=True), "100", 3, 0, log) == 0
+    assert slurm.calls == [] and slurm.launched == [] and not files.verdicts()
+    assert "another sentinel has taken the place of the driver on node1: this one stands down" in log.read_text()
+    files.driver.started("node2")  # the new driver: its own death is a new claim
+    assert files.driver.claim(files.driver.host()) and not files.driver.claim(files.driver.host())
 
 
 def test_a_sentinel_s_driver_runs_its_steps_with_the_job_s_environment_not_its_own_step_s():

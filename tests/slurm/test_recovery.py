@@ -439,3 +439,35 @@ def test_a_lost_batch_host_s_driver_is_replaced_by_the_sentinel_in_the_allocatio
     found = json.loads(ts(cluster, "why", "--json", job.job_id))
     assert found["kind"] == "completed", found
     assert any("batch host lost: node1" in r["cause"] for r in found["recoveries"]), found
+
+
+@ci_leaves_out("the batch host alone (its takeover) and the sentinel's restart on a spare: tests/test_allocation.py")
+def test_the_sentinel_s_node_and_then_the_batch_host_lost_the_run_goes_on_on_the_last_node(cluster, tmp_root):
+    """Issue 66: node2 (the sentinel's node) lost first -- the spare node3 takes its ranks and the sentinel starts
+    again there -- then node1, the batch host: the sentinel on node3 takes the driver's place and, with no spare
+    left, continues on node3 alone (--min-nodes 1); the run ends at its planned step with no requeue."""
+    out = tmp_root / "sentinel-then-batch-host"
+    out.mkdir(mode=0o777)
+    job = submit_spec(spec(out, spare=1, min_nodes=1))
+    wait_until(lambda: reached(out) >= 15 and len(rank_pids(out, "node2")) == 2, 120, "step 15")
+    conf = Path(cluster["SLURM_CONF"])
+    try:
+        kill_node(out, "node2", conf)
+        first = reached(out)
+        wait_until(lambda: reached(out) >= first + 8 and "trainstack-sentinel" in subprocess.run(
+            ["squeue", "-h", "-s", "-j", job.job_id, "-w", "node3", "-o", "%j"], capture_output=True, text=True,
+            env=cluster).stdout, 120, "the spare's step and the sentinel on node3")
+        killed = kill_batch_host(out, job.job_id, "node1", conf)
+        assert wait_for(job, timeout=300) == 0, job.log_path.read_text()
+    finally:
+        restore_nodes(cluster)
+    log = job.log_path.read_text()
+    assert "the sentinel's node node2 is lost: watching the batch host from another node" in log, log
+    assert "the driver's place is taken on node3 in this allocation" in log, log
+    assert re.search(r"no spare left \(.*node1 lost.*\): continuing on 1 of 2 nodes \(node3\)", log), log
+    assert log.count("the driver's place is taken") == 1, log  # the first sentinel, on node2, stood down
+    resumed = first_step_after(job, killed) - killed
+    print(f"sentinel's node, then the batch host lost -> continued on node3 -> first resumed step {resumed:.1f} s")
+    assert resumed <= 20, resumed
+    assert reached(out) == 60 and job_field(cluster, job.job_id, "Restarts") == "0"
+    assert "COMPLETED" in ts(cluster, "status", job.job_id)

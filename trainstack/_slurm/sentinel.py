@@ -64,6 +64,7 @@ def start(slurm: Slurm, files: JobFiles, allocated: list[str], env: Mapping[str,
     argv = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={others[0]}", f"--job-name={STEP_NAME}",
             f"--output={out}", "--open-mode=append", sys.executable, "-m", "trainstack._slurm.takeover",
             str(files.folder), here, requeue_id, str(need), str(restart)]
+    files.driver.watched_from(others[0])
     slurm.launch(argv, step_env, output=Path(os.devnull))
     return others[0]
 
@@ -74,11 +75,11 @@ def watch(files: JobFiles, slurm: Slurm, batch_host: str, suspect_s: float = DRI
     """Watch until the driver ends (None) or is gone (``Gone``): its heartbeat unchanged for ``suspect_s`` and its
     host not answering Slurm (asked again every ``suspect_s`` while the silence lasts; beside ``control``, the
     sentinel's own node, whose quick answer bounds the wait for a lost one's), or unchanged for ``silent_s``
-    whatever the host says."""
+    whatever the host says. None: the driver ended, or another sentinel has taken over this one's duty."""
     beat, since, asked = files.driver.last_beat(), clock(), None
     while True:
-        if files.driver.has_ended():
-            return None
+        if files.driver.has_ended() or (control and files.driver.sentinel_host() not in (None, control)):
+            return None  # the driver ended, or a sentinel started since (this node taken for lost) watches it
         now, seen = clock(), files.driver.last_beat()
         if seen != beat:
             beat, since, asked = seen, now, None

@@ -36,6 +36,9 @@ def take_over(files: JobFiles, slurm: Slurm, batch_host: str, gone: Gone, requeu
     plan, why = _plan(files)
     done = sum(1 for e in files.events() if e.get("kind") == "driver_takeover" and e.get("attempt") == restart)
     here = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+    if not files.driver.claim(files.driver.host()):  # another sentinel got there first (a partitioned node's)
+        sentinel.say(f"another sentinel has taken the place of the driver on {batch_host}: this one stands down", log)
+        return 0
     if plan is None or not gone.lost or done >= TAKEOVERS:
         if plan is None:
             sentinel.say(f"cannot take the driver's place ({why})", log)

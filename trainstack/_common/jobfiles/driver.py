@@ -69,6 +69,28 @@ class DriverLiveness(Folder):
         now = self.host()
         return now is not None and now != (host, pid)
 
+    def watched_from(self, host: str) -> None:
+        """The driver's sentinel runs on ``host`` now (one started before it, on a node lost since, stands down)."""
+        try:
+            atomic_write(self.path(self.SENTINEL_HOST), host + "\n")
+        except OSError:
+            pass
+
+    def sentinel_host(self) -> str | None:
+        return self._read(self.path(self.SENTINEL_HOST)).strip() or None
+
+    def claim(self, dead: tuple[str, int] | None) -> bool:
+        """Claim the place of the driver ``dead`` (host, pid): True for the one claimant that created the claim
+        (``O_EXCL``), so two sentinels never both take over."""
+        name = f"takeover-{dead[0]}-{dead[1]}" if dead else "takeover-unknown"
+        try:
+            os.close(os.open(self.path(name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        except FileExistsError:
+            return False
+        except OSError:
+            return True  # a folder that cannot record a claim cannot hold two drivers' records either
+        return True
+
     def keep_plan(self, text: str) -> None:
         """The job's plan, for a driver that takes over on another node (0600: it holds the job's environment)."""
         try:

@@ -62,6 +62,7 @@ class Names:
     ALIVE = "driver.alive"           # the driver's heartbeat (its mtime), for status and the sentinel
     DRIVER_END = "driver.ended"      # written when the driver ends: the sentinel stands down
     DRIVER_HOST = "driver.host"      # where the allocation's driver runs now ("host pid"): a replaced one stops
+    SENTINEL_HOST = "sentinel.host"  # where the driver's one sentinel runs now: any other stands down
     PLAN = "plan.json"               # the job's plan (0600): what a driver taking over on another node runs
 
 
