@@ -95,6 +95,8 @@ class FakeSlurm(Slurm):
             self.calls.append(("start_now", argv[2].removeprefix("JobId=")))
         elif argv[:2] == ["scontrol", "update"] and argv[3].startswith("NodeList="):
             self.calls.append(("release", tuple(argv[3].split("=")[1].split(","))))
+        elif argv[:2] == ["scontrol", "update"] and argv[3].startswith("NumNodes="):
+            self.calls.append(("nodes", argv[2].removeprefix("JobId="), argv[3].split("=")[1]))
         elif argv[0] == "scancel":
             self.calls.append(("scancel", argv[1]))
         else:
@@ -505,6 +507,27 @@ def test_below_min_nodes_the_job_is_requeued_and_says_why(tmp_path, job):
         lost=("node3",)))
     assert "only 2 usable node(s) left (node3 lost), fewer than --min-nodes 3: the job is requeued" in job.said, \
         job.said
+
+
+def test_a_requeue_short_of_a_spare_may_start_with_the_nodes_it_gets(tmp_path, job):
+    """Issue 66: --min-nodes 2 of 3, two nodes lost and no spare: the requeue leaves the blamed one out although
+    the partition has no other node (the requeued job asks Slurm for 2-3 nodes, not 3: it does not wait for a lost
+    node to come back), and the attempt that starts on 2 nodes runs shrunk on them, saying so."""
+    slurm = FakeSlurm(["node1", "node2", "node3"], [{"fail": [{"rank": 3, "host": "node2", "code": 1},
+                                                              {"rank": 5, "host": "node3", "code": 1}], "hang": True}],
+                      lost=("node2", "node3"), serving={"node1": True, "node2": True, "node3": True})
+    status, _ = job(plan(tmp_path, nodes=3, min_nodes=2), slurm)
+    assert status == 0 and ("nodes", "100", "2-3") in slurm.calls, slurm.calls
+    excluded = next(c for c in slurm.calls if c[0] == "exclude")
+    assert excluded[2] == ("node2",), slurm.calls  # out: 2 of the partition's 3 are enough
+    again = FakeSlurm(["node1", "node4"], [{}])
+    status, alloc = job(plan(tmp_path / "requeued", nodes=3, min_nodes=2), again, SLURM_NNODES="2",
+                        SLURM_RESTART_COUNT="1")
+    assert status == 0 and [nodelist(a) for a in again.launched] == ["node1,node4"], job.said
+    assert "the job started with 2 of its 3 node(s) (a requeue short of a spare; --min-nodes 2)" in job.said
+    assert any("continuing on 2 of 3 nodes (node1,node4)" in line for line in job.said), job.said
+    status, _ = job(plan(tmp_path / "no-min", nodes=3), FakeSlurm(["node1", "node4"], [{}]), SLURM_NNODES="2")
+    assert status == 1 and "this script was generated for 3 node(s) but the job has 2" in job.said
 
 
 def test_a_node_check_without_a_spare_shrinks_instead_of_requeueing_above_min_nodes(tmp_path, job):

@@ -144,11 +144,12 @@ class Allocation:
 
     def _loop(self) -> int:
         nodes = self.pool.choose(self.plan.nodes)
-        if nodes is None and self.lost_host:  # a sentinel's driver, short of a spare: the ladder says how to go on
-            first = self.ladder(self.climb("crash", [self.lost_host]))
-            if isinstance(first, Requeue):
+        if nodes is None and (self.lost_host or self.plan.recovery.min_nodes):  # short of nodes from the start (a
+            first = self.ladder(self.climb("crash", [self.lost_host] if self.lost_host else []))  # sentinel's
+            if isinstance(first, Retry):                                      # driver, a requeue started on fewer)
+                nodes = first.nodes
+            elif self.lost_host:
                 return self.job.requeue(first, 1, self.step)
-            nodes = first.nodes
         while True:
             if nodes is None:
                 self.job.warn(f"fewer than {self.plan.nodes} usable node(s) in this allocation ({self.missing_why()})")
@@ -342,8 +343,10 @@ class Allocation:
     def missing_why(self) -> str:
         """Why nodes are missing from the pool (lost, left out), in words."""
         lost, out = ",".join(self.pool.lost), ",".join(h for h in self.pool.left_out if h not in self.pool.lost)
-        return "; ".join(p for p in (f"{lost} lost" if lost else "", f"{out} left out" if out else "") if p) \
-            or "a node is missing"
+        short = len(self.pool.allocated) < self.plan.allocated_nodes
+        return "; ".join(p for p in (f"{lost} lost" if lost else "", f"{out} left out" if out else "",
+                                     f"the allocation has {len(self.pool.allocated)} of {self.plan.allocated_nodes} "
+                                     f"nodes" if short else "") if p) or "a node is missing"
 
     def _probe(self, nodes: list[str]) -> None:
         """Every host of a failed step asked (a trivial step; started at the failure, see ``Probe``):
@@ -365,9 +368,12 @@ class Allocation:
 
     def context(self, nodes: list[str]) -> policy.Context:
         """The attempt being decided, for the policy."""
-        return policy.Context(self.job.restart, self.step, list(nodes), self.plan.procs_per_node,
-                              int(self.job.env.get("SLURM_NNODES") or self.plan.allocated_nodes),
+        return policy.Context(self.job.restart, self.step, list(nodes), self.plan.procs_per_node, self.need(),
                               self.slurm.partition_nodes())
+
+    def need(self) -> int:
+        """The nodes a requeued attempt needs: ``--min-nodes`` where set (it may start on fewer than it asks)."""
+        return self.plan.recovery.min_nodes or int(self.job.env.get("SLURM_NNODES") or self.plan.allocated_nodes)
 
     # ------------------------------------------------------------------ the job's start and end
     def _begin(self) -> None:
@@ -424,8 +430,7 @@ class Allocation:
         """The sentinel, on the first of ``hosts`` that is not the batch host (again after its node was lost: its
         duty survives the loss of any one node)."""
         self.sentinel_host = sentinel.start(self.slurm, self.files, hosts, self.job.env, self.job.requeue_id,
-                                            int(self.job.env.get("SLURM_NNODES") or self.plan.allocated_nodes),
-                                            self.job.restart)
+                                            self.need(), self.job.restart)
 
     def _stop(self, kind: str, name: str) -> None:
         self.stop_kind = kind

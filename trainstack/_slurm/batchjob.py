@@ -58,10 +58,13 @@ class BatchJob:
         record, the timeline, the heartbeat, the code it runs, the sweep task, the environment of its steps. The
         allocation's hosts, in order."""
         env, plan = self.env, self.plan
-        if env.get("SLURM_NNODES") and env["SLURM_NNODES"] != str(plan.allocated_nodes):
-            self.warn(f"this script was generated for {plan.allocated_nodes} node(s) but the job has "
-                      f"{env['SLURM_NNODES']}")
-            raise SystemExit(1)
+        have, low = env.get("SLURM_NNODES", ""), plan.recovery.min_nodes
+        if have and have != str(plan.allocated_nodes):
+            if not (low and have.isdigit() and low <= int(have) < plan.allocated_nodes):
+                self.warn(f"this script was generated for {plan.allocated_nodes} node(s) but the job has {have}")
+                raise SystemExit(1)
+            self.say(f"the job started with {have} of its {plan.allocated_nodes} node(s) (a requeue short of a "
+                     f"spare; --min-nodes {low})")
         try:  # this user's, never writable by others: the driver and the ranks act on what they read in it
             if self.task is not None:
                 JobFiles.mine(self.job_dir).make_own()
@@ -225,7 +228,9 @@ class BatchJob:
         self.report(step)
         self.say(f"{decision.kind} (exit status {status}): requeueing job {self.requeue_id} as restart "
                  f"{self.restart + 1}")
-        done = self.slurm.requeue(self.requeue_id, decision.exclude)
+        low = self.plan.recovery.min_nodes  # short of a spare, the requeued attempt may start with what it gets
+        done = self.slurm.requeue(self.requeue_id, decision.exclude,
+                                  f"{low}-{self.plan.allocated_nodes}" if low else "")
         if not done.done:
             self.warn(f"scontrol requeue {self.requeue_id} failed: {done.answer}")
             return status or 1

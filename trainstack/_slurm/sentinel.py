@@ -114,14 +114,15 @@ def record_loss(files: JobFiles, slurm: Slurm, batch_host: str, gone: Gone, need
 
 
 def requeue_without(files: JobFiles, slurm: Slurm, batch_host: str, gone: Gone, requeue_id: str, need: int,
-                    restart: int = 0, log: Path | None = None) -> str:
-    """The job requeued leaving ``batch_host`` out (said, recorded); what was done."""
+                    restart: int = 0, log: Path | None = None, nodes: str = "") -> str:
+    """The job requeued leaving ``batch_host`` out (said, recorded; ``nodes``: the MIN-MAX count it may start
+    with); what was done."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the requeue signals this step too: finish the requeue first
     line = (f"the batch host {batch_host} was lost: the job's driver has not answered for {gone.silent:.0f} s; "
             f"requeueing without it")
     keep = record_loss(files, slurm, batch_host, gone, need, restart, line)
     say(line, log)
-    done = slurm.requeue(requeue_id, keep)
+    done = slurm.requeue(requeue_id, keep, nodes)
     if not done.done:
         say(f"scontrol requeue {requeue_id} failed: {done.answer}; trainstack cancel the job (it holds its nodes "
             f"with no process of it running)", log)

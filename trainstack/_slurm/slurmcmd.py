@@ -223,9 +223,10 @@ class Slurm:
         self._run(["scancel", job], timeout=60)
 
     # ------------------------------------------------------------------ requeue
-    def requeue(self, job: str, leave_out: Sequence[str] = ()) -> Requeued:
+    def requeue(self, job: str, leave_out: Sequence[str] = (), nodes: str = "") -> Requeued:
         """``scontrol requeue JOB`` (an array task by ``<array>_<task>``), then ``update ExcNodeList`` with
-        ``leave_out`` and ``StartTime=now`` (Slurm holds a requeued job; its owner may release it). A transient
+        ``leave_out``, ``NumNodes`` with ``nodes`` where given (MIN-MAX) and ``StartTime=now`` (Slurm holds a
+        requeued job; its owner may release it). A transient
         answer is asked again (``TRANSIENT``); the caller ignores SIGTERM meanwhile (the requeue signals it too)."""
         code, answer = self._retrying(["scontrol", "requeue", job], RETRY_S[0])
         already = code != 0 and "pending execution" in answer  # a user's own scontrol requeue got there first
@@ -233,6 +234,8 @@ class Slurm:
             return Requeued(False, answer)
         excluded = bool(leave_out) and self._retrying(
             ["scontrol", "update", f"JobId={job}", f"ExcNodeList={','.join(leave_out)}"], RETRY_S[1])[0] == 0
+        if nodes:  # --min-nodes: the requeued job may start on fewer nodes than it asked for (MIN-MAX)
+            self._retrying(["scontrol", "update", f"JobId={job}", f"NumNodes={nodes}"], RETRY_S[1])
         code, hold = self._retrying(["scontrol", "update", f"JobId={job}", "StartTime=now"], RETRY_S[2])
         return Requeued(True, answer, already, excluded, code == 0, hold)
 

@@ -42,8 +42,10 @@ def take_over(files: JobFiles, slurm: Slurm, batch_host: str, gone: Gone, requeu
     if plan is None or not gone.lost or done >= TAKEOVERS:
         if plan is None:
             sentinel.say(f"cannot take the driver's place ({why})", log)
-        return 0 if sentinel.requeue_without(files, slurm, batch_host, gone, requeue_id, need, restart, log) == \
-            "requeued" else 1
+        low = plan.recovery.min_nodes if plan is not None else None
+        nodes = f"{low}-{plan.allocated_nodes}" if plan is not None and low else ""
+        return 0 if sentinel.requeue_without(files, slurm, batch_host, gone, requeue_id, need, restart, log,
+                                             nodes) == "requeued" else 1
     line = (f"the batch host {batch_host} was lost (the job's driver silent for {gone.silent:.0f} s, the host not "
             f"answering Slurm): the driver's place is taken on {here} in this allocation (takeover {done + 1} of "
             f"{TAKEOVERS}), without a requeue")
