@@ -983,3 +983,24 @@ def test_a_driver_taking_over_from_a_dead_one_goes_on_in_the_same_allocation(tmp
                                                                                  slurm.calls), slurm.calls
     kinds = [(e["kind"], e.get("step_index")) for e in files.events()]
     assert ("driver_takeover", 0) in kinds and ("step_start", 2) in kinds and kinds.count(("job_start", 0)) == 1
+
+
+@pytest.mark.parametrize("freed", [["node1", "node1"], ["node1", "node1", "node2", "node2"]])
+def test_the_job_s_end_frees_memory_checkpoints_only_where_some_may_be_left(tmp_path, job, freed):
+    """Issue 66 rider: the end frees the listed memory checkpoints on the nodes the steps ran on (not an idle
+    spare) where not every rank freed its own (a finished run's ranks do); where none can be left, no step runs and
+    no "not freed" line is said."""
+    p = plan(tmp_path, spare=1)
+    files = JobFiles.mine(Path(p.job_dir_prefix + "100"))
+    files.make_own()
+    files.memory.record(Path(f"/dev/shm/trainstack-{os.getuid()}/job-100-abc"))
+    for host in freed:
+        files.memory.freed_on(host)
+    slurm = FakeSlurm(["node1", "node2", "node3"], [{}])
+    status, _ = job(p, slurm)
+    frees = [c for c in slurm.calls if c[0] == "each" and c[2] == "bash"]
+    if len(freed) == 4:
+        assert status == 0 and frees == [] and not files.memory.folders(), slurm.calls
+    else:
+        assert status == 0 and frees == [("each", ("node2",), "bash")], slurm.calls
+    assert not any("not freed" in line for line in job.said), job.said

@@ -547,6 +547,12 @@ class MemoryCheckpoints:
             for copy in self.files.copies_of([self.rank, *self.senders]):
                 copy.path.with_suffix(".json").unlink(missing_ok=True)
                 copy.path.unlink(missing_ok=True)
+            job = JobFiles.current()
+            if job is not None:  # the driver's end need not free this rank's node, nor say it could not
+                try:
+                    job.memory.freed_on(os.environ.get("SLURMD_NODENAME") or socket.gethostname())
+                except OSError:
+                    pass
             for folder in (self.files.folder, self.folder):
                 try:
                     folder.rmdir()  # the last rank of the node (of the job) removes the folder

@@ -9,7 +9,7 @@ from typing import Any
 
 from .jobfiles import JobFiles
 
-__all__ = ["EVENTS", "record", "read"]
+__all__ = ["EVENTS", "record", "read", "step_hosts"]
 
 EVENTS = JobFiles.EVENTS
 
@@ -27,3 +27,14 @@ def read(folder: Path | None, since: float = 0.0, kind: str | None = None) -> li
         return []
     return [e for e in JobFiles(Path(folder)).events() if isinstance(e.get("time"), (int, float))
             and e["time"] >= since and (kind is None or e.get("kind") == kind)]
+
+
+def step_hosts(folder: Path | None) -> list[str]:
+    """The nodes a job's steps ran on (its timeline's step events: host names, in order)."""
+    hosts: list[str] = []
+    for event in read(folder):
+        if event.get("kind") in ("step_start", "relaunch", "shrink"):
+            for host in str(event.get("nodes") or "").split(","):
+                if host and "[" not in host and host not in hosts:
+                    hosts.append(host)
+    return hosts

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .._common import envvars as envvars
+from .._common import jobevents as events
 from .._common.files import UntrustedFileError, atomic_write
 from .._common.jobfiles import DRIVER_BEAT_S, FREE_MEMORY_SH, JobFiles
 from .plan import Plan
@@ -196,7 +197,10 @@ class BatchJob:
         self.event("job_end", None, step, status=status)
         self.report(step)
         folders = self.files.memory.folders()
-        hosts = [h for h in self.hosts if h not in (lost or [])]
+        ran = [h for h in events.step_hosts(self.files.folder) if h not in (lost or [])]  # not the idle spares
+        hosts = self.files.memory.left_on(ran, self.plan.procs_per_node)  # not where every rank freed its own
+        if folders and not self.keep_memory and not hosts:
+            self.files.memory.forget()
         if folders and not self.keep_memory and hosts:  # the folders are computed on each node, not listed
             answers = self.slurm.each(hosts, ["bash", "-c", FREE_MEMORY_SH, "_", self.slurm.job_id,
                                                    *self.files.memory.roots()], timeout=10)

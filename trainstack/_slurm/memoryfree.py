@@ -5,6 +5,7 @@ Refused while the job may still run again (a requeued attempt restores from them
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -34,7 +35,10 @@ def free_memory(job_id: str, wait_s: int = 60) -> tuple[list[str], list[str]]:
     folders = files.memory.folders()
     if not folders:
         return [], []
-    hosts = hosts_of(folder)
+    hosts = files.memory.left_on(jobevents.step_hosts(folder), _ranks_per_node(files))
+    if not hosts and jobevents.step_hosts(folder):  # every rank freed its own: nothing is left
+        files.memory.forget()
+        return [], []
     if not hosts:
         raise JobError(f"job {job_id}'s folder {folder} does not say which nodes it ran on. HINT: on each node, "
                        f"rm -rf {' '.join(folders)}")
@@ -57,18 +61,16 @@ def free_memory(job_id: str, wait_s: int = 60) -> tuple[list[str], list[str]]:
     return hosts, folders
 
 
-def hosts_of(folder: Path) -> list[str]:
-    """The nodes a job's steps ran on (its timeline's step events: host names, in order)."""
-    hosts: list[str] = []
-    for event in jobevents.read(folder):
-        if event.get("kind") in ("step_start", "relaunch", "shrink"):
-            for host in str(event.get("nodes") or "").split(","):
-                if host and "[" not in host and host not in hosts:
-                    hosts.append(host)
-    return hosts
-
-
 def _partition(files: JobFiles) -> str | None:
     spec = files.metadata().get("spec") or {}
     value = spec.get("partition") if isinstance(spec, dict) else None
     return str(value) if value else None
+
+
+def _ranks_per_node(files: JobFiles) -> int:
+    """The processes per node the job's plan ran (its driver kept the plan); unknown: no node counts as freed."""
+    try:
+        value = json.loads(files.driver.plan() or "{}").get("procs_per_node")
+    except (ValueError, AttributeError):
+        value = None
+    return value if isinstance(value, int) and value > 0 else 1 << 30

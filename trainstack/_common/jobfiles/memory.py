@@ -29,6 +29,16 @@ class MemoryListing(Folder):
     def folders(self) -> list[str]:
         return [line for line in self._read(self.path(self.MEMORY_FOLDERS)).splitlines() if line.strip()]
 
+    def freed_on(self, host: str) -> None:
+        """A rank on ``host`` freed its own copies (a finished run): one line per rank."""
+        with open_append(self.path(self.MEMORY_FREED)) as fh:
+            fh.write(f"{host}\n")
+
+    def left_on(self, hosts: list[str], ranks_per_host: int) -> list[str]:
+        """The ``hosts`` where copies may be left: all but those where every rank said it freed its own."""
+        said = self._read(self.path(self.MEMORY_FREED)).split()
+        return [h for h in hosts if said.count(h) < ranks_per_host]
+
     def roots(self) -> list[str]:
         """The memory roots (``<dir>/trainstack-<uid>``) the job's listing names, each checked: an absolute, normal
         path (no ``..``, no trailing ``/``) ending in this user's ``trainstack-<uid>``, above a ``job-*`` entry.
@@ -47,3 +57,4 @@ class MemoryListing(Folder):
 
     def forget(self) -> None:
         self.path(self.MEMORY_FOLDERS).unlink(missing_ok=True)
+        self.path(self.MEMORY_FREED).unlink(missing_ok=True)

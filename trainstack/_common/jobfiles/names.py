@@ -50,6 +50,7 @@ class Names:
     NODE_CHECK = "node-check"        # node-check/<host>.json, links.json: one check's figures
     NODE_CHECKS = "node-checks.jsonl"
     MEMORY_FOLDERS = "memory-folders"  # the /dev/shm folders the driver frees on every node at the end
+    MEMORY_FREED = "memory-freed"    # a line per rank that freed its own copies (its host): nothing left there
     EVENTS = "events.jsonl"
     VERDICTS = "verdicts.jsonl"
     PROGRESS = "progress"            # the watchdog's furthest step
