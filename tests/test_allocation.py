@@ -488,10 +488,10 @@ def test_a_lost_node_without_a_spare_continues_on_the_survivors_above_min_nodes(
     assert not any(c[0] == "requeue" for c in slurm.calls)
     assert "no spare left (node3 lost): continuing on 2 of 3 nodes (node1,node2) from the newest complete state, at " \
            "its exact sample, without a requeue" in job.said, job.said
-    shrunk = alloc.step_env(["node1", "node2"])
+    shrunk = alloc.command.env(["node1", "node2"], alloc.step)
     assert shrunk["TRAINSTACK_NPROCS"] == "4"  # the job script's 6 would spawn 6 processes on the 2 nodes
-    assert shrunk["TRAINSTACK_PLANNED_WORLD"] == "6" and "TRAINSTACK_PLANNED_WORLD" not in alloc.step_env(
-        ["node1", "node2", "node3"])
+    assert shrunk["TRAINSTACK_PLANNED_WORLD"] == "6" and "TRAINSTACK_PLANNED_WORLD" not in alloc.command.env(
+        ["node1", "node2", "node3"], alloc.step)
     events = jobevents.read(alloc.files.folder, kind="shrink")
     assert events and events[0]["planned"] == 3 and events[0]["nodes"] == "node1,node2", events
 
@@ -562,21 +562,21 @@ def test_the_launch_and_the_plan_it_comes_from(tmp_path):
     with pytest.raises(ValueError, match="format is 2, this driver .* reads format 1"):
         Plan.from_json(p.to_json().replace('"format": 1', '"format": 2'))
     alloc = Allocation(p, FakeSlurm(["a", "b", "c"], []), {"SLURM_JOB_ID": "100", "TRAINSTACK_IN_PLACE": "0"})
-    argv = alloc.argv(["a", "c"])
+    argv = alloc.command.argv(["a", "c"])
     assert argv[:8] == ["srun", "--kill-on-bad-exit=1", "--wait=60", "--nodes=2", "--ntasks-per-node=2", "--ntasks=4",
                         "--nodelist=a,c", "--overlap"]
     assert argv[8:10] == ["bash", "-c"] and argv[11:] == ["trainstack-task", "rank", "python3", "-u", "train.py"]
     # restarts in place (the default with srun): a failed task leaves the others running, the driver ends the step
     alloc = Allocation(p, FakeSlurm(["a", "b", "c"], []), {"SLURM_JOB_ID": "100"})
-    assert alloc.argv(["a", "c"])[:9] == ["srun", "--kill-on-bad-exit=0", "--nodes=2", "--ntasks-per-node=2",
+    assert alloc.command.argv(["a", "c"])[:9] == ["srun", "--kill-on-bad-exit=0", "--nodes=2", "--ntasks-per-node=2",
                                           "--wait=0", "--no-kill", "--ntasks=4", "--nodelist=a,c", "--overlap"]
-    assert alloc.argv(["a", "c"], ("c", [2, 3]))[:9] == [
+    assert alloc.command.argv(["a", "c"], ("c", [2, 3]))[:9] == [
         "srun", "--kill-on-bad-exit=0", "--nodes=1", "--ntasks-per-node=2", "--wait=0", "--no-kill", "--ntasks=2",
         "--nodelist=c", "--overlap"]
-    assert alloc.step_env(["a", "c"], ("c", [2, 3]))["TRAINSTACK_TASK_RANKS"] == "2/2,3"
-    first = alloc.step_env(["a", "c"])
+    assert alloc.command.env(["a", "c"], alloc.step, ("c", [2, 3]))["TRAINSTACK_TASK_RANKS"] == "2/2,3"
+    first = alloc.command.env(["a", "c"], alloc.step)
     alloc.step = 1
-    second = alloc.step_env(["c", "b"])
+    second = alloc.command.env(["c", "b"], alloc.step)
     assert first["MASTER_ADDR"] == "a" and second["MASTER_ADDR"] == "c" and first["MASTER_PORT"] != \
         second["MASTER_PORT"] and second["PET_RDZV_ID"] == "100.1"
 
@@ -865,7 +865,7 @@ def test_a_torchrun_that_forwards_signals_gets_them_asked_for(tmp_path, job):
     p = Plan(**{**built.__dict__, "probe": [sys.executable, str(fake)]})
     alloc = Allocation(p, FakeSlurm(["a", "b"], []), {"SLURM_JOB_ID": "100"}, emit=lambda line, error: None)
     alloc.job.provenance("a:1")
-    argv = alloc.argv(["a", "b"])
+    argv = alloc.command.argv(["a", "b"])
     assert argv[argv.index("--max-restarts=0") + 1] == "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1," \
                                                        "SIGUSR2" and argv[-1] == "train.py"
 

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import datetime
 import os
-import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -28,22 +26,22 @@ from pathlib import Path
 from types import FrameType
 
 from .._common import envvars as envvars
-from .._common.jobfiles import EXIT_RECORD_SH, JobFiles
+from .._common.jobfiles import JobFiles
 from . import attempt as policy
 from . import sentinel
 from .batchjob import BatchJob
+from .handback import HandBack
 from .inplace import Survivors
 from .keeper import Keeper, next_step
 from .plan import Plan
 from .preflight import Preflight
 from .rungs import LADDER, Requeue, Retry
-from .slurmcmd import RELEASE_S, Slurm
+from .slurmcmd import Slurm
+from .stepcmd import StepCommand
 from .watch import Ended, ForceKill, Held, Probe, StepWatch, TearDown
 
 __all__ = ["Allocation", "NodePool", "Finish", "Retry", "Requeue", "Stop", "main"]
 
-#: torchrun >= 2.9 forwards these to its workers; older ones stop on them (the stop then comes through the driver).
-TORCHRUN_SIGNALS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
 SENTINEL = sentinel.STEP_NAME
 
 
@@ -119,13 +117,13 @@ class Allocation:
         self.stop_kind: str | None = None
         self.preflight = Preflight(self)
         self.sentinel_host: str | None = None  # where the sentinel watches the batch host from
-        self.held_hosts: list[str] = []
-        self.releasing: threading.Thread | None = None  # the hand-back of lost hosts, asked in the background
+        self.held = HandBack(slurm, self.job)  # the hosts it holds: a lost one handed back once unused
         self.watch: StepWatch | None = None  # the last step's watch: its probe, its hosts presumed lost
         self.pending: tuple[StepWatch, list[str]] | None = None  # the probe's answer on those, awaited beside the next
         self.log: Path | None = None
         holds = any(rung.holds() and rung.applies(plan) for rung in LADDER)  # a rung keeps the survivors
         self.in_place = Survivors(self.files, slurm, SENTINEL, holds and Survivors.wanted(env, self.job.warn))
+        self.command = StepCommand(plan, self.job, self.in_place, slurm.job_id)  # what each step runs
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
@@ -138,18 +136,14 @@ class Allocation:
             status = int(exc.code) if isinstance(exc.code, int) else 1
         finally:
             self.in_place.release()
-            self.hand_back(wait=True)  # its end must not wait for a lost node
+            self.held.lost(self.pool.lost, self.step, wait=True)  # its end must not wait for a lost node
             self.job.end(status, self.step, self.pool.lost)
         return status
 
     def _loop(self) -> int:
-        nodes = self.pool.choose(self.plan.nodes)
-        if nodes is None and (self.lost_host or self.plan.recovery.min_nodes):  # short of nodes from the start (a
-            first = self.ladder(self.climb("crash", [self.lost_host] if self.lost_host else []))  # sentinel's
-            if isinstance(first, Retry):                                      # driver, a requeue started on fewer)
-                nodes = first.nodes
-            elif self.lost_host:
-                return self.job.requeue(first, 1, self.step)
+        nodes = self._first_nodes()
+        if isinstance(nodes, Requeue):
+            return self.job.requeue(nodes, 1, self.step)
         while True:
             if nodes is None:
                 self.job.warn(f"fewer than {self.plan.nodes} usable node(s) in this allocation ({self.missing_why()})")
@@ -175,6 +169,15 @@ class Allocation:
             self.job.say(f"crash (exit status {ended.status}): retrying in this allocation as step {self.step} on "
                          f"{','.join(nodes)} (no requeue)")
 
+    def _first_nodes(self) -> list[str] | Requeue | None:
+        """The first step's nodes: the planned count, else -- short of nodes from the start (a sentinel's driver
+        without the lost batch host, a requeue that started on fewer) -- what the ladder offers."""
+        nodes = self.pool.choose(self.plan.nodes)
+        if nodes is not None or not (self.lost_host or self.plan.recovery.min_nodes):
+            return nodes
+        first = self.ladder(self.climb("crash", [self.lost_host] if self.lost_host else []))
+        return first.nodes if isinstance(first, Retry) else first if self.lost_host else None
+
     # ------------------------------------------------------------------ one step
     def run_step(self, nodes: list[str]) -> StepEnd:
         """Launch the step on ``nodes`` and dispatch on its state until it ends (``watch.StepWatch``): its tasks are
@@ -187,7 +190,7 @@ class Allocation:
             self.job.event("relaunch", nodes, self.step)
         new, procs = self._launch(nodes)
         if not self.in_place.carried_any:  # no surviving srun spans a lost node now: it can be handed back
-            self.hand_back()
+            self.held.lost(self.pool.lost, self.step)
         watch = self.watch = StepWatch(self.files, self.plan, self.slurm, self.in_place, self.step, nodes, new, procs,
                                        self.kill_after_s, lambda: self.job.event("detected", nodes, self.step),
                                        self._spare_for)
@@ -216,15 +219,15 @@ class Allocation:
     def _launch(self, nodes: list[str]) -> tuple[subprocess.Popen[bytes] | None, list[subprocess.Popen[bytes]]]:
         """The step's new srun (None: a shrink continues every rank in place) and all its sruns (held ones too)."""
         beside = self.in_place.missing(nodes, self.plan.procs_per_node)
-        env = self.step_env(nodes, beside)
+        env = self.command.env(nodes, self.step, beside)
         if beside is None:
             self.in_place.release()
-            proc = self.slurm.launch(self.argv(nodes), env, self.job.cwd)
+            proc = self.slurm.launch(self.command.argv(nodes), env, self.job.cwd)
             return proc, [proc]
         self.in_place.offer(self.step, env, self.plan.procs_per_node)
         started = f"; starting rank(s) {', '.join(map(str, beside[1]))} on {beside[0]}" if beside[1] else ""
         self.job.say(f"rank(s) {', '.join(map(str, sorted(self.in_place.waiting)))} continue in place{started}")
-        started_now = self.slurm.launch(self.argv(nodes, beside), env, self.job.cwd) if beside[1] else None
+        started_now = self.slurm.launch(self.command.argv(nodes, beside), env, self.job.cwd) if beside[1] else None
         return started_now, [*([started_now] if started_now is not None else []), *self.in_place.carried()]
 
     def _spare_for(self, hosts: list[str]) -> bool:
@@ -247,47 +250,6 @@ class Allocation:
             self.job.say(f"{','.join(back)} answered Slurm after all (presumed lost when its ranks fell silent): "
                          f"usable again, as a spare")
             self.job.event("answered", back, self.step)
-
-    def argv(self, nodes: list[str], beside: tuple[str, list[int]] | None = None) -> list[str]:
-        """The step's command: srun on ``nodes`` (with --requeue: exactly these, beside a failed step's remains; or
-        only the ranks ``beside`` names, beside those waiting in place), every task through the exit-record
-        wrapper, then the command and the program."""
-        launch = self.plan.launch.on(len(nodes), self.plan.procs_per_node)
-        srun = list(launch.srun)
-        if self.plan.recovery.requeue:
-            srun = self.in_place.srun(srun, nodes, launch.tasks_per_node, beside)
-        command = [*launch.command, *([TORCHRUN_SIGNALS] if launch.torchrun and self.job.torchrun_signals else [])]
-        program = [*launch.program, *(self.job.task_args if "CUSTOM_COMMAND" not in launch.env else [])]
-        return [*srun, "bash", "-c", EXIT_RECORD_SH, "trainstack-task", launch.task_log, *command, *program]
-
-    def step_env(self, nodes: list[str], beside: tuple[str, list[int]] | None = None) -> dict[str, str]:
-        """The step's environment: the job's, the rendezvous on the step's first node (a port of its own for every
-        step), the attempt's counters; restarts in place on, and the ranks of a step that starts only some."""
-        port = self.port()
-        job = self.slurm.job_id
-        launch = self.plan.launch.on(len(nodes), self.plan.procs_per_node)
-        env = {**self.job.env, **launch.env, "MASTER_ADDR": nodes[0], "MASTER_PORT": str(port),
-               "PET_RDZV_ENDPOINT": f"{nodes[0]}:{port}",
-               "PET_RDZV_ID": f"{job}.{self.step}" if self.plan.recovery.requeue else job,
-               envvars.ATTEMPT: str(self.files.runs_before()), envvars.STEP: str(self.step)}
-        if self.in_place.enabled:
-            env[envvars.IN_PLACE] = "1"
-        if beside is not None:
-            env[envvars.TASK_RANKS] = f"{self.plan.procs_per_node}/{','.join(map(str, beside[1]))}"
-            env[envvars.NPROCS] = str(len(nodes) * self.plan.procs_per_node)
-        if len(nodes) < self.plan.nodes:  # a shrunk step: its own process count; the trainer keeps the global batch
-            env[envvars.PLANNED_WORLD] = str(self.plan.nodes * self.plan.procs_per_node)
-            env[envvars.NPROCS] = str(len(nodes) * self.plan.procs_per_node)
-        if "CUSTOM_COMMAND" in env and self.job.task_args:
-            env["CUSTOM_COMMAND"] += " " + " ".join(shlex.quote(a) for a in self.job.task_args)
-        return env
-
-    def port(self) -> int:
-        """The rendezvous port of the current step (one of its own per step)."""
-        job, base, span = int(self.slurm.job_id), self.plan.port_base, self.plan.port_span
-        if self.step == 0:
-            return int(self.job.env.get("MASTER_PORT") or base + job % span)
-        return base + (job + self.step * 7919) % span
 
     # ------------------------------------------------------------------ what comes next
     def decide(self, ended: StepEnd, nodes: list[str]) -> Decision:
@@ -379,7 +341,7 @@ class Allocation:
     def _begin(self) -> None:
         """The job's record and environment, the pool of its hosts, the signals, the sentinel, the versions."""
         self.pool = NodePool(self.job.begin(self.takeover))
-        self.held_hosts = list(self.pool.allocated)  # what the allocation holds (less what was handed back)
+        self.held.hold([h for h in self.pool.allocated if h != self.lost_host])
         self.log = self.slurm.log_path()  # the job's own log: what torchrun's agents said of their workers
         if self.takeover:  # the dead driver's steps, lost and blamed hosts are this one's to go on from
             self.step = next_step(self.files)
@@ -387,9 +349,7 @@ class Allocation:
             self.pool.leave_out([str(r["blamed"]) for r in policy.history(self.files.folder)
                                  if r.get("blamed") and r.get("attempt") == self.job.restart])
             self.preflight.checked.update(self.pool.usable())  # checked by the driver before it
-            if self.lost_host:  # Slurm takes a lost batch host out of the job itself (it refuses to be asked)
-                self.pool.lose([self.lost_host])
-                self.held_hosts = [h for h in self.held_hosts if h != self.lost_host]
+            self.pool.lose([self.lost_host] if self.lost_host else [])  # a sentinel's driver: the lost batch host
         if self.plan.recovery.graceful_stop:
             signal.signal(signal.SIGUSR1, lambda *_: self._stop("timeout", "SIGUSR1"))
             signal.signal(signal.SIGUSR2, lambda *_: self._stop("timeout", "SIGUSR2"))
@@ -398,33 +358,8 @@ class Allocation:
             signal.signal(signal.SIGTERM, _terminated)
         if self.plan.recovery.requeue and (not self.takeover or self.lost_host):  # a keeper's driver: the first
             self.watch_batch_host(self.pool.usable())                             # one's sentinel watches on
-        if not self.takeover or (self.plan.launch.torchrun and self.plan.recovery.graceful_stop):
-            self.job.provenance(f"{(self.pool.choose(1) or ['?'])[0]}:{self.port()}")  # said once: a takeover is quick
-
-    def hand_back(self, wait: bool = False) -> None:
-        """The lost hosts the job no longer uses are released from the allocation (Slurm shrinks a running job:
-        asked in the background, Slurm may take seconds to allow it): its end then does not wait for Slurm to
-        declare them dead, and nobody pays for them meanwhile. ``wait``: the job's end, which waits for the answer."""
-        gone = [h for h in self.pool.lost if h in self.held_hosts]
-        if gone:
-            keep = [h for h in self.held_hosts if h not in gone]
-            self.held_hosts = keep  # asked once
-            self.releasing = threading.Thread(target=self._release, args=(gone, keep, self.step), daemon=True,
-                                              name="trainstack-release")
-            self.releasing.start()
-        if wait and self.releasing is not None:
-            self.releasing.join(RELEASE_S + 5)
-
-    def _release(self, gone: list[str], keep: list[str], step: int) -> None:
-        done, answer = self.slurm.release(keep, self.files.folder)
-        self.files.seal_logs()  # scontrol's resize scripts, written with the user's umask
-        if done:
-            self.job.say(f"handed {','.join(gone)} back to Slurm (lost; the job goes on with {','.join(keep)})"
-                         + ("; Slurm had taken it out already" if answer.startswith("already") else ""))
-            self.job.event("released", gone, step)
-        else:
-            self.job.warn(f"could not hand {','.join(gone)} back to Slurm ({answer}): the job's end waits until "
-                          f"Slurm declares them dead")
+        if not self.takeover or (self.plan.launch.torchrun and self.plan.recovery.graceful_stop):  # said once:
+            self.job.provenance(f"{(self.pool.choose(1) or ['?'])[0]}:{self.command.port(self.step)}")  # be quick
 
     def watch_batch_host(self, hosts: list[str]) -> None:
         """The sentinel, on the first of ``hosts`` that is not the batch host (again after its node was lost: its
