@@ -8,9 +8,9 @@ import shlex
 import click
 import pytest
 
-from trainstack._slurm.hosted import forwarded_args
 from trainstack._slurm.ssh import Remote, RemoteError
 from trainstack.cli import main
+from trainstack.cli.base import forwarded_args
 
 
 def _args(*argv: str) -> list[str]:

@@ -27,7 +27,7 @@ from .._common.version import __version__
 from .progress import Progress
 from .ssh import Remote, RemoteError
 
-__all__ = ["forwarded_args", "run_hosted", "submit_hosted", "fetch_job", "remote_for", "index_path", "remote_table"]
+__all__ = ["run_hosted", "submit_hosted", "fetch_job", "remote_for", "index_path", "remote_table"]
 
 
 def remote_for(host: str) -> Remote:
@@ -35,39 +35,6 @@ def remote_for(host: str) -> Remote:
     TRAINSTACK_SSH_REUSE_ONLY=1 (never open a connection: MFA hosts) applied."""
     return Remote(host, os.environ.get(envvars.REMOTE_TRAINSTACK, "trainstack"),
                   reuse_only=os.environ.get(envvars.SSH_REUSE_ONLY, "") in ("1", "true", "yes"))
-
-
-def forwarded_args(ctx: Any, drop: tuple[str, ...] = ("host", "remote_dir")) -> list[str]:
-    """The command line of this click invocation, as the remote trainstack should get it (minus ``drop``)."""
-    import click
-    from click.core import ParameterSource
-
-    words: list[str] = []
-    node = ctx
-    while node.parent is not None:  # the subcommands' names, not the program's ("python -m trainstack" is 3 words)
-        words.insert(0, node.info_name)
-        node = node.parent
-    tail: list[str] = []
-    for param in ctx.command.params:
-        name = param.name
-        if name in drop or ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE:
-            continue  # only what the user typed: defaults and environment values are the remote side's own
-        value = ctx.params[name]
-        if isinstance(param, click.Argument):
-            values = list(value) if isinstance(value, (list, tuple)) else [value]
-            tail += (["--"] if param.nargs == -1 and values else []) + [str(v) for v in values if v is not None]
-        elif getattr(param, "is_flag", False):
-            flag_value = getattr(param, "flag_value", None)
-            if isinstance(flag_value, str):  # one of several options sharing a name (--best / --last)
-                words += [param.opts[0]] if value == flag_value else []
-            else:
-                words += [param.opts[0]] if value else list(getattr(param, "secondary_opts", [])[:1])
-        elif getattr(param, "multiple", False):
-            for item in value or ():
-                words += [param.opts[0], str(item)]
-        elif value is not None:
-            words += [param.opts[0], str(value)]
-    return words + tail
 
 
 def run_hosted(host: str, args: list[str], follow: bool = False) -> int:

@@ -1,8 +1,8 @@
 """From command-line options (and a site profile) to one ``LaunchSpec``.
 
 Everything the pure renderer must not do happens here: reading the profile, making paths absolute against the
-current folder, and asking the file system whether the program is an executable. Errors name the option (click's
-``BadParameter``, exit code 2). Torch-free.
+current folder, and asking the file system whether the program is an executable, the partition whether the job
+fits it. Errors are ``SpecError``s naming the option (the CLI's usage errors, exit code 2). Torch-free, click-free.
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
-
-import click
 
 from ..errors import ConfigError
 from .program import parse_program
@@ -38,20 +37,18 @@ def load_profile(path: str) -> dict[str, Any]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise click.BadParameter(f"cannot read {path}: {exc}", param_hint="'--profile'") from None
+        raise SpecError("--profile", f"cannot read {path}: {exc}") from None
     if path.endswith((".yaml", ".yml")):
         try:
             import yaml
         except ImportError:
-            raise click.BadParameter("YAML profiles need pyyaml (pip install pyyaml)",
-                                     param_hint="'--profile'") from None
+            raise SpecError("--profile", "YAML profiles need pyyaml (pip install pyyaml)") from None
         try:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
             where = getattr(exc, "problem_mark", None)
             at = f" at line {where.line + 1}" if where else ""
-            raise click.BadParameter(f"{path} is not valid YAML{at}: {getattr(exc, 'problem', exc)}",
-                                     param_hint="'--profile'") from None
+            raise SpecError("--profile", f"{path} is not valid YAML{at}: {getattr(exc, 'problem', exc)}") from None
     else:
         if sys.version_info >= (3, 11):
             import tomllib
@@ -60,15 +57,15 @@ def load_profile(path: str) -> dict[str, Any]:
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise click.BadParameter(f"{path} is not valid TOML: {exc}", param_hint="'--profile'") from None
+            raise SpecError("--profile", f"{path} is not valid TOML: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("trainstack", data), dict):
-        raise click.BadParameter(f"{path} must hold a table of option values", param_hint="'--profile'")
+        raise SpecError("--profile", f"{path} must hold a table of option values")
     table = dict(data.get("trainstack", {}))  # [trainstack] and [trainstack.*] tables, beside top-level keys
     top = {k: v for k, v in data.items() if k != "trainstack"}
     both = sorted(set(top) & set(table))
     if both:
-        raise click.BadParameter(f"{path} sets {', '.join(both)} both at the top level and under [trainstack]: keep "
-                                 f"one", param_hint="'--profile'")
+        raise SpecError("--profile", f"{path} sets {', '.join(both)} both at the top level and under "
+                                     f"[trainstack]: keep one")
     return {str(k).replace("-", "_"): v for k, v in {**top, **table}.items()}
 
 
@@ -79,15 +76,14 @@ def check_profile(path: str, profile: dict[str, Any]) -> None:
     known = {f.name for f in fields(LaunchSpec)} | set(PROFILE_ONLY)
     for key, value in profile.items():
         if key not in known:
-            raise click.BadParameter(f"unknown option {key!r} in {path}; valid keys: {', '.join(sorted(known))}",
-                                     param_hint="'--profile'")
+            raise SpecError("--profile", f"unknown option {key!r} in {path}; valid keys: {', '.join(sorted(known))}")
         if key in PROFILE_ONLY and value is not None and (not isinstance(value, str) or not value.strip()):
-            raise click.BadParameter(f"{key} in {path} must be text, got {value!r}", param_hint="'--profile'")
+            raise SpecError("--profile", f"{key} in {path} must be text, got {value!r}")
     conf = profile.get("slurm_conf")
     if conf is not None and not Path(conf).expanduser().is_file():
-        raise click.BadParameter(f"slurm_conf in {path} names {conf}, which is not a file here (each Slurm command "
-                                 f"would retry it for a minute). HINT: the path of that cluster's slurm.conf on this "
-                                 f"machine, or host = ... to reach it over ssh.", param_hint="'--profile'")
+        raise SpecError("--profile", f"slurm_conf in {path} names {conf}, which is not a file here (each Slurm "
+                                     f"command would retry it for a minute). HINT: the path of that cluster's "
+                                     f"slurm.conf on this machine, or host = ... to reach it over ssh.")
 
 
 def _profile_value(key: str, value: Any, path: str) -> Any:
@@ -98,8 +94,7 @@ def _profile_value(key: str, value: Any, path: str) -> Any:
         return str(value)  # Slurm reads a bare number as minutes
     if key == "env":
         if not isinstance(value, dict):
-            raise click.BadParameter(f"env in {path} must be a table of NAME = value pairs, got {value!r}",
-                                     param_hint="'--profile'")
+            raise SpecError("--profile", f"env in {path} must be a table of NAME = value pairs, got {value!r}")
         return {str(k): str(v) for k, v in value.items()}
     if isinstance(value, list):
         return tuple(value)
@@ -119,10 +114,11 @@ def _is_executable(word: str, venv: str | None, cwd: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
-def build_spec(ctx: click.Context, params: dict[str, Any], site: dict[str, Any] | None = None,
-               cwd: Path | None = None) -> tuple[LaunchSpec, str | None]:
-    """The spec and the site templates folder: profile values (read once) for options left at their defaults,
-    absolute paths, the program classified; any bad value becomes a usage error naming its option."""
+def build_spec(params: dict[str, Any], given: set[str], site: dict[str, Any] | None = None,
+               cwd: Path | None = None, say: Callable[[str], None] = print) -> tuple[LaunchSpec, str | None]:
+    """The spec and the site templates folder from the command's ``params`` (``given``: the names the user typed):
+    profile values (read once) for options left at their defaults, absolute paths, the program classified; any bad
+    value a ``SpecError`` naming its option (the CLI's usage error)."""
     cwd = cwd or Path.cwd()
     params = dict(params)
     profile_path = params.pop("profile", None)
@@ -130,24 +126,20 @@ def build_spec(ctx: click.Context, params: dict[str, Any], site: dict[str, Any] 
     profile = site if site is not None and profile_path else load_profile(profile_path) if profile_path else {}
     check_profile(str(profile_path), profile)
     for key, value in profile.items():
-        source = ctx.get_parameter_source(key) if key in ctx.params else None
-        if key not in PROFILE_ONLY and (source is None or source.name in ("DEFAULT", "DEFAULT_MAP")):
+        if key not in PROFILE_ONLY and key not in given:
             params[key] = _profile_value(key, value, str(profile_path))
     if templates_dir is None and profile.get("templates_dir") is not None:
         templates_dir = _profile_templates(str(profile_path), profile["templates_dir"])
-    retries = [f"--{k.replace('_', '-')}" for k in IMPLY_REQUEUE if k in ctx.params
-               and ctx.get_parameter_source(k) is click.core.ParameterSource.COMMANDLINE]
+    retries = [f"--{k.replace('_', '-')}" for k in IMPLY_REQUEUE if k in given]
     retries += [f"{k} in {profile_path}" for k in IMPLY_REQUEUE if k in profile
                 and f"--{k.replace('_', '-')}" not in retries and not (k == "spare_nodes" and not profile[k])]
-    said_no = ("requeue" in ctx.params and ctx.get_parameter_source("requeue") is click.core.ParameterSource.COMMANDLINE
-               and not params.get("requeue")) or profile.get("requeue") is False
+    said_no = ("requeue" in given and not params.get("requeue")) or profile.get("requeue") is False
     if retries and said_no:  # asked for retries and against them: a contradiction, never silently resolved
-        raise click.BadParameter(f"{' and '.join(retries)} retry a failed attempt (in the allocation or by "
-                                 f"requeueing the job), which --no-requeue forbids. HINT: drop one of them.",
-                                 param_hint="'--requeue'")
+        raise SpecError("--requeue", f"{' and '.join(retries)} retry a failed attempt (in the allocation or by "
+                                     f"requeueing the job), which --no-requeue forbids. HINT: drop one of them.")
     if retries and not params.get("requeue"):  # retries happen by requeueing: asking for them asks for it
-        click.echo(f"note: {' and '.join(retries)} imply --requeue (a failed attempt is retried in the "
-                   f"allocation, or by requeueing the job); --requeue is on", err=True)
+        say(f"note: {' and '.join(retries)} imply --requeue (a failed attempt is retried in the "
+                   f"allocation, or by requeueing the job); --requeue is on")
         params["requeue"] = True
     env = params.pop("env")
     pairs = env.items() if isinstance(env, dict) else [_split_env(item) for item in env]
@@ -163,10 +155,10 @@ def build_spec(ctx: click.Context, params: dict[str, Any], site: dict[str, Any] 
             program, params["program_kind"] = parsed.words, parsed.kind
         spec = LaunchSpec(env=dict(pairs), program=program, bind=list(params.pop("bind")),
                           setup_cmd=list(params.pop("setup_cmd")), **params)
-    except SpecError as exc:
-        raise click.BadParameter(exc.message, param_hint=f"'{exc.option}'") from None
+    except SpecError:
+        raise
     except ConfigError as exc:
-        raise click.BadParameter(str(exc), param_hint="'PROGRAM'") from None
+        raise SpecError("PROGRAM", str(exc)) from None
     return spec, templates_dir
 
 
@@ -174,8 +166,7 @@ def _profile_templates(profile_path: str, value: Any) -> str:
     """A profile's ``templates_dir``, relative to the profile file."""
     folder = (Path(profile_path).parent / str(value)).resolve()
     if not folder.is_dir():
-        raise click.BadParameter(f"templates_dir {value!r} in {profile_path} is not a folder",
-                                 param_hint="'--profile'")
+        raise SpecError("--profile", f"templates_dir {value!r} in {profile_path} is not a folder")
     return str(folder)
 
 
@@ -189,18 +180,16 @@ def _parse_sweep(items: Any) -> dict[str, list[str]]:
         key, sep, values = str(item).partition("=")
         key = key.strip()
         if not sep or not key:
-            raise click.BadParameter(f"{item!r} is not KEY=V1,V2,... (e.g. --sweep lr=1e-3,1e-4)",
-                                     param_hint="'--sweep'")
+            raise SpecError("--sweep", f"{item!r} is not KEY=V1,V2,... (e.g. --sweep lr=1e-3,1e-4)")
         if key in out:
-            raise click.BadParameter(f"{key!r} is given twice; put all its values in one --sweep {key}=V1,V2,...",
-                                     param_hint="'--sweep'")
+            raise SpecError("--sweep", f"{key!r} is given twice; put all its values in one --sweep {key}=V1,V2,...")
         out[key] = values.split(",")
     return out
 
 
 def _split_env(item: str) -> tuple[str, str]:
     if "=" not in item:
-        raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="'--env'")
+        raise SpecError("--env", f"{item!r} is not KEY=VALUE")
     key, value = item.split("=", 1)
     return key, value
 
@@ -216,9 +205,9 @@ def check_submittable(spec: LaunchSpec) -> None:
         path = chdir / Path(head).expanduser()
         needs_file = program.kind == "script" or (program.kind == "exec" and head.startswith(("./", "../", "/", "~")))
         if needs_file and not path.exists():
-            raise click.BadParameter(f"{head!r} does not exist in {chdir} (the job runs there and would fail at "
-                                     f"once with \"can't open file\"). HINT: check the name, or --chdir the folder "
-                                     f"that holds it.", param_hint="'PROGRAM'")
+            raise SpecError("PROGRAM", f"{head!r} does not exist in {chdir} (the job runs there and would fail at "
+                                       f"once with \"can't open file\"). HINT: check the name, or --chdir the folder "
+                                       f"that holds it.")
     _check_node_count(spec)
     if not spec.cpu and shutil.which("sinfo"):
         partition = spec.partition or default_partition()
@@ -230,10 +219,9 @@ def check_submittable(spec: LaunchSpec) -> None:
         gres = {g.strip() for g in out.stdout.splitlines() if g.strip()}
         if out.returncode == 0 and gres and all("gpu" not in g for g in gres):
             where = f"partition {spec.partition}" if spec.partition else "this cluster"
-            raise click.BadParameter(f"--setup {spec.setup} asks for {spec.procs} GPU(s) per node, but no node of "
+            raise SpecError("--cpu", f"--setup {spec.setup} asks for {spec.procs} GPU(s) per node, but no node of "
                                      f"{where} has GPUs (sinfo's GRES: {', '.join(sorted(gres))}). HINT: add --cpu "
-                                     f"to train on CPU processes (gloo), or choose a GPU --partition.",
-                                     param_hint="'--cpu'")
+                                     f"to train on CPU processes (gloo), or choose a GPU --partition.")
 
 
 def default_partition() -> str | None:
@@ -265,8 +253,8 @@ def _check_node_count(spec: LaunchSpec) -> None:
     where = f"partition {spec.partition}" if spec.partition else f"the default partition ({partition})" \
         if partition else "this cluster"
     if spec.spare_nodes:
-        raise click.BadParameter(f"{spec.spare_nodes}: the job would need {spec.nodes} + {spec.spare_nodes} spare = "
-                                 f"{need} nodes, {where} has {have}. HINT: --spare-nodes {max(have - spec.nodes, 0)} "
-                                 f"at most, or a larger --partition.", param_hint="'--spare-nodes'")
-    raise click.BadParameter(f"{spec.nodes}: {where} has {have} node(s). HINT: fewer --nodes, or a larger "
-                             f"--partition.", param_hint="'--nodes'")
+        raise SpecError("--spare-nodes", f"{spec.spare_nodes}: the job would need {spec.nodes} + {spec.spare_nodes} "
+                                         f"spare = {need} nodes, {where} has {have}. HINT: --spare-nodes "
+                                         f"{max(have - spec.nodes, 0)} at most, or a larger --partition.")
+    raise SpecError("--nodes", f"{spec.nodes}: {where} has {have} node(s). HINT: fewer --nodes, or a larger "
+                               f"--partition.")

@@ -33,7 +33,8 @@ class Preflight:
         alloc, check = self.alloc, self.alloc.plan.node_check
         assert check is not None
         started = time.time()  # the ring meets at the step's first node (MASTER_ADDR), on the port after its own
-        measure_nodes(alloc.slurm, alloc.files.node_check_dir, nodes, check.command, check.budget_s, alloc.command.port(alloc.step) + 1,
+        port = alloc.command.port(alloc.step) + 1
+        measure_nodes(alloc.slurm, alloc.files.node_check_dir, nodes, check.command, check.budget_s, port,
                       alloc.command.env(nodes, alloc.step))
         record = judge_nodes(alloc.files, nodes, started, alloc.plan.gpus_per_node, dict(check.thresholds),
                              alloc.job.restart, alloc.step)

@@ -162,12 +162,55 @@ class TrainstackGroup(click.Group):
     raise them and never catch them one by one. Usage errors stay click's (exit 2)."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        from .._slurm.spec import SpecError
         from ..errors import TrainstackError
 
         try:
             return super().invoke(ctx)
+        except SpecError as exc:  # a bad option value, wherever it was found: a usage error naming it (exit 2)
+            raise click.BadParameter(exc.message, param_hint=f"'{exc.option}'") from None
         except TrainstackError as exc:
             raise click.ClickException(str(exc)) from None
+
+
+def given(ctx: click.Context) -> set[str]:
+    """The parameters the user gave (on the command line or in the environment), not left at their defaults."""
+    from click.core import ParameterSource
+
+    return {k for k in ctx.params if ctx.get_parameter_source(k) not in (ParameterSource.DEFAULT,
+                                                                           ParameterSource.DEFAULT_MAP, None)}
+
+
+def forwarded_args(ctx: click.Context, drop: tuple[str, ...] = ("host", "remote_dir")) -> list[str]:
+    """The command line of this click invocation, as the remote trainstack should get it (minus ``drop``)."""
+    from click.core import ParameterSource
+
+    words: list[str] = []
+    node = ctx
+    while node.parent is not None:  # the subcommands' names, not the program's ("python -m trainstack" is 3 words)
+        words.insert(0, node.info_name)
+        node = node.parent
+    tail: list[str] = []
+    for param in ctx.command.params:
+        name = param.name
+        if name in drop or ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE:
+            continue  # only what the user typed: defaults and environment values are the remote side's own
+        value = ctx.params[name]
+        if isinstance(param, click.Argument):
+            values = list(value) if isinstance(value, (list, tuple)) else [value]
+            tail += (["--"] if param.nargs == -1 and values else []) + [str(v) for v in values if v is not None]
+        elif getattr(param, "is_flag", False):
+            flag_value = getattr(param, "flag_value", None)
+            if isinstance(flag_value, str):  # one of several options sharing a name (--best / --last)
+                words += [param.opts[0]] if value == flag_value else []
+            else:
+                words += [param.opts[0]] if value else list(getattr(param, "secondary_opts", [])[:1])
+        elif getattr(param, "multiple", False):
+            for item in value or ():
+                words += [param.opts[0], str(item)]
+        elif value is not None:
+            words += [param.opts[0], str(value)]
+    return words + tail
 
 
 def hosted(fn: Any) -> Any:
@@ -178,7 +221,7 @@ def hosted(fn: Any) -> Any:
     def wrapper(*args: Any, host: str | None, **kwargs: Any) -> Any:
         if not host:
             return fn(*args, **kwargs)
-        from .._slurm.hosted import forwarded_args, run_hosted
+        from .._slurm.hosted import run_hosted
 
         ctx = click.get_current_context()
         sys.exit(remote_call(lambda: run_hosted(host, forwarded_args(ctx), follow=bool(kwargs.get("follow")))))

@@ -16,8 +16,8 @@ from click.core import ParameterSource
 from .._common import envvars
 from .._slurm.options import build_spec
 from .._slurm.plan import driver_note
-from ..render import LaunchSpec, SpecError, render
-from .base import EPILOG, PROGRAM_FIRST, ProgramCommand, main, remote_call, spec_options
+from ..render import LaunchSpec, render
+from .base import EPILOG, PROGRAM_FIRST, ProgramCommand, forwarded_args, given, main, remote_call, spec_options
 
 
 @main.command(cls=ProgramCommand, epilog=EPILOG, context_settings=PROGRAM_FIRST)
@@ -29,7 +29,7 @@ from .base import EPILOG, PROGRAM_FIRST, ProgramCommand, main, remote_call, spec
 @click.pass_context
 def generate(ctx: click.Context, output: str | None, force: bool, dry_run: bool, **params: Any) -> None:
     """Render one sbatch script; the program and its arguments follow `--`."""
-    spec, templates_dir = build_spec(ctx, params)
+    spec, templates_dir = build_spec(params, given(ctx), say=lambda line: click.echo(line, err=True))
     text = _render(spec, templates_dir)
     note = driver_note(spec, shipped=False)
     if note:
@@ -84,7 +84,7 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
     from ..submit import finished_tasks, submission_notes, submit_spec, task_table
 
     if clusters:
-        from .._slurm.clusters import follow_command
+        from .follow import follow_command
 
         sys.exit(follow_command(ctx, clusters, store, move_cost, hedge))
     site = load_profile(params["profile"]) if params.get("profile") else {}  # read once, here
@@ -95,12 +95,12 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
         if ctx.get_parameter_source("remote_dir") is ParameterSource.DEFAULT:
             remote_dir = site.get("remote_dir", remote_dir)
     if host:
-        from .._slurm.hosted import forwarded_args, submit_hosted
+        from .._slurm.hosted import submit_hosted
 
         args = forwarded_args(ctx)
         sys.exit(remote_call(lambda: submit_hosted(host, remote_dir, args, Path.cwd())))
 
-    spec, templates_dir = build_spec(ctx, params, site=site)
+    spec, templates_dir = build_spec(params, given(ctx), site=site, say=lambda line: click.echo(line, err=True))
     if test_only:
         from ..submit import expected_start
 
@@ -142,8 +142,6 @@ def _render(spec: LaunchSpec, templates_dir: str | None) -> str:
 
     try:
         return render(spec, templates_dir, command_line=_command_line())
-    except SpecError as exc:
-        raise click.BadParameter(exc.message, param_hint=f"'{exc.option}'") from None
     except jinja2.TemplateError as exc:  # a site template (--templates-dir) that does not render
         where = f" ({exc.filename}, line {exc.lineno})" if isinstance(exc, jinja2.TemplateSyntaxError) else ""
         raise click.ClickException(f"the template could not be rendered{where}: {exc.message}. HINT: fix the "
