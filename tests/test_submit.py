@@ -53,8 +53,8 @@ def test_array_ranges_and_exit_codes():
 
 
 def test_an_absolute_program_in_the_repository_runs_from_the_snapshot(tmp_path):
+    from trainstack._slurm.submission import _program_in_snapshot
     from trainstack.render import LaunchSpec
-    from trainstack.submit import _program_in_snapshot
 
     repo = tmp_path / "repo"
     (repo / "sub").mkdir(parents=True)

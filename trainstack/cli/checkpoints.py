@@ -47,9 +47,9 @@ def _checkpoint_path(path: str) -> None:
 def checkpoint_free_memory(job_id: str, wait_s: int) -> None:
     """Free the memory checkpoints an ended job left in its nodes' /dev/shm (a plain scancel of a --requeue job, a
     lost batch host, a kill -9): a one-task step on each of its nodes removes that job's folders only."""
-    from .._slurm.memoryfree import free_memory
+    from .._launch.backend import backend
 
-    hosts, folders = free_memory(job_id, wait_s)
+    hosts, folders = backend().free_memory(job_id, wait_s)
     if not folders:
         click.echo(f"job {job_id}: no memory checkpoints recorded as left (freed at its end, or it kept none)")
         return

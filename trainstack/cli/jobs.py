@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from .._common import envvars
+from .._launch.backend import backend
 from .base import hosted, main, remote_call
 
 
@@ -26,14 +27,9 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool, 
     task); without JOBID, your queued and running jobs and the last jobs trainstack submitted. Works without Slurm
     accounting. A run's checkpoint store URL (s3://bucket/run) shows the run's attempts across clusters: where each
     ran, from which step, and which guarantee held."""
-    import json
-
-    from .._slurm.status import format_table, job_status, my_jobs, slurm_problem
-
+    slurm = backend()
     if submission is not None:  # submit --host lost its connection: was this token's job submitted?
-        from ..submit import find_submission
-
-        click.echo(json.dumps({"job": find_submission(submission)}))
+        click.echo(json.dumps({"job": slurm.find_submission(submission)}))
         return
     stores = [j for j in job_ids if "://" in j]
     if stores:  # a run's checkpoint store: the run across clusters, one line per attempt
@@ -45,20 +41,19 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool, 
         if not job_ids:
             return
 
-    rows = [row for job_id in job_ids for row in job_status(job_id)] if job_ids else my_jobs(limit)
+    rows = slurm.jobs(job_ids, limit)
     if as_json:
         click.echo(json.dumps([{**vars(r), "ended": r.ended, "log": str(r.log) if r.log else None,
                                 "folder": str(r.folder) if r.folder else None,
                                 "progress": r.progress.as_dict() if r.progress else None} for r in rows], indent=2))
     elif rows:
-        click.echo(format_table(rows))
+        click.echo(slurm.table(rows))
         if job_ids:  # named jobs: why each ended one ended
             from .._slurm.report import attempt_rows, health_lines, retry_line
-            from .._slurm.verdict import verdict
 
             for row in rows:
                 if row.ended:
-                    click.echo(f"{row.job}: {verdict(row.state, row.folder, row.log).line()}")
+                    click.echo(f"{row.job}: {slurm.verdict(row).line()}")
                 elif row.progress is not None:
                     click.echo(f"{row.job}: {row.progress.text()} (from the log line of "
                                f"{row.progress.age_s:.0f} s ago)")
@@ -73,7 +68,7 @@ def status(job_ids: tuple[str, ...], as_json: bool, limit: int, attempts: bool, 
         remote = remote_table(limit)  # jobs submitted from here with --host, on any host
         if remote:
             click.echo(("\n" if rows else "") + remote)
-    problem = None if job_ids or remote else slurm_problem()
+    problem = None if job_ids or remote else slurm.problem()
     if problem:
         click.echo(f"trainstack: Slurm is not available here ({problem}): no cluster was asked"
                    + ("; the states above come from the job folders." if rows else ".")
@@ -94,15 +89,10 @@ def why(job_id: str, as_json: bool) -> None:
     from .._common.goodput import format_ledger, ledger
     from .._slurm.attempt import describe, recoveries
     from .._slurm.report import attempt_contract, health, health_lines
-    from .._slurm.status import job_status, pending_note
-    from .._slurm.verdict import verdict
 
-    for row in job_status(job_id):
-        found = verdict(row.state, row.folder, row.log)
-        if row.state.startswith("PENDING"):
-            note = pending_note(row.job, row.folder)
-            if note:
-                found.kind, found.summary = "pending", note
+    slurm = backend()
+    for row in slurm.jobs([job_id]):
+        found = slurm.verdict(row)
         recovered = recoveries(row.folder) if row.folder is not None else []
         spent = ledger(row.folder)
         contract = attempt_contract(row.log)
@@ -133,14 +123,12 @@ def why(job_id: str, as_json: bool) -> None:
 @hosted
 def logs(job_id: str, rank: int | None, follow: bool, from_byte: int) -> None:
     """Print a job's combined log, or one rank's log; an array task is <job>_<task>."""
-    from .._slurm.status import exit_status, find_log, follow_log
-
+    slurm = backend()
     if follow:  # the job's exit status is the command's (a FAILED job is not a success)
-        row = follow_log(job_id, rank, echo=lambda text: click.echo(text, nl=False), offset=from_byte)
+        row = slurm.follow(job_id, rank, lambda text: click.echo(text, nl=False), offset=from_byte)
         click.echo(f"--- job {row.job} {row.state}", err=True)
-        sys.exit(exit_status(row.state))
-    path, _ = find_log(job_id, rank)
-    with open(path, encoding="utf-8", errors="replace") as fh:
+        sys.exit(slurm.exit_status(row.state))
+    with open(slurm.log(job_id, rank), encoding="utf-8", errors="replace") as fh:
         for line in fh:
             click.echo(line, nl=False)
 
@@ -150,9 +138,7 @@ def logs(job_id: str, rank: int | None, follow: bool, from_byte: int) -> None:
 @hosted
 def cancel(job_id: str) -> None:
     """Cancel a queued or running job (or one array task, <job>_<task>); a --requeue job is not requeued."""
-    from .._slurm.status import cancel_job
-
-    done = cancel_job(job_id)
+    done = backend().cancel(job_id)
     click.echo(f"cancelled {', '.join(done)}")
 
 
@@ -164,10 +150,8 @@ def cancel(job_id: str) -> None:
 def wait(job_id: str, timeout: float | None) -> None:
     """Wait until a job (every task of an array) ends, releasing Slurm's hold on its requeues, and exit with its
     exit status (0: completed), as submitit's job.wait() returns it."""
-    from .._slurm.status import wait_for
-
     try:
-        code, state = wait_for(job_id, None, timeout=timeout, cancel=False)
+        code, state = backend().wait(job_id, timeout=timeout)
     except TimeoutError:
         click.echo(f"job {job_id} has not ended within {timeout:g} s (it goes on)", err=True)
         sys.exit(124)
@@ -183,9 +167,7 @@ def wait(job_id: str, timeout: float | None) -> None:
 def debug(job_id: str, wait_s: float) -> None:
     """Every rank's Python stacks from a running job, and a summary naming the rank that is behind (the job keeps
     running). Dumps land in the job folder, debug-<time>/rank-<r>.txt."""
-    from .._slurm.jobs import debug_job
-
-    folder = debug_job(job_id, wait_s=wait_s, echo=click.echo)
+    folder = backend().debug(job_id, wait_s, click.echo)
     if folder is not None:
         click.echo(f"stacks: {folder}/rank-<r>.txt")
 

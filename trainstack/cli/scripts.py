@@ -80,8 +80,8 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
            remote_dir: str, clusters: tuple[str, ...], store: str | None, move_cost: float | None, hedge: bool,
            test_only: bool, **params: Any) -> None:
     """Render, create the job folder, sbatch; print the job id, its folder and its log."""
+    from .._launch.backend import backend
     from .._slurm.options import load_profile
-    from ..submit import finished_tasks, submission_notes, submit_spec, task_table
 
     if clusters:
         from .follow import follow_command
@@ -101,35 +101,29 @@ def submit(ctx: click.Context, wait: bool, snapshot: bool, hold: bool, dry_run: 
         sys.exit(remote_call(lambda: submit_hosted(host, remote_dir, args, Path.cwd())))
 
     spec, templates_dir = build_spec(params, given(ctx), site=site, say=lambda line: click.echo(line, err=True))
+    slurm = backend()
     if test_only:
-        from ..submit import expected_start
-
-        click.echo(json.dumps(expected_start(_render(spec, templates_dir), spec.partition, spec.world_size)))
+        click.echo(json.dumps(slurm.expected_start(_render(spec, templates_dir), spec)))
         return
     if dry_run:
         click.echo(_render(spec, templates_dir), nl=False)
-        if spec.tasks:
-            click.echo(task_table(spec, finished_tasks(spec)), err=True)
+        for line in slurm.submission_lines(spec, None):
+            click.echo(line, err=True)
         return
-    from .._slurm.options import check_submittable
-    from ..submit import sbatch_path
-
-    sbatch_path()  # no Slurm here: that first, before what the job would find
-    check_submittable(spec)
+    slurm.check(spec)
     note = driver_note(spec, shipped=True)
     if note:
         click.echo(note, err=True)
     if spec.requeue:
         click.echo("note: --requeue: cancel this job with `trainstack cancel JOB`; a plain scancel reads as a "
                    "preemption (Slurm sends both the same SIGTERM) and requeues it", err=True)
-    job = submit_spec(spec, wait=wait, templates_dir=templates_dir, command_line=_command_line(),
-                      echo=lambda line: click.echo(line, nl=False), snapshot=snapshot, hold=hold,
-                      argv=sys.argv)
+    job = slurm.submit(spec, wait=wait, templates_dir=templates_dir, command_line=_command_line(),
+                       echo=lambda line: click.echo(line, nl=False), snapshot=snapshot, hold=hold, argv=sys.argv)
     if spec.tasks and not job.job_id:
         click.echo(f"all {len(spec.tasks)} tasks of this sweep already finished (in {spec.sweep_dir}); "
                    f"nothing submitted")
         return
-    for line in submission_notes(job):
+    for line in slurm.submission_lines(spec, job):
         click.echo(line, err=True)
     held = " (held: scontrol release " + job.job_id + ")" if hold else ""
     click.echo(f"job {job.job_id}{held} folder {job.job_dir} log {job.log_path}")
@@ -149,14 +143,15 @@ def _render(spec: LaunchSpec, templates_dir: str | None) -> str:
 
 
 def _write_output(path: Path, text: str, force: bool) -> None:
-    from ..submit import write_script
+    from .._common.files import atomic_write
 
     if path.is_dir():
         raise click.BadParameter(f"{path} is a folder; give a file name", param_hint="'-o'")
     if path.exists() and not force:
         raise click.BadParameter(f"{path} exists; pass --force to overwrite it", param_hint="'-o'")
     try:
-        write_script(path, text)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, text, mode=0o755)  # executable; never a partial script
     except OSError as exc:
         raise click.BadParameter(f"cannot write {path}: {exc.strerror or exc}", param_hint="'-o'") from None
 
