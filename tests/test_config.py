@@ -20,6 +20,7 @@ from trainstack.errors import ConfigError
     ({"keep_last_checkpoints": 0}, "keep_last_checkpoints=0"),
     ({"max_batches": 0}, "max_batches=0"),
     ({"seed": -3}, "seed=-3"),
+    ({"seed_every_step": True}, "seed_every_step=True needs a seed"),
     ({"compute_setup": "tpu"}, "compute_setup='tpu'"),
     ({"backend": "ucc"}, "backend='ucc'"),
     ({"tracking_tool": "comet"}, "tracking_tool='comet'"),

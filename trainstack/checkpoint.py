@@ -33,8 +33,7 @@ import torch.distributed as dist
 
 from ._checkpoint.export import check_exportable, export_model
 from ._checkpoint.failures import why_failed, why_unreadable
-from ._checkpoint.parts import Restored, load_parts, model_config
-from ._checkpoint.parts import state_of as _state_of
+from ._checkpoint.parts import Restored, load_parts, model_config, state_of
 from ._checkpoint.parts import unwrap as _unwrap
 from ._checkpoint.retention import rotate
 from ._checkpoint.rng import capture_rng, gather_rng, restore_rng
@@ -46,7 +45,8 @@ from .errors import CheckpointError, UnreadableCheckpoint
 if TYPE_CHECKING:
     from ._checkpoint.memory import MemoryCheckpoints
 
-__all__ = ["CheckpointError", "Checkpointer", "Restored", "atomic_save", "capture_rng", "restore_rng",
+__all__ = ["CheckpointError", "Checkpointer", "Restored", "atomic_save", "capture_rng", "restore_rng", "state_of",
+           "load_parts",
            "checkpoint_name", "has_checkpoint", "load_file", "find", "consolidate", "describe", "load_checkpoint",
            "write_checkpoint", "Store", "Uploads", "export_model", "check_exportable", "stage", "adopt"]
 
@@ -165,7 +165,7 @@ class Checkpointer:
         for part_name, part in parts.items():
             if sharded and part_name in ("model", "optimizer"):
                 continue  # written as shards by every rank
-            state[part_name] = _state_of(part)
+            state[part_name] = state_of(part)
         if parts.get("optimizer") is not None:
             state["optimizer_class"] = type(parts["optimizer"]).__name__
         state["rng"] = gather_rng()
@@ -615,7 +615,7 @@ def write_checkpoint(folder: str | os.PathLike, model: torch.nn.Module, optimize
     for ``iteration="best"``) in ``folder/checkpoints``; one file holds both."""
     name = BEST if iteration == "best" else checkpoint_name(int(iteration), int(iteration))
     it = 0 if iteration == "best" else int(iteration)
-    state = {"format_version": FORMAT_VERSION, "epoch": it, "global_step": it, "model": _state_of(model),
+    state = {"format_version": FORMAT_VERSION, "epoch": it, "global_step": it, "model": state_of(model),
              "optimizer": optimizer.state_dict() if optimizer is not None else None,
              "optimizer_class": type(optimizer).__name__ if optimizer is not None else None}
     return Checkpointer(folder).write(state, name)

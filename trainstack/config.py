@@ -127,6 +127,10 @@ class TrainConfig:
     """Average training metrics over all ranks once per epoch (validation metrics always are)."""
     seed: int | None = None
     """Seed Python/NumPy/torch (``seed + rank`` per process) and the data shuffle. None: leave RNGs alone."""
+    seed_every_step: bool = False
+    """With ``seed``: seed every rank again at each optimizer step, from the seed, its rank and the step, so a run
+    restarted anywhere (a rank restarted in place beside survivors, a resume at another world size) continues the
+    exact random streams (dropout) without carrying RNG state. The streams differ from those of one seeding."""
     gradient_accumulation_steps: int = 1
     """Optimizer step every N batches (no DDP gradient sync on the others)."""
     grad_clip_norm: float | None = None
@@ -212,6 +216,9 @@ class TrainConfig:
         self.log_folder = _as_path("log_folder", self.log_folder)
         for name in ("nprocs", "batch_size", "gradient_accumulation_steps", "stop_check_every"):
             check_int(name, getattr(self, name), minimum=1)
+        if self.seed_every_step and self.seed is None:
+            raise ConfigError("seed_every_step=True needs a seed: the streams of each step derive from it. HINT: "
+                              "seed=0 (or any int), or seed_every_step=False.")
         for name in ("max_batches", "keep_last_checkpoints", "seed"):
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name), minimum=0 if name == "seed" else 1)

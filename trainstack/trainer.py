@@ -20,6 +20,7 @@ Counters: ``current_epoch`` (finished epochs), ``global_step`` (optimizer steps)
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import sys
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from ._train import devrun, handoff, notes, qadence, run
 from ._train.evaluate import Evaluator, default_predict
 from ._train.live import timed
 from ._train.metrics import EpochSums, MetricLog, nonfinite_loss
+from ._train.peers import Held
 from ._train.progress import Progress, ProgressView, Stop
 from ._train.qadence import UseGrad, check_optimizer, refuse_qadence_hooks
 from ._train.run import Run, outside_counters
@@ -118,8 +120,9 @@ def _fit_entry(trainer: Trainer, claim: Claim) -> dict[str, Any] | None:
 def _fit_in_place(trainer: Trainer, entry: Callable[[Trainer, Claim], dict[str, Any] | None], claim: Claim
                   ) -> dict[str, Any] | None:
     """``entry`` (the loop on every rank); where a peer died and the driver continues this rank in place
-    (``_runtime/inplace.py``), again in the next job step's process group, from this ``fit``'s start: the restore
-    then sets the position as it would in a fresh process."""
+    (``_runtime/inplace.py``), again in the next job step's process group, from this ``fit``'s start, holding the
+    state of its last complete step (``_train/peers.py``): the restore then sets the position from it, or from the
+    newest checkpoint where no rank holds one, as it would in a fresh process."""
     start = copy.deepcopy(trainer.progress)
     while True:
         try:
@@ -128,6 +131,8 @@ def _fit_in_place(trainer: Trainer, entry: Callable[[Trainer, Claim], dict[str, 
             if not inplace.may_wait(exc, trainer.accelerator):
                 raise
             error = inplace.detach(exc)
+        mark = trainer._run.mark if trainer._run is not None else None
+        claim = dataclasses.replace(claim, held=Held(mark, moved=mark is None or mark.step != trainer.global_step))
         trainer._let_go()
         offer = inplace.next_step(error, trainer.accelerator)
         if offer is None:
@@ -436,8 +441,11 @@ class Trainer(ProgressView):
                     hb.step = self.global_step
                 if on_end and self.global_batch % on_end == 0:
                     self.callbacks.fire("train_batch_end", self, self.global_batch, loss, metrics)
-                if boundary and self.global_step >= schedule.next and self._at_step(active, n, sums, n == end):
-                    return True
+                if boundary and self.global_step >= schedule.next:
+                    if self._at_step(active, n, sums, n == end):
+                        return True
+                elif boundary:
+                    active.completed(n, sums)  # the step is complete: a restart in place continues from here
                 hb.phase = "data"
         except Exception as exc:
             if self.global_step == active.first_step and hasattr(exc, "add_note") \
@@ -458,6 +466,7 @@ class Trainer(ProgressView):
                                   self.accelerator.world_size, sums.loss_sum, sums.sums, tracker.live.interval)
         if "optimizer_step" in due:
             self.callbacks.fire("optimizer_step", self, step)
+        active.completed(n, sums)  # optimizer and scheduler stepped: complete, before any collective duty
         if "clock" in due:
             line, period = tracker.clock_due(step)
             active.schedule.set_period("clock", period, step)

@@ -1,7 +1,8 @@
 """Trained by test_inplace.py as one srun task per rank would run it (the test sets the Slurm step's variables and
 plays the allocation driver): 2 ranks, a checkpoint every 4 steps; rank KILL_RANK SIGKILLs itself after step
-KILL_STEP in job step 0. Each rank leaves its pid and job step per fit start (pids/<rank>); rank 0 saves the final
-parameters."""
+KILL_STEP in job step 0; every optimizer step's random streams (dropout) derive from the seed, the rank and the
+step (``seed_every_step``), so the new rank draws what the killed one would have. Each rank leaves its pid and job
+step per fit start (pids/<rank>); rank 0 saves the final parameters."""
 
 import os
 import signal
@@ -28,7 +29,8 @@ def leave_pid(trainer, config, writer):
 
 if __name__ == "__main__":
     model = _toy.model(16)
-    cfg = TrainConfig(max_iter=2, seed=3, checkpoint_every_n_steps=4, resume="auto", verbose=False,
+    cfg = TrainConfig(max_iter=2, seed=3, seed_every_step=True, checkpoint_every_n_steps=4, resume="auto",
+                      verbose=False,
                       root_folder=OUT / "runs", backend="gloo", compute_setup="cpu",
                       gradient_accumulation_steps=int(os.environ.get("ACCUMULATE", "1")),
                       callbacks=[Callback(on="optimizer_step", callback=fault),

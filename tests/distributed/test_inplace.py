@@ -2,7 +2,8 @@
 variables per rank, the job folder, ``TRAINSTACK_IN_PLACE=1``) and plays the driver -- it waits for the surviving
 rank to say it waits, writes the next step's offer and starts only the killed rank, as a step of one task
 (``TRAINSTACK_TASK_RANKS``). The survivor's process trains on and ends the run with parameters bitwise equal to an
-uninterrupted run's, with gradient accumulation (its failed step's gradients must not add up). The real-Slurm
+uninterrupted run's, with gradient accumulation (its failed step's gradients must not add up), continuing from the
+step it completed -- the new rank takes its state, no checkpoint is read (issue 67). The real-Slurm
 path: tests/slurm/test_recovery.py; the driver's decisions: tests/test_allocation.py."""
 
 from __future__ import annotations
@@ -80,5 +81,9 @@ def test_a_survivor_continues_in_its_process_and_ends_bitwise_like_an_unfaulted_
     assert "rank 0 lost a peer in job step 0" in said and "rank 0 continues in place in job step 1" in said, said
     pids = (tmp_path / "faulted" / "pid-0").read_text().split()
     assert pids[0] == pids[2] and (pids[1], pids[3]) == ("0", "1"), pids  # one process, in job steps 0 and 1
-    assert "Resumed from" in said and "step 4" in said, said
+    # issue 67: no rollback -- the survivor continues from the step it completed (5, the checkpoint is at 4), and
+    # the new rank 1 takes that state from it, not from a checkpoint
+    assert "Resumed from its own live state at step 5 (no step redone) (epoch 0, step 5" in said, said
+    (sent,) = [e for e in JobFiles(tmp_path / "faulted" / "job").events() if e["kind"] == "peer_state"]
+    assert sent["step"] == 5 and sent["source_rank"] == 0 and sent["receivers"] == [1] and sent["bytes"] > 0, sent
     assert state.keys() == reference.keys() and all(torch.equal(state[k], reference[k]) for k in state)

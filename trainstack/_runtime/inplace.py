@@ -32,7 +32,8 @@ from .._common import envvars as envvars
 from .._common.jobfiles import OFFERED, JobFiles, Offer
 from . import fastexit
 
-__all__ = ["may_wait", "detach", "next_step", "join", "joined", "environment", "WAIT_S", "JOIN_S", "Rejoining"]
+__all__ = ["enabled", "may_wait", "in_place_step", "detach", "next_step", "join", "joined", "environment", "WAIT_S",
+           "JOIN_S", "Rejoining"]
 
 
 class Rejoining(Protocol):
@@ -51,11 +52,23 @@ WAIT_S = 120.0  # the driver decides in well under a second; it kills a step it 
 JOIN_S = 60.0
 
 
+def enabled(accelerator: Rejoining) -> bool:
+    """Does this rank restart in place after losing a peer: a job whose driver restarts in place, a model that can
+    join a new group?"""
+    return JobFiles.current() is not None and os.environ.get(envvars.IN_PLACE) == "1" and \
+        accelerator.restarts_in_place
+
+
 def may_wait(exc: BaseException, accelerator: Rejoining) -> bool:
     """Can this rank wait in place after ``exc`` ended its ``fit``: a lost peer, in a job whose driver restarts in
     place, with a model that can join a new group?"""
-    return JobFiles.current() is not None and os.environ.get(envvars.IN_PLACE) == "1" and \
-        fastexit.secondary(type(exc), exc) and accelerator.restarts_in_place
+    return enabled(accelerator) and fastexit.secondary(type(exc), exc)
+
+
+def in_place_step() -> bool:
+    """Is this process in a job step that continues ranks in place (a survivor joined it, or it started beside
+    survivors: ``TRAINSTACK_TASK_RANKS``)? Then every rank of the step takes the survivors' state (``peers``)."""
+    return os.environ.get(envvars.IN_PLACE) == "1" and envvars.TASK_RANKS in os.environ
 
 
 def detach(exc: BaseException) -> BaseException:

@@ -18,7 +18,7 @@ from torch import nn
 from .._common import envvars as envvars
 from .._common import jobevents as jobevents
 from .._common.choices import SHARDING
-from .._runtime import compiling, watchdog
+from .._runtime import compiling, inplace, watchdog
 from .._runtime.preemption import INTERRUPT, GracefulStop, resolve_signals
 from ..accelerator import retarget_optimizer, seed_everything
 from ..callbacks import CallbackManager, LRScheduler, ModelCheckpoint
@@ -27,6 +27,7 @@ from ..checkpoint import (
     Restored,
     Store,
     Uploads,
+    capture_rng,
     check_exportable,
     export_model,
     open_memory,
@@ -39,12 +40,21 @@ from . import notes, runstore, throughput
 from .evaluate import Evaluator, prepare_eval
 from .live import hold_warnings
 from .metrics import EpochSums
+from .peers import Held, Mark, agree
 from .progress import Stop
 from .resume import EpochCursor, derived_seed
 from .runfolder import Claim, RunFolder, check_same_experiment, record_config, run_identity
 from .schedule import NEVER, Schedule
 from .shrink import keep_global_batch
-from .steps import AMP_DTYPES, Step, autocast_precision, is_custom_step, make_step, track_optimizer_steps
+from .steps import (
+    AMP_DTYPES,
+    SeededStep,
+    Step,
+    autocast_precision,
+    is_custom_step,
+    make_step,
+    track_optimizer_steps,
+)
 from .tracker import Span, Tracker, banner_info
 
 if TYPE_CHECKING:
@@ -118,6 +128,8 @@ class Run:
         self.releases = contextlib.ExitStack()  # what _open took, released in reverse by close()
         self.cursor = EpochCursor()
         self.run_id = None
+        self.marking = inplace.enabled(self.accelerator)  # restarts in place: every complete step is marked
+        self.mark: Mark | None = None
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -178,7 +190,7 @@ class Run:
             self.compile_cache = compiling.use_cache(compiling.cache_folder(self.path, self.folder.run_id))
             watchdog.first_step_window(compiling.window())
             self.step = compiling.FirstStep(self.step, acc, trainer.console_print)
-        self._start_reports(self._resume(claim.continuing is not None))
+        self._start_reports(self._resume(claim.continuing is not None, claim.held))
 
     parts: Callable[[], dict[str, Any]]
 
@@ -199,9 +211,11 @@ class Run:
         self.capped = bool(trainer.max_batches) or is_infinite(self.train_loader)
         self.step = make_step(cfg, trainer.optimizer, trainer.loss_fn, trainer.optimize_step, trainer.use_grad,
                               acc.device, acc.data_dtype)
+        if cfg.seed_every_step and cfg.seed is not None:
+            self.step = SeededStep(self.step, cfg.seed, acc.rank, lambda: trainer.global_step)
         self.evaluate = Evaluator(acc, trainer.loss_fn, fire, AMP_DTYPES.get(autocast_precision(cfg)))
 
-    def _resume(self, continues: bool) -> Restored | None:
+    def _resume(self, continues: bool, held: Held | None = None) -> Restored | None:
         """Continue from a checkpoint when asked (before the banner, so it shows where training continues), and say
         what this run is: new, continued, or with nothing left to train."""
         trainer, cfg = self.trainer, self.config
@@ -217,7 +231,9 @@ class Run:
                 runstore.pull_newer(self.store, self.checkpointer, main, trainer.console_print,
                                     self.uploads.lease if self.uploads is not None else None)
                 self.accelerator.barrier()  # every rank then sees what rank 0 downloaded
-            restored = self._from_memory(check) if self.memory is not None else None
+            restored = self._from_peers(held) if inplace.in_place_step() else None
+            if restored is None and self.memory is not None:
+                restored = self._from_memory(check)
             if restored is None:
                 restored = self.checkpointer.restore(self.parts(), None if cfg.resume == "auto" else cfg.resume,
                                                      rank=self.accelerator.rank, check=check)
@@ -237,6 +253,15 @@ class Run:
                                        trainer.stop_reason if restored is not None and trainer.stop_training else None,
                                        earlier) + ([notes.UNBOUNDED_LOADER] if self.per_epoch is None else []):
             trainer.console_print(note)
+        return restored
+
+    def _from_peers(self, held: Held | None) -> Restored | None:
+        """Collective: the newest step a rank continued in place holds, taken from it by every rank holding another
+        (no checkpoint read, no step redone); None: none holds one (said)."""
+        acc = self.accelerator
+        restored, why = agree(held, self.parts(), acc.rank, acc.world_size)
+        if restored is None:
+            self.trainer.console_print(f"trainstack: {why}: resuming from the newest checkpoint.")
         return restored
 
     def _from_memory(self, check: Callable[[Any, Path], None]) -> Restored | None:
@@ -366,17 +391,27 @@ class Run:
                                self.accelerator.all_reduce_dict if row else None, row)
 
     # ------------------------------------------------------------------ what a checkpoint records
-    def counters(self) -> dict[str, Any]:
-        """The loop's own state in a checkpoint; the parts (model, optimizer, ...) save themselves."""
+    def counters(self, partial: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The loop's own state in a checkpoint (``partial``: its position in the epoch, else the cursor's); the
+        parts (model, optimizer, ...) save themselves."""
         trainer = self.trainer
         found = self.best() or {}
         return {"epoch": trainer.current_epoch, "global_step": trainer.global_step,
                 "global_batch": trainer.global_batch, "run_start_epoch": self.run_start,
                 "run_start_step": self.run_start_step, "val_step": self.val_step,
-                "partial_epoch": self.cursor.checkpoint(), "best": found or None,
+                "partial_epoch": self.cursor.checkpoint() if partial is None else partial, "best": found or None,
                 "best_val_loss": found["value"] if found.get("name") == "val_loss" else None,
                 "saved_at": time.time(), "identity": self.identity, "run_id": self.run_id,
                 "stopped_by": trainer.progress.stopped_by()}
+
+    def completed(self, n: int, sums: EpochSums) -> None:
+        """Optimizer step ``global_step`` is complete (its optimizer and scheduler stepped, after ``n`` batches of
+        the epoch): where a rank restarted in place continues from, with no step redone (``peers``)."""
+        if self.marking:
+            acc = self.accelerator
+            at = self.cursor.position(n, getattr(self.train_loader, "samples_per_step", None), acc.world_size)
+            partial = {**at, "loss_sum": sums.loss_sum, "sums": dict(sums.sums), "interval": None}
+            self.mark = Mark(self.trainer.global_step, self.counters(partial), capture_rng(), acc.world_size)
 
     def finish(self, reason: str, final: dict[str, Any] | None) -> None:
         """The end of a finished run (every rank): the final model exported when asked, then the summary (rank 0):

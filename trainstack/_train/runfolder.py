@@ -27,6 +27,7 @@ from ..errors import ConfigError
 if TYPE_CHECKING:
     from ..accelerator import Accelerator
     from ..config import TrainConfig
+    from .peers import Held
 
 __all__ = ["choose_run_folder", "RunLock", "RunFolderBusy", "auto_chosen", "refuse_to_overwrite", "RunFolder",
            "run_identity", "standalone_checkpointer", "record_config", "check_same_experiment",
@@ -320,6 +321,7 @@ class Claim:
     path: Path | None = None
     continuing: Path | None = None
     identity: dict[str, Any] | None = None
+    held: Held | None = None  # a rank continued in place: the state of its last complete step (``peers``)
 
 
 class RunFolder:

@@ -352,3 +352,24 @@ def track_optimizer_steps(optimizer: Any) -> None:
 
     wrapper._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
     optimizer.step = wrapper
+
+
+class SeededStep:
+    """``step`` with every optimizer step's random streams seeded from the run's seed, this rank and the step
+    (``TrainConfig.seed_every_step``): a run restarted anywhere -- a rank restarted in place beside survivors that
+    never stopped, a resume at another world size -- draws exactly what the uninterrupted run drew, without carrying
+    RNG state. Seeded at the first batch of each optimizer step, after the loader's iterator drew its own."""
+
+    def __init__(self, step: Step, seed: int, rank: int, at_step: Callable[[], int]) -> None:
+        self._step, self._seed, self._rank, self._at_step = step, seed, rank, at_step
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._step, name)
+
+    def __call__(self, model: nn.Module, batch: Any) -> StepResult:
+        if self._step.at_boundary:  # no batch of this optimizer step ran yet
+            from ..accelerator import seed_everything
+            from .resume import derived_seed
+
+            seed_everything(derived_seed(self._seed, self._rank, self._at_step()))
+        return self._step(model, batch)
