@@ -34,13 +34,13 @@ from ._common import jobevents as jobevents
 from ._common.choices import SHARDING
 from ._runtime import compiling, inplace, watchdog
 from ._runtime.watchdog import heartbeat
-from ._train import devrun, handoff, notes, qadence, run
+from ._train import devrun, handoff, notes, run
 from ._train.evaluate import Evaluator, default_predict
 from ._train.live import timed
 from ._train.metrics import EpochSums, MetricLog, nonfinite_loss
 from ._train.peers import Held
 from ._train.progress import Progress, ProgressView, Stop
-from ._train.qadence import UseGrad, check_optimizer, refuse_qadence_hooks
+from ._train.qadence import GradModes, check_optimizer, refuse_qadence_hooks
 from ._train.run import Run, outside_counters
 from ._train.runfolder import Claim, RunFolder, run_identity, standalone_checkpointer
 from ._train.schedule import Schedule
@@ -164,7 +164,7 @@ def _eval_loader(kind: str, loader: Any) -> Any:
     return checked
 
 
-class Trainer(ProgressView):
+class Trainer(ProgressView, GradModes):
     """Train ``model`` with ``optimizer`` as ``config`` says, on ``config.nprocs`` processes.
 
     ``loss_fn`` is ``"mse"``, ``"cross_entropy"`` or ``(model, batch) -> loss | (loss, metrics)``; metrics are
@@ -215,12 +215,6 @@ class Trainer(ProgressView):
         self._identity: dict[str, Any] | None = None  # this experiment's, as its checkpoints record it
         self._run: Run | None = None  # this rank's current (or last) fit(); never pickled
         self._fast_dev_ran = False  # fast_dev_run trained the model: no real run on this Trainer
-
-    # ------------------------------------------------------------------ gradient mode (qadence switches)
-    use_grad = UseGrad()  # this Trainer's mode; set_use_grad sets every Trainer's
-    set_use_grad = classmethod(qadence.set_use_grad)
-    enable_grad_opt = qadence.enable_grad_opt
-    disable_grad_opt = qadence.disable_grad_opt
 
     # ------------------------------------------------------------------ public API
     def fit(self, train_dataloader: Any = None, val_dataloader: Any = None) -> tuple[nn.Module, Any]:
@@ -373,9 +367,7 @@ class Trainer(ProgressView):
         if active is not None:
             active.apply(restored)
         else:  # no loop to position: the model, optimizer and counters
-            c = restored.counters
-            self.current_epoch, self.global_step = int(c["epoch"]), int(c["global_step"])
-            self.global_batch = int(c.get("global_batch", self.global_step))
+            self.progress.restore(restored.counters)
         return True
 
     # ------------------------------------------------------------------ the loop (every rank)
@@ -408,7 +400,7 @@ class Trainer(ProgressView):
 
     def _train_epoch(self, active: Run) -> bool:
         """One pass over the training data (the rest of one after a mid-epoch resume); True when stopped early."""
-        model, step, schedule, hb = active.model, active.step, active.schedule, heartbeat()
+        model, step, hb = active.model, active.step, heartbeat()
         cursor = active.cursor
         pending_rng = cursor.pending_rng
         n, totals, batches, left = cursor.begin(active.train_loader, active.per_epoch, active.capped)
@@ -441,11 +433,8 @@ class Trainer(ProgressView):
                     hb.step = self.global_step
                 if on_end and self.global_batch % on_end == 0:
                     self.callbacks.fire("train_batch_end", self, self.global_batch, loss, metrics)
-                if boundary and self.global_step >= schedule.next:
-                    if self._at_step(active, n, sums, n == end):
-                        return True
-                elif boundary:
-                    active.completed(n, sums)  # the step is complete: a restart in place continues from here
+                if boundary and self._at_step(active, n, sums, n == end):
+                    return True
                 hb.phase = "data"
         except Exception as exc:
             if self.global_step == active.first_step and hasattr(exc, "add_note") \
@@ -459,14 +448,18 @@ class Trainer(ProgressView):
     def _at_step(self, active: Run, n: int, sums: EpochSums, epoch_end: bool) -> bool:
         """The duties the schedule puts on this optimizer step, in order: callbacks, lines, the bar; then (mid-epoch)
         validation, a checkpoint, the stop agreement, the step limit. True when training stops here; any checkpoint
-        written here records this position in the epoch."""
+        written here records this position in the epoch. The step is complete once its optimizer and scheduler
+        stepped: where a restart in place continues from (``active.completed``)."""
+        if self.global_step < active.schedule.next:  # no duty on this step
+            active.completed(n, sums)
+            return False
         step, due, tracker = self.global_step, active.schedule.due(self.global_step), active.tracker
         if due - {"log", "clock", "bar", "report"}:  # a collective duty: a checkpoint here records the position
             active.cursor.stop_at(n, getattr(active.train_loader, "samples_per_step", None),
                                   self.accelerator.world_size, sums.loss_sum, sums.sums, tracker.live.interval)
         if "optimizer_step" in due:
             self.callbacks.fire("optimizer_step", self, step)
-        active.completed(n, sums)  # optimizer and scheduler stepped: complete, before any collective duty
+        active.completed(n, sums)  # before any collective duty
         if "clock" in due:
             line, period = tracker.clock_due(step)
             active.schedule.set_period("clock", period, step)

@@ -44,7 +44,7 @@ class Backend(Protocol):
         """What a submission says beside its id: a sweep's task table (``job`` None: before submitting), notes."""
         ...
 
-    def find_submission(self, token: str) -> dict[str, Any] | None:
+    def find_submission(self, token: str) -> str | None:
         """The job a submission token names (a ``--host`` submit that lost its connection)."""
         ...
 

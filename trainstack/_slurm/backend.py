@@ -46,7 +46,7 @@ class SlurmBackend:
             return [task_table(spec, finished_tasks(spec))] if spec.tasks else []
         return list(submission_notes(job))
 
-    def find_submission(self, token: str) -> dict[str, Any] | None:
+    def find_submission(self, token: str) -> str | None:
         from .submission import find_submission
 
         return find_submission(token)

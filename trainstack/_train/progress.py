@@ -64,6 +64,12 @@ class Progress:
         """What checkpoints record of a stop that ends the run for good (None for any other)."""
         return self.why if self.stop is not None and self.stop.for_good else None
 
+    def restore(self, counters: dict[str, Any]) -> None:
+        """The position a checkpoint's counters record (decoded here once): finished epochs, optimizer steps,
+        batches (older checkpoints counted batches only: then as many as steps)."""
+        self.epoch, self.step = int(counters["epoch"]), int(counters["global_step"])
+        self.batch = int(counters.get("global_batch", self.step))
+
     def state_dict(self) -> dict[str, Any]:
         return {**asdict(self), "stop": self.stop.value if self.stop else None}
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ..trainer import Trainer
 
 __all__ = ["check_optimizer", "grad_mode", "refuse_qadence_hooks", "QADENCE_HOOKS", "UseGrad", "set_use_grad",
-           "enable_grad_opt", "disable_grad_opt"]
+           "enable_grad_opt", "disable_grad_opt", "GradModes"]
 
 QADENCE_HOOKS = ("on_train_start", "on_train_end", "on_train_epoch_start", "on_train_epoch_end",
                  "on_val_epoch_start", "on_val_epoch_end", "on_train_batch_start", "on_train_batch_end",
@@ -99,3 +99,13 @@ def refuse_qadence_hooks(cls: type, base: type) -> None:
         raise ConfigError(f"{cls.__name__} overrides {', '.join(overridden)}, which trainstack never calls (qadence "
                           f"did). HINT: use a callback instead: TrainConfig(callbacks=[Callback(on={event!r}, "
                           f"callback=lambda trainer, config, writer: ...)]).")
+
+
+class GradModes:
+    """qadence's gradient-mode switches, as a Trainer has them: ``use_grad`` (this Trainer's), ``set_use_grad``
+    (every Trainer's), ``enable_grad_opt`` / ``disable_grad_opt`` (for a block)."""
+
+    use_grad = UseGrad()
+    set_use_grad = classmethod(set_use_grad)
+    enable_grad_opt = enable_grad_opt
+    disable_grad_opt = disable_grad_opt

@@ -361,8 +361,7 @@ class Run:
     def apply(self, restored: Restored) -> None:
         """Take over a checkpoint's counters; a mid-epoch one continues at its batch with its partial sums."""
         trainer, c, acc = self.trainer, restored.counters, self.accelerator
-        trainer.current_epoch, trainer.global_step = int(c["epoch"]), int(c["global_step"])
-        trainer.global_batch = int(c.get("global_batch", trainer.global_step))  # older ones counted batches only
+        trainer.progress.restore(c)
         self.run_start, self.run_start_step = int(c.get("run_start_epoch", 0)), int(c.get("run_start_step", 0))
         self.val_step = int(c.get("val_step", -1))
         self.identity = c.get("identity") or self.identity

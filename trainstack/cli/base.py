@@ -188,7 +188,7 @@ def forwarded_args(ctx: click.Context, drop: tuple[str, ...] = ("host", "remote_
     words: list[str] = []
     node = ctx
     while node.parent is not None:  # the subcommands' names, not the program's ("python -m trainstack" is 3 words)
-        words.insert(0, node.info_name)
+        words.insert(0, node.info_name or "")
         node = node.parent
     tail: list[str] = []
     for param in ctx.command.params:
