@@ -141,7 +141,7 @@ def test_a_recovery_is_read_back_with_its_phases_and_steps_lost(tmp_path):
     assert rec["where"] == "in allocation" and rec["nodes"] == "node1,node3" and rec["steps_lost"] == 3, rec
     assert rec["phases"]["detect"] == 0.5 and rec["phases"]["restore"] == 0.5 and rec["phases"]["first step"] == 0.5
     assert rec["total"] == round(decided + 5 - 100.0, 2)
-    assert describe(rec).startswith("recovered in the allocation on node1,node3 in ") and "3 step(s) lost" in \
+    assert describe(rec).startswith("recovered in the allocation on node1,node3 in ") and "steps redone: 3" in \
         describe(rec)
 
 

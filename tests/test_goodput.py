@@ -49,5 +49,24 @@ def test_a_crash_retried_in_the_allocation_then_a_requeue(tmp_path):
     assert format_ledger(found).startswith(f"goodput {100 * found['goodput']:.1f}% of 2m 30s: ")
 
 
+def test_the_survivors_state_sent_to_a_new_rank_is_a_part_of_its_own_and_nothing_is_rolled_back(tmp_path):
+    """Issue 67: a crash in place whose new rank took the survivors' state (a peer_state event of 0.4 s) at the
+    step the crash reached: no rollback, the transfer its own part, carved out of the recovery."""
+    ev = lambda kind, t, a=0, k=0, **f: {"kind": kind, "time": t, "attempt": a, "step_index": k, **f}  # noqa: E731
+    write(tmp_path, [
+        ev("job_start", 10, submitted=10), ev("step_start", 11), ev("step_end", 60), ev("step_start", 61, k=1),
+        ev("peer_state", 63, step=25, seconds=0.4, bytes=1000), ev("resumed", 64, step=25, origin="live"),
+        ev("step_end", 100, k=1), ev("job_end", 101)],
+        [{"restart": 0, "step_index": 0, "loop_started": 20, "first_beat": 21, "beats": 25,
+          "spent": {"forward": 10, "backward": 10, "optimizer": 5}},
+         {"restart": 0, "step_index": 1, "loop_started": 65, "first_beat": 66, "beats": 20,
+          "spent": {"forward": 10, "backward": 10}}],
+        [{"attempt": 0, "step_index": 0, "kind": "killed (signal 9)", "step": 25, "fault_time": 58.0,
+          "retried": True}])
+    found = ledger(tmp_path)
+    assert found["parts"]["peer_transfer"] == 0.4 and found["steps"][0]["parts"]["rollback"] < 5, found
+    assert abs(sum(found["parts"].values()) - found["total_s"]) < 0.05, found
+
+
 def test_no_timeline_no_ledger(tmp_path):
     assert ledger(tmp_path) is None and ledger(None) is None

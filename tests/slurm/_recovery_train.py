@@ -1,7 +1,9 @@
 """Trained by test_recovery.py: 4 ranks on 2 nodes, slow enough to be killed mid-epoch, a checkpoint every 5
 steps, resume='auto'; every rank leaves its pid (by host) so the test can kill it or its node; rank 0 writes the
 step it reached and the final parameters; with RECORD_IDS=1 every rank records the samples of each optimizer step
-(ids/<job step>-rank<r>.jsonl); STOP_AT=N stops the run gracefully at step N (a reference's checkpoint). Under the
+(ids/<job step>-rank<r>.jsonl); STOP_AT=N stops the run gracefully at step N (a reference's checkpoint). Every
+optimizer step's random streams (dropout) derive from the seed, the rank and the step (``seed_every_step``): a rank
+started beside survivors draws what the killed one would have. Under the
 spawn launcher each node's task spawns its share of the 4 processes (TRAINSTACK_NPROCS, set by the job script)."""
 
 import json
@@ -68,7 +70,8 @@ if __name__ == "__main__":
                                     torch.arange(240)), batch_size=4, shuffle=True)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Dropout(0.1), nn.Linear(32, 1))
-    cfg = TrainConfig(max_iter=4, seed=1, checkpoint_every_n_steps=5, resume="auto", verbose=False,
+    cfg = TrainConfig(max_iter=4, seed=1, seed_every_step=True, checkpoint_every_n_steps=5, resume="auto",
+                      verbose=False,
                       memory_checkpoint_every_n_steps=int(os.environ.get("MEMORY_EVERY", "0")),
                       root_folder=OUT / "runs", backend="gloo", compute_setup="cpu",
                       # STOP_AT (a reference run, outside Slurm): its own stop file, checked every step; under the

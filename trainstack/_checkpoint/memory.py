@@ -644,4 +644,4 @@ def restore_memory(memory: MemoryCheckpoints, parts: Mapping[str, Any], newer_th
     state = found.laid_out(parts)
     load_parts(parts, state, found.path)
     counters = {k: v for k, v in state.items() if k not in reserved and k not in parts}
-    return Restored(counters, state.get("rng"), found.path, world, found.source()), found.passed_over
+    return Restored(counters, state.get("rng"), found.path, world, found.source(), "memory"), found.passed_over

@@ -42,6 +42,7 @@ class Restored:
     path: Path
     world_size: int
     source: str = ""  # in words, when not the file itself: "memory at step 40 (...)"
+    origin: str = "checkpoint"  # checkpoint, memory (peer copies in /dev/shm) or live (a survivor's own state)
 
 
 def load_parts(parts: Mapping[str, Any], state: Mapping[str, Any], where: Path) -> None:

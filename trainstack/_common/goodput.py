@@ -20,6 +20,8 @@ time and last step of a crash). Every second from the first submission to the en
 * ``recovery``: from a crash's first failing task to the next step's loop -- detection, teardown, probes, the
   decision, and the relaunch and restore of the step after it (in the allocation, or the requeued attempt's
   set-up): what the failure cost; the requeued job's hold is queue time;
+* ``peer_transfer``: of that, the survivors sending their live state to the ranks that lacked it (``peer_state``
+  events: no checkpoint read, no step redone);
 * ``other``: the rest (callbacks, logging, the script's own work, the end of a step after its last ledger).
 
 ``goodput`` = productive / total.
@@ -37,7 +39,7 @@ from .jobfiles import JobFiles
 __all__ = ["PARTS", "RUN_PARTS", "ledger", "run_ledger", "format_ledger"]
 
 PARTS = ("queue", "startup", "node_check", "compile", "checkpoint", "eval", "data_wait", "productive", "rollback",
-         "recovery", "other")
+         "recovery", "peer_transfer", "other")
 _COMPUTE = ("forward", "backward", "optimizer", "step")
 
 
@@ -157,6 +159,9 @@ def ledger(folder: Path | None, now: float | None = None) -> dict[str, Any] | No
         elif after_crash:  # the decision and probes between a crashed step and its retry
             totals["recovery"] += max(0.0, step["start"] - previous["end"])
         previous = step
+    sent = sum(float(e.get("seconds") or 0) for e in evs if e.get("kind") == "peer_state")
+    totals["peer_transfer"] = min(sent, totals["recovery"])  # a part of the recovery, told apart
+    totals["recovery"] -= totals["peer_transfer"]
     total = max(end - first_submit, 1e-9)
     covered = sum(totals.values())
     if covered > total:  # rounding of Slurm's one-second submit time

@@ -258,8 +258,7 @@ def recoveries(folder: Path) -> list[dict]:
                     "nodes": relaunch.get("nodes"), "phases": phases,
                     "total": round(times["first_step"] - start, 2) if times["first_step"] and start else None,
                     "resumed_at": resumed["step"] if resumed else None, "steps_lost": lost,
-                    "resumed_from": ("memory" if resumed.get("memory") else "durable checkpoint") if resumed
-                    else None,
+                    "resumed_from": _origin(resumed) if resumed else None,
                     "shrunk": {"planned": shrink.get("planned"), "why": shrink.get("why")} if shrink else None})
     return out
 
@@ -274,12 +273,19 @@ def describe(recovery: dict) -> str:
     if shrunk and recovery.get("nodes"):
         count = len(str(recovery["nodes"]).split(","))
         where = f"continued on {count} of {shrunk['planned']} nodes ({shrunk['why']}), {where}"
-    lost = f", {recovery['steps_lost']} step(s) lost" if recovery.get("steps_lost") is not None else ""
-    source = " from memory" if recovery.get("resumed_from") == "memory" else ""
+    lost = f", steps redone: {recovery['steps_lost']}" if recovery.get("steps_lost") is not None else ""
+    source = {"memory": " from memory", "live state": " from the survivors' live state"}.get(
+        str(recovery.get("resumed_from")), "")
     at = f"; resumed{source} at step {recovery['resumed_at']}{lost}" if recovery.get("resumed_at") is not None else \
         "; not resumed yet"
     verb = "" if shrunk else "recovered "
     return f"{verb}{where}{nodes}{total}" + (f" ({phases})" if phases else "") + at
+
+
+def _origin(resumed: dict) -> str:
+    """Where a resumed attempt's state came from: a survivor's live state, the memory checkpoints, or storage."""
+    origin = resumed.get("origin") or ("memory" if resumed.get("memory") else "checkpoint")
+    return {"live": "live state", "memory": "memory"}.get(str(origin), "durable checkpoint")
 
 
 def _first(evs: list[dict], kind: str, after: float) -> dict | None:

@@ -89,10 +89,10 @@ def agree(held: Held | None, parts: Mapping[str, Any], rank: int, world: int) ->
             load_parts(parts, state, Path(f"rank {source}'s live state"))
             counters = {k: v for k, v in state.items() if k not in parts and k != "_world"}
             return Restored(counters, None, Path(f"rank {source}"), int(state["_world"]),
-                            f"rank {source}'s live state at step {target} (no step redone)"), ""
+                            f"rank {source}'s live state at step {target} (no step redone)", "live"), ""
     assert mark is not None
     return Restored(dict(mark.counters), mark.rng, Path("live"), mark.world,
-                    f"its own live state at step {target} (no step redone)"), ""
+                    f"its own live state at step {target} (no step redone)", "live"), ""
 
 
 def _size(state: Any) -> int:

@@ -241,7 +241,7 @@ class Run:
                 self.apply(restored)
                 if main:
                     jobevents.record("resumed", step=trainer.global_step, source=restored.source or
-                                     str(restored.path), memory=bool(restored.source))
+                                     str(restored.path), origin=restored.origin, memory=restored.origin == "memory")
         if self.memory is not None:  # after every rank's restore: what an abandoned attempt saved later goes
             self.memory.forget_after(trainer.global_step)
         self.last_epoch = self.run_start + cfg.max_iter
