@@ -397,12 +397,18 @@ def test_a_lost_node_without_a_spare_continues_on_the_survivor(cluster, slurm_de
     listed = ts(cluster, "status", "--attempts", job.job_id)
     assert "continued on 1 of 2 nodes (node2 lost), in the allocation on node1" in listed, listed
     at = int(re.findall(r"Resumed from .+? \(epoch \d+, step (\d+);", ranks)[-1])
-    steps = samples_by_step(out)
+    if launcher == "srun":  # issue 67: the survivors continue in place from the step they completed, no rollback
+        assert "live state" in ranks.split("Resumed from")[-1].split("\n")[0], ranks[-2000:]
+    steps, twin = samples_by_step(out), shrunk_reference(tmp_root, at)
+    expected = samples_by_step(twin)
+    # the step the run continued from was complete -- its gradient all-reduce held node2's ranks' part -- but those
+    # ranks may have died before recording it: the survivors' records are a part of the twin's, the rest as they were
+    assert set(steps[at]) <= set(expected[at]) and len(steps[at]) in (8, 16), (at, steps[at], expected[at])
+    steps[at] = expected[at]
     assert sorted(steps) == list(range(1, 61)) and all(len(ids) == 16 for ids in steps.values())
     for epoch in range(4):  # every sample exactly once per epoch, across the change
         assert sorted(i for s in range(15 * epoch + 1, 15 * epoch + 16) for i in steps[s]) == list(range(240))
-    twin = shrunk_reference(tmp_root, at)
-    assert steps == samples_by_step(twin)  # the same samples at every step as the unfaulted change
+    assert steps == expected  # the same samples at every step as the unfaulted change
     assert same_parameters(out / "final.pt", twin / "final.pt")
 
 
@@ -462,7 +468,7 @@ def test_a_lost_batch_host_s_driver_is_replaced_by_the_sentinel_in_the_allocatio
     resumed = first_step_after(job, killed) - killed
     print(f"batch host lost -> the sentinel's driver -> first resumed step {resumed:.1f} s")
     assert resumed <= 20, resumed
-    assert job_field(cluster, job.job_id, "Restarts") == "0"  # never requeued
+    assert job_field(cluster, job.job_id, "Restarts") in ("0", None)  # never requeued (None: Slurm forgot it)
     assert same_parameters(out / "final.pt", ref)
     assert "COMPLETED" in ts(cluster, "status", job.job_id)
     found = json.loads(ts(cluster, "why", "--json", job.job_id))
