@@ -1,6 +1,7 @@
 """What a failure costs on the local Slurm (`make slurm-up`: node1-3 on one host), measured from outside the job: the
-seconds from the fault to the first resumed training step, and the steps lost (done before the fault, then done
-again after the resume). The program: 4 ranks on 2 nodes (tests/slurm/_recovery_train.py, a checkpoint every 5
+seconds from the fault to the first resumed training step, the steps redone (done before the fault, then done
+again after the resume: 0 where the survivors' live state is kept), and the bytes the survivors sent to the ranks
+that lacked their state. The program: 4 ranks on 2 nodes (tests/slurm/_recovery_train.py, a checkpoint every 5
 steps). Cases, one run each (``--repeats`` for more):
 
 * ``in-allocation crash``: rank 1 SIGKILLed; retried as a new job step of the same allocation.
@@ -46,13 +47,14 @@ def submit(out: Path, env: dict[str, str], launcher: str, spare: int, trainstack
            min_nodes: int | None = None) -> str:
     """The recovery program as a --requeue job on partition spares; its job id."""
     extra = {"PYTHONPATH": str(trainstack)} if trainstack != REPO else {}
+    program = trainstack / PROGRAM.relative_to(REPO)  # that tree's own program: its config knows that tree's fields
     args = [sys.executable, "-m", "trainstack", "submit", "--setup", "multi-node", "--nodes", "2", "--cpu",
             "--procs-per-node", "2", "--launcher", launcher, "--time", "10", "--job-name", "bench-recovery",
             "--log-dir", str(out / "logs"), "--requeue", "--partition", "spares", "--no-snapshot",
             "--env", f"PROBE_OUT={out}", "--env", "STEP_SLEEP=0.3", "--venv", str(Path(sys.executable).parents[1]),
             *[a for k, v in extra.items() for a in ("--env", f"{k}={v}")],
             *(["--spare-nodes", str(spare)] if spare else []),
-            *(["--min-nodes", str(min_nodes)] if min_nodes else []), str(PROGRAM)]
+            *(["--min-nodes", str(min_nodes)] if min_nodes else []), str(program)]
     done = subprocess.run(args, cwd=out, env={**env, **extra}, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"submit failed: {done.stdout}{done.stderr}")
@@ -85,8 +87,9 @@ def measure(case: str, env: dict[str, str], launcher: str, work: Path, today: Pa
     left = restore_nodes(env)
     if left:
         raise RuntimeError(f"nodes {left} did not come back after case {case!r}")
+    moved = after(out, "peer_state", fault)
     return {"case": case, "seconds": resumed, "lost": done_before - resumed_at, "restarts": restarts, "job": job,
-            "phases": phases(out, resumed)}
+            "phases": phases(out, resumed), "bytes": int(moved["bytes"]) if moved else 0}
 
 
 def phases(out: Path, resumed: float) -> dict[str, float | None]:
@@ -155,7 +158,8 @@ def main() -> None:
                 row = measure(case, env, args.launcher, work, today if case == "requeue today" else tree)
                 rows[(case, tree)].append(row)
                 print(f"{case}{f' ({args.baseline})' if tree else ''}: {row['seconds']:.1f} s to the first resumed "
-                      f"step, {row['lost']} step(s) lost (job {row['job']}, restarts {row['restarts']})", flush=True)
+                      f"step, steps redone: {row['lost']}, {row['bytes']} bytes from the survivors (job {row['job']}, "
+                      f"restarts {row['restarts']})", flush=True)
     finally:
         for tree in (today, base):
             if tree is not None:
@@ -170,14 +174,15 @@ def main() -> None:
         print(f"| {case}{f' ({args.baseline})' if tree else ''} | " + " | ".join(cells) + " |")
     print()
     if base is None:
-        print("| case | fault -> first resumed step | steps lost | Slurm restarts |")
-        print("|---|---|---|---|")
+        print("| case | fault -> first resumed step | steps redone | bytes moved | Slurm restarts |")
+        print("|---|---|---|---|---|")
         for (case, _), found in rows.items():
             print(f"| {case} | {statistics.median(r['seconds'] for r in found):.1f} s | "
-                  f"{statistics.median(r['lost'] for r in found):.0f} | {found[-1]['restarts']} |")
+                  f"{statistics.median(r['lost'] for r in found):.0f} | {found[-1]['bytes']} | "
+                  f"{found[-1]['restarts']} |")
         return
-    print(f"| case | this tree | {args.baseline} | ratio | steps lost (this / {args.baseline}) |")
-    print("|---|---|---|---|---|")
+    print(f"| case | this tree | {args.baseline} | ratio | steps redone (this / {args.baseline}) | bytes moved |")
+    print("|---|---|---|---|---|---|")
     for case in cases:
         if case == "requeue today":
             continue
@@ -187,7 +192,7 @@ def main() -> None:
         a, b = (statistics.median(r["seconds"] for r in x) for x in (mine, theirs))
         case += " (vs its requeue)" if (case, base) not in rows else ""
         print(f"| {case} | {a:.1f} s | {b:.1f} s | {a / b:.2f}x | {statistics.median(r['lost'] for r in mine):.0f}"
-              f" / {statistics.median(r['lost'] for r in theirs):.0f} |")
+              f" / {statistics.median(r['lost'] for r in theirs):.0f} | {mine[-1]['bytes']} |")
 
 
 if __name__ == "__main__":
