@@ -52,8 +52,9 @@ def test_a_stopped_run_raises_instead_of_returning(tmp_path):
     trainer.progress.ask(Stop.PREEMPTED, "preempted (signal SIGUSR2)")
     with pytest.raises(Preempted, match=r"preempted \(signal SIGUSR2\).*resume='auto'"):
         handoff.conclude(trainer)
-    trainer.progress.ask(Stop.DIVERGED, "diverged: the loss became nan")
-    with pytest.raises(TrainingDiverged, match="trainstack: the loss became nan"):
+    trainer.progress.ask(Stop.DIVERGED, "the loss became nan")  # the reason; the kind is the stop's own field
+    assert trainer.stop_reason == "diverged: the loss became nan"
+    with pytest.raises(TrainingDiverged, match="^trainstack: the loss became nan$"):
         handoff.conclude(trainer)
     trainer.progress.ask(Stop.MAX_STEPS, "max_steps=3 reached")
     handoff.conclude(trainer)  # the step limit finishes a run

@@ -72,7 +72,7 @@ def conclude(trainer: Trainer) -> None:
     if stop is Stop.PREEMPTED:
         raise Preempted(again)
     if stop is Stop.DIVERGED:
-        raise TrainingDiverged(f"trainstack: {reason.removeprefix(Stop.DIVERGED.value + ': ')}")
+        raise TrainingDiverged(f"trainstack: {reason}")
 
 
 def to_cpu(obj: Any) -> Any:

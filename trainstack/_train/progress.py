@@ -39,7 +39,7 @@ class Progress:
     step: int = 0
     batch: int = 0
     stop: Stop | None = None
-    why: str = ""  # the stop in words, as the log and the summary say it
+    why: str = ""  # the stop's reason in words (``words``: as the log and the summary say it)
 
     @property
     def stopping(self) -> bool:
@@ -55,6 +55,11 @@ class Progress:
         if unless_stopping and self.stop is not None:
             return
         self.stop, self.why = stop, why
+
+    @property
+    def words(self) -> str:
+        """The stop as the log and the summary say it: its reason, prefixed by what it made of a diverged run."""
+        return f"{Stop.DIVERGED.value}: {self.why}" if self.stop is Stop.DIVERGED else self.why
 
     def resume(self) -> None:
         """A new ``fit()``: whatever stopped the last one is over."""
@@ -120,4 +125,4 @@ class ProgressView:
     @property
     def stop_reason(self) -> str:
         """That stop in words ("" without one)."""
-        return self.progress.why
+        return self.progress.words

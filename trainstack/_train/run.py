@@ -469,7 +469,7 @@ class Run:
         trainer = self.trainer
         reason = notes.diverged_reason(trainer.metrics.get("train_loss"), trainer.current_epoch,
                                        self.checkpointer.latest())
-        trainer.progress.ask(Stop.DIVERGED, f"{Stop.DIVERGED.value}: {reason}")
+        trainer.progress.ask(Stop.DIVERGED, reason)
         self.tracker.print(f"trainstack: {reason}")
 
     def close(self, failed: bool = False) -> None:
