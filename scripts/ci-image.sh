@@ -17,6 +17,8 @@ ROOT=$PWD
 STATE=${TRAINSTACK_CI_STATE:-/var/tmp/trainstack-ci-image}
 # shellcheck source=scripts/image-lib.sh
 source scripts/image-lib.sh
+# shellcheck source=scripts/gate.sh
+source scripts/gate.sh
 
 image_tools
 image_dockerd
@@ -54,7 +56,7 @@ owners=$(find "$work/runs" -printf '%u\n' | sort -u | tr '\n' ' ')
 SLURM_JOB="skipped (no local Slurm)"
 if [[ -n ${TRAINSTACK_CI_SLURM_GATE:-} ]]; then  # CI builds the image beside the tests: Slurm is theirs until then
   log "waiting for $TRAINSTACK_CI_SLURM_GATE (the tests' use of the local Slurm ends)"
-  while [[ ! -e $TRAINSTACK_CI_SLURM_GATE ]]; do sleep 2; done
+  gate_wait 3600 || fail "the test lane never said it was done with the local Slurm"
 fi
 if [[ -n ${SLURM_CONF:-} ]] && command -v sbatch >/dev/null && scontrol ping >/dev/null 2>&1; then
   log "every process of a 2-node job inside the image: the generated --container apptainer scripts on the local Slurm"

@@ -11,6 +11,8 @@
 #   TRAINSTACK_CI_SLURM_GATE=FILE           # touched when no test uses the local Slurm any more (the image test's
 #                                           # Slurm part waits for it: scripts/ci-image.sh)
 set -uo pipefail
+# shellcheck source=scripts/gate.sh
+source "$(dirname "$0")/gate.sh"
 cd "$(dirname "$0")/.." || exit 2
 PY=${PY:-.venv/bin/python}
 mkdir -p build
@@ -37,7 +39,7 @@ slurm_pid=$!
 group rest "not slurm and not own_clusters and not bench and not alone"
 wait "$slurm_pid"
 group alone "alone and not bench"
-if [[ -n ${TRAINSTACK_CI_SLURM_GATE:-} ]]; then touch "$TRAINSTACK_CI_SLURM_GATE"; fi
+gate_open
 
 status=0
 table=()
