@@ -117,6 +117,7 @@ class Run:
 
     def __init__(self, trainer: Trainer, identity: dict[str, Any]) -> None:
         self.trainer, self.identity = trainer, identity
+        self.progress = trainer.progress  # the one position (epoch, step, batch) and stop: the Trainer's, advanced here
         self.accelerator, self.config = trainer.accelerator, trainer.config
         self.running = False
         self.run_start = self.run_start_step = 0  # where this run (not this fit) started: checkpoints record it
@@ -212,7 +213,7 @@ class Run:
         self.step = make_step(cfg, trainer.optimizer, trainer.loss_fn, trainer.optimize_step, trainer.use_grad,
                               acc.device, acc.data_dtype)
         if cfg.seed_every_step and cfg.seed is not None:
-            self.step = SeededStep(self.step, cfg.seed, acc.rank, lambda: trainer.global_step)
+            self.step = SeededStep(self.step, cfg.seed, acc.rank, lambda: self.progress.step)
         self.evaluate = Evaluator(acc, trainer.loss_fn, fire, AMP_DTYPES.get(autocast_precision(cfg)))
 
     def _resume(self, continues: bool, held: Held | None = None) -> Restored | None:
@@ -220,7 +221,7 @@ class Run:
         what this run is: new, continued, or with nothing left to train."""
         trainer, cfg = self.trainer, self.config
         restored = None
-        self.run_start, self.run_start_step = trainer.current_epoch, trainer.global_step
+        self.run_start, self.run_start_step = self.progress.epoch, self.progress.step
         main = self.accelerator.is_main_process
         if cfg.resume is not None:
             ours = self.identity
@@ -240,16 +241,16 @@ class Run:
             if restored is not None:
                 self.apply(restored)
                 if main:
-                    jobevents.record("resumed", step=trainer.global_step, source=restored.source or
+                    jobevents.record("resumed", step=self.progress.step, source=restored.source or
                                      str(restored.path), origin=restored.origin, memory=restored.origin == "memory")
         if self.memory is not None:  # after every rank's restore: what an abandoned attempt saved later goes
-            self.memory.forget_after(trainer.global_step)
+            self.memory.forget_after(self.progress.step)
         self.last_epoch = self.run_start + cfg.max_iter
         self.last_step = self.run_start_step + cfg.max_steps if cfg.max_steps else NEVER
-        self.first_step, self.first_epoch = trainer.global_step, trainer.current_epoch
+        self.first_step, self.first_epoch = self.progress.step, self.progress.epoch
         earlier = self.folder.earlier_run(self.path) if restored is None and not continues else None
-        for note in notes.resume_notes(cfg, self.path, restored is not None, continues, trainer.current_epoch,
-                                       self.last_epoch, trainer.global_step, self.last_step,
+        for note in notes.resume_notes(cfg, self.path, restored is not None, continues, self.progress.epoch,
+                                       self.last_epoch, self.progress.step, self.last_step,
                                        trainer.stop_reason if restored is not None and trainer.stop_training else None,
                                        earlier) + ([notes.UNBOUNDED_LOADER] if self.per_epoch is None else []):
             trainer.console_print(note)
@@ -289,7 +290,7 @@ class Run:
             return
         start = time.perf_counter()
         with watchdog.phase("checkpoint"):
-            self.memory.save(self.trainer.global_step, self.memory.state(self.counters(), self.parts()))
+            self.memory.save(self.progress.step, self.memory.state(self.counters(), self.parts()))
         self.tracker.live.memory_stall += time.perf_counter() - start
         self.tracker.live.memory_failures = (self.memory.failed_rounds, self.memory.rounds)
 
@@ -302,7 +303,7 @@ class Run:
         self.run_id = acc.broadcast(run_id) if acc.world_size > 1 else run_id
         if self.memory is not None and self.run_id:  # a run that adopted its checkpoint's id writes under it
             self.memory.bind(self.run_id)
-        self.tracker = Tracker(cfg, self.path, acc.is_main_process, span, clock=lambda: trainer.global_step,
+        self.tracker = Tracker(cfg, self.path, acc.is_main_process, span, clock=lambda: self.progress.step,
                                keep_through=int(restored.counters["global_step"]) if restored else None,
                                run_id=self.run_id, samples_per_batch=getattr(trainer.train_dataloader, "batch_size",
                                                                              None), world_size=acc.world_size)
@@ -320,20 +321,20 @@ class Run:
                 fake = lambda model, batch: throughput.fake_step_flops(model, loss_fn, batch)  # noqa: E731
             self.step = throughput.FlopProbe(self.step, live, cfg.gradient_accumulation_steps, acc.world_size,
                                              bool(live.peak) and (not compiled or fake is not None),
-                                             clock=lambda: trainer.global_step, done=self._plain_step,
+                                             clock=lambda: self.progress.step, done=self._plain_step,
                                              first=self._first_step if restored is not None else None,
                                              fake_count=fake)
         self.releases.callback(self.tracker.close)
         if not acc.is_main_process and self.tracker.bar_on():  # a bar on rank 0: the others' warnings wait
             self.releases.callback(hold_warnings(acc.rank))
-        nothing_to_train = restored is not None and (trainer.stop_training or trainer.global_step >= self.last_step
-                                                     or trainer.current_epoch >= self.last_epoch)
+        nothing_to_train = restored is not None and (trainer.stop_training or self.progress.step >= self.last_step
+                                                     or self.progress.epoch >= self.last_epoch)
         if acc.is_main_process and not nothing_to_train:  # a no-op re-run leaves the record of what trained
             record_config(trainer.config, self.path)  # as planned: a shrink is said, not recorded
         self.schedule = Schedule.of_run(cfg, self.tracker.periods(), self.val_loader is not None,
                                         trainer.callbacks.period("optimizer_step"),
                                         notes.UNBOUNDED_REPORT if self.per_epoch is None else 0, self.last_step)
-        self.schedule.start(trainer.global_step)
+        self.schedule.start(self.progress.step)
         self.tracker.start(banner_info(self, span, watchdog.resolve_timeout(cfg.hang_timeout)))
         self.started = time.monotonic()
 
@@ -342,39 +343,38 @@ class Run:
 
     def _first_step(self) -> None:
         """A resumed run's first step is done: the end of a recovery (trainstack status --attempts)."""
-        jobevents.record("first_step", step=self.trainer.global_step + 1)
+        jobevents.record("first_step", step=self.progress.step + 1)
 
     # ------------------------------------------------------------------ where the run goes
     def span(self, accumulation: int) -> Span:
         """How far this run goes from where it starts (a resumed run: from its checkpoint's position)."""
-        trainer = self.trainer
         batches = self.per_epoch
         per_epoch = None if batches is None else math.ceil(batches / accumulation)
         by_epochs = None
         if per_epoch is not None:
             done = math.ceil(self.cursor.batch / accumulation)
-            by_epochs = trainer.global_step + max((self.last_epoch - trainer.current_epoch) * per_epoch - done, 0)
+            by_epochs = self.progress.step + max((self.last_epoch - self.progress.epoch) * per_epoch - done, 0)
         capped = self.last_step != NEVER and (by_epochs is None or self.last_step < by_epochs)
         total = self.last_step if capped else by_epochs
-        return Span(trainer.current_epoch, self.last_epoch, trainer.global_step, total, per_epoch, batches, capped)
+        return Span(self.progress.epoch, self.last_epoch, self.progress.step, total, per_epoch, batches, capped)
 
     def apply(self, restored: Restored) -> None:
         """Take over a checkpoint's counters; a mid-epoch one continues at its batch with its partial sums."""
         trainer, c, acc = self.trainer, restored.counters, self.accelerator
-        trainer.progress.restore(c)
+        self.progress.restore(c)
         self.run_start, self.run_start_step = int(c.get("run_start_epoch", 0)), int(c.get("run_start_step", 0))
         self.val_step = int(c.get("val_step", -1))
         self.identity = c.get("identity") or self.identity
         if c.get("stopped_by"):  # the run ended by its own stop: nothing to train (resume_notes says so)
-            trainer.progress.ask(Stop.REQUESTED, str(c["stopped_by"]))
+            self.progress.ask(Stop.REQUESTED, str(c["stopped_by"]))
         loader = self.train_loader
         if hasattr(loader, "set_epoch"):
-            loader.set_epoch(trainer.current_epoch)
+            loader.set_epoch(self.progress.epoch)
         persistent = bool(getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0))
         where = self.cursor.resume(restored, acc.world_size, getattr(loader, "samples_per_step", None),
-                                   derived_seed(self.config.seed or 0, acc.rank, trainer.global_step), persistent)
-        trainer.console_print(f"Resumed from {restored.source or restored.path} (epoch {trainer.current_epoch}, step "
-                              f"{trainer.global_step}{where}).")
+                                   derived_seed(self.config.seed or 0, acc.rank, self.progress.step), persistent)
+        trainer.console_print(f"Resumed from {restored.source or restored.path} (epoch {self.progress.epoch}, step "
+                              f"{self.progress.step}{where}).")
 
     def epoch_means(self, sums: EpochSums, n: int) -> dict[str, Any]:
         """The epoch's ``train_*`` means over its ``n`` batches (over every rank with ``all_reduce_metrics``)."""
@@ -384,8 +384,8 @@ class Run:
     def log_line(self, n: int, sums: EpochSums, row: bool) -> None:
         """The live line (rank 0) and, with ``row``, the metrics row: the epoch so far, ``n`` batches in."""
         trainer = self.trainer
-        position = self.tracker.position(trainer.current_epoch, n)
-        self.tracker.step_line((trainer.current_epoch, trainer.global_step, position), sums, n,
+        position = self.tracker.position(self.progress.epoch, n)
+        self.tracker.step_line((self.progress.epoch, self.progress.step, position), sums, n,
                                trainer.optimizer if trainer.use_grad else None, trainer.log_values,
                                self.accelerator.all_reduce_dict if row else None, row)
 
@@ -393,15 +393,14 @@ class Run:
     def counters(self, partial: dict[str, Any] | None = None) -> dict[str, Any]:
         """The loop's own state in a checkpoint (``partial``: its position in the epoch, else the cursor's); the
         parts (model, optimizer, ...) save themselves."""
-        trainer = self.trainer
         found = self.best() or {}
-        return {"epoch": trainer.current_epoch, "global_step": trainer.global_step,
-                "global_batch": trainer.global_batch, "run_start_epoch": self.run_start,
+        return {"epoch": self.progress.epoch, "global_step": self.progress.step,
+                "global_batch": self.progress.batch, "run_start_epoch": self.run_start,
                 "run_start_step": self.run_start_step, "val_step": self.val_step,
                 "partial_epoch": self.cursor.checkpoint() if partial is None else partial, "best": found or None,
                 "best_val_loss": found["value"] if found.get("name") == "val_loss" else None,
                 "saved_at": time.time(), "identity": self.identity, "run_id": self.run_id,
-                "stopped_by": trainer.progress.stopped_by()}
+                "stopped_by": self.progress.stopped_by()}
 
     def completed(self, n: int, sums: EpochSums) -> None:
         """Optimizer step ``global_step`` is complete (its optimizer and scheduler stepped, after ``n`` batches of
@@ -410,7 +409,7 @@ class Run:
             acc = self.accelerator
             at = self.cursor.position(n, getattr(self.train_loader, "samples_per_step", None), acc.world_size)
             partial = {**at, "loss_sum": sums.loss_sum, "sums": dict(sums.sums), "interval": None}
-            self.mark = Mark(self.trainer.global_step, self.counters(partial), capture_rng(), acc.world_size)
+            self.mark = Mark(self.progress.step, self.counters(partial), capture_rng(), acc.world_size)
 
     def finish(self, reason: str, final: dict[str, Any] | None) -> None:
         """The end of a finished run (every rank): the final model exported when asked, then the summary (rank 0):
@@ -422,7 +421,7 @@ class Run:
             if files:
                 trainer.console_print(f"Exported the final model to {folder} ({self.config.export_final_model}: "
                                       f"{', '.join(f.name for f in files)}, {time.perf_counter() - start:.1f} s).")
-        self.tracker.summary(time.monotonic() - self.started, (trainer.current_epoch, trainer.global_step),
+        self.tracker.summary(time.monotonic() - self.started, (self.progress.epoch, self.progress.step),
                              (self.first_epoch, self.first_step), self.best(), reason, final)
         self.tracker.goodput()
 
@@ -441,35 +440,35 @@ class Run:
                 self.stop_gracefully(why)
                 return True
             if agreed["stop"] and not epoch_end:
-                trainer.progress.ask(Stop.REQUESTED, "another rank asked to stop", unless_stopping=True)
-                self.tracker.print(f"Stopping at step {trainer.global_step}: {trainer.stop_reason}.")
+                self.progress.ask(Stop.REQUESTED, "another rank asked to stop", unless_stopping=True)
+                self.tracker.print(f"Stopping at step {self.progress.step}: {trainer.stop_reason}.")
         if "max_steps" in due and not epoch_end:
-            trainer.progress.ask(Stop.MAX_STEPS, f"max_steps={self.config.max_steps} reached", unless_stopping=True)
+            self.progress.ask(Stop.MAX_STEPS, f"max_steps={self.config.max_steps} reached", unless_stopping=True)
         return trainer.stop_training and not epoch_end
 
     def stop_gracefully(self, why: str) -> None:
         """A signal, the stop file or Ctrl-C: checkpoint (committed), tell the batch script, say how to resume."""
         trainer = self.trainer
         kind = Stop.INTERRUPTED if why == INTERRUPT else Stop.PREEMPTED
-        trainer.progress.ask(kind, f"{kind.value} ({why})")
+        self.progress.ask(kind, f"{kind.value} ({why})")
         path = trainer.save_checkpoint()
         with watchdog.phase("checkpoint"):
             path = self.checkpointer.wait() or path  # an asynchronous save must be complete before the job ends
         if self.accelerator.is_main_process and kind is Stop.PREEMPTED:  # tells the batch script: requeue me
             self.stopper.confirm_saved(path or self.checkpointer.latest())
-        line = notes.graceful_stop(kind.value, why, trainer.current_epoch, trainer.global_step, path,
+        line = notes.graceful_stop(kind.value, why, self.progress.epoch, self.progress.step, path,
                                    self.checkpointer.last_save_seconds, self.path)
         self.tracker.print(line)
         if self.accelerator.is_main_process:
-            jobevents.record("graceful_stop", stop=kind.value, why=why, step=trainer.global_step,
+            jobevents.record("graceful_stop", stop=kind.value, why=why, step=self.progress.step,
                              line=line.split(". ")[0])
 
     def stop_diverged(self) -> None:
         """A non-finite loss on any rank: stop before saving, so the last finite checkpoint survives rotation."""
         trainer = self.trainer
-        reason = notes.diverged_reason(trainer.metrics.get("train_loss"), trainer.current_epoch,
+        reason = notes.diverged_reason(trainer.metrics.get("train_loss"), self.progress.epoch,
                                        self.checkpointer.latest())
-        trainer.progress.ask(Stop.DIVERGED, reason)
+        self.progress.ask(Stop.DIVERGED, reason)
         self.tracker.print(f"trainstack: {reason}")
 
     def close(self, failed: bool = False) -> None:
@@ -478,7 +477,7 @@ class Run:
         records how far it got, for the steps a recovery lost)."""
         self.running, self.failed = False, failed
         if failed and self.accelerator.is_main_process:
-            jobevents.record("failed", step=self.trainer.global_step)
+            jobevents.record("failed", step=self.progress.step)
         self.releases.close()
 
     def __getstate__(self) -> dict[str, Any]:
