@@ -10,8 +10,7 @@ steps). Cases, one run each (``--repeats`` for more):
 * ``requeue after node loss``: the same without a spare: the job is requeued without node2, Slurm's hold on the
   requeued job released.
 * ``shrink after node loss``: the same without a spare, ``--min-nodes 1``: the run continues on node1 in the same
-  allocation (2 ranks, the global batch kept by gradient accumulation); not run under ``--baseline`` (no shrink
-  there: compare with its ``requeue after node loss``).
+  allocation (2 ranks, the global batch kept by gradient accumulation).
 * ``requeue today`` (``--today REF``, ~3 min): a crash under the trainstack of git commit REF (before in-allocation
   recovery): requeued, Slurm's hold and the queue in between.
 
@@ -149,8 +148,7 @@ def main() -> None:
     base = worktree(args.baseline, work / "base") if args.baseline else None
     if today is not None:
         cases.insert(0, "requeue today")
-    runs = [(c, None) for c in cases] + ([(c, base) for c in cases if c not in ("requeue today", "shrink after "
-                                                                                 "node loss")] if base else [])
+    runs = [(c, None) for c in cases] + ([(c, base) for c in cases if c != "requeue today"] if base else [])
     rows: dict[tuple[str, Path | None], list[dict]] = {run: [] for run in runs}
     try:
         for _ in range(args.repeats):
