@@ -88,8 +88,8 @@ def measure(case: str, env: dict[str, str], launcher: str, work: Path, today: Pa
         raise RuntimeError(f"nodes {left} did not come back after case {case!r}")
     moved = after(out, "peer_state", fault)
     # the survivors may complete the step in flight after the kill (the lost ranks' gradients were in): none redone
-    return {"case": case, "seconds": resumed, "lost": max(0, done_before - resumed_at), "restarts": restarts, "job": job,
-            "phases": phases(out, resumed), "bytes": int(moved["bytes"]) if moved else 0}
+    return {"case": case, "seconds": resumed, "lost": max(0, done_before - resumed_at), "restarts": restarts,
+            "job": job, "phases": phases(out, resumed), "bytes": int(moved["bytes"]) if moved else 0}
 
 
 def phases(out: Path, resumed: float) -> dict[str, float | None]:
