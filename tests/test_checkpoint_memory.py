@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainstack._checkpoint import memformat, memory
+from trainstack._checkpoint import memformat, memnode, memory
 from trainstack.errors import ConfigError
 
 
@@ -31,7 +31,7 @@ def test_a_node_that_cannot_hold_two_sets_is_named_with_the_sizes():
 
 
 def test_copies_count_once_their_manifest_is_written_and_are_verified(tmp_path):
-    node = memory._Node(tmp_path, rank=0)
+    node = memnode.Node(tmp_path, rank=0)
     path, sha = node.write(owner=1, step=6, world=4, chunks=[memoryview(b"state" * 50)] * 2)
     (copy,) = node.copies(world=4)
     assert (copy.owner, copy.step, copy.size, copy.sha256) == (1, 6, 500, sha) and copy.path == path
@@ -39,11 +39,11 @@ def test_copies_count_once_their_manifest_is_written_and_are_verified(tmp_path):
         node.write(owner=2, step=6, world=4, chunks=[memoryview(b"other")], sha256=sha)
     assert [c.owner for c in node.copies(world=4)] == [1]  # the damaged one left nothing
     assert node.copies(world=2) == []  # another world size: not this run's layout
-    assert memory._read(copy) == (b"state" * 100, "")
+    assert memnode.read_copy(copy) == (b"state" * 100, "")
     path.write_bytes(b"x" + path.read_bytes()[1:])
-    assert memory._read(copy)[1] == "its checksum does not match"
+    assert memnode.read_copy(copy)[1] == "its checksum does not match"
     path.write_bytes(b"state")
-    data, why = memory._read(copy)
+    data, why = memnode.read_copy(copy)
     assert why == "truncated (5 of 500 bytes)" and len(data) == 500  # padded: a sender keeps the protocol aligned
     path.with_suffix(".json").unlink()
     assert node.copies(world=4) == []  # no manifest: a torn write does not count
@@ -51,7 +51,7 @@ def test_copies_count_once_their_manifest_is_written_and_are_verified(tmp_path):
 
 
 def test_pruning_keeps_the_newest_set_of_the_owners_this_rank_wrote(tmp_path):
-    node = memory._Node(tmp_path, rank=0)
+    node = memnode.Node(tmp_path, rank=0)
     for step in (3, 6):
         for owner in (0, 2, 5):
             node.write(owner, step, 8, [memoryview(b"s")])
