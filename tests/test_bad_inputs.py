@@ -335,7 +335,7 @@ def test_runtime_bad_input(name, tmp_path):
 
 def test_environment_variables_with_bad_values_are_named(monkeypatch):
     monkeypatch.setenv("TRAINSTACK_TIMEOUT_S", "soon")
-    from trainstack._runtime.spawn import _timeout
+    from trainstack._runtime.pgsession import _timeout
 
     with pytest.raises(LaunchError, match="TRAINSTACK_TIMEOUT_S='soon'"):
         _timeout()

@@ -21,10 +21,7 @@ Design choices:
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import datetime
-import itertools
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -43,7 +40,6 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import torch
@@ -51,137 +47,25 @@ import torch.distributed as dist
 import torch.multiprocessing as tmp
 
 from .._common import envvars as envvars
-from .._common import transport as _transport
 from .._common.files import atomic_write
 from ..errors import Interrupted, LaunchError, Preempted, TrainingHung
-from . import fastexit, inplace
-from . import layout as _layout
+from . import fastexit
 from . import preload as _preload
 from . import ranklog as _ranklog
 from .carried import carried_header, worker_error
 from .layout import ProcessPlan, WorkerContext
+from .pgsession import ProcessGroupSession, _timeout, wait_for_count
 from .startup import MAIN_GUARD, check_main_guard, check_not_bootstrapping, start_method
 from .watchdog import HANG_EXIT_CODE, HANG_REPORT, watched
 
-__all__ = ["ProcessGroupSession", "launch", "check_not_bootstrapping"]
+__all__ = ["ProcessGroupSession", "launch", "check_not_bootstrapping"]  # the session: pgsession.py
 
 log = logging.getLogger(__name__)
 
-_EXITED_KEY = "trainstack/exited"
-_GROUPS = itertools.count()  # the process groups this process made under torchrun's agent store, for their prefixes
 _RESULT = "result.pkl"
 _DONE = "done-{}"  # a worker that returned (rank 0 also wrote the result); exit 0 without it is a failure
 _INTERRUPTED = "interrupted"  # created by the launching process at the first Ctrl-C (interruptible launches)
 GRACE_PERIOD_S = 3.0
-def _timeout(seconds: float | None = None) -> datetime.timedelta:
-    """Collective/rendezvous timeout: ``seconds`` when the program chose it (Accelerate's InitProcessGroupKwargs),
-    else ``TRAINSTACK_TIMEOUT_S``, else 30 minutes."""
-    if seconds is not None:
-        return datetime.timedelta(seconds=seconds)
-    try:
-        seconds = envvars.positive_number(envvars.TIMEOUT_S, 1800.0)
-    except ValueError as exc:
-        raise LaunchError(f"{exc} (seconds). HINT: unset it for the 30-minute default.") from None
-    return datetime.timedelta(seconds=seconds)
-
-
-class ProcessGroupSession:
-    """``with ProcessGroupSession(ctx, backend): ...`` joins the default process group as ``ctx`` and leaves it.
-
-    On a clean exit every rank passes a barrier before the group is destroyed, so nobody tears down while a peer
-    is still in a collective; the rank hosting the store keeps it up until all ranks have left.
-    """
-
-    def __init__(self, ctx: WorkerContext, backend: str, host_store: bool = False,
-                 timeout_s: float | None = None) -> None:
-        self.ctx = ctx
-        self.backend = backend
-        self.host_store = host_store
-        self.timeout_s = timeout_s
-        self.store: dist.TCPStore | None = None
-
-    @property
-    def pg_backend(self) -> str:
-        """NCCL for CUDA tensors plus gloo for CPU ones: stop flags and object collectives never touch the GPU."""
-        return "cpu:gloo,cuda:nccl" if self.backend == "nccl" else self.backend
-
-    def __enter__(self) -> ProcessGroupSession:
-        self.start()
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        # a graceful stop (SystemExit 0) is a clean exit too: every rank saved and stops together
-        self.stop(ok=kind is None or (isinstance(exc, SystemExit) and not exc.code))
-
-    def start(self) -> None:
-        ctx = self.ctx
-        _layout.activate(ctx)
-        _ranklog.tee_rank_output(ctx.rank)
-        device_id = None
-        if ctx.device.startswith("cuda"):
-            device_id = torch.device(ctx.device)
-            torch.cuda.set_device(device_id)
-        if ctx.world_size == 1 or dist.is_initialized():
-            return
-        timeout = _timeout(self.timeout_s)
-        if ctx.environment == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            # torchrun's agent hosts the store and keeps it across worker restarts (same MASTER_PORT), so the
-            # keys of the previous attempt's group are still there; with torch 2.13 a restarted gloo group then
-            # fails in connectFullMesh about 2 times in 3. A per-attempt key prefix keeps attempts apart.
-            # Each group of this process (a second fit() in the same worker) gets its own prefix as well: the
-            # first group's keys would otherwise connect the second one's ranks to a group that no longer exists.
-            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            agent_store = dist.TCPStore(ctx.master_addr, ctx.master_port, is_master=False, timeout=timeout)
-            store: dist.Store = dist.PrefixStore(f"trainstack/attempt_{attempt}/group_{next(_GROUPS)}", agent_store)
-        else:
-            self.store = dist.TCPStore(ctx.master_addr, ctx.master_port, is_master=self.host_store,
-                                       timeout=timeout, wait_for_workers=False)
-            store = dist.PrefixStore("pg", self.store)
-        # a required NCCL transport (--nccl-transport): this host is checked before NCCL starts, and NCCL's own
-        # init lines (eager with device_id) must show that network -- a silent fallback to TCP is an error
-        required = _transport.check_before_init() if self.backend == "nccl" else None
-        try:
-            dist.init_process_group(self.pg_backend, store=store, rank=ctx.rank, world_size=ctx.world_size,
-                                    timeout=timeout, device_id=device_id)
-        except Exception as exc:
-            if required:
-                _transport.confirm_after_init(required, error=exc)
-            raise
-        if required:
-            _transport.confirm_after_init(required)
-        inplace.joined()  # a rank continued in place: the driver counts its step as started
-        fastexit.arm(ctx.rank)  # after torch's own hook (init_process_group's): a failed rank skips the teardown
-
-    def start_for_process(self) -> None:
-        """Join for the rest of the process and leave cleanly at its exit: a group left to the interpreter's
-        teardown can abort a finished rank ("terminate called without an active exception", exit 134)."""
-        atexit.register(self.stop, True, False)
-        self.start()
-
-    def stop(self, ok: bool, barrier: bool = True) -> None:
-        """Leave the group. After success, a barrier first so no rank tears down mid-collective (``barrier=False``
-        at interpreter exit: a rank that died must not hold the others there for the collective timeout)."""
-        try:
-            if dist.is_initialized():
-                if ok and barrier:
-                    dist.barrier()
-                dist.destroy_process_group()
-            if self.store is not None and ok:
-                self.store.add(_EXITED_KEY, 1)
-                if self.host_store:
-                    _wait_for_count(self.store, self.ctx.world_size)
-        finally:
-            self.store = None
-            _layout.deactivate()
-
-
-def _wait_for_count(store: dist.Store, expected: int, limit_s: float = 60.0) -> None:
-    """Keep a hosted store alive until ``expected`` ranks have left (bounded, never a hang)."""
-    deadline = time.monotonic() + limit_s
-    while store.add(_EXITED_KEY, 0) < expected and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
 @dataclass(frozen=True)
 class _WorkerSpec:
     """What a spawned worker needs besides the user's call (picklable, no torch objects)."""
@@ -503,7 +387,7 @@ def launch(fn: Callable, args: tuple, kwargs: dict, plan: ProcessPlan, backend: 
             _reap(context)
         _raise_failure(failure, stopped, plan.rank_offset, interruptible)
         if store is not None:
-            _wait_for_count(store, plan.world_size)
+            wait_for_count(store, plan.world_size)
         result_path = os.path.join(private_dir, _RESULT)
         if not os.path.exists(result_path):
             return None
