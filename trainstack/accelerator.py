@@ -56,11 +56,12 @@ from ._runtime import layout as _layout
 from ._runtime import loop as _loop
 from ._runtime import preload as _preload
 from ._runtime.layout import ProcessPlan, WorkerContext, plan_processes
-from ._runtime.parallel import Layout, Parallelism, lay_out, plan_layout
+from ._runtime.parallel import Layout, Parallelism, plan_layout
 from ._runtime.placement import on_copy_stream
 from ._runtime.spawn import ProcessGroupSession, launch
 from ._runtime.startup import freeze_loaded
 from ._runtime.watchdog import heartbeat, resolve_timeout, watched
+from ._runtime.wrapping import wrap_model
 from .data import DictDataLoader
 from .environment import detect_environment, warn_if_outside_step
 from .errors import ConfigError, LaunchError
@@ -397,38 +398,9 @@ class Accelerator(AccelerateAPI):
         """To the device and dtype; the parallelize hook (tensor parallelism) and activation checkpointing; compiled
         in place when asked; then DDP (a wrapper) or FSDP/HSDP (``fully_shard`` in place over the mesh) when
         world > 1; ``moved`` collects old parameter id -> new parameter (optimizers follow)."""
-        from ._runtime.fsdp import ONE_PROCESS_NOTE, is_sharded, shard
-
-        model, options = compiling.plan(model, self.compile_options)
-        if isinstance(model, DistributedDataParallel) or is_sharded(model):
-            return model
-        before = {name: id(p) for name, p in model.named_parameters()}
-        model = model.to(device=self.device, dtype=self.dtype) if self.dtype else model.to(self.device)
-        layout = self.layout
-        model, self.device_mesh = lay_out(model, layout, self.parallelism, self.strategy, self.device.type,
-                                          self.is_main_process, (self.fsdp_blocks, self.fsdp_min_params),
-                                          compiled=self.compile_options is not None)
-        wrapped = model
-        if self.world_size > 1 and dist.is_initialized():
-            if not any(p.requires_grad for p in model.parameters()):
-                log.warning("Model has no trainable parameters; not wrapping it for data parallelism.")
-            elif self.strategy in ("fsdp", "hsdp"):
-                assert self.device_mesh is not None
-                wrapped = shard(model, layout.fsdp_mesh(self.device_mesh), self.fsdp_blocks, self.fsdp_min_params,
-                                self.fsdp_param_dtype, compile_options=options)
-                options = None  # compiled block by block before sharding
-            else:
-                wrapped = DistributedDataParallel(model, device_ids=[self.device.index] if self.use_cuda else None,
-                                                  **self.handlers.ddp.to_kwargs())
-                self.handlers.ddp.register_comm_hook(wrapped)
-                collectives.steady_buckets(wrapped, self.world_size)
-        elif self.strategy != "ddp" and self.is_main_process:
-            print(ONE_PROCESS_NOTE, flush=True)
-        compiling.compile_in_place(model, options)  # in place: DDP's module is this one, keys stay plain
-        if moved is not None:
-            for name, p in model.named_parameters():
-                if id(p) != before.get(name):
-                    moved[before[name]] = p
+        wrapped, mesh, laid_out = wrap_model(model, self, moved)
+        if laid_out:
+            self.device_mesh = mesh
         return wrapped
 
     def prepare_batch(self, batch: Any) -> Any:
