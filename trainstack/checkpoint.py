@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -32,9 +31,20 @@ import torch
 import torch.distributed as dist
 
 from ._checkpoint.export import check_exportable, export_model
-from ._checkpoint.failures import why_failed, why_unreadable
+from ._checkpoint.failures import why_failed
 from ._checkpoint.parts import Restored, load_parts, model_config, state_of
-from ._checkpoint.parts import unwrap as _unwrap
+from ._checkpoint.reading import (
+    BEST,
+    BEST_SHARDED,
+    FORMAT_VERSION,
+    PATTERN,
+    SAVE_STATE,
+    check_fits,
+    checkpoint_name,
+    load_file,
+    periodic,
+    step_of,
+)
 from ._checkpoint.retention import rotate
 from ._checkpoint.rng import capture_rng, gather_rng, restore_rng
 from ._checkpoint.sharded import load_checked as _load_shards
@@ -48,25 +58,10 @@ if TYPE_CHECKING:
 __all__ = ["CheckpointError", "Checkpointer", "Restored", "atomic_save", "capture_rng", "restore_rng", "state_of",
            "load_parts",
            "checkpoint_name", "has_checkpoint", "load_file", "find", "consolidate", "describe", "load_checkpoint",
-           "write_checkpoint", "Store", "Uploads", "export_model", "check_exportable", "stage", "adopt"]
+           "write_checkpoint", "Store", "Uploads", "export_model", "check_exportable", "stage", "adopt", "check_fits",
+           "step_of", "SAVE_STATE", "FORMAT_VERSION"]
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 1
-_PATTERN = re.compile(r"^ckpt-e(\d+)-s(\d+)(\.pt)?$")
-BEST = "best.pt"
-BEST_SHARDED = "best"
-
-
-def checkpoint_name(epoch: int, global_step: int) -> str:
-    return f"ckpt-e{epoch:05d}-s{global_step:09d}.pt"
-
-
-def step_of(path: str | os.PathLike) -> int:
-    """The global step in a periodic checkpoint's name (``ckpt-e<epoch>-s<step>``); -1 for any other name."""
-    m = _PATTERN.match(Path(path).name)
-    return int(m.group(2)) if m else -1
-
-
 def has_checkpoint(run_folder: str | os.PathLike) -> bool:
     """True when ``run_folder`` holds at least one complete periodic checkpoint."""
     return bool(Checkpointer(run_folder).checkpoints())
@@ -120,7 +115,6 @@ def remove_checkpoint(path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------------- contents
 _RESERVED = ("format_version", "rng", "world_size", "config", "model_config")
-SAVE_STATE = "save_state"  # `saved_by` of Accelerator.save_state's checkpoints: they may hold no model
 
 
 def _save_errors() -> tuple[type[BaseException], ...]:
@@ -241,7 +235,7 @@ class Checkpointer:
         """Write one prepared state atomically under ``name`` (this process only), then rotate."""
         path = self.folder / name
         self.last_save_seconds = atomic_save(dict(state), path)
-        if _PATTERN.match(name):
+        if PATTERN.match(name):
             self._committed(False, path)
         return path
 
@@ -294,16 +288,7 @@ class Checkpointer:
     # -------------------------------------------------------------- finding
     def checkpoints(self) -> list[Path]:
         """Complete periodic checkpoints (files, and sharded folders with their commit marker), oldest first."""
-        from ._checkpoint.sharded import is_complete
-
-        if not self.folder.is_dir():
-            return []
-        found = []
-        for p in self.folder.iterdir():
-            m = _PATTERN.match(p.name)
-            if m and (p.is_file() if m.group(3) else is_complete(p)):
-                found.append(((int(m.group(2)), int(m.group(1))), p))
-        return [p for _, p in sorted(found)]
+        return periodic(self.folder)
 
     def latest(self) -> Path | None:
         ckpts = self.checkpoints()
@@ -412,80 +397,6 @@ def open_memory(run_folder: Path, rank: int, world: int, model: torch.nn.Module,
     return memory
 
 
-def load_file(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a checkpoint (a file, or a sharded folder's non-tensor part) to the CPU with ``weights_only=True``; a
-    clear error for missing or foreign files."""
-    from ._checkpoint.sharded import EXTRAS, DamagedCheckpoint, is_complete, verify
-
-    path = Path(path)
-    if path.is_dir() and is_complete(path):
-        try:
-            verify(path)
-        except DamagedCheckpoint as exc:
-            raise UnreadableCheckpoint(f"checkpoint {path} is damaged: {exc}") from None
-        return _checked(path / EXTRAS, path)
-    if path.is_dir() and (path / EXTRAS).exists():
-        raise CheckpointError(f"{path} is an incomplete sharded checkpoint (no COMMITTED marker: its save was "
-                              f"interrupted). HINT: resume='auto' uses the newest complete one.")
-    if path.is_dir():
-        run = path.parent if path.name == "checkpoints" else path
-        latest = Checkpointer(run).latest()
-        hint = f" (its newest checkpoint is {latest})" if latest else ""
-        raise CheckpointError(f"resume={str(path)!r} is a folder{hint}; a path must point at one ckpt-*.pt file. "
-                              f"HINT: resume='auto' continues from the newest checkpoint of the run folder.")
-    if not path.exists():
-        raise CheckpointError(f"checkpoint {path} does not exist. HINT: resume='auto' picks the latest one "
-                              f"in the run folder; a path must point at a ckpt-* file or folder.")
-    state = _checked(path, path)
-    if not isinstance(state.get("model"), Mapping) and state.get("saved_by") != SAVE_STATE:
-        raise UnreadableCheckpoint(f"{path} is a trainstack checkpoint without a model state: it cannot restore "
-                                   f"a run (written by another tool?).")
-    return state
-
-
-def _checked(file: Path, name: Path) -> dict[str, Any]:
-    if not file.is_file():  # a FIFO or device would block torch.load forever
-        raise UnreadableCheckpoint(f"checkpoint {file} is not a regular file.")
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise UnreadableCheckpoint(f"cannot load checkpoint {name}: {why_unreadable(exc, file)}.") from exc
-    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
-        raise UnreadableCheckpoint(f"{name} is not a trainstack checkpoint (format {FORMAT_VERSION}).")
-    return state
-
-
-def check_fits(model: torch.nn.Module, path: str | os.PathLike) -> None:
-    """Compare a checkpoint's parameter names and shapes with ``model`` (cheap: no tensor is read), so a resume
-    into another model fails before any process starts, naming the first difference."""
-    where = Path(path)
-    if where.is_dir():
-        from ._checkpoint.sharded import DamagedCheckpoint, verify
-
-        try:
-            meta = verify(where).state_dict_metadata
-        except DamagedCheckpoint as exc:
-            raise UnreadableCheckpoint(f"checkpoint {where} is damaged: {exc}") from None
-        saved = {k[len("model."):]: tuple(v.size) for k, v in meta.items() if k.startswith("model.")
-                 and hasattr(v, "size")}
-    else:
-        if not where.is_file():
-            raise UnreadableCheckpoint(f"checkpoint {where} is not a regular file.")
-        try:
-            state = torch.load(where, map_location="cpu", weights_only=True, mmap=True)
-            saved = {k: tuple(v.shape) for k, v in state["model"].items()}
-        except Exception as exc:
-            raise UnreadableCheckpoint(f"cannot read checkpoint {where}: the file is damaged or not a trainstack "
-                                       f"checkpoint ({type(exc).__name__}: {exc}).") from None
-    mine = {k: tuple(v.shape) for k, v in _unwrap(model).state_dict().items()}
-    for key in sorted(set(saved) | set(mine)):
-        if saved.get(key) != mine.get(key):
-            raise CheckpointError(f"{where} does not fit this run's model: {key} is {saved.get(key, 'missing')} in "
-                                  f"the checkpoint and {mine.get(key, 'missing')} in the model. HINT: a checkpoint "
-                                  f"only loads into the model it was written from; start a new run (another "
-                                  f"log_folder, or resume=None) after changing the model.")
-
-
 # ---------------------------------------------------------------------------------------------------- tools
 def find(path: str | os.PathLike, which: str | None = None) -> Path:
     """A checkpoint from a run folder (its newest readable one, or its ``which`` = ``best``/``last``), a
@@ -497,7 +408,7 @@ def find(path: str | os.PathLike, which: str | None = None) -> Path:
 
         return local_copy(str(path), which)
     path = Path(path)
-    if which is None and (path.is_file() or is_complete(path) or _PATTERN.match(path.name)
+    if which is None and (path.is_file() or is_complete(path) or PATTERN.match(path.name)
                           or path.name in (BEST, BEST_SHARDED)):
         load_file(path)  # a clear error for a missing, damaged or incomplete one
         return path
