@@ -307,23 +307,12 @@ class Run:
                                keep_through=int(restored.counters["global_step"]) if restored else None,
                                run_id=self.run_id, samples_per_batch=getattr(trainer.train_dataloader, "batch_size",
                                                                              None), world_size=acc.world_size)
-        live = self.tracker.live
-        live.peak, self.peak_source = throughput.peak_flops(acc.device, cfg.mixed_precision)
-        live.total_steps = span.total_steps
-        if acc.is_main_process:
-            live.optimizer_timer = throughput.OptimizerTimer(trainer.optimizer, acc.device)
-            # FLOPs only where MFU shows (a peak); a compiled model's counted on fake tensors (its kernels hide them),
-            # a custom optimize_step's not (what it runs is its own)
-            compiled = acc.compile_options is not None
-            fake = None
-            if compiled and not is_custom_step(trainer.optimize_step):
-                loss_fn = trainer.loss_fn
-                fake = lambda model, batch: throughput.fake_step_flops(model, loss_fn, batch)  # noqa: E731
-            self.step = throughput.FlopProbe(self.step, live, cfg.gradient_accumulation_steps, acc.world_size,
-                                             bool(live.peak) and (not compiled or fake is not None),
-                                             clock=lambda: self.progress.step, done=self._plain_step,
-                                             first=self._first_step if restored is not None else None,
-                                             fake_count=fake)
+        self.tracker.live.total_steps = span.total_steps
+        self.step, self.peak_source = throughput.measured(
+            self.step, self.tracker.live, trainer.optimizer, trainer.loss_fn, is_custom_step(trainer.optimize_step),
+            acc.device, cfg.mixed_precision, acc.compile_options is not None, cfg.gradient_accumulation_steps,
+            acc.world_size, acc.is_main_process, lambda: self.progress.step, self._plain_step,
+            self._first_step if restored is not None else None)
         self.releases.callback(self.tracker.close)
         if not acc.is_main_process and self.tracker.bar_on():  # a bar on rank 0: the others' warnings wait
             self.releases.callback(hold_warnings(acc.rank))

@@ -29,7 +29,7 @@ from ..errors import ConfigError
 if TYPE_CHECKING:
     from .live import LiveLog
 
-__all__ = ["PEAK_TFLOPS", "peak_flops", "FlopProbe", "OptimizerTimer", "tokens_in", "fake_step_flops"]
+__all__ = ["PEAK_TFLOPS", "peak_flops", "FlopProbe", "OptimizerTimer", "tokens_in", "fake_step_flops", "measured"]
 
 #: Dense peak TFLOP/s per device (vendor datasheets, no sparsity): bf16/fp16 tensor cores, TF32, plain fp32.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
@@ -232,3 +232,21 @@ class OptimizerTimer:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+def measured(step: Any, live: Any, optimizer: Any, loss_fn: Any, custom_step: bool, device: torch.device,
+             precision: str, compiled: bool, accumulation: int, world: int, main: bool, clock: Callable[[], int],
+             done: Callable[[Any], None], first: Callable[[], None] | None) -> tuple[Any, str]:
+    """``step`` as the live lines measure it: the device's peak (MFU's denominator) on ``live``, and on rank 0
+    the optimizer's time and the FLOPs of each step -- only where MFU shows (a peak); a compiled model's counted on
+    fake tensors (its kernels hide them), a custom optimize_step's not (what it runs is its own). (The step, the
+    peak's source.)"""
+    live.peak, source = peak_flops(device, precision)
+    if not main:
+        return step, source
+    live.optimizer_timer = OptimizerTimer(optimizer, device)
+    fake = None
+    if compiled and not custom_step:
+        fake = lambda model, batch: fake_step_flops(model, loss_fn, batch)  # noqa: E731
+    return FlopProbe(step, live, accumulation, world, bool(live.peak) and (not compiled or fake is not None),
+                     clock=clock, done=done, first=first, fake_count=fake), source
