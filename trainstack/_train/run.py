@@ -398,7 +398,8 @@ class Run:
             acc = self.accelerator
             at = self.cursor.position(n, getattr(self.train_loader, "samples_per_step", None), acc.world_size)
             partial = {**at, "loss_sum": sums.loss_sum, "sums": dict(sums.sums), "interval": None}
-            self.mark = Mark(self.progress.step, self.counters(partial), capture_rng(), acc.world_size)
+            rng = None if self.config.seed_every_step else capture_rng()  # ~65 us; derived when seeded per step
+            self.mark = Mark(self.progress.step, self.counters(partial), rng, acc.world_size)
 
     def finish(self, reason: str, final: dict[str, Any] | None) -> None:
         """The end of a finished run (every rank): the final model exported when asked, then the summary (rank 0):
