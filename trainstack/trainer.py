@@ -476,7 +476,7 @@ class Trainer(ProgressView, GradModes):
         if not epoch_end and "checkpoint" in due:
             self.save_checkpoint()
         active.save_memory(due if not epoch_end else set())
-        if active.stops_here(due, epoch_end):  # the epoch's partial metrics become the run's
+        if active.stops.here(due, epoch_end):  # the epoch's partial metrics become the run's
             self.metrics = active.epoch_means(sums, n)
             return True
         active.cursor.saved = None
@@ -497,13 +497,13 @@ class Trainer(ProgressView, GradModes):
         agreed, preempt = active.stopper.agree(self.accelerator.world_size, stop=wants_stop,
                                                nonfinite=cfg.stop_on_nonfinite and nonfinite_loss(self.metrics))
         if agreed["nonfinite"]:  # before saving: the last finite checkpoint must survive rotation
-            active.stop_diverged()
+            active.stops.diverged()
             return
         if "checkpoint" in due:
             self.save_checkpoint()
         active.save_memory(due)
         if preempt and epoch < active.last_epoch and step < active.last_step:
-            active.stop_gracefully(preempt)
+            active.stops.gracefully(preempt)
         elif agreed["stop"]:
             self.progress.ask(Stop.REQUESTED, "trainstop_criterion returned True", unless_stopping=True)
             active.tracker.print(f"Stopping after epoch {epoch}: {self.stop_reason}.")

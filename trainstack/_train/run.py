@@ -19,7 +19,7 @@ from .._common import envvars as envvars
 from .._common import jobevents as jobevents
 from .._common.choices import SHARDING
 from .._runtime import compiling, inplace, watchdog
-from .._runtime.preemption import INTERRUPT, GracefulStop, resolve_signals
+from .._runtime.preemption import GracefulStop, resolve_signals
 from ..accelerator import retarget_optimizer, seed_everything
 from ..callbacks import CallbackManager, LRScheduler, ModelCheckpoint
 from ..checkpoint import (
@@ -55,6 +55,7 @@ from .steps import (
     make_step,
     track_optimizer_steps,
 )
+from .stopping import RunStops
 from .tracker import Span, Tracker, banner_info
 
 if TYPE_CHECKING:
@@ -129,6 +130,7 @@ class Run:
         self.releases = contextlib.ExitStack()  # what _open took, released in reverse by close()
         self.cursor = EpochCursor()
         self.run_id = None
+        self.stops = RunStops(self)  # how it stops before its epochs are done
         self.marking = inplace.enabled(self.accelerator)  # restarts in place: every complete step is marked
         self.mark: Mark | None = None
 
@@ -418,48 +420,6 @@ class Run:
     def best(self) -> dict[str, Any] | None:
         """The best monitored value of the first ``ModelCheckpoint`` that has one, with its file."""
         return best_of(self.trainer.callbacks, self.checkpointer)
-
-    # ------------------------------------------------------------------ stopping
-    def stops_here(self, due: set[str], epoch_end: bool) -> bool:
-        """Mid-epoch stops: a graceful stop (signal, stop file, Ctrl-C), a stop any rank asked for (early stopping
-        after a validation), or the step limit. True when training stops at this step."""
-        trainer = self.trainer
-        if "poll" in due or ("val" in due and not epoch_end):
-            agreed, why = self.stopper.agree(self.accelerator.world_size, stop=trainer.stop_training)
-            if why is not None:
-                self.stop_gracefully(why)
-                return True
-            if agreed["stop"] and not epoch_end:
-                self.progress.ask(Stop.REQUESTED, "another rank asked to stop", unless_stopping=True)
-                self.tracker.print(f"Stopping at step {self.progress.step}: {trainer.stop_reason}.")
-        if "max_steps" in due and not epoch_end:
-            self.progress.ask(Stop.MAX_STEPS, f"max_steps={self.config.max_steps} reached", unless_stopping=True)
-        return trainer.stop_training and not epoch_end
-
-    def stop_gracefully(self, why: str) -> None:
-        """A signal, the stop file or Ctrl-C: checkpoint (committed), tell the batch script, say how to resume."""
-        trainer = self.trainer
-        kind = Stop.INTERRUPTED if why == INTERRUPT else Stop.PREEMPTED
-        self.progress.ask(kind, f"{kind.value} ({why})")
-        path = trainer.save_checkpoint()
-        with watchdog.phase("checkpoint"):
-            path = self.checkpointer.wait() or path  # an asynchronous save must be complete before the job ends
-        if self.accelerator.is_main_process and kind is Stop.PREEMPTED:  # tells the batch script: requeue me
-            self.stopper.confirm_saved(path or self.checkpointer.latest())
-        line = notes.graceful_stop(kind.value, why, self.progress.epoch, self.progress.step, path,
-                                   self.checkpointer.last_save_seconds, self.path)
-        self.tracker.print(line)
-        if self.accelerator.is_main_process:
-            jobevents.record("graceful_stop", stop=kind.value, why=why, step=self.progress.step,
-                             line=line.split(". ")[0])
-
-    def stop_diverged(self) -> None:
-        """A non-finite loss on any rank: stop before saving, so the last finite checkpoint survives rotation."""
-        trainer = self.trainer
-        reason = notes.diverged_reason(trainer.metrics.get("train_loss"), self.progress.epoch,
-                                       self.checkpointer.latest())
-        self.progress.ask(Stop.DIVERGED, reason)
-        self.tracker.print(f"trainstack: {reason}")
 
     def close(self, failed: bool = False) -> None:
         """Release what the run took, in reverse (the watchdog, the tracker, the memory checkpoints, the last upload,
