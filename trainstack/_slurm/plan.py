@@ -154,8 +154,9 @@ class Plan:
             lines += ["the driver itself: the job script's process keeps it as a child; a driver that dies (the OOM "
                       "killer, a kill) is replaced in the allocation twice, then the job is requeued",
                       *(["a sentinel (one more job step, srun --overlap) on another node watches the driver's "
-                         "heartbeat and requeues the job if the batch host is lost; it is started again on another "
-                         "node if its own is lost"] if self.allocated_nodes > 1 else [])]
+                         "heartbeat and takes the driver's place in this allocation if the batch host is lost (a "
+                         "requeue where it cannot); it is started again on another node if its own is lost"]
+                        if self.allocated_nodes > 1 else [])]
         elif r.graceful_stop:
             lines.append("a stop signal asks the trainer to checkpoint and stop; the job is not requeued")
         else:
