@@ -665,7 +665,10 @@ def test_ranks_waiting_in_place_are_killed_where_the_next_step_cannot_continue_t
                                                                                    (3, "node2"))]
     code = 1 if case == "requeue" else 137
     first = {"fail": [{"rank": 2, "host": "node2", "code": code}], "peer_lost": waiting, "hang": True}
-    slurm = FakeSlurm(["node1", "node2", "node3"], [first, {}], lost=("node2",) if case == "other nodes" else ())
+    # node2's probe answers after rank 3 said it waits (1 s, however loaded the box): node2 is blamed with a live
+    # waiting rank on it -- not a lost node whose survivors would continue in place beside the spare
+    slurm = FakeSlurm(["node1", "node2", "node3"], [first, {}], lost=("node2",) if case == "other nodes" else (),
+                      answer_s=1.0 if case == "other nodes" else 0.0)
     status, alloc = job(plan(tmp_path, spare=1), slurm, TRAINSTACK_IN_PLACE="0" if case == "off" else "1")
     assert ("kill_steps",) in slurm.calls and alloc.files.step.offer_after(0) is None
     if case == "requeue":
