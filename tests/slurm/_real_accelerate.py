@@ -3,6 +3,7 @@ gather, the result written by the main process to $PROBE_OUT/accelerate.json."""
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -26,4 +27,10 @@ if accelerator.is_main_process:
         "same_weights": bool(torch.equal(weights[0], weights[-1])), "batches": len(loader),
         "type": str(accelerator.distributed_type)}))
 accelerator.wait_for_everyone()
-accelerator.end_training()  # leaves the process group (a gloo group left to interpreter exit can abort)
+accelerator.end_training()
+# end_training's destroy_process_group drops torch's reference, but the DDP model's reducer still holds the gloo
+# group; it is freed during interpreter finalization, where gloo's worker threads can abort the finished process
+# ("terminate called without an active exception", SIGABRT) under load. Every result is written: leave without it.
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
