@@ -25,6 +25,7 @@ from trainstack._slurm.spec import LaunchSpec
 
 pytestmark = pytest.mark.timeout(60)
 FAKE_STEP = str(Path(__file__).with_name("_fake_step.py"))
+FAKE_STANDBY = str(Path(__file__).with_name("_fake_standby.py"))
 
 
 class FakeSlurm(Slurm):
@@ -42,6 +43,7 @@ class FakeSlurm(Slurm):
         self.launched: list[list[str]] = []
         self.calls: list[tuple] = []
         self.scontrol: list[tuple[int, str]] = []
+        self.standby: dict = {}  # how the standbys it starts behave (tests/_fake_standby.py)
 
     def hostnames(self, nodelist: str) -> list[str]:
         return list(self.hosts)
@@ -62,6 +64,13 @@ class FakeSlurm(Slurm):
         if "trainstack._slurm.takeover" in argv:
             self.calls.append(("sentinel", nodelist(argv)))
             return subprocess.Popen(["true"])
+        if "trainstack._runtime.standby" in argv:
+            name = argv[argv.index("trainstack._runtime.standby") + 1]
+            self.calls.append(("standby", nodelist(argv), name))
+            return subprocess.Popen([sys.executable, FAKE_STANDBY, name, nodelist(argv)],
+                                    env={**env, "FAKE_STANDBY": json.dumps(self.standby),
+                                         "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+                                    stdin=subprocess.DEVNULL)
         self.launched.append(list(argv))
         scenario = self.steps.pop(0) if self.steps else {}
         return subprocess.Popen([sys.executable, FAKE_STEP], env={**env, "FAKE_STEP": json.dumps(scenario)},
@@ -123,9 +132,10 @@ def job(tmp_path, monkeypatch):
 
     def run(p: Plan, slurm: FakeSlurm, **env: str) -> tuple[int, Allocation]:
         # restarts in place (the driver's default with srun) are on where a test asks for them: a scenario's ranks
-        # that say nothing would otherwise be waited for (tests of in place pass TRAINSTACK_IN_PLACE="1")
+        # that say nothing would otherwise be waited for (tests of in place pass TRAINSTACK_IN_PLACE="1"); so are
+        # warm standbys (TRAINSTACK_STANDBY)
         base = {"SLURM_JOB_ID": "100", "SLURM_NNODES": str(p.allocated_nodes), "SLURM_JOB_NODELIST": "x",
-                "PATH": os.environ["PATH"], "TRAINSTACK_IN_PLACE": "0", **env}
+                "PATH": os.environ["PATH"], "TRAINSTACK_IN_PLACE": "0", "TRAINSTACK_STANDBY": "0", **env}
         alloc = Allocation(p, slurm, base, poll_s=0.02, kill_after_s=0.2,
                            emit=lambda line, error: said.append(line))
         return alloc.run(), alloc
@@ -1007,3 +1017,92 @@ def test_the_job_s_end_frees_memory_checkpoints_only_where_some_may_be_left(tmp_
     else:
         assert status == 0 and frees == [("each", ("node2",), "bash")], slurm.calls
     assert not any("not freed" in line for line in job.said), job.said
+
+
+def _taken(alloc: Allocation) -> dict[int, dict]:
+    """What each standby the driver ordered was told (tests/_fake_standby.py), by rank."""
+    found = [json.loads(p.read_text()) for p in alloc.files.folder.glob("taken-*.json")]
+    return {t["rank"]: t for t in found}
+
+
+@pytest.fixture
+def quick_standbys(monkeypatch):
+    """Standbys start 0.1 s after a step does (5 s in a job: never beside a step's own imports)."""
+    import trainstack._slurm.standby as standby
+
+    monkeypatch.setattr(standby, "SETTLE_S", 0.1)
+
+
+def test_a_crashed_rank_starts_in_a_warm_standby_beside_the_ranks_waiting_in_place(tmp_path, job, quick_standbys):
+    """Issue 68: a standby on each node once step 0 settled; rank 1 killed, the others wait in place: step 1 starts
+    no srun -- node1's ready standby is ordered to be rank 1 of step 1 (its rendezvous, counters and the world),
+    said and recorded with its pid; the used one is replaced, the idle ones are killed at the end."""
+    waiting = [{"rank": r, "host": h, "waiting": True, "delay": 1.6} for r, h in ((0, "node1"), (2, "node2"),
+                                                                                   (3, "node2"))]
+    slurm = FakeSlurm(["node1", "node2"], [
+        {"fail": [{"rank": 1, "host": "node1", "code": 137, "delay": 1.5}], "peer_lost": waiting,
+         "continue_in_place": 0.3}])
+    status, alloc = job(plan(tmp_path), slurm, TRAINSTACK_IN_PLACE="1", TRAINSTACK_STANDBY="")
+    assert status == 0, job.said
+    assert [nodelist(a) for a in slurm.launched] == ["node1,node2"], slurm.launched  # no srun for rank 1
+    started = [c for c in slurm.calls if c[0] == "standby"]
+    assert {c[1] for c in started[:2]} == {"node1", "node2"}, started  # one per training node
+    taken = _taken(alloc)
+    assert list(taken) == [1] and taken[1]["host"] == "node1" and taken[1]["step"] == 1, taken
+    assert taken[1]["env"]["TRAINSTACK_NPROCS"] == "4" and taken[1]["env"]["MASTER_ADDR"] == "node1", taken
+    assert f"rank(s) 1 start in warm standby process(es) {taken[1]['pid']} on node1" in job.said, job.said
+    (event,) = [e for e in alloc.files.events() if e["kind"] == "standby_taken"]
+    assert event["ranks"] == {"1": taken[1]["pid"]} and event["step_index"] == 1, event
+    assert ("standby", "node1") in {c[:2] for c in started[2:]}, started  # the used one replaced
+    assert not alloc.standbys.idle  # the idle ones killed at the end
+    (row,) = rows(alloc)
+    assert row["kind"] == "killed (signal 9)" and row["retried"], row
+
+
+def test_a_whole_step_relaunch_starts_every_rank_in_standbys(tmp_path, job, quick_standbys):
+    """Without restarts in place every rank of the failed step starts afresh: with TRAINSTACK_STANDBY=2 (a node's
+    ranks) step 1 is four standbys, no srun."""
+    slurm = FakeSlurm(["node1", "node2"], [{"fail": [{"rank": 1, "host": "node1", "code": 137, "delay": 1.5}]}])
+    status, alloc = job(plan(tmp_path), slurm, TRAINSTACK_STANDBY="2")
+    assert status == 0, job.said
+    assert len(slurm.launched) == 1, slurm.launched
+    taken = _taken(alloc)
+    assert sorted(taken) == [0, 1, 2, 3], taken
+    assert {r: t["host"] for r, t in taken.items()} == {0: "node1", 1: "node1", 2: "node2", 3: "node2"}, taken
+    assert all(t["step"] == 1 and t["env"]["TRAINSTACK_NPROCS"] == "4" for t in taken.values()), taken
+
+
+def test_a_broken_standby_is_said_and_never_blocks_a_recovery(tmp_path, job, quick_standbys):
+    """Standbys that end before they are ready: each said, none started again on a node after two; the crashed
+    rank then starts afresh in an srun of its own, said."""
+    waiting = [{"rank": r, "host": h, "waiting": True, "delay": 1.6} for r, h in ((0, "node1"), (2, "node2"),
+                                                                                   (3, "node2"))]
+    slurm = FakeSlurm(["node1", "node2"], [
+        {"fail": [{"rank": 1, "host": "node1", "code": 137, "delay": 1.5}], "peer_lost": waiting,
+         "continue_in_place": 0.3}, {"duration": 0.2}])
+    slurm.standby = {"broken": True}
+    status, alloc = job(plan(tmp_path), slurm, TRAINSTACK_IN_PLACE="1", TRAINSTACK_STANDBY="")
+    assert status == 0, job.said
+    assert [nodelist(a) for a in slurm.launched] == ["node1,node2", "node1"], slurm.launched
+    assert "a warm standby on node1 ended before it was ready (exit status 3): starting another" in job.said
+    assert "a warm standby on node1 ended before it was ready (exit status 3); no more standbys on that node: its " \
+           "ranks start afresh" in job.said, job.said
+    assert "0 warm standby(s) ready on node1 for its 1 rank(s): the step's ranks start afresh" in job.said
+    assert len([c for c in slurm.calls if c[:2] == ("standby", "node1")]) == 2, slurm.calls
+
+
+@pytest.mark.parametrize("value, count", [("", 1), ("0", 0), ("off", 0), ("3", 3), ("many", 0)])
+def test_standbys_per_node_take_a_count_or_off(tmp_path, job, value, count):
+    """TRAINSTACK_STANDBY: unset 1 per training node, a count, 0/off; anything else is said, and off."""
+    slurm = FakeSlurm(["node1", "node2"], [{"duration": 0.1}])
+    status, alloc = job(plan(tmp_path), slurm, TRAINSTACK_STANDBY=value)
+    assert status == 0 and alloc.standbys.enabled is (count > 0) and (not count or alloc.standbys.count == count)
+    assert ("not a count of standbys" in " ".join(job.said)) is (value == "many"), job.said
+
+
+def test_standbys_are_only_for_python_programs_under_srun(tmp_path, job):
+    """torchrun and an executable start their own processes: no standby."""
+    for launcher in ("torchrun",):
+        slurm = FakeSlurm(["node1", "node2"], [{"duration": 0.1}])
+        status, alloc = job(plan(tmp_path, launcher=launcher), slurm, TRAINSTACK_STANDBY="2")
+        assert status == 0 and not alloc.standbys.enabled

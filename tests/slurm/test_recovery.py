@@ -201,7 +201,9 @@ def test_a_killed_rank_restarts_alone_and_the_others_continue_in_place_bitwise(c
         job = submit_spec(spec(out, "srun", spare=0, record_ids=True))
     finally:
         os.umask(umask)
-    wait_until(lambda: reached(out) >= 22 and len(list((out / "pids").glob("*"))) == 4, 120, "step 22")
+    standbys = job.log_path.with_suffix("") / "standby"
+    wait_until(lambda: reached(out) >= 22 and len(list((out / "pids").glob("*"))) == 4 and
+               any(standbys.glob("*-node1-*.ready")), 120, "step 22 and a warm standby on node1")
     planted = _plant_as_group_member(job.log_path.with_suffix(""))
     before = {p.name: p.read_text().split()[0] for p in (out / "pids").glob("*")}
     killed = kill_rank(out, "node1", 1)
@@ -209,6 +211,9 @@ def test_a_killed_rank_restarts_alone_and_the_others_continue_in_place_bitwise(c
     log = job.log_path.read_text()
     assert "rank(s) 0, 2, 3 continue in place; starting rank(s) 1 on node1" in log, log
     after = {p.name: p.read_text().split() for p in (out / "pids").glob("*")}
+    (warm,) = [e for e in events(job) if e["kind"] == "standby_taken"]  # issue 68: rank 1 in a warm standby
+    assert warm["ranks"] == {"1": int(after["node1-1"][0])} and warm["ready_since"] < killed, warm
+    assert f"rank(s) 1 start in warm standby process(es) {after['node1-1'][0]} on node1" in log, log
     assert {name: pid for name, (pid, step) in after.items()} == {**before, "node1-1": after["node1-1"][0]} and \
         after["node1-1"][0] != before["node1-1"], (before, after)
     assert all(step == "1" for _, step in after.values()), after  # every rank trained on in job step 1

@@ -17,7 +17,7 @@ __all__ = ["Variable", "VARIABLES", "positive_number"] + [
     "COMPILE_TIMEOUT", "PEAK_TFLOPS", "HOST", "REMOTE_DIR", "REMOTE_TRAINSTACK", "SSH_CONFIG", "SSH_REUSE_ONLY",
     "REMOTE_INDEX_DIR", "REMOTE_SIDE", "MEMORY_DIR", "NODE_NAME", "STRAGGLER_RATIO", "ATTEMPT", "STEP",
     "STORE_TIMEOUT", "PLANNED_WORLD", "CHECKPOINT_STORE", "LEASE", "CLUSTER", "STAGED", "NCCL_TRANSPORT",
-    "FAST_EXIT", "GC_FREEZE", "IN_PLACE", "TASK_RANKS"]
+    "FAST_EXIT", "GC_FREEZE", "IN_PLACE", "TASK_RANKS", "STANDBY"]
 
 
 class Variable(NamedTuple):
@@ -127,6 +127,11 @@ VARIABLES: tuple[Variable, ...] = (
              "1: a rank that lost a peer keeps its process and waits for the driver's next job step, which starts "
              "only the crashed ranks afresh; the survivors join its new process group and restore in place. 0: "
              "every rank of a failed step is relaunched."),
+    Variable("TRAINSTACK_STANDBY", "you",
+             "Warm standbys per node of a --requeue srun job: interpreters that have imported torch and trainstack "
+             "and wait to become a rank that must start afresh (a crash's replacement, a spare's ranks, a whole "
+             "step relaunched). Default: 1 per training node, a node's ranks on an idle spare; a count of at least "
+             "--procs-per-node makes a whole-step relaunch warm too; 0 turns them off."),
     Variable("TRAINSTACK_TASK_RANKS", "the allocation driver",
              "Set on a job step that starts only some ranks beside survivors restarted in place: the global rank of "
              "each of its srun tasks (comma-separated, by SLURM_PROCID); the world is TRAINSTACK_NPROCS."),
@@ -183,7 +188,7 @@ CHECKPOINT_STORE, LEASE, CLUSTER = "TRAINSTACK_CHECKPOINT_STORE", "TRAINSTACK_LE
 STAGED, NCCL_TRANSPORT = "TRAINSTACK_STAGED", "TRAINSTACK_NCCL_TRANSPORT"
 FAST_EXIT, GC_FREEZE = "TRAINSTACK_FAST_EXIT", "TRAINSTACK_GC_FREEZE"
 ATTEMPT, STEP, PLANNED_WORLD = "TRAINSTACK_ATTEMPT", "TRAINSTACK_STEP", "TRAINSTACK_PLANNED_WORLD"
-IN_PLACE, TASK_RANKS = "TRAINSTACK_IN_PLACE", "TRAINSTACK_TASK_RANKS"
+IN_PLACE, TASK_RANKS, STANDBY = "TRAINSTACK_IN_PLACE", "TRAINSTACK_TASK_RANKS", "TRAINSTACK_STANDBY"
 assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PRELOAD, START_METHOD, PIN_MEMORY,
                                          FAST_TENSOR_PATH, PROGRESS, STOP_SIGNALS, STOP_FILE, NPROCS, COMPUTE_SETUP,
                                          JOB_DIR, RUN_DIR, SNAPSHOT, SUBMIT_DIR, RANK_LOG, NODE_LOG, ERROR_REPORT,
@@ -192,7 +197,7 @@ assert all(name in _BY_NAME for name in (HANG_TIMEOUT, HANG_DIR, TIMEOUT_S, PREL
                                          SSH_REUSE_ONLY, REMOTE_INDEX_DIR, REMOTE_SIDE, MEMORY_DIR, NODE_NAME,
                                          STRAGGLER_RATIO, ATTEMPT, STEP, STORE_TIMEOUT, PLANNED_WORLD,
                                          CHECKPOINT_STORE, LEASE, CLUSTER, STAGED, NCCL_TRANSPORT, FAST_EXIT,
-                                         GC_FREEZE, IN_PLACE, TASK_RANKS))
+                                         GC_FREEZE, IN_PLACE, TASK_RANKS, STANDBY))
 
 
 _ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")

@@ -28,7 +28,7 @@ from types import FrameType
 from .._common import envvars as envvars
 from .._common.jobfiles import JobFiles
 from . import attempt as policy
-from . import sentinel
+from . import sentinel, standby
 from .batchjob import BatchJob
 from .handback import HandBack
 from .inplace import Survivors
@@ -37,6 +37,7 @@ from .plan import Plan
 from .preflight import Preflight
 from .rungs import LADDER, Requeue, Retry
 from .slurmcmd import Slurm
+from .standby import Standbys, Taken
 from .stepcmd import StepCommand
 from .watch import Ended, ForceKill, Held, Probe, StepWatch, TearDown
 
@@ -122,8 +123,10 @@ class Allocation:
         self.pending: tuple[StepWatch, list[str]] | None = None  # the probe's answer on those, awaited beside the next
         self.log: Path | None = None
         holds = any(rung.holds() and rung.applies(plan) for rung in LADDER)  # a rung keeps the survivors
-        self.in_place = Survivors(self.files, slurm, SENTINEL, holds and Survivors.wanted(env, self.job.warn))
+        self.in_place = Survivors(self.files, slurm, self.kept_steps, holds and Survivors.wanted(env, self.job.warn))
         self.command = StepCommand(plan, self.job, self.in_place, slurm.job_id)  # what each step runs
+        count = standby.wanted(env, self.job.warn) if standby.applies(plan) else 0
+        self.standbys = Standbys(self.files, self._start_standby, count, plan.procs_per_node, self.job.say)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
@@ -136,6 +139,7 @@ class Allocation:
             status = int(exc.code) if isinstance(exc.code, int) else 1
         finally:
             self.in_place.release()
+            self.standbys.stop()
             self.held.lost(self.pool.lost, self.step, wait=True)  # its end must not wait for a lost node
             self.job.end(status, self.step, self.pool.lost)
         return status
@@ -196,13 +200,14 @@ class Allocation:
                                        self._spare_for)
         while True:
             self._reconcile()
+            self.standbys.tend(self.pool.usable(), nodes, time.monotonic())
             state = watch.poll(time.monotonic())
             if isinstance(state, (Ended, Held)):
                 code = state.code
                 break
             if isinstance(state, TearDown):
                 self.job.warn(state.line)
-                self.slurm.kill_steps(keep=SENTINEL)
+                self.slurm.kill_steps(keep=self.kept_steps())
             elif isinstance(state, ForceKill):
                 for p in procs:
                     p.kill()
@@ -217,18 +222,48 @@ class Allocation:
                        saved, finished)
 
     def _launch(self, nodes: list[str]) -> tuple[subprocess.Popen[bytes] | None, list[subprocess.Popen[bytes]]]:
-        """The step's new srun (None: a shrink continues every rank in place) and all its sruns (held ones too)."""
+        """The step's new srun (None: a shrink continues every rank in place, or warm standbys took the ranks it
+        starts) and all its sruns (held ones, standbys' too)."""
         beside = self.in_place.missing(nodes, self.plan.procs_per_node)
         env = self.command.env(nodes, self.step, beside)
+        self.standbys.step_started(time.monotonic())
+        per = self.plan.procs_per_node
         if beside is None:
             self.in_place.release()
+            warm = self._warm({host: list(range(i * per, (i + 1) * per)) for i, host in enumerate(nodes)}, env,
+                              len(nodes) * per) if self.step else None
+            if warm is not None:
+                return None, warm.procs
             proc = self.slurm.launch(self.command.argv(nodes), env, self.job.cwd)
             return proc, [proc]
-        self.in_place.offer(self.step, env, self.plan.procs_per_node)
+        self.in_place.offer(self.step, env, per)
         started = f"; starting rank(s) {', '.join(map(str, beside[1]))} on {beside[0]}" if beside[1] else ""
         self.job.say(f"rank(s) {', '.join(map(str, sorted(self.in_place.waiting)))} continue in place{started}")
-        started_now = self.slurm.launch(self.command.argv(nodes, beside), env, self.job.cwd) if beside[1] else None
-        return started_now, [*([started_now] if started_now is not None else []), *self.in_place.carried()]
+        warm = self._warm({beside[0]: beside[1]}, env, len(nodes) * per) if beside[1] else None
+        started_now = self.slurm.launch(self.command.argv(nodes, beside), env, self.job.cwd) \
+            if beside[1] and warm is None else None
+        return started_now, [*([started_now] if started_now is not None else []), *(warm.procs if warm else []),
+                             *self.in_place.carried()]
+
+    def _warm(self, placement: dict[str, list[int]], env: dict[str, str], world: int) -> Taken | None:
+        """The ranks ``placement`` starts, handed to warm standbys on their hosts (said and recorded: which
+        process took which rank); None where too few are ready (they start afresh)."""
+        taken = self.standbys.take(placement, self.step, env, self.plan.procs_per_node, world)
+        if taken is not None:
+            pids = {str(rank): ready.pid for rank, ready in sorted(taken.ranks.items())}
+            self.job.say(f"rank(s) {', '.join(pids)} start in warm standby process(es) "
+                         f"{', '.join(map(str, pids.values()))} on {','.join(placement)}")
+            self.job.event("standby_taken", list(placement), self.step, ranks=pids,
+                           ready_since=min(ready.since for ready in taken.ranks.values()))
+        return taken
+
+    def _start_standby(self, host: str, name: str) -> subprocess.Popen[bytes]:
+        argv, env = self.command.standby(host, name)
+        return self.slurm.launch(argv, env, self.job.cwd)
+
+    def kept_steps(self) -> set[str]:
+        """The job steps a failed step's teardown never kills: the sentinel's, the idle standbys'."""
+        return {SENTINEL, *self.standbys.names()}
 
     def _spare_for(self, hosts: list[str]) -> bool:
         """Can a spare take the place of ``hosts`` (presumed lost)? Then the step is killed at once and the next one
@@ -341,6 +376,7 @@ class Allocation:
     def _begin(self) -> None:
         """The job's record and environment, the pool of its hosts, the signals, the sentinel, the versions."""
         self.pool = NodePool(self.job.begin(self.takeover))
+        self.files.standby.clear()  # the standbys of an earlier attempt or driver are gone (their steps killed)
         self.held.hold([h for h in self.pool.allocated if h != self.lost_host])
         self.log = self.slurm.log_path()  # the job's own log: what torchrun's agents said of their workers
         if self.takeover:  # the dead driver's steps, lost and blamed hosts are this one's to go on from

@@ -36,7 +36,7 @@ JOIN_S = 90.0
 class Survivors:
     """The ranks of the last failed step waiting in place (rank -> host) and the srun processes that hold them."""
 
-    def __init__(self, files: JobFiles, slurm: Slurm, keep_steps: str, enabled: bool) -> None:
+    def __init__(self, files: JobFiles, slurm: Slurm, keep_steps: Callable[[], set[str]], enabled: bool) -> None:
         self.files, self.slurm, self.keep_steps, self.enabled = files, slurm, keep_steps, enabled
         self.waiting: dict[int, str] = {}
         self.held: list[subprocess.Popen[bytes]] = []
@@ -122,7 +122,7 @@ class Survivors:
     def release(self) -> None:
         """Kill the held ranks (the next step relaunches every rank, or none follows) and forget them."""
         if self.held:
-            self.slurm.kill_steps(keep=self.keep_steps)
+            self.slurm.kill_steps(keep=self.keep_steps())
             for proc in self.held:
                 proc.kill()
                 proc.wait()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -208,13 +208,15 @@ class Slurm:
                                  self.env, output=Path(os.devnull)) for h in hosts}
         return wait_answers(probes, timeout, settle_s)
 
-    def kill_steps(self, keep: str = "") -> None:
-        """SIGKILL to every job step of this job still known to Slurm but those named ``keep``, without waiting for
-        the answer (a lost node keeps ``scancel`` waiting for Slurm's MessageTimeout)."""
+    def kill_steps(self, keep: str | Collection[str] = ()) -> None:
+        """SIGKILL to every job step of this job still known to Slurm but those named in ``keep`` (the sentinel's,
+        the idle standbys'), without waiting for the answer (a lost node keeps ``scancel`` waiting for Slurm's
+        MessageTimeout)."""
+        kept = {keep} if isinstance(keep, str) else set(keep)
         code, out = self._run(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i %j"])
         for line in out.splitlines() if code == 0 else []:
             step, _, name = line.partition(" ")
-            if step.startswith(f"{self.job_id}.") and step.rsplit(".", 1)[1].isdigit() and name.strip() != keep:
+            if step.startswith(f"{self.job_id}.") and step.rsplit(".", 1)[1].isdigit() and name.strip() not in kept:
                 subprocess.Popen(["scancel", "--signal=KILL", step], env=self.env, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -63,6 +63,17 @@ class StepCommand:
             env["CUSTOM_COMMAND"] += " " + " ".join(shlex.quote(a) for a in self.job.task_args)
         return env
 
+    def standby(self, host: str, name: str) -> tuple[list[str], dict[str, str]]:
+        """A warm standby's job step on ``host`` (named ``name``: a teardown keeps it while idle) and its
+        environment: one task, through the exit-record wrapper (a standby is no rank until ordered), the
+        interpreter running the standby before the program's words; the step's rendezvous comes with the order."""
+        launch = self.plan.launch
+        srun = self.in_place.srun(list(launch.srun), [host], 1, (host, [0]))
+        argv = [*srun, f"--job-name={name}", "bash", "-c", EXIT_RECORD_SH, "trainstack-task", "standby",
+                *launch.command, "-m", "trainstack._runtime.standby", name, "--", *launch.program, *self.job.task_args]
+        env = {**self.job.env, **launch.env, **({envvars.IN_PLACE: "1"} if self.in_place.enabled else {})}
+        return argv, env
+
     def port(self, step: int) -> int:
         """The rendezvous port of job step ``step`` (one of its own per step)."""
         job, base, span = int(self.job_id), self.plan.port_base, self.plan.port_span

@@ -113,7 +113,9 @@ class StepWatch:
     def poll(self, now: float) -> StepState:
         """The step's state now (``now``: ``time.monotonic()``)."""
         if all(p.poll() is not None for p in self.procs):
-            code = self.new.returncode if self.new is not None else 0
+            # a step that started no srun of its own (a shrink, ranks in standbys): its first failing task's status
+            code = self.new.returncode if self.new is not None else \
+                next((x.code for x in self.files.step.exits(self.step)), 0)
             if code != 0 or self.files.step.has_exits(self.step):
                 self._detect()
             return Ended(code)

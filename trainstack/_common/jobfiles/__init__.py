@@ -39,10 +39,11 @@ from .names import (
     rank_unit,
 )
 from .records import JobRecords
+from .standby import STANDBY_NAME, Ready, StandbyRecords
 from .step import Exit, Offer, StepRecords
 from .stop import StopRequest
 
-__all__ = ["JobFiles", "Exit", "Offer", "StepRecords", "StopRequest", "DriverLiveness", "MemoryListing",
+__all__ = ["JobFiles", "Exit", "Offer", "StepRecords", "StandbyRecords", "Ready", "STANDBY_NAME", "StopRequest", "DriverLiveness", "MemoryListing",
            "EXIT_RECORD_SH", "FREE_MEMORY_SH", "DRIVER_SILENT_S", "DRIVER_QUIET_S", "DRIVER_BEAT_S",
            "DRIVER_SUSPECT_S", "ATTEMPT_MARK", "OFFERED",
            "UntrustedFileError", "rank_log", "node_log", "rank_stacks", "rank_unit", "RANK_LOG_RE"]
@@ -67,6 +68,11 @@ class JobFiles(JobRecords):
     def step(self) -> StepRecords:
         """The driver <-> rank records of the job steps (exits, lost peers, offers, joins)."""
         return StepRecords(self.folder, self.owner)
+
+    @property
+    def standby(self) -> StandbyRecords:
+        """The warm standbys' records (ready, ordered, the rank each became)."""
+        return StandbyRecords(self.folder, self.owner)
 
     @property
     def stop(self) -> StopRequest:

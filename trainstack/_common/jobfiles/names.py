@@ -73,13 +73,16 @@ class Names:
 #: while the wrapper and tee outlive them, and a failing task's end recorded in exits/<unit> (time status unit host)
 #: -- so the driver reports the first failure, not the kills that followed it. A rank restarted in place belongs to a
 #: later job step than its task: it says which in steps/<host>-<wrapper pid> (``note_step``); a step that starts
-#: only some ranks names each task's rank in TRAINSTACK_TASK_RANKS.
+#: only some ranks names each task's rank in TRAINSTACK_TASK_RANKS. A warm standby (KIND standby) is no rank until
+#: the driver orders it to be one: it names that rank in steps/<host>-<wrapper pid>.rank, and a standby that never
+#: became a rank records nothing.
 EXIT_RECORD_SH = r'''trap : USR1 USR2 TERM INT HUP
 case "$1" in
   rank) r=$SLURM_PROCID
     if [[ -n "${TRAINSTACK_TASK_RANKS:-}" ]]; then IFS=, read -ra rs <<< "${TRAINSTACK_TASK_RANKS#*/}"; r=${rs[$r]}; fi
     unit="rank-$r"; export TRAINSTACK_RANK_LOG="$TRAINSTACK_JOB_DIR/$unit.out" ;;
   node) unit="node-$SLURM_NODEID"; export TRAINSTACK_NODE_LOG="$TRAINSTACK_JOB_DIR/$unit.out" ;;
+  standby) unit="" ;;
   *) unit="node-$SLURM_NODEID" ;;
 esac
 log="${TRAINSTACK_RANK_LOG:-${TRAINSTACK_NODE_LOG:-}}"
@@ -95,6 +98,8 @@ if [[ "$rc" -ne 0 ]]; then
   (umask 022; d="$TRAINSTACK_JOB_DIR/exits"; mkdir -p "$d" 2>/dev/null; [[ -d "$d" && ! -L "$d" && -O "$d" ]] || exit
    f="$TRAINSTACK_JOB_DIR/steps/$(hostname)-$$"; step=${TRAINSTACK_STEP:-0}
    if [[ -f "$f" && ! -L "$f" && -O "$f" ]]; then step=$(head -c 20 "$f" 2>/dev/null); fi
+   if [[ -z "$unit" ]]; then [[ -f "$f.rank" && ! -L "$f.rank" && -O "$f.rank" ]] || exit
+     r=$(head -c 20 "$f.rank" 2>/dev/null); r=${r//[^0-9]/}; [[ -n "$r" ]] || exit; unit="rank-$r"; fi
    t=$(mktemp "$d/.$unit.XXXXXX" 2>/dev/null) || exit
    echo "$(date +%s.%N) $rc $unit ${SLURMD_NODENAME:-$(hostname)} ${step//[^0-9]/}" > "$t" && mv -fT "$t" "$d/$unit")
 fi

@@ -1,0 +1,158 @@
+"""The allocation driver's warm standbys (the process: ``_runtime/standby.py``): on each usable node, interpreters
+that have imported torch and trainstack and wait to become a rank, so a rank that must start afresh -- a crash's
+replacement, a spare's ranks, a whole step relaunched -- skips its interpreter's start. Torch-free.
+
+Each standby is a one-task job step of its own (``--overlap``, named ``trainstack-standby-<host>-<n>``: a failed
+training step's teardown keeps the idle ones). They start ``SETTLE_S`` after a step starts (never beside a step's
+own imports) -- ``TRAINSTACK_STANDBY`` per node (default: 1 where ranks train, enough for a crash's replacement;
+a whole node's ranks on an idle spare, for a lost node's) -- and a used one is replaced the same way. The driver
+orders one only once it said it is ready; too few ready on the node: the ranks start afresh, said. A standby that
+ends before it is ready twice on a node is not started there again, said. Off with ``TRAINSTACK_STANDBY=0``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .._common import envvars as envvars
+from .._common.jobfiles import OFFERED, JobFiles, Ready
+
+if TYPE_CHECKING:
+    from .plan import Plan
+
+__all__ = ["Standbys", "Taken", "SETTLE_S", "wanted", "applies"]
+
+#: After a job step starts, how long before a standby starts beside it (its imports never slow the step's own).
+SETTLE_S = 5.0
+#: Standbys that end before they are ready this many times on a node: none is started there again.
+BROKEN_LIMIT = 2
+
+
+def applies(plan: Plan) -> bool:
+    """Can this job's ranks start in standbys: a ``--requeue`` job with one srun task per rank running a Python
+    program (a script or a module; not an executable, torchrun or a custom launcher, which start their own)."""
+    launch = plan.launch
+    return plan.recovery.requeue and launch.task_log == "rank" and not launch.torchrun and \
+        launch.command[-1:] == ["-u"]
+
+
+def wanted(env: Mapping[str, str], warn: Callable[[str], None]) -> int | None:
+    """Standbys per node as the job's environment asks (``TRAINSTACK_STANDBY``: a count, 0 off; unset: the
+    default, None); a value that is not a count is said, and off."""
+    raw = env.get(envvars.STANDBY, "").strip().lower()
+    if not raw:
+        return None
+    if raw in ("off", "no", "false"):
+        return 0
+    if raw.isdigit() and int(raw) <= 64:
+        return int(raw)
+    warn(f"{envvars.STANDBY}={raw!r} is not a count of standbys per node (0-64; 0 turns them off): standbys are off")
+    return 0
+
+
+@dataclass
+class _Standby:
+    name: str
+    host: str
+    proc: subprocess.Popen[bytes]
+    started: float
+
+
+@dataclass(frozen=True)
+class Taken:
+    """Ranks the driver handed to standbys (rank -> the standby: its host, pid, ready since), and their sruns."""
+
+    ranks: dict[int, Ready]
+    procs: list[subprocess.Popen[bytes]]
+
+
+class Standbys:
+    """The allocation's standbys. ``launch(host, name)`` starts one (an srun of the step command's); ``count``
+    per node where ranks train (None: 1), ``per_node`` on an idle node."""
+
+    def __init__(self, files: JobFiles, launch: Callable[[str, str], subprocess.Popen[bytes]], count: int | None,
+                 per_node: int, say: Callable[[str], None]) -> None:
+        self.files, self._launch, self.say = files, launch, say
+        self.enabled = count != 0
+        self.count, self.per_node = (1 if count is None else count), per_node
+        self.idle: dict[str, _Standby] = {}
+        self.broken: dict[str, int] = {}
+        self.started_any = False  # standbys were started: a step short of ready ones says so
+        self.settle_until = 0.0
+        self.serial = int(time.time()) % 100_000 * 1000  # names never repeat an earlier driver's
+
+    def names(self) -> set[str]:
+        """The idle standbys' step names: a failed step's teardown keeps them."""
+        return set(self.idle)
+
+    def step_started(self, now: float) -> None:
+        """A job step was launched: no standby starts beside its own start."""
+        self.settle_until = now + SETTLE_S
+
+    def tend(self, usable: list[str], training: list[str], now: float) -> None:
+        """Forget the standbys that ended (one that was never ready counts against its node) or whose node is no
+        longer usable; once the step has settled, start the missing ones on each usable node."""
+        for name, sb in list(self.idle.items()):
+            if sb.proc.poll() is not None or sb.host not in usable:
+                del self.idle[name]
+                if sb.proc.poll() is None:
+                    sb.proc.kill()
+                elif name not in self.files.standby.ready_ones():
+                    self._broke(sb)
+        if not self.enabled or now < self.settle_until:
+            return
+        self.started_any = True
+        for host in usable:
+            want = self.count if host in training else max(self.count, self.per_node)
+            have = sum(1 for sb in self.idle.values() if sb.host == host)
+            for _ in range(want - have if self.broken.get(host, 0) < BROKEN_LIMIT else 0):
+                self.serial += 1
+                name = f"trainstack-standby-{host}-{self.serial}"
+                self.idle[name] = _Standby(name, host, self._launch(host, name), now)
+
+    def take(self, placement: Mapping[str, list[int]], step: int, env: Mapping[str, str], per_node: int,
+             world: int) -> Taken | None:
+        """Hand the ranks of job step ``step`` that ``placement`` puts on each host to that host's ready standbys
+        (``env``: the step's; each takes its rendezvous, counters and sizes, and its rank of ``world``); None, said,
+        when too few are ready on a host (then every rank starts afresh)."""
+        placement = {h: r for h, r in placement.items() if r}
+        if not self.enabled or not placement or not self.started_any:
+            return None
+        ready = self.files.standby.ready_ones()
+        chosen: dict[str, list[_Standby]] = {}
+        for host, ranks in placement.items():
+            here = [sb for sb in self.idle.values() if sb.name in ready and ready[sb.name].host == host
+                    and sb.proc.poll() is None]
+            if len(here) < len(ranks):
+                self.say(f"{len(here)} warm standby(s) ready on {host} for its {len(ranks)} rank(s): the step's "
+                         f"ranks start afresh")
+                return None
+            chosen[host] = here[:len(ranks)]
+        offered = {**{k: str(v) for k, v in env.items() if k in OFFERED}, envvars.NPROCS: str(world)}
+        taken: dict[int, Ready] = {}
+        procs = []
+        for host, ranks in placement.items():
+            for rank, sb in zip(ranks, chosen[host]):
+                self.files.standby.order(sb.name, step, offered, rank, per_node)
+                taken[rank] = ready[sb.name]
+                procs.append(sb.proc)
+                del self.idle[sb.name]
+        return Taken(taken, procs)
+
+    def stop(self) -> None:
+        """Kill every idle standby (the job ends; a standby also leaves by itself once the driver ended)."""
+        for sb in self.idle.values():
+            sb.proc.kill()
+        for sb in self.idle.values():
+            sb.proc.wait()
+        self.idle.clear()
+
+    def _broke(self, sb: _Standby) -> None:
+        self.broken[sb.host] = self.broken.get(sb.host, 0) + 1
+        stop = self.broken[sb.host] >= BROKEN_LIMIT
+        self.say(f"a warm standby on {sb.host} ended before it was ready (exit status {sb.proc.returncode})"
+                 + ("; no more standbys on that node: its ranks start afresh" if stop else ": starting another"))
