@@ -4,7 +4,10 @@ again after the resume: 0 where the survivors' live state is kept), and the byte
 that lacked their state. The program: 4 ranks on 2 nodes (tests/slurm/_recovery_train.py, a checkpoint every 5
 steps). Cases, one run each (``--repeats`` for more):
 
-* ``in-allocation crash``: rank 1 SIGKILLed; retried as a new job step of the same allocation.
+* ``in-allocation crash``: rank 1 SIGKILLed; retried as a new job step of the same allocation (the survivors in
+  place, rank 1 in a warm standby where the tree has them).
+* ``whole-step relaunch``: the same with ``TRAINSTACK_IN_PLACE=0`` (what NCCL, FSDP and HSDP do): every rank of the
+  step starts again -- in warm standbys where the tree has them (``TRAINSTACK_STANDBY=2``: a node's ranks).
 * ``spare after node loss``: every process of node2's step and its slurmd SIGKILLed, ``--spare-nodes 1``: node3
   takes node2's place in the same allocation.
 * ``requeue after node loss``: the same without a spare: the job is requeued without node2, Slurm's hold on the
@@ -32,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,9 +47,9 @@ FAULT_AT = 22  # rank 0 reached this step: the last checkpoint is step 20
 
 
 def submit(out: Path, env: dict[str, str], launcher: str, spare: int, trainstack: Path = REPO,
-           min_nodes: int | None = None) -> str:
+           min_nodes: int | None = None, job_env: dict[str, str] | None = None) -> str:
     """The recovery program as a --requeue job on partition spares; its job id."""
-    extra = {"PYTHONPATH": str(trainstack)} if trainstack != REPO else {}
+    extra = {**({"PYTHONPATH": str(trainstack)} if trainstack != REPO else {}), **(job_env or {})}
     program = trainstack / PROGRAM.relative_to(REPO)  # that tree's own program: its config knows that tree's fields
     args = [sys.executable, "-m", "trainstack", "submit", "--setup", "multi-node", "--nodes", "2", "--cpu",
             "--procs-per-node", "2", "--launcher", launcher, "--time", "10", "--job-name", "bench-recovery",
@@ -65,11 +69,19 @@ def measure(case: str, env: dict[str, str], launcher: str, work: Path, today: Pa
     out = Path(tempfile.mkdtemp(prefix=case.replace(" ", "-") + "-", dir=work))
     out.chmod(0o777)
     node_loss = "node loss" in case
-    job = submit(out, env, launcher, spare=1 if case.startswith("spare") else 0, trainstack=today or REPO,
-                 min_nodes=1 if case.startswith("shrink") else None)
+    whole = case.startswith("whole-step")
+    tree = today or REPO
+    job = submit(out, env, launcher, spare=1 if case.startswith("spare") else 0, trainstack=tree,
+                 min_nodes=1 if case.startswith("shrink") else None,
+                 job_env={"TRAINSTACK_IN_PLACE": "0", "TRAINSTACK_STANDBY": "2"} if whole else None)
     # the second node of the step: node2, or the spare when the node check at the start named node2 (a loaded box)
     second = lambda: next((h for h in ("node2", "node3") if len(rank_pids(out, h)) == 2), None)  # noqa: E731
     wait_until(lambda: reached(out) >= FAULT_AT and second() is not None, 180, f"step {FAULT_AT}")
+    if (tree / "trainstack" / "_runtime" / "standby.py").exists():  # the standbys the recovery will take, ready
+        need = {"node3": 2} if case.startswith("spare") else {"node1": 2, "node2": 2} if whole else \
+            {"node1": 1} if "crash" in case else {}
+        if not wait_ready(out, need, 60):
+            print(f"{case}: the warm standbys {need} were not ready 60 s after step {FAULT_AT}", flush=True)
     if node_loss:
         fault = kill_node(out, second(), Path(env["SLURM_CONF"]))
     else:
@@ -90,6 +102,17 @@ def measure(case: str, env: dict[str, str], launcher: str, work: Path, today: Pa
     # the survivors may complete the step in flight after the kill (the lost ranks' gradients were in): none redone
     return {"case": case, "seconds": resumed, "lost": max(0, done_before - resumed_at), "restarts": restarts,
             "job": job, "phases": phases(out, resumed), "bytes": int(moved["bytes"]) if moved else 0}
+
+
+def wait_ready(out: Path, need: dict[str, int], limit_s: float) -> bool:
+    """Wait until ``need`` standbys per host said they are ready (the job folder's standby/<name>.ready)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        names = [p.name for p in (out / "logs").glob("*/standby/*.ready")]
+        if all(sum(f"-{host}-" in n for n in names) >= k for host, k in need.items()):
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def phases(out: Path, resumed: float) -> dict[str, float | None]:
@@ -136,15 +159,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--today", metavar="REF", help="also the requeue of git commit REF (before this feature)")
     parser.add_argument("--baseline", metavar="REF", help="every case also under git commit REF, side by side")
-    parser.add_argument("--only", metavar="WORDS", default="crash,spare,shrink,requeue",
+    parser.add_argument("--only", metavar="WORDS", default="crash,whole-step,spare,shrink,requeue",
                         help="the cases whose names hold one of these comma-separated words (default: all)")
     args = parser.parse_args()
     env = dict(os.environ)
     env.setdefault("SLURM_CONF", "/tmp/trainstack-slurm/slurm.conf")
     work = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
     work.chmod(0o777)
-    cases = [c for c in ("in-allocation crash", "spare after node loss", "shrink after node loss",
-                         "requeue after node loss") if any(w.strip() in c for w in args.only.split(","))]
+    cases = [c for c in ("in-allocation crash", "whole-step relaunch", "spare after node loss",
+                         "shrink after node loss", "requeue after node loss") if any(w.strip() in c for w in args.only.split(","))]
     today = worktree(args.today, work) if args.today else None
     base = worktree(args.baseline, work / "base") if args.baseline else None
     if today is not None:

@@ -58,6 +58,7 @@ from ._runtime import preload as _preload
 from ._runtime.layout import ProcessPlan, WorkerContext, plan_processes
 from ._runtime.parallel import Layout, Parallelism, plan_layout
 from ._runtime.placement import on_copy_stream
+from ._runtime.pgsession import can_abort
 from ._runtime.spawn import ProcessGroupSession, launch
 from ._runtime.startup import freeze_loaded
 from ._runtime.watchdog import heartbeat, resolve_timeout, watched
@@ -196,8 +197,9 @@ class Accelerator(AccelerateAPI):
         self._session.start_for_process()
 
     restarts_in_place = property(lambda self: self.strategy == "ddp" and self.parallelism.tensor_parallel_size == 1
-                                 and self.parallelism.parallelize_fn is None and not self.plan.spawn and self.backend
-                                 == "gloo" and self.plan.environment.name == "slurm", doc="srun, DDP, gloo: rejoin()")
+                                 and self.parallelism.parallelize_fn is None and not self.plan.spawn and
+                                 can_abort(self.backend) and self.plan.environment.name == "slurm",
+                                 doc="srun, DDP, gloo or NCCL where torch can abort its communicators: rejoin()")
 
     def rejoin(self, env: Mapping[str, str]) -> None:
         """Leave the failed process group and take the next job step's rendezvous and counters (``env``: an Offer's):

@@ -45,7 +45,7 @@ _installed: list[Callable[[type[BaseException], BaseException, TracebackType | N
 FAILED_STATUS = 1  # what Python's own exit gives an uncaught exception
 # Errors a rank raises because *another* rank died; never reported as the root cause when a better one exists.
 SECONDARY = ("remote worker", "Connection closed by peer", "Connection reset by peer", "Broken pipe",
-             "NCCL communicator was aborted", "SIGINT")
+             "NCCL communicator was aborted", "ncclRemoteError", "remote process exited", "SIGINT")
 SECONDARY_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
 #: A rank that failed because another did waits this long (asleep: no CPU) before it leaves, so that the rank that
 #: failed first -- perhaps through Python's slower exit (``sys.exit``) -- also ends first: the job's status and

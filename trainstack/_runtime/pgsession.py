@@ -9,6 +9,7 @@ import atexit
 import datetime
 import itertools
 import os
+import sys
 import time
 from types import TracebackType
 
@@ -23,7 +24,7 @@ from . import layout as _layout
 from . import ranklog as _ranklog
 from .layout import WorkerContext
 
-__all__ = ["ProcessGroupSession", "wait_for_count"]
+__all__ = ["ProcessGroupSession", "wait_for_count", "can_abort", "abort_groups"]
 
 _EXITED_KEY = "trainstack/exited"
 _GROUPS = itertools.count()  # the process groups this process made under torchrun's agent store, for their prefixes
@@ -121,7 +122,12 @@ class ProcessGroupSession:
             if dist.is_initialized():
                 if ok and barrier:
                     dist.barrier()
-                dist.destroy_process_group()
+                if ok or self.backend != "nccl":
+                    dist.destroy_process_group()
+                else:  # a failed NCCL group: a destroy may wait on the lost peer forever
+                    how = abort_groups()
+                    print(f"trainstack: rank {self.ctx.rank} left its failed NCCL group: communicators aborted "
+                          f"({how})", file=sys.stderr, flush=True)
             if self.store is not None and ok:
                 self.store.add(_EXITED_KEY, 1)
                 if self.host_store:
@@ -129,6 +135,29 @@ class ProcessGroupSession:
         finally:
             self.store = None
             _layout.deactivate()
+
+
+def can_abort(backend: str) -> bool:
+    """Can a rank leave a failed group of ``backend`` and join another in its process: gloo's destroy never waits
+    on a lost peer; NCCL's communicators need an abort -- torch's ``_abort_process_group`` (2.5 and later, all
+    groups at once, inside one NCCL group call so they never deadlock each other), else each group's ``abort``."""
+    if backend == "gloo":
+        return True
+    c10d = dist.distributed_c10d
+    return backend == "nccl" and (hasattr(c10d, "_abort_process_group") or hasattr(dist.ProcessGroup, "abort"))
+
+
+def abort_groups() -> str:
+    """Abort every process group of this process and forget them (a new ``init_process_group`` may follow); which
+    way it went, for the rank's log."""
+    c10d = dist.distributed_c10d
+    if hasattr(c10d, "_abort_process_group"):
+        c10d._abort_process_group()  # torch's own: every group, the world forgotten
+        return "torch.distributed's _abort_process_group"
+    for group in list(c10d._world.pg_map):
+        group.abort()
+    dist.destroy_process_group()
+    return "each group's abort, then destroy_process_group"
 
 
 def wait_for_count(store: dist.Store, expected: int, limit_s: float = 60.0) -> None:

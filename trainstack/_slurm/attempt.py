@@ -253,12 +253,16 @@ def recoveries(folder: Path) -> list[dict]:
             phases[name] = round(times[kind] - last, 2) if times[kind] is not None and last is not None else None
             last = times[kind] if times[kind] is not None else last
         lost = max(0, row["step"] - resumed["step"]) if resumed and isinstance(row.get("step"), int) else None
+        warm = next((e for e in evs if e.get("kind") == "standby_taken" and e.get("attempt") == relaunch.get("attempt")
+                     and e.get("step_index") == relaunch.get("step_index")), None)
         out.append({"attempt": attempt, "step_index": index, "cause": row.get("cause"),
                     "where": "in allocation" if relaunch.get("attempt") == attempt else "requeue",
                     "nodes": relaunch.get("nodes"), "phases": phases,
                     "total": round(times["first_step"] - start, 2) if times["first_step"] and start else None,
                     "resumed_at": resumed["step"] if resumed else None, "steps_lost": lost,
                     "resumed_from": _origin(resumed) if resumed else None,
+                    "warm_ranks": sorted(int(r) for r in warm["ranks"] if str(r).isdigit() and len(str(r)) < 8)
+                    if warm and isinstance(warm.get("ranks"), dict) else [],
                     "shrunk": {"planned": shrink.get("planned"), "why": shrink.get("why")} if shrink else None})
     return out
 
@@ -279,7 +283,9 @@ def describe(recovery: dict) -> str:
     at = f"; resumed{source} at step {recovery['resumed_at']}{lost}" if recovery.get("resumed_at") is not None else \
         "; not resumed yet"
     verb = "" if shrunk else "recovered "
-    return f"{verb}{where}{nodes}{total}" + (f" ({phases})" if phases else "") + at
+    warm = recovery.get("warm_ranks") or []
+    started = f"; rank(s) {', '.join(map(str, warm))} started in warm standbys" if warm else ""
+    return f"{verb}{where}{nodes}{total}" + (f" ({phases})" if phases else "") + at + started
 
 
 def _origin(resumed: dict) -> str:
