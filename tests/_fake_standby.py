@@ -1,7 +1,7 @@
 """A warm standby as tests/test_allocation.py's fake Slurm runs it in place of srun (``NAME HOST``): it says it is
 ready (as trainstack._runtime.standby does, without importing torch), waits for the driver's order, records what it
 was told (``taken-<name>.json`` in the job folder), then runs as that rank for a while. FAKE_STANDBY: ``broken``
-(it ends before it is ready), ``duration``, ``status``."""
+(it ends before it is ready), ``silent`` (it never takes its order), ``duration``, ``status``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ while (order := files.standby.order_for(name)) is None:
     if files.driver.has_ended():
         sys.exit(0)
     time.sleep(0.02)
+while scenario.get("silent"):  # ordered, but stuck: it never takes the order
+    time.sleep(0.05)
+files.standby.took(name)
 (folder / f"taken-{name}.json").write_text(json.dumps({"pid": os.getpid(), "host": host, "rank": order.ranks[0],
                                                         "step": order.step, "env": order.env}))
 time.sleep(scenario.get("duration", 0.2))

@@ -1106,3 +1106,24 @@ def test_standbys_are_only_for_python_programs_under_srun(tmp_path, job):
         slurm = FakeSlurm(["node1", "node2"], [{"duration": 0.1}])
         status, alloc = job(plan(tmp_path, launcher=launcher), slurm, TRAINSTACK_STANDBY="2")
         assert status == 0 and not alloc.standbys.enabled
+
+
+def test_a_standby_that_does_not_take_its_order_starts_its_rank_afresh(tmp_path, job, quick_standbys, monkeypatch):
+    """A standby killed or stuck after it said it was ready: ordered, silent -- after TAKE_S its srun is killed and
+    the rank starts afresh beside the survivors, said; the recovery goes on."""
+    import trainstack._slurm.standby as standby
+
+    monkeypatch.setattr(standby, "TAKE_S", 0.3)
+    waiting = [{"rank": r, "host": h, "waiting": True, "delay": 1.6} for r, h in ((0, "node1"), (2, "node2"),
+                                                                                   (3, "node2"))]
+    slurm = FakeSlurm(["node1", "node2"], [
+        {"fail": [{"rank": 1, "host": "node1", "code": 137, "delay": 1.5}], "peer_lost": waiting,
+         "continue_in_place": 0.3}, {"duration": 0.2}])
+    slurm.standby = {"silent": True}
+    status, alloc = job(plan(tmp_path), slurm, TRAINSTACK_IN_PLACE="1", TRAINSTACK_STANDBY="")
+    assert status == 0, job.said
+    assert [nodelist(a) for a in slurm.launched] == ["node1,node2", "node1"], slurm.launched
+    assert "--ntasks=1" in slurm.launched[1]
+    assert "the warm standby(s) ordered to be rank(s) 1 on node1 did not take the order within 0.3 s: starting " \
+           "them afresh" in job.said, job.said
+    assert not [e for e in alloc.files.events() if e["kind"] == "standby_taken"]

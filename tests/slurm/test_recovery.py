@@ -214,6 +214,7 @@ def test_a_killed_rank_restarts_alone_and_the_others_continue_in_place_bitwise(c
     (warm,) = [e for e in events(job) if e["kind"] == "standby_taken"]  # issue 68: rank 1 in a warm standby
     assert warm["ranks"] == {"1": int(after["node1-1"][0])} and warm["ready_since"] < killed, warm
     assert f"rank(s) 1 start in warm standby process(es) {after['node1-1'][0]} on node1" in log, log
+    wait_until(lambda: not _standbys_of(job.job_id), 30, "the job's standbys to end")  # none outlives its job
     assert {name: pid for name, (pid, step) in after.items()} == {**before, "node1-1": after["node1-1"][0]} and \
         after["node1-1"][0] != before["node1-1"], (before, after)
     assert all(step == "1" for _, step in after.values()), after  # every rank trained on in job step 1
@@ -234,6 +235,43 @@ def test_a_killed_rank_restarts_alone_and_the_others_continue_in_place_bitwise(c
     open_to_others = [str(p) for p in [folder, *folder.rglob("*")] if not p.is_symlink() and p.lstat().st_mode & 0o022]
     assert not open_to_others and (folder / "rejoin" / "joined-1-rank-0").is_file(), open_to_others
     assert planted == [], planted  # the probe's A3/A28/E2/E32 writes, as a member of the job folder's group
+
+
+def _standbys_of(job_id: str) -> list[int]:
+    """The warm standby processes of job ``job_id`` still running on this box (every node of the test cluster)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and b"trainstack._runtime.standby" in (proc / "cmdline").read_bytes() and \
+                    f"SLURM_JOB_ID={job_id}\0".encode() in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+@ci_leaves_out("a standby that fails: test_allocation.py's broken and silent standbys; the warm path: the in-place "
+               "test")
+def test_a_killed_standby_never_blocks_a_recovery(cluster, tmp_root):
+    """node1's ready standby SIGKILLed, then rank 1 at once: the crash recovers all the same -- rank 1 starts afresh
+    (no standby ready there yet) or, where the driver ordered the dead one before it saw it end, after its order
+    went unanswered -- said, bitwise, and the job's end leaves no standby behind."""
+    ref = reference(tmp_root)
+    out = tmp_root / "killed-standby"
+    out.mkdir(mode=0o777)
+    job = submit_spec(spec(out, "srun", spare=0))
+    standbys = job.log_path.with_suffix("") / "standby"
+    wait_until(lambda: reached(out) >= 22 and len(list((out / "pids").glob("*"))) == 4 and
+               any(standbys.glob("*-node1-*.ready")), 120, "step 22 and a warm standby on node1")
+    ready = next(standbys.glob("*-node1-*.ready"))
+    os.kill(int(ready.read_text().split()[1]), signal.SIGKILL)
+    kill_rank(out, "node1", 1)
+    assert wait_for(job, timeout=240) == 0, job.log_path.read_text()
+    log = job.log_path.read_text()
+    assert "warm standby(s) ready on node1 for its 1 rank(s): the step's ranks start afresh" in log or \
+        "did not take the order within 2 s: starting them afresh" in log, log
+    assert same_parameters(out / "final.pt", ref)
+    wait_until(lambda: not _standbys_of(job.job_id), 30, "the job's standbys to end")
 
 
 def _plant_as_group_member(folder: Path) -> list[str]:

@@ -52,10 +52,11 @@ def wait_for_order(folder: JobFiles, name: str) -> Offer | None:
         time.sleep(POLL_S)
 
 
-def become(folder: JobFiles, order: Offer) -> int:
+def become(folder: JobFiles, name: str, order: Offer) -> int:
     """Take ``order``'s environment (its rendezvous and counters, nothing else; its rank through
     ``TRAINSTACK_TASK_RANKS``), tell the task's wrapper which rank and step this process now is; the rank."""
     rank = order.ranks[0]
+    folder.standby.took(name)  # at once: the driver starts the rank afresh where a standby stays silent
     for key in OFFERED:
         os.environ.pop(key, None)  # a value of the standby's start is not the step's
     os.environ.update(order.env)
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     order = wait_for_order(folder, name)
     if order is None:
         return 0
-    become(folder, order)
+    become(folder, name, order)
     run_program(program)
     return 0
 

@@ -37,7 +37,7 @@ from .plan import Plan
 from .preflight import Preflight
 from .rungs import LADDER, Requeue, Retry
 from .slurmcmd import Slurm
-from .standby import Standbys, Taken
+from .standby import Standbys
 from .stepcmd import StepCommand
 from .watch import Ended, ForceKill, Held, Probe, StepWatch, TearDown
 
@@ -230,32 +230,47 @@ class Allocation:
         per = self.plan.procs_per_node
         if beside is None:
             self.in_place.release()
-            warm = self._warm({host: list(range(i * per, (i + 1) * per)) for i, host in enumerate(nodes)}, env,
-                              len(nodes) * per) if self.step else None
+            warm = self._warm(nodes, {host: list(range(i * per, (i + 1) * per)) for i, host in enumerate(nodes)},
+                              env) if self.step else None
             if warm is not None:
-                return None, warm.procs
+                return None, warm
             proc = self.slurm.launch(self.command.argv(nodes), env, self.job.cwd)
             return proc, [proc]
         self.in_place.offer(self.step, env, per)
         started = f"; starting rank(s) {', '.join(map(str, beside[1]))} on {beside[0]}" if beside[1] else ""
         self.job.say(f"rank(s) {', '.join(map(str, sorted(self.in_place.waiting)))} continue in place{started}")
-        warm = self._warm({beside[0]: beside[1]}, env, len(nodes) * per) if beside[1] else None
+        warm = self._warm(nodes, {beside[0]: beside[1]}, env) if beside[1] else None
         started_now = self.slurm.launch(self.command.argv(nodes, beside), env, self.job.cwd) \
             if beside[1] and warm is None else None
-        return started_now, [*([started_now] if started_now is not None else []), *(warm.procs if warm else []),
+        return started_now, [*([started_now] if started_now is not None else []), *(warm or []),
                              *self.in_place.carried()]
 
-    def _warm(self, placement: dict[str, list[int]], env: dict[str, str], world: int) -> Taken | None:
-        """The ranks ``placement`` starts, handed to warm standbys on their hosts (said and recorded: which
-        process took which rank); None where too few are ready (they start afresh)."""
-        taken = self.standbys.take(placement, self.step, env, self.plan.procs_per_node, world)
-        if taken is not None:
-            pids = {str(rank): ready.pid for rank, ready in sorted(taken.ranks.items())}
+    def _warm(self, nodes: list[str], placement: dict[str, list[int]], env: dict[str, str]) \
+            -> list[subprocess.Popen[bytes]] | None:
+        """The sruns of the ranks ``placement`` starts, handed to warm standbys on their hosts (said and recorded:
+        which process took which rank) -- a standby that does not take its order starts its rank afresh, said;
+        None where too few are ready (every rank starts afresh)."""
+        per = self.plan.procs_per_node
+        taken = self.standbys.take(placement, self.step, env, per, len(nodes) * per)
+        if taken is None:
+            return None
+        silent = self.standbys.silent(taken)
+        pids = {str(rank): ready.pid for rank, ready in sorted(taken.ranks.items()) if rank not in silent}
+        if pids:
             self.job.say(f"rank(s) {', '.join(pids)} start in warm standby process(es) "
                          f"{', '.join(map(str, pids.values()))} on {','.join(placement)}")
             self.job.event("standby_taken", list(placement), self.step, ranks=pids,
-                           ready_since=min(ready.since for ready in taken.ranks.values()))
-        return taken
+                           ready_since=min(taken.ranks[int(r)].since for r in pids))
+        procs = [p for rank, p in taken.procs.items() if rank not in silent]
+        for host in placement:
+            ranks = [r for r in silent if r in placement[host]]
+            if ranks:
+                self.job.warn(f"the warm standby(s) ordered to be rank(s) {', '.join(map(str, ranks))} on {host} "
+                              f"did not take the order within {standby.TAKE_S:g} s: starting them afresh")
+                beside = (host, ranks)
+                procs.append(self.slurm.launch(self.command.argv(nodes, beside),
+                                               self.command.env(nodes, self.step, beside), self.job.cwd))
+        return procs
 
     def _start_standby(self, host: str, name: str) -> subprocess.Popen[bytes]:
         argv, env = self.command.standby(host, name)

@@ -28,6 +28,8 @@ __all__ = ["Standbys", "Taken", "SETTLE_S", "wanted", "applies"]
 
 #: After a job step starts, how long before a standby starts beside it (its imports never slow the step's own).
 SETTLE_S = 5.0
+#: How long an ordered standby has to say it took its order (it looks every 20 ms) before its rank starts afresh.
+TAKE_S = 2.0
 #: Standbys that end before they are ready this many times on a node: none is started there again.
 BROKEN_LIMIT = 2
 
@@ -67,7 +69,8 @@ class Taken:
     """Ranks the driver handed to standbys (rank -> the standby: its host, pid, ready since), and their sruns."""
 
     ranks: dict[int, Ready]
-    procs: list[subprocess.Popen[bytes]]
+    procs: dict[int, subprocess.Popen[bytes]]
+    names: dict[int, str]
 
 
 class Standbys:
@@ -133,15 +136,26 @@ class Standbys:
                 return None
             chosen[host] = here[:len(ranks)]
         offered = {**{k: str(v) for k, v in env.items() if k in OFFERED}, envvars.NPROCS: str(world)}
-        taken: dict[int, Ready] = {}
-        procs = []
+        taken = Taken({}, {}, {})
         for host, ranks in placement.items():
             for rank, sb in zip(ranks, chosen[host]):
                 self.files.standby.order(sb.name, step, offered, rank, per_node)
-                taken[rank] = ready[sb.name]
-                procs.append(sb.proc)
+                taken.ranks[rank], taken.procs[rank], taken.names[rank] = ready[sb.name], sb.proc, sb.name
                 del self.idle[sb.name]
-        return Taken(taken, procs)
+        return taken
+
+    def silent(self, taken: Taken, limit_s: float = TAKE_S) -> list[int]:
+        """The ranks of ``taken`` whose standby did not say it took its order within ``limit_s`` (killed or stuck
+        since it said it was ready); their sruns are killed -- those ranks start afresh."""
+        deadline = time.monotonic() + limit_s
+        waiting = dict(taken.names)
+        while waiting and time.monotonic() < deadline:
+            waiting = {r: n for r, n in waiting.items() if not self.files.standby.has_taken(n)}
+            if waiting:
+                time.sleep(0.01)
+        for rank in waiting:
+            taken.procs[rank].kill()
+        return sorted(waiting)
 
     def stop(self) -> None:
         """Kill every idle standby (the job ends; a standby also leaves by itself once the driver ended)."""

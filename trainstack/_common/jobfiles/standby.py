@@ -85,6 +85,15 @@ class StandbyRecords(Folder):
             pass_over(UnreadableFile(path, f"is not an order of the driver's: {exc}"), "a standby's order")
         return None
 
+    def took(self, name: str) -> None:
+        """Standby ``name`` took its order (written by the standby before anything else)."""
+        self._check(name)
+        atomic_write(self._sub(self.STANDBY) / f"{name}.took", "")
+
+    def has_taken(self, name: str) -> bool:
+        """Did standby ``name`` say it took its order?"""
+        return self._present(self.path(self.STANDBY) / f"{name}.took")
+
     def note_rank(self, host: str, wrapper_pid: int, rank: int) -> None:
         """A standby became ``rank``: its task's wrapper records a failure as this rank's."""
         atomic_write(self._sub(self.STEPS) / f"{host}-{wrapper_pid}.rank", str(rank))
