@@ -167,7 +167,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
     work.chmod(0o777)
     cases = [c for c in ("in-allocation crash", "whole-step relaunch", "spare after node loss",
-                         "shrink after node loss", "requeue after node loss") if any(w.strip() in c for w in args.only.split(","))]
+                         "shrink after node loss", "requeue after node loss")
+             if any(w.strip() in c for w in args.only.split(","))]
     today = worktree(args.today, work) if args.today else None
     base = worktree(args.baseline, work / "base") if args.baseline else None
     if today is not None:

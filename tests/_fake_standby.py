@@ -18,6 +18,7 @@ name, host = sys.argv[1], sys.argv[2]
 folder = Path(os.environ["TRAINSTACK_JOB_DIR"])
 files = JobFiles(folder)
 if scenario.get("broken"):
+    (folder / f"broken-{name}").write_text("")
     sys.exit(3)
 files.standby.ready(name, host, os.getpid())
 while (order := files.standby.order_for(name)) is None:

@@ -3,7 +3,8 @@ says which ranks fail, when, with what status, on which host (each failing task'
 wrapper writes it), which ranks say they lost a peer and when (as fastexit does), how far rank 0's log gets,
 whether the step hangs until killed (a lost node), whether its waiting ranks train on in the next step once the
 driver offers it (continue_in_place: seconds; joins: false, they never join its group), and whether the trainer
-answers a stop request with a checkpoint."""
+answers a stop request with a checkpoint; ``after_ready``/``after_broken``: its failures' clock starts once that many warm
+standbys said they are ready / ended before that (tests/_fake_standby.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ scenario = json.loads(os.environ["FAKE_STEP"])
 job = Path(os.environ["TRAINSTACK_JOB_DIR"])
 with open(job / "rank-0.out", "a") as log:
     log.write(f"epoch 1 | step {scenario.get('log_step', 5)} | loss 0.5\n")
+deadline = time.monotonic() + 30  # after_ready: the step's failures wait for this many warm standbys to be ready
+while (len(list((job / "standby").glob("*.ready"))) < scenario.get("after_ready", 0) or
+       len(list(job.glob("broken-*"))) < scenario.get("after_broken", 0)) and time.monotonic() < deadline:
+    time.sleep(0.02)
 start = time.monotonic()
 failures = sorted(scenario.get("fail", []) + scenario.get("peer_lost", []), key=lambda f: f.get("delay", 0.0))
 for f in failures:

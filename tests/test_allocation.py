@@ -1037,11 +1037,11 @@ def test_a_crashed_rank_starts_in_a_warm_standby_beside_the_ranks_waiting_in_pla
     """Issue 68: a standby on each node once step 0 settled; rank 1 killed, the others wait in place: step 1 starts
     no srun -- node1's ready standby is ordered to be rank 1 of step 1 (its rendezvous, counters and the world),
     said and recorded with its pid; the used one is replaced, the idle ones are killed at the end."""
-    waiting = [{"rank": r, "host": h, "waiting": True, "delay": 1.6} for r, h in ((0, "node1"), (2, "node2"),
+    waiting = [{"rank": r, "host": h, "waiting": True, "delay": 0.2} for r, h in ((0, "node1"), (2, "node2"),
                                                                                    (3, "node2"))]
     slurm = FakeSlurm(["node1", "node2"], [
-        {"fail": [{"rank": 1, "host": "node1", "code": 137, "delay": 1.5}], "peer_lost": waiting,
-         "continue_in_place": 0.3}])
+        {"fail": [{"rank": 1, "host": "node1", "code": 137, "delay": 0.1}], "peer_lost": waiting,
+         "continue_in_place": 0.3, "after_ready": 2}])
     status, alloc = job(plan(tmp_path), slurm, TRAINSTACK_IN_PLACE="1", TRAINSTACK_STANDBY="")
     assert status == 0, job.said
     assert [nodelist(a) for a in slurm.launched] == ["node1,node2"], slurm.launched  # no srun for rank 1
@@ -1062,7 +1062,8 @@ def test_a_crashed_rank_starts_in_a_warm_standby_beside_the_ranks_waiting_in_pla
 def test_a_whole_step_relaunch_starts_every_rank_in_standbys(tmp_path, job, quick_standbys):
     """Without restarts in place every rank of the failed step starts afresh: with TRAINSTACK_STANDBY=2 (a node's
     ranks) step 1 is four standbys, no srun."""
-    slurm = FakeSlurm(["node1", "node2"], [{"fail": [{"rank": 1, "host": "node1", "code": 137, "delay": 1.5}]}])
+    slurm = FakeSlurm(["node1", "node2"], [{"fail": [{"rank": 1, "host": "node1", "code": 137, "delay": 0.1}],
+                                            "after_ready": 4}])
     status, alloc = job(plan(tmp_path), slurm, TRAINSTACK_STANDBY="2")
     assert status == 0, job.said
     assert len(slurm.launched) == 1, slurm.launched
@@ -1075,10 +1076,10 @@ def test_a_whole_step_relaunch_starts_every_rank_in_standbys(tmp_path, job, quic
 def test_a_broken_standby_is_said_and_never_blocks_a_recovery(tmp_path, job, quick_standbys):
     """Standbys that end before they are ready: each said, none started again on a node after two; the crashed
     rank then starts afresh in an srun of its own, said."""
-    waiting = [{"rank": r, "host": h, "waiting": True, "delay": 1.6} for r, h in ((0, "node1"), (2, "node2"),
+    waiting = [{"rank": r, "host": h, "waiting": True, "delay": 0.6} for r, h in ((0, "node1"), (2, "node2"),
                                                                                    (3, "node2"))]
     slurm = FakeSlurm(["node1", "node2"], [
-        {"fail": [{"rank": 1, "host": "node1", "code": 137, "delay": 1.5}], "peer_lost": waiting,
+        {"fail": [{"rank": 1, "host": "node1", "code": 137, "delay": 0.5}], "peer_lost": waiting, "after_broken": 4,
          "continue_in_place": 0.3}, {"duration": 0.2}])
     slurm.standby = {"broken": True}
     status, alloc = job(plan(tmp_path), slurm, TRAINSTACK_IN_PLACE="1", TRAINSTACK_STANDBY="")
@@ -1114,11 +1115,11 @@ def test_a_standby_that_does_not_take_its_order_starts_its_rank_afresh(tmp_path,
     import trainstack._slurm.standby as standby
 
     monkeypatch.setattr(standby, "TAKE_S", 0.3)
-    waiting = [{"rank": r, "host": h, "waiting": True, "delay": 1.6} for r, h in ((0, "node1"), (2, "node2"),
+    waiting = [{"rank": r, "host": h, "waiting": True, "delay": 0.2} for r, h in ((0, "node1"), (2, "node2"),
                                                                                    (3, "node2"))]
     slurm = FakeSlurm(["node1", "node2"], [
-        {"fail": [{"rank": 1, "host": "node1", "code": 137, "delay": 1.5}], "peer_lost": waiting,
-         "continue_in_place": 0.3}, {"duration": 0.2}])
+        {"fail": [{"rank": 1, "host": "node1", "code": 137, "delay": 0.1}], "peer_lost": waiting,
+         "continue_in_place": 0.3, "after_ready": 2}, {"duration": 0.2}])
     slurm.standby = {"silent": True}
     status, alloc = job(plan(tmp_path), slurm, TRAINSTACK_IN_PLACE="1", TRAINSTACK_STANDBY="")
     assert status == 0, job.said

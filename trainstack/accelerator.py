@@ -57,8 +57,8 @@ from ._runtime import loop as _loop
 from ._runtime import preload as _preload
 from ._runtime.layout import ProcessPlan, WorkerContext, plan_processes
 from ._runtime.parallel import Layout, Parallelism, plan_layout
-from ._runtime.placement import on_copy_stream
 from ._runtime.pgsession import can_abort
+from ._runtime.placement import on_copy_stream
 from ._runtime.spawn import ProcessGroupSession, launch
 from ._runtime.startup import freeze_loaded
 from ._runtime.watchdog import heartbeat, resolve_timeout, watched

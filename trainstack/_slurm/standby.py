@@ -138,7 +138,7 @@ class Standbys:
         offered = {**{k: str(v) for k, v in env.items() if k in OFFERED}, envvars.NPROCS: str(world)}
         taken = Taken({}, {}, {})
         for host, ranks in placement.items():
-            for rank, sb in zip(ranks, chosen[host]):
+            for rank, sb in zip(ranks, chosen[host], strict=True):
                 self.files.standby.order(sb.name, step, offered, rank, per_node)
                 taken.ranks[rank], taken.procs[rank], taken.names[rank] = ready[sb.name], sb.proc, sb.name
                 del self.idle[sb.name]

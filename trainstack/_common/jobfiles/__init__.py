@@ -43,7 +43,8 @@ from .standby import STANDBY_NAME, Ready, StandbyRecords
 from .step import Exit, Offer, StepRecords
 from .stop import StopRequest
 
-__all__ = ["JobFiles", "Exit", "Offer", "StepRecords", "StandbyRecords", "Ready", "STANDBY_NAME", "StopRequest", "DriverLiveness", "MemoryListing",
+__all__ = ["JobFiles", "Exit", "Offer", "StepRecords", "StandbyRecords", "Ready", "STANDBY_NAME", "StopRequest",
+           "DriverLiveness", "MemoryListing",
            "EXIT_RECORD_SH", "FREE_MEMORY_SH", "DRIVER_SILENT_S", "DRIVER_QUIET_S", "DRIVER_BEAT_S",
            "DRIVER_SUSPECT_S", "ATTEMPT_MARK", "OFFERED",
            "UntrustedFileError", "rank_log", "node_log", "rank_stacks", "rank_unit", "RANK_LOG_RE"]
