@@ -108,6 +108,13 @@ def test_sigkill_during_a_sharded_save_keeps_the_previous_checkpoint(tmp_path):
         assert marker.exists(), "the run never reached its second commit"
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=20)
+        gone = time.monotonic() + 20  # every killed worker gone (one still exiting holds the run folder's lock)
+        while time.monotonic() < gone:
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
