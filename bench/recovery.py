@@ -78,8 +78,8 @@ def measure(case: str, env: dict[str, str], launcher: str, work: Path, today: Pa
     second = lambda: next((h for h in ("node2", "node3") if len(rank_pids(out, h)) == 2), None)  # noqa: E731
     wait_until(lambda: reached(out) >= FAULT_AT and second() is not None, 180, f"step {FAULT_AT}")
     if (tree / "trainstack" / "_runtime" / "standby.py").exists():  # the standbys the recovery will take, ready
-        need = {"node3": 2} if case.startswith("spare") else {"node1": 2, "node2": 2} if whole else \
-            {"node1": 1} if "crash" in case else {}
+        need = {"node3": 2} if case.startswith("spare") else {"node1": 2, "node2": 2} if whole or \
+            (launcher == "torchrun" and "crash" in case) else {"node1": 1} if "crash" in case else {}
         if not wait_ready(out, need, 60):
             print(f"{case}: the warm standbys {need} were not ready 60 s after step {FAULT_AT}", flush=True)
     if node_loss:

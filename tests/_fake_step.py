@@ -3,8 +3,8 @@ says which ranks fail, when, with what status, on which host (each failing task'
 wrapper writes it), which ranks say they lost a peer and when (as fastexit does), how far rank 0's log gets,
 whether the step hangs until killed (a lost node), whether its waiting ranks train on in the next step once the
 driver offers it (continue_in_place: seconds; joins: false, they never join its group), and whether the trainer
-answers a stop request with a checkpoint; ``after_ready``/``after_broken``: its failures' clock starts once that many warm
-standbys said they are ready / ended before that (tests/_fake_standby.py)."""
+answers a stop request with a checkpoint; ``after_ready``/``after_broken``: its failures' clock starts once that
+many warm standbys said they are ready / ended before that (tests/_fake_standby.py)."""
 
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ class FakeSlurm(Slurm):
             return subprocess.Popen(["true"])
         if "trainstack._runtime.standby" in argv:
             name = argv[argv.index("trainstack._runtime.standby") + 1]
-            self.calls.append(("standby", nodelist(argv), name))
+            self.calls.append(("standby", nodelist(argv), name, "--torchrun" in argv))
             return subprocess.Popen([sys.executable, FAKE_STANDBY, name, nodelist(argv)],
                                     env={**env, "FAKE_STANDBY": json.dumps(self.standby),
                                          "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
@@ -1101,12 +1101,34 @@ def test_standbys_per_node_take_a_count_or_off(tmp_path, job, value, count):
     assert ("not a count of standbys" in " ".join(job.said)) is (value == "many"), job.said
 
 
-def test_standbys_are_only_for_python_programs_under_srun(tmp_path, job):
-    """torchrun and an executable start their own processes: no standby."""
-    for launcher in ("torchrun",):
-        slurm = FakeSlurm(["node1", "node2"], [{"duration": 0.1}])
-        status, alloc = job(plan(tmp_path, launcher=launcher), slurm, TRAINSTACK_STANDBY="2")
-        assert status == 0 and not alloc.standbys.enabled
+def test_standbys_are_for_python_programs_under_srun_or_torchrun():
+    """A standby becomes a rank of a script or a module, under srun or torchrun (the interpreter before torchrun's
+    module, the container's prefix kept); an executable or a custom launcher's command starts its own processes."""
+    from trainstack._slurm.standby import python_form
+
+    srun = Launch(["srun"], 2, "rank", ["apptainer", "exec", "img", "python3", "-u"], ["train.py", "--lr", "1"])
+    assert python_form(srun) == (["apptainer", "exec", "img", "python3", "-u"], ["train.py", "--lr", "1"])
+    torchrun = Launch(["srun"], 1, "none", ["/v/bin/python", "-m", "torch.distributed.run", "--nnodes=2"],
+                      ["--module", "pkg.train", "x"], torchrun=True)
+    assert python_form(torchrun) == (["/v/bin/python", "-u"], ["-m", "pkg.train", "x"])
+    assert python_form(Launch(["srun"], 1, "none", torchrun.command, ["--no-python", "./run.sh"], torchrun=True)) \
+        is None
+    assert python_form(Launch(["srun"], 2, "rank", [], ["./run.sh"])) is None  # an executable
+    assert python_form(Launch(["srun"], 1, "node", ["bash", "-c", 'eval "$CUSTOM_COMMAND"'], [])) is None
+
+
+def test_a_torchrun_crash_relaunches_every_rank_in_standbys(tmp_path, job, quick_standbys):
+    """torchrun: every recovery relaunches the whole step, so a node's ranks wait warm on each node by default;
+    the crash's step 1 is four standbys told torchrun's form, no torchrun agent started."""
+    slurm = FakeSlurm(["node1", "node2"], [{"fail": [{"unit": "node-0", "host": "node1", "code": 137, "delay": 0.1}],
+                                            "after_ready": 4}])
+    status, alloc = job(plan(tmp_path, launcher="torchrun"), slurm, TRAINSTACK_STANDBY="")
+    assert status == 0, job.said
+    assert len(slurm.launched) == 1, slurm.launched
+    assert alloc.standbys.count == 2
+    started = [c for c in slurm.calls if c[0] == "standby"]
+    assert all(c[3] for c in started) and len(started) >= 4, started  # torchrun's worker form
+    assert sorted(_taken(alloc)) == [0, 1, 2, 3], _taken(alloc)
 
 
 def test_a_standby_that_does_not_take_its_order_starts_its_rank_afresh(tmp_path, job, quick_standbys, monkeypatch):

@@ -130,8 +130,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TRAINSTACK_STANDBY", "you",
              "Warm standbys per node of a --requeue srun job: interpreters that have imported torch and trainstack "
              "and wait to become a rank that must start afresh (a crash's replacement, a spare's ranks, a whole "
-             "step relaunched). Default: 1 per training node, a node's ranks on an idle spare; a count of at least "
-             "--procs-per-node makes a whole-step relaunch warm too; 0 turns them off."),
+             "step relaunched). Default: 1 per training node under srun, a node's ranks on an idle spare and on "
+             "every node under torchrun; a count of at least --procs-per-node makes a whole-step relaunch warm "
+             "too; 0 turns them off."),
     Variable("TRAINSTACK_TASK_RANKS", "the allocation driver",
              "Set on a job step that starts only some ranks beside survivors restarted in place: the global rank of "
              "each of its srun tasks (comma-separated, by SLURM_PROCID); the world is TRAINSTACK_NPROCS."),

@@ -52,15 +52,20 @@ def wait_for_order(folder: JobFiles, name: str) -> Offer | None:
         time.sleep(POLL_S)
 
 
-def become(folder: JobFiles, name: str, order: Offer) -> int:
+def become(folder: JobFiles, name: str, order: Offer, torchrun: bool = False) -> int:
     """Take ``order``'s environment (its rendezvous and counters, nothing else; its rank through
-    ``TRAINSTACK_TASK_RANKS``), tell the task's wrapper which rank and step this process now is; the rank."""
+    ``TRAINSTACK_TASK_RANKS``, or -- ``torchrun`` -- the variables torchrun gives its workers), tell the task's
+    wrapper which rank and step this process now is; the rank."""
     rank = order.ranks[0]
     folder.standby.took(name)  # at once: the driver starts the rank afresh where a standby stays silent
-    for key in OFFERED:
+    for key in (*OFFERED, *_TORCHRUN_WORKER, "TORCHELASTIC_USE_AGENT_STORE"):
         os.environ.pop(key, None)  # a value of the standby's start is not the step's
     os.environ.update(order.env)
-    os.environ[envvars.TASK_RANKS] = f"{order.per_node}/{rank}"  # this process is its step's only task
+    if torchrun:
+        os.environ.update(torchrun_worker(rank, order.per_node, int(order.env.get(envvars.NPROCS, "0") or 0),
+                                          order.step))
+    else:
+        os.environ[envvars.TASK_RANKS] = f"{order.per_node}/{rank}"  # this process is its step's only task
     host = socket.gethostname()  # as the wrapper spells its records: $(hostname)
     folder.standby.note_rank(host, os.getppid(), rank)
     folder.step.note_step(host, os.getppid(), order.step)
@@ -68,6 +73,21 @@ def become(folder: JobFiles, name: str, order: Offer) -> int:
     print(f"trainstack: standby {os.getpid()} on {fastexit.this_host()} is rank {rank} of job step {order.step}",
           file=sys.stderr, flush=True)
     return rank
+
+
+#: What torchrun sets in each worker's environment (torch.distributed.elastic's agent), as a standby taking a
+#: torchrun rank sets it: a program that reads them itself runs unchanged. Its rank 0 hosts the rendezvous store
+#: (no agent store: TORCHELASTIC_USE_AGENT_STORE unset).
+_TORCHRUN_WORKER = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                    "TORCHELASTIC_MAX_RESTARTS")
+
+
+def torchrun_worker(rank: int, per_node: int, world: int, step: int) -> dict[str, str]:
+    """Torchrun's worker variables for ``rank`` of ``world`` ranks, ``per_node`` per node, in job step ``step``."""
+    values = (rank, rank % per_node, world, per_node, rank // per_node, max(world // per_node, 1), rank, world,
+              "default", f"{os.environ.get('SLURM_JOB_ID', 'standby')}.{step}", 0, 0)
+    return {key: str(value) for key, value in zip(_TORCHRUN_WORKER, values, strict=True)}
 
 
 def run_program(words: list[str]) -> None:
@@ -84,11 +104,13 @@ def run_program(words: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) < 3 or args[1] != "--":
-        print("usage: python -m trainstack._runtime.standby NAME -- PROGRAM [ARGS...] (started by trainstack's "
-              "allocation driver)", file=sys.stderr)
+    torchrun = args[1:2] == ["--torchrun"]
+    rest = args[2:] if torchrun else args[1:]
+    if not args or len(rest) < 2 or rest[0] != "--":
+        print("usage: python -m trainstack._runtime.standby NAME [--torchrun] -- PROGRAM [ARGS...] (started by "
+              "trainstack's allocation driver)", file=sys.stderr)
         return 2
-    name, program = args[0], args[2:]
+    name, program = args[0], rest[1:]
     folder = JobFiles.current()
     if folder is None:
         print(f"trainstack: standby {name}: no job folder ({envvars.JOB_DIR} unset): nothing to wait for",
@@ -99,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     order = wait_for_order(folder, name)
     if order is None:
         return 0
-    become(folder, name, order)
+    become(folder, name, order, torchrun)
     run_program(program)
     return 0
 

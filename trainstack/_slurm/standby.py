@@ -4,10 +4,12 @@ replacement, a spare's ranks, a whole step relaunched -- skips its interpreter's
 
 Each standby is a one-task job step of its own (``--overlap``, named ``trainstack-standby-<host>-<n>``: a failed
 training step's teardown keeps the idle ones). They start ``SETTLE_S`` after a step starts (never beside a step's
-own imports) -- ``TRAINSTACK_STANDBY`` per node (default: 1 where ranks train, enough for a crash's replacement;
-a whole node's ranks on an idle spare, for a lost node's) -- and a used one is replaced the same way. The driver
-orders one only once it said it is ready; too few ready on the node: the ranks start afresh, said. A standby that
-ends before it is ready twice on a node is not started there again, said. Off with ``TRAINSTACK_STANDBY=0``.
+own imports) -- ``TRAINSTACK_STANDBY`` per node (default: 1 where ranks train under srun, enough for a crash's
+replacement; a whole node's ranks on an idle spare, for a lost node's, and on every node under torchrun, whose
+recoveries relaunch the whole step: its standbys take torchrun's worker variables) -- and a used one is replaced
+the same way. The driver orders one only once it said it is ready; too few ready on the node: the ranks start
+afresh, said. A standby that ends before it is ready twice on a node is not started there again, said. Off with
+``TRAINSTACK_STANDBY=0``.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from .._common import envvars as envvars
 from .._common.jobfiles import OFFERED, JobFiles, Ready
 
 if TYPE_CHECKING:
-    from .plan import Plan
+    from .plan import Launch, Plan
 
-__all__ = ["Standbys", "Taken", "SETTLE_S", "wanted", "applies"]
+__all__ = ["Standbys", "Taken", "SETTLE_S", "wanted", "applies", "python_form", "default_count"]
 
 #: After a job step starts, how long before a standby starts beside it (its imports never slow the step's own).
 SETTLE_S = 5.0
@@ -35,11 +37,30 @@ BROKEN_LIMIT = 2
 
 
 def applies(plan: Plan) -> bool:
-    """Can this job's ranks start in standbys: a ``--requeue`` job with one srun task per rank running a Python
-    program (a script or a module; not an executable, torchrun or a custom launcher, which start their own)."""
-    launch = plan.launch
-    return plan.recovery.requeue and launch.task_log == "rank" and not launch.torchrun and \
-        launch.command[-1:] == ["-u"]
+    """Can this job's ranks start in standbys: a ``--requeue`` job whose ranks are a Python program (a script or a
+    module) started by srun, one task per rank, or by torchrun -- not an executable or a custom launcher's command."""
+    return plan.recovery.requeue and python_form(plan.launch) is not None
+
+
+def python_form(launch: Launch) -> tuple[list[str], list[str]] | None:
+    """What a standby runs for ``launch``: the interpreter's words (a container's prefix kept) and the program's
+    words as python takes them (``script ARGS`` or ``-m module ARGS``); None where a standby cannot become a rank."""
+    command, program = launch.command, launch.program
+    if launch.torchrun:  # [prefix..., python, -m, torch.distributed.run, options...]: the workers' interpreter
+        at = next((i for i in range(1, len(command) - 1)
+                   if command[i] == "-m" and command[i + 1] == "torch.distributed.run"), None)
+        if at is None or program[:1] == ["--no-python"]:
+            return None
+        return [*command[:at], "-u"], ["-m", *program[1:]] if program[:1] == ["--module"] else list(program)
+    if launch.task_log == "rank" and command[-1:] == ["-u"]:
+        return list(command), list(program)
+    return None
+
+
+def default_count(plan: Plan) -> int:
+    """Standbys per node unless ``TRAINSTACK_STANDBY`` says: 1 where a crash restarts one rank beside the
+    survivors (srun); a node's ranks under torchrun, whose every recovery relaunches the whole step."""
+    return plan.procs_per_node if plan.launch.torchrun else 1
 
 
 def wanted(env: Mapping[str, str], warn: Callable[[str], None]) -> int | None:
@@ -75,13 +96,13 @@ class Taken:
 
 class Standbys:
     """The allocation's standbys. ``launch(host, name)`` starts one (an srun of the step command's); ``count``
-    per node where ranks train (None: 1), ``per_node`` on an idle node."""
+    per node where ranks train (0: none), at least ``per_node`` on an idle node."""
 
-    def __init__(self, files: JobFiles, launch: Callable[[str, str], subprocess.Popen[bytes]], count: int | None,
+    def __init__(self, files: JobFiles, launch: Callable[[str, str], subprocess.Popen[bytes]], count: int,
                  per_node: int, say: Callable[[str], None]) -> None:
         self.files, self._launch, self.say = files, launch, say
-        self.enabled = count != 0
-        self.count, self.per_node = (1 if count is None else count), per_node
+        self.enabled = count > 0
+        self.count, self.per_node = count, per_node
         self.idle: dict[str, _Standby] = {}
         self.broken: dict[str, int] = {}
         self.started_any = False  # standbys were started: a step short of ready ones says so

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from .._common import envvars as envvars
 from .._common.jobfiles import EXIT_RECORD_SH
+from .standby import python_form
 
 if TYPE_CHECKING:
     from .batchjob import BatchJob
@@ -66,11 +67,15 @@ class StepCommand:
     def standby(self, host: str, name: str) -> tuple[list[str], dict[str, str]]:
         """A warm standby's job step on ``host`` (named ``name``: a teardown keeps it while idle) and its
         environment: one task, through the exit-record wrapper (a standby is no rank until ordered), the
-        interpreter running the standby before the program's words; the step's rendezvous comes with the order."""
+        interpreter running the standby before the program's words (torchrun's: the rank's environment is then
+        torchrun's worker's); the step's rendezvous comes with the order."""
         launch = self.plan.launch
+        form = python_form(launch)
+        assert form is not None, "standbys only for a Python program (standby.applies)"
         srun = self.in_place.srun(list(launch.srun), [host], 1, (host, [0]))
-        argv = [*srun, f"--job-name={name}", "bash", "-c", EXIT_RECORD_SH, "trainstack-task", "standby",
-                *launch.command, "-m", "trainstack._runtime.standby", name, "--", *launch.program, *self.job.task_args]
+        argv = [*srun, f"--job-name={name}", "bash", "-c", EXIT_RECORD_SH, "trainstack-task", "standby", *form[0],
+                "-m", "trainstack._runtime.standby", name, *(["--torchrun"] if launch.torchrun else []), "--",
+                *form[1], *self.job.task_args]
         env = {**self.job.env, **launch.env, **({envvars.IN_PLACE: "1"} if self.in_place.enabled else {})}
         return argv, env
 
