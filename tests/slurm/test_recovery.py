@@ -163,16 +163,19 @@ def tmp_root(tmp_path_factory):
 @ci_leaves_out("a crash in the allocation: the in-place test under srun; torchrun's launch words: test_allocation.py")
 def test_a_killed_rank_resumes_in_the_allocation_bitwise(cluster, tmp_root):
     """SIGKILL of rank 1 mid-epoch under torchrun: a new step of the same allocation (Restarts=0) with a rendezvous
-    of its own, resumed from the last checkpoint, the final parameters bitwise equal to the uninterrupted run's;
+    of its own -- its four ranks warm standbys in torchrun's worker form --, resumed from the last checkpoint, the final parameters bitwise equal to the uninterrupted run's;
     status/why show the phases."""
     ref = reference(tmp_root, "torchrun")
     out = tmp_root / "crash"
     out.mkdir(mode=0o777)
     job = submit_spec(spec(out, "torchrun"))
-    wait_until(lambda: reached(out) >= 22, 120, "step 22")
+    standbys = job.log_path.with_suffix("") / "standby"
+    wait_until(lambda: reached(out) >= 22 and all(len(list(standbys.glob(f"*-{h}-*.ready"))) >= 2
+                                                  for h in ("node1", "node2")), 120, "step 22 and warm standbys")
     killed = kill_rank(out, "node1", 1)
     assert wait_for(job, timeout=240) == 0, job.log_path.read_text()
     log = job.log_path.read_text()
+    assert "rank(s) 0, 1, 2, 3 start in warm standby process(es)" in log, log  # issue 68: torchrun's ranks warm
     assert job_field(cluster, job.job_id, "Restarts") in ("0", None)
     assert "retrying in this allocation as step 1" in log and "requeueing" not in log, log
     resumed = first_step_after(job, killed) - killed
