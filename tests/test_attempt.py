@@ -133,6 +133,7 @@ def test_a_recovery_is_read_back_with_its_phases_and_steps_lost(tmp_path):
     decided = row["time"]
     events = [("detected", 100.5, {"attempt": 0, "step_index": 0}), ("relaunch", decided + 1, {"attempt": 0,
               "step_index": 1, "nodes": "node1,node3"}), ("restoring", decided + 4, {}),
+              ("standby_taken", decided + 1.1, {"attempt": 0, "step_index": 1, "ranks": {"2": 71, "3": 72, "x": 1}}),
               ("resumed", decided + 4.5, {"step": 20}), ("first_step", decided + 5, {"step": 21})]
     with open(tmp_path / "events.jsonl", "a") as fh:
         for kind, when, extra in events:
@@ -143,6 +144,7 @@ def test_a_recovery_is_read_back_with_its_phases_and_steps_lost(tmp_path):
     assert rec["total"] == round(decided + 5 - 100.0, 2)
     assert describe(rec).startswith("recovered in the allocation on node1,node3 in ") and "steps redone: 3" in \
         describe(rec)
+    assert rec["warm_ranks"] == [2, 3] and describe(rec).endswith("; rank(s) 2, 3 started in warm standbys"), rec
 
 
 def test_sinfo_states_say_which_nodes_are_in_service():
