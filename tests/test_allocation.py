@@ -1104,17 +1104,15 @@ def test_standbys_per_node_take_a_count_or_off(tmp_path, job, value, count):
 def test_standbys_are_for_python_programs_under_srun_or_torchrun():
     """A standby becomes a rank of a script or a module, under srun or torchrun (the interpreter before torchrun's
     module, the container's prefix kept); an executable or a custom launcher's command starts its own processes."""
-    from trainstack._slurm.standby import python_form
-
     srun = Launch(["srun"], 2, "rank", ["apptainer", "exec", "img", "python3", "-u"], ["train.py", "--lr", "1"])
-    assert python_form(srun) == (["apptainer", "exec", "img", "python3", "-u"], ["train.py", "--lr", "1"])
+    assert srun.python_form() == (["apptainer", "exec", "img", "python3", "-u"], ["train.py", "--lr", "1"])
     torchrun = Launch(["srun"], 1, "none", ["/v/bin/python", "-m", "torch.distributed.run", "--nnodes=2"],
                       ["--module", "pkg.train", "x"], torchrun=True)
-    assert python_form(torchrun) == (["/v/bin/python", "-u"], ["-m", "pkg.train", "x"])
-    assert python_form(Launch(["srun"], 1, "none", torchrun.command, ["--no-python", "./run.sh"], torchrun=True)) \
+    assert torchrun.python_form() == (["/v/bin/python", "-u"], ["-m", "pkg.train", "x"])
+    assert Launch(["srun"], 1, "none", torchrun.command, ["--no-python", "./run.sh"], torchrun=True).python_form() \
         is None
-    assert python_form(Launch(["srun"], 2, "rank", [], ["./run.sh"])) is None  # an executable
-    assert python_form(Launch(["srun"], 1, "node", ["bash", "-c", 'eval "$CUSTOM_COMMAND"'], [])) is None
+    assert Launch(["srun"], 2, "rank", [], ["./run.sh"]).python_form() is None  # an executable
+    assert Launch(["srun"], 1, "node", ["bash", "-c", 'eval "$CUSTOM_COMMAND"'], []).python_form() is None
 
 
 def test_a_torchrun_crash_relaunches_every_rank_in_standbys(tmp_path, job, quick_standbys):

@@ -163,8 +163,8 @@ def tmp_root(tmp_path_factory):
 @ci_leaves_out("a crash in the allocation: the in-place test under srun; torchrun's launch words: test_allocation.py")
 def test_a_killed_rank_resumes_in_the_allocation_bitwise(cluster, tmp_root):
     """SIGKILL of rank 1 mid-epoch under torchrun: a new step of the same allocation (Restarts=0) with a rendezvous
-    of its own -- its four ranks warm standbys in torchrun's worker form --, resumed from the last checkpoint, the final parameters bitwise equal to the uninterrupted run's;
-    status/why show the phases."""
+    of its own -- its four ranks warm standbys in torchrun's worker form --, resumed from the last checkpoint, the
+    final parameters bitwise equal to the uninterrupted run's; status/why show the phases."""
     ref = reference(tmp_root, "torchrun")
     out = tmp_root / "crash"
     out.mkdir(mode=0o777)

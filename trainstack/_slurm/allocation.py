@@ -125,8 +125,8 @@ class Allocation:
         holds = any(rung.holds() and rung.applies(plan) for rung in LADDER)  # a rung keeps the survivors
         self.in_place = Survivors(self.files, slurm, self.kept_steps, holds and Survivors.wanted(env, self.job.warn))
         self.command = StepCommand(plan, self.job, self.in_place, slurm.job_id)  # what each step runs
-        count = standby.wanted(env, self.job.warn) if standby.applies(plan) else 0
-        count = standby.default_count(plan) if count is None else count
+        count = standby.wanted(env, self.job.warn) if plan.standbys else 0
+        count = plan.standbys if count is None else count
         self.standbys = Standbys(self.files, self._start_standby, count, plan.procs_per_node, self.job.say)
 
     # ------------------------------------------------------------------ the loop

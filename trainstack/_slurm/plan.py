@@ -39,6 +39,21 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)
     torchrun: bool = False
 
+    def python_form(self) -> tuple[list[str], list[str]] | None:
+        """What a warm standby runs for this launch (``_slurm/standby.py``): the interpreter's words (a container's
+        prefix kept) and the program's words as python takes them (``script ARGS`` or ``-m module ARGS``); None where
+        a standby cannot become a rank (an executable, a custom launcher's command)."""
+        command, program = self.command, self.program
+        if self.torchrun:  # [prefix..., python, -m, torch.distributed.run, options...]: the workers' interpreter
+            at = next((i for i in range(1, len(command) - 1)
+                       if command[i] == "-m" and command[i + 1] == "torch.distributed.run"), None)
+            if at is None or program[:1] == ["--no-python"]:
+                return None
+            return [*command[:at], "-u"], ["-m", *program[1:]] if program[:1] == ["--module"] else list(program)
+        if self.task_log == "rank" and command[-1:] == ["-u"]:
+            return list(command), list(program)
+        return None
+
     def on(self, nodes: int, procs_per_node: int) -> Launch:
         """This launch on ``nodes`` nodes -- fewer than planned after a shrink: srun's ``--nodes``, torchrun's
         ``--nnodes`` and a custom command's machine and process counts follow (the program's words never change)."""
@@ -134,6 +149,15 @@ class Plan:
         except (KeyError, TypeError) as exc:
             raise ValueError(f"the plan does not match this driver (trainstack {__version__}): {exc}") from None
 
+    @property
+    def standbys(self) -> int:
+        """Warm standbys per node where ranks train unless ``TRAINSTACK_STANDBY`` says: none without ``--requeue``
+        or where a standby cannot become a rank; 1 under srun (a crash restarts one rank beside the survivors); a
+        node's ranks under torchrun, whose every recovery relaunches the whole step."""
+        if not self.recovery.requeue or self.launch.python_form() is None:
+            return 0
+        return self.procs_per_node if self.launch.torchrun else 1
+
     def explain(self) -> list[str]:
         """The plan in words, a line each."""
         r, lines = self.recovery, [f"{self.describe}: {self.nodes} node(s) x {self.procs_per_node} process(es)"]
@@ -147,6 +171,10 @@ class Plan:
                          f"hosts are probed, one that does not answer is lost; then the recovery ladder, in order:")
             lines += [f"rung {i}, {rung.explain(self)}"
                       for i, rung in enumerate((x for x in LADDER if x.applies(self)), 1)]
+            if self.standbys:
+                lines.append(f"warm standbys: {self.standbys} per node where ranks train (a node's ranks on an idle "
+                             f"spare), interpreters with torch and trainstack imported that wait to become a rank that "
+                             f"must start afresh (TRAINSTACK_STANDBY in the job's environment: a count, 0 off)")
             if self.spare_nodes:
                 lines.append(f"the cost of the spare: {self.spare_nodes} of the {self.allocated_nodes} allocated "
                              f"node(s) wait idle until a node fails (the price of a recovery in seconds, not a "

@@ -18,15 +18,11 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .._common import envvars as envvars
 from .._common.jobfiles import OFFERED, JobFiles, Ready
 
-if TYPE_CHECKING:
-    from .plan import Launch, Plan
-
-__all__ = ["Standbys", "Taken", "SETTLE_S", "wanted", "applies", "python_form", "default_count"]
+__all__ = ["Standbys", "Taken", "SETTLE_S", "wanted"]
 
 #: After a job step starts, how long before a standby starts beside it (its imports never slow the step's own).
 SETTLE_S = 5.0
@@ -34,33 +30,6 @@ SETTLE_S = 5.0
 TAKE_S = 2.0
 #: Standbys that end before they are ready this many times on a node: none is started there again.
 BROKEN_LIMIT = 2
-
-
-def applies(plan: Plan) -> bool:
-    """Can this job's ranks start in standbys: a ``--requeue`` job whose ranks are a Python program (a script or a
-    module) started by srun, one task per rank, or by torchrun -- not an executable or a custom launcher's command."""
-    return plan.recovery.requeue and python_form(plan.launch) is not None
-
-
-def python_form(launch: Launch) -> tuple[list[str], list[str]] | None:
-    """What a standby runs for ``launch``: the interpreter's words (a container's prefix kept) and the program's
-    words as python takes them (``script ARGS`` or ``-m module ARGS``); None where a standby cannot become a rank."""
-    command, program = launch.command, launch.program
-    if launch.torchrun:  # [prefix..., python, -m, torch.distributed.run, options...]: the workers' interpreter
-        at = next((i for i in range(1, len(command) - 1)
-                   if command[i] == "-m" and command[i + 1] == "torch.distributed.run"), None)
-        if at is None or program[:1] == ["--no-python"]:
-            return None
-        return [*command[:at], "-u"], ["-m", *program[1:]] if program[:1] == ["--module"] else list(program)
-    if launch.task_log == "rank" and command[-1:] == ["-u"]:
-        return list(command), list(program)
-    return None
-
-
-def default_count(plan: Plan) -> int:
-    """Standbys per node unless ``TRAINSTACK_STANDBY`` says: 1 where a crash restarts one rank beside the
-    survivors (srun); a node's ranks under torchrun, whose every recovery relaunches the whole step."""
-    return plan.procs_per_node if plan.launch.torchrun else 1
 
 
 def wanted(env: Mapping[str, str], warn: Callable[[str], None]) -> int | None:

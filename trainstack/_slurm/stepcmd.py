@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from .._common import envvars as envvars
 from .._common.jobfiles import EXIT_RECORD_SH
-from .standby import python_form
 
 if TYPE_CHECKING:
     from .batchjob import BatchJob
@@ -70,8 +69,8 @@ class StepCommand:
         interpreter running the standby before the program's words (torchrun's: the rank's environment is then
         torchrun's worker's); the step's rendezvous comes with the order."""
         launch = self.plan.launch
-        form = python_form(launch)
-        assert form is not None, "standbys only for a Python program (standby.applies)"
+        form = launch.python_form()
+        assert form is not None, "standbys only for a Python program (Plan.standbys)"
         srun = self.in_place.srun(list(launch.srun), [host], 1, (host, [0]))
         argv = [*srun, f"--job-name={name}", "bash", "-c", EXIT_RECORD_SH, "trainstack-task", "standby", *form[0],
                 "-m", "trainstack._runtime.standby", name, *(["--torchrun"] if launch.torchrun else []), "--",
