@@ -240,6 +240,36 @@ def test_a_killed_rank_restarts_alone_and_the_others_continue_in_place_bitwise(c
     assert planted == [], planted  # the probe's A3/A28/E2/E32 writes, as a member of the job folder's group
 
 
+@ci_leaves_out("a whole-step relaunch in standbys: test_allocation.py; the warm path on real Slurm: the in-place "
+               "test")
+def test_a_whole_step_relaunch_takes_every_rank_from_warm_standbys_bitwise(cluster, tmp_root):
+    """TRAINSTACK_IN_PLACE=0 (what FSDP, HSDP or an NCCL group without an abort do) and TRAINSTACK_STANDBY=2: rank 1
+    SIGKILLed, every rank of the step is relaunched -- all four in standbys that were ready before the fault (new
+    pids, each named in the timeline) -- resumed from the last checkpoint, bitwise."""
+    ref = reference(tmp_root)
+    out = tmp_root / "whole-step"
+    out.mkdir(mode=0o777)
+    launch = spec(out, "srun", spare=0)
+    launch.env.update({"TRAINSTACK_IN_PLACE": "0", "TRAINSTACK_STANDBY": "2"})
+    job = submit_spec(launch)
+    standbys = job.log_path.with_suffix("") / "standby"
+    wait_until(lambda: reached(out) >= 22 and len(list((out / "pids").glob("*"))) == 4 and
+               all(len(list(standbys.glob(f"*-{h}-*.ready"))) >= 2 for h in ("node1", "node2")), 120,
+               "step 22 and two warm standbys on each node")
+    before = {p.name: p.read_text().split()[0] for p in (out / "pids").glob("*")}
+    killed = kill_rank(out, "node1", 1)
+    assert wait_for(job, timeout=240) == 0, job.log_path.read_text()
+    after = {p.name: p.read_text().split()[0] for p in (out / "pids").glob("*")}
+    (warm,) = [e for e in events(job) if e["kind"] == "standby_taken"]
+    assert {int(r): pid for r, pid in warm["ranks"].items()} == \
+        {int(name.rsplit("-", 1)[1]): int(pid) for name, pid in after.items()}, (warm, after)
+    assert warm["ready_since"] < killed and not set(before.values()) & set(after.values()), (before, after)
+    print(f"whole-step relaunch in standbys: crash -> first resumed step "
+          f"{first_step_after(job, killed) - killed:.1f} s")
+    assert same_parameters(out / "final.pt", ref)
+    wait_until(lambda: not _standbys_of(job.job_id), 30, "the job's standbys to end")
+
+
 def _standbys_of(job_id: str) -> list[int]:
     """The warm standby processes of job ``job_id`` still running on this box (every node of the test cluster)."""
     found = []
