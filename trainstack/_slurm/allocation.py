@@ -127,7 +127,10 @@ class Allocation:
         self.command = StepCommand(plan, self.job, self.in_place, slurm.job_id)  # what each step runs
         count = standby.wanted(env, self.job.warn) if plan.standbys else 0
         count = plan.standbys if count is None else count
-        self.standbys = Standbys(self.files, self._start_standby, count, plan.procs_per_node, self.job.say)
+        self.standbys = Standbys(self.files, lambda host, name: slurm.launch(*self.command.standby(host, name),
+                                                                             self.job.cwd),
+                                 count, plan.procs_per_node, self.job.emit,
+                                 lambda kind, hosts, **fields: self.job.event(kind, hosts, self.step, **fields))
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
@@ -228,54 +231,20 @@ class Allocation:
         beside = self.in_place.missing(nodes, self.plan.procs_per_node)
         env = self.command.env(nodes, self.step, beside)
         self.standbys.step_started(time.monotonic())
-        per = self.plan.procs_per_node
-        if beside is None:
+        per, carried = self.plan.procs_per_node, []
+        if beside is None:  # every rank starts: in standbys after a failed step, where enough are ready
             self.in_place.release()
-            warm = self._warm(nodes, {host: list(range(i * per, (i + 1) * per)) for i, host in enumerate(nodes)},
-                              env) if self.step else None
-            if warm is not None:
-                return None, warm
-            proc = self.slurm.launch(self.command.argv(nodes), env, self.job.cwd)
-            return proc, [proc]
-        self.in_place.offer(self.step, env, per)
-        started = f"; starting rank(s) {', '.join(map(str, beside[1]))} on {beside[0]}" if beside[1] else ""
-        self.job.say(f"rank(s) {', '.join(map(str, sorted(self.in_place.waiting)))} continue in place{started}")
-        warm = self._warm(nodes, {beside[0]: beside[1]}, env) if beside[1] else None
-        started_now = self.slurm.launch(self.command.argv(nodes, beside), env, self.job.cwd) \
-            if beside[1] and warm is None else None
-        return started_now, [*([started_now] if started_now is not None else []), *(warm or []),
-                             *self.in_place.carried()]
-
-    def _warm(self, nodes: list[str], placement: dict[str, list[int]], env: dict[str, str]) \
-            -> list[subprocess.Popen[bytes]] | None:
-        """The sruns of the ranks ``placement`` starts, handed to warm standbys on their hosts (said and recorded:
-        which process took which rank) -- a standby that does not take its order starts its rank afresh, said;
-        None where too few are ready (every rank starts afresh)."""
-        per = self.plan.procs_per_node
-        taken = self.standbys.take(placement, self.step, env, per, len(nodes) * per)
-        if taken is None:
-            return None
-        silent = self.standbys.silent(taken)
-        pids = {str(rank): ready.pid for rank, ready in sorted(taken.ranks.items()) if rank not in silent}
-        if pids:
-            self.job.say(f"rank(s) {', '.join(pids)} start in warm standby process(es) "
-                         f"{', '.join(map(str, pids.values()))} on {','.join(placement)}")
-            self.job.event("standby_taken", list(placement), self.step, ranks=pids,
-                           ready_since=min(taken.ranks[int(r)].since for r in pids))
-        procs = [p for rank, p in taken.procs.items() if rank not in silent]
-        for host in placement:
-            ranks = [r for r in silent if r in placement[host]]
-            if ranks:
-                self.job.warn(f"the warm standby(s) ordered to be rank(s) {', '.join(map(str, ranks))} on {host} "
-                              f"did not take the order within {standby.TAKE_S:g} s: starting them afresh")
-                beside = (host, ranks)
-                procs.append(self.slurm.launch(self.command.argv(nodes, beside),
-                                               self.command.env(nodes, self.step, beside), self.job.cwd))
-        return procs
-
-    def _start_standby(self, host: str, name: str) -> subprocess.Popen[bytes]:
-        argv, env = self.command.standby(host, name)
-        return self.slurm.launch(argv, env, self.job.cwd)
+            placement = {host: list(range(i * per, (i + 1) * per)) for i, host in enumerate(nodes)} if self.step else {}
+        else:
+            self.in_place.offer(self.step, env, per)
+            started = f"; starting rank(s) {', '.join(map(str, beside[1]))} on {beside[0]}" if beside[1] else ""
+            self.job.say(f"rank(s) {', '.join(map(str, sorted(self.in_place.waiting)))} continue in place{started}")
+            placement, carried = ({beside[0]: beside[1]} if beside[1] else {}), self.in_place.carried()
+        warm = self.standbys.start(placement, self.step, env, per, len(nodes) * per, lambda some: self.slurm.launch(
+            self.command.argv(nodes, some), self.command.env(nodes, self.step, some), self.job.cwd))
+        new = None if warm is not None or (beside is not None and not beside[1]) else \
+            self.slurm.launch(self.command.argv(nodes, beside), env, self.job.cwd)
+        return new, [*([new] if new is not None else []), *(warm or []), *carried]
 
     def kept_steps(self) -> set[str]:
         """The job steps a failed step's teardown never kills: the sentinel's, the idle standbys'."""

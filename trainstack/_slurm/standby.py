@@ -65,11 +65,12 @@ class Taken:
 
 class Standbys:
     """The allocation's standbys. ``launch(host, name)`` starts one (an srun of the step command's); ``count``
-    per node where ranks train (0: none), at least ``per_node`` on an idle node."""
+    per node where ranks train (0: none), at least ``per_node`` on an idle node; ``say(line, error)`` the job's
+    log, ``record(kind, hosts, **fields)`` its timeline."""
 
     def __init__(self, files: JobFiles, launch: Callable[[str, str], subprocess.Popen[bytes]], count: int,
-                 per_node: int, say: Callable[[str], None]) -> None:
-        self.files, self._launch, self.say = files, launch, say
+                 per_node: int, say: Callable[[str, bool], None], record: Callable[..., None]) -> None:
+        self.files, self._launch, self.say, self.record = files, launch, say, record
         self.enabled = count > 0
         self.count, self.per_node = count, per_node
         self.idle: dict[str, _Standby] = {}
@@ -122,7 +123,7 @@ class Standbys:
                     and sb.proc.poll() is None]
             if len(here) < len(ranks):
                 self.say(f"{len(here)} warm standby(s) ready on {host} for its {len(ranks)} rank(s): the step's "
-                         f"ranks start afresh")
+                         f"ranks start afresh", False)
                 return None
             chosen[host] = here[:len(ranks)]
         offered = {**{k: str(v) for k, v in env.items() if k in OFFERED}, envvars.NPROCS: str(world)}
@@ -133,6 +134,30 @@ class Standbys:
                 taken.ranks[rank], taken.procs[rank], taken.names[rank] = ready[sb.name], sb.proc, sb.name
                 del self.idle[sb.name]
         return taken
+
+    def start(self, placement: Mapping[str, list[int]], step: int, env: Mapping[str, str], per_node: int,
+              world: int, afresh: Callable[[tuple[str, list[int]]], subprocess.Popen[bytes]]) \
+            -> list[subprocess.Popen[bytes]] | None:
+        """The sruns of the ranks ``placement`` starts, handed to the ready standbys on their hosts (said and
+        recorded: which process took which rank) -- a standby that does not take its order has its ranks started
+        by ``afresh((host, ranks))``, said; None where too few are ready (every rank starts afresh)."""
+        taken = self.take(placement, step, env, per_node, world)
+        if taken is None:
+            return None
+        silent = self.silent(taken)
+        pids = {str(rank): ready.pid for rank, ready in sorted(taken.ranks.items()) if rank not in silent}
+        if pids:
+            self.say(f"rank(s) {', '.join(pids)} start in warm standby process(es) "
+                     f"{', '.join(map(str, pids.values()))} on {','.join(placement)}", False)
+            self.record("standby_taken", list(placement), ranks=pids,
+                        ready_since=min(taken.ranks[int(r)].since for r in pids))
+        procs = [p for rank, p in taken.procs.items() if rank not in silent]
+        for host, ranks in ((h, [r for r in silent if r in placement[h]]) for h in placement):
+            if ranks:
+                self.say(f"the warm standby(s) ordered to be rank(s) {', '.join(map(str, ranks))} on {host} did "
+                         f"not take the order within {TAKE_S:g} s: starting them afresh", True)
+                procs.append(afresh((host, ranks)))
+        return procs
 
     def silent(self, taken: Taken, limit_s: float = TAKE_S) -> list[int]:
         """The ranks of ``taken`` whose standby did not say it took its order within ``limit_s`` (killed or stuck
@@ -159,4 +184,4 @@ class Standbys:
         self.broken[sb.host] = self.broken.get(sb.host, 0) + 1
         stop = self.broken[sb.host] >= BROKEN_LIMIT
         self.say(f"a warm standby on {sb.host} ended before it was ready (exit status {sb.proc.returncode})"
-                 + ("; no more standbys on that node: its ranks start afresh" if stop else ": starting another"))
+                 + ("; no more standbys on that node: its ranks start afresh" if stop else ": starting another"), False)
