@@ -2,7 +2,8 @@
 says which ranks fail, when, with what status, on which host (each failing task's exit record written as the task
 wrapper writes it), which ranks say they lost a peer and when (as fastexit does), how far rank 0's log gets,
 whether the step hangs until killed (a lost node), whether its waiting ranks train on in the next step once the
-driver offers it (continue_in_place: seconds; joins: false, they never join its group), and whether the trainer
+driver offers it (continue_in_place: seconds; joins: false, they never join its group; fail_in_place: the status
+rank 0 then fails with in that step), and whether the trainer
 answers a stop request with a checkpoint; ``after_ready``/``after_broken``: its failures' clock starts once that
 many warm standbys said they are ready / ended before that (tests/_fake_standby.py)."""
 
@@ -46,6 +47,12 @@ if scenario.get("continue_in_place"):  # ranks waiting in place: they train on i
     for rank in offer.ranks:
         JobFiles(job).step.joined(rank, offer.step)
     time.sleep(scenario["continue_in_place"])
+    if scenario.get("fail_in_place"):  # a rank continued in place then fails in the new step: its task's record
+        (job / "exits").mkdir(exist_ok=True)
+        host = scenario.get("host", "node1")
+        (job / "exits" / "rank-0").write_text(f"{time.time()} {scenario['fail_in_place']} rank-0 {host} "
+                                              f"{offer.step}\n")
+        sys.exit(scenario["fail_in_place"])
     sys.exit(0)
 stop = os.environ.get("TRAINSTACK_STOP_FILE")
 while time.monotonic() < start + scenario.get("duration", 0.1):

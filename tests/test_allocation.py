@@ -1148,3 +1148,16 @@ def test_a_standby_that_does_not_take_its_order_starts_its_rank_afresh(tmp_path,
     assert "the warm standby(s) ordered to be rank(s) 1 on node1 did not take the order within 0.3 s: starting " \
            "them afresh" in job.said, job.said
     assert not [e for e in alloc.files.events() if e["kind"] == "standby_taken"]
+
+
+def test_a_step_that_started_no_srun_reads_its_first_failure_not_success(tmp_path, job):
+    """A shrink continues every rank in place: its step has no srun of its own. A survivor that fails in it is
+    that step's failure (its task's exit record), retried -- never read as the run's success (the step's status was
+    its new srun's, 0 where there is none)."""
+    waiting = [{"rank": r, "host": "node1", "waiting": True, "delay": 0.1} for r in (0, 1)]
+    slurm = FakeSlurm(["node1", "node2"], [{"peer_lost": waiting, "continue_in_place": 0.2, "fail_in_place": 137},
+                                           {"duration": 0.1}], lost=("node2",))
+    status, _ = job(plan(tmp_path, min_nodes=1, max_retries=3), slurm, TRAINSTACK_IN_PLACE="1")
+    assert status == 0, job.said
+    retried = "crash (exit status 137): retrying in this allocation as step 2"
+    assert any(line.startswith(retried) for line in job.said), job.said
