@@ -51,7 +51,6 @@ class _Standby:
     name: str
     host: str
     proc: subprocess.Popen[bytes]
-    started: float
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,7 @@ class Standbys:
             for _ in range(want - have if self.broken.get(host, 0) < BROKEN_LIMIT else 0):
                 self.serial += 1
                 name = f"trainstack-standby-{host}-{self.serial}"
-                self.idle[name] = _Standby(name, host, self._launch(host, name), now)
+                self.idle[name] = _Standby(name, host, self._launch(host, name))
 
     def take(self, placement: Mapping[str, list[int]], step: int, env: Mapping[str, str], per_node: int,
              world: int) -> Taken | None:
@@ -159,10 +158,10 @@ class Standbys:
                 procs.append(afresh((host, ranks)))
         return procs
 
-    def silent(self, taken: Taken, limit_s: float = TAKE_S) -> list[int]:
-        """The ranks of ``taken`` whose standby did not say it took its order within ``limit_s`` (killed or stuck
+    def silent(self, taken: Taken) -> list[int]:
+        """The ranks of ``taken`` whose standby did not say it took its order within ``TAKE_S`` (killed or stuck
         since it said it was ready); their sruns are killed -- those ranks start afresh."""
-        deadline = time.monotonic() + limit_s
+        deadline = time.monotonic() + TAKE_S
         waiting = dict(taken.names)
         while waiting and time.monotonic() < deadline:
             waiting = {r: n for r, n in waiting.items() if not self.files.standby.has_taken(n)}
