@@ -57,7 +57,10 @@ def become(folder: JobFiles, name: str, order: Offer, torchrun: bool = False) ->
     ``TRAINSTACK_TASK_RANKS``, or -- ``torchrun`` -- the variables torchrun gives its workers), tell the task's
     wrapper which rank and step this process now is; the rank."""
     rank = order.ranks[0]
-    folder.standby.took(name)  # at once: the driver starts the rank afresh where a standby stays silent
+    host = socket.gethostname()  # as the wrapper spells its records: $(hostname)
+    folder.standby.note_rank(host, os.getppid(), rank)  # first: from here on a death is recorded as this rank's
+    folder.step.note_step(host, os.getppid(), order.step)
+    folder.standby.took(name)  # then at once: the driver starts the rank afresh where a standby stays silent
     for key in (*OFFERED, *_TORCHRUN_WORKER, "TORCHELASTIC_USE_AGENT_STORE"):
         os.environ.pop(key, None)  # a value of the standby's start is not the step's
     os.environ.update(order.env)
@@ -66,9 +69,6 @@ def become(folder: JobFiles, name: str, order: Offer, torchrun: bool = False) ->
                                           order.step))
     else:
         os.environ[envvars.TASK_RANKS] = f"{order.per_node}/{rank}"  # this process is its step's only task
-    host = socket.gethostname()  # as the wrapper spells its records: $(hostname)
-    folder.standby.note_rank(host, os.getppid(), rank)
-    folder.step.note_step(host, os.getppid(), order.step)
     ranklog.tee_rank_output(rank)  # the rank's log from its first line
     print(f"trainstack: standby {os.getpid()} on {fastexit.this_host()} is rank {rank} of job step {order.step}",
           file=sys.stderr, flush=True)
