@@ -197,9 +197,8 @@ class Accelerator(AccelerateAPI):
         self._session.start_for_process()
 
     restarts_in_place = property(lambda self: self.strategy == "ddp" and self.parallelism.tensor_parallel_size == 1
-                                 and self.parallelism.parallelize_fn is None and not self.plan.spawn and
-                                 can_abort(self.backend) and self.plan.environment.name == "slurm",
-                                 doc="srun, DDP, gloo or NCCL where torch can abort its communicators: rejoin()")
+                                 and self.parallelism.parallelize_fn is None and not self.plan.spawn and can_abort(
+                                     self.backend) and self.plan.environment.name == "slurm", doc="srun, DDP: rejoin()")
 
     def rejoin(self, env: Mapping[str, str]) -> None:
         """Leave the failed process group and take the next job step's rendezvous and counters (``env``: an Offer's):
