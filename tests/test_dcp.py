@@ -94,7 +94,7 @@ def test_non_tensor_items_are_loaded_weights_only(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncate-shard", "remove-shard", "garbage-metadata", "empty-metadata",
-                                    "remove-metadata", "huge-tensor", "fifo-extras"])
+                                    "remove-metadata", "huge-tensor", "fifo-extras", "huge-frame-metadata"])
 def test_a_damaged_newest_sharded_checkpoint_falls_back_to_the_previous(tmp_path, damage, capsys):
     run = tmp_path / "run"
     _save(run, 1, seed=1)
@@ -106,6 +106,8 @@ def test_a_damaged_newest_sharded_checkpoint_falls_back_to_the_previous(tmp_path
         shard.unlink()
     elif damage == "garbage-metadata":
         (newest / ".metadata").write_bytes(os.urandom(200))
+    elif damage == "huge-frame-metadata":  # a pickle FRAME longer than any process: OverflowError, not a crash
+        (newest / ".metadata").write_bytes(b"\x80\x04\x95" + (2**64 - 1).to_bytes(8, "little"))
     elif damage == "empty-metadata":
         (newest / ".metadata").write_bytes(b"")
     elif damage == "remove-metadata":

@@ -154,8 +154,7 @@ def read_metadata(folder: Path) -> Any:
     try:
         with open(path, "rb") as fh:
             meta = _MetadataUnpickler(fh).load()
-    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError, IndexError, KeyError,
-            ImportError, MemoryError) as exc:
+    except Exception as exc:  # noqa: BLE001 -- damaged bytes raise anything pickle can (OverflowError on a huge FRAME)
         raise DamagedCheckpoint(f"{path} is not a DCP metadata file ({type(exc).__name__}: {exc})") from None
     if not isinstance(meta, Metadata) or not isinstance(getattr(meta, "state_dict_metadata", None), dict):
         raise DamagedCheckpoint(f"{path} does not hold DCP metadata (found a {type(meta).__name__})")
