@@ -86,6 +86,7 @@ def test_without_a_peak_mfu_is_not_made_up(tmp_path, monkeypatch, capsys):
     assert peak_flops(torch.device("cpu"), "bf16")[0] is None
 
 
+@pytest.mark.alone  # each row's rate against the run's: a load spike in one window moves its median (CI: 1188 vs 857)
 def test_samples_per_s_agrees_with_a_stopwatch_within_10_percent(tmp_path):
     def slow_mse(model, batch):
         time.sleep(0.02)
