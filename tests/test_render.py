@@ -8,12 +8,14 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import jinja2
 import pytest
 from spec_matrix import spec_matrix
 
+from trainstack._common.version import source, source_digest
 from trainstack._slurm.plan import Plan, build_plan
 from trainstack.render import LaunchSpec, SpecError, render
 
@@ -190,7 +192,8 @@ GOLDEN_SPECS = {
 def test_golden_files(name):
     kwargs = {"program": ["train.py", "--epochs", "10"], "log_dir": "/scratch/logs",
               "chdir": "/home/user/project"} | GOLDEN_SPECS[name]
-    text = render(LaunchSpec(**kwargs)).replace(__import__("trainstack").__version__, "VERSION")
+    text = render(LaunchSpec(**kwargs)).replace(__import__("trainstack").__version__, "VERSION") \
+        .replace(source(), "SOURCE")
     path = GOLDEN / name
     if os.environ.get("UPDATE_GOLDEN") == "1" or not path.exists():
         if os.environ.get("UPDATE_GOLDEN") != "1":
@@ -330,6 +333,28 @@ def test_the_requeue_script_is_a_header_and_one_command_an_admin_reads():
     assert plan_of(text) == build_plan(spec) and plan_of(text).spare_nodes == 1
     for each in spec_matrix():
         assert plan_of(render(each)) == build_plan(each)
+
+
+@pytest.mark.timeout(60)
+def test_the_plan_pins_the_code_that_wrote_it_and_the_driver_says_where_it_runs_other_code(tmp_path):
+    """UX review 4: the plan pinned "trainstack": "0.1.0", not the code. It now carries the source's digest (and the
+    commit of a checkout), --explain says it, and a driver running other code says so first in the job's log."""
+    spec = LaunchSpec(setup="multi-node", nodes=2, cpu=True, procs_per_node=2, requeue=True, program=["train.py"])
+    plan = plan_of(render(spec))
+    assert plan.source == source() and plan.source.startswith(f"sha256:{source_digest()}")
+    assert plan.other_source() is None and replace(plan, source="").other_source() is None
+    other = replace(plan, source="sha256:0123456789abcdef git:feedfacecafe")
+    line = other.other_source()
+    assert line is not None and "sha256:0123456789abcdef git:feedfacecafe" in line and source_digest() in line
+    assert "generate the script again" in line
+    assert any("the plan pins the code that wrote it" in x and plan.source in x for x in plan.explain())
+    # the driver says it before anything else (here: before it finds it is outside a Slurm job)
+    proc = subprocess.run([sys.executable, "-m", "trainstack._slurm.allocation"], input=other.to_json(),
+                          env={**os.environ, "SLURM_JOB_ID": ""}, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 1
+    assert "this driver runs other code than the code that wrote the job's plan" in proc.stderr, proc.stderr
+    assert "no SLURM_JOB_ID" in proc.stderr
 
 
 @pytest.mark.timeout(60)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trainstack._slurm.snapshot import MAX_FILE_BYTES, SnapshotError, git_root, git_state, take
+from trainstack._common.version import source_commit, source_digest
+from trainstack._slurm.snapshot import MAX_FILE_BYTES, SnapshotError, git_root, git_state, ship_driver, take
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
@@ -89,3 +90,13 @@ def test_an_unreadable_file_stops_the_snapshot_with_its_name(tmp_path):
     (repo / "train.py").chmod(0)
     with pytest.raises(SnapshotError, match="train.py.*HINT"):
         take(repo, tmp_path / "code", exclude=[])
+
+
+def test_the_shipped_driver_is_the_code_the_plan_pins(tmp_path):
+    """The copy submit ships in a job folder has the package's digest (a driver run from it says nothing), is not a
+    git checkout (no commit claimed for it), and one changed file changes the digest."""
+    copy = ship_driver(tmp_path / "driver")
+    assert source_digest(copy) == source_digest() and source_commit(copy) == ""
+    (copy / "_slurm" / "plan.py").write_text((copy / "_slurm" / "plan.py").read_text() + "\n")
+    source_digest.cache_clear()
+    assert source_digest(copy) != source_digest()

@@ -467,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"trainstack: the job's plan cannot be read: {exc}", file=sys.stderr)
         return 1
+    if other := plan.other_source():
+        _emit(other, True)
     job = os.environ.get("SLURM_JOB_ID")
     if not job:
         print("trainstack: the allocation driver runs inside a Slurm job (no SLURM_JOB_ID): submit the script "

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .._common.choices import PORT_BASE, PORT_SPAN
-from .._common.version import __version__
+from .._common.version import __version__, source, source_digest
 from .attempt import parse_retry_on
 from .jobfolder import JobPaths
 from .rungs import LADDER
@@ -119,6 +120,7 @@ class Plan:
     port_base: int = PORT_BASE
     port_span: int = PORT_SPAN
     trainstack: str = __version__
+    source: str = ""  # the code that wrote the plan (version.source()): "" in a plan of an older trainstack
     format: int = FORMAT
 
     @property
@@ -128,9 +130,9 @@ class Plan:
     def to_json(self) -> str:
         """One top-level key per line: what an admin reads in the script."""
         data = asdict(self)
-        order = ["format", "trainstack", "describe", "nodes", "spare_nodes", "procs_per_node", "gpus_per_node",
-                 "job_dir_prefix", "launch", "probe", "recovery", "node_check", "sweep", "gpu", "port_base",
-                 "port_span"]
+        order = ["format", "trainstack", "source", "describe", "nodes", "spare_nodes", "procs_per_node",
+                 "gpus_per_node", "job_dir_prefix", "launch", "probe", "recovery", "node_check", "sweep", "gpu",
+                 "port_base", "port_span"]
         return "{" + ",\n ".join(f"{json.dumps(k)}: {json.dumps(data[k])}" for k in order) + "}\n"
 
     @classmethod
@@ -149,6 +151,17 @@ class Plan:
         except (KeyError, TypeError) as exc:
             raise ValueError(f"the plan does not match this driver (trainstack {__version__}): {exc}") from None
 
+    def other_source(self) -> str | None:
+        """A line where the driver reading the plan runs other code than the code that wrote it (an upgrade between
+        generate and the job's start, another checkout on the batch host); None where it is the same or unknown."""
+        mine = f"sha256:{source_digest()}"
+        if not self.source or self.source.split()[0] == mine:
+            return None
+        return (f"this driver runs other code than the code that wrote the job's plan: trainstack {__version__} "
+                f"{mine} from {Path(__file__).resolve().parents[1]}, the plan's trainstack {self.trainstack} "
+                f"{self.source}; it runs the plan (its format is this driver's); generate the script again with "
+                f"the trainstack the job runs to pin the code it runs")
+
     @property
     def standbys(self) -> int:
         """Warm standbys per node where ranks train unless ``TRAINSTACK_STANDBY`` says: none without ``--requeue``
@@ -163,6 +176,10 @@ class Plan:
         r, lines = self.recovery, [f"{self.describe}: {self.nodes} node(s) x {self.procs_per_node} process(es)"]
         lines.append(f"each job step runs: {' '.join(self.launch.srun)} ... {' '.join(self.launch.command)} "
                      f"{' '.join(self.launch.program)}")
+        if self.source:
+            lines.append(f"the plan pins the code that wrote it (trainstack {self.trainstack}, {self.source}): the "
+                         f"driver runs the job's own trainstack, else the copy submit ships in the job folder, and "
+                         f"says in the job's log where that is other code")
         if self.node_check:
             lines.append(f"before each step every node is checked within {self.node_check.budget_s} s (compute, "
                          f"GPUs, memory, /dev/shm, job-folder writes, links); a node far below the others is named")
@@ -212,7 +229,8 @@ def build_plan(spec: LaunchSpec) -> Plan:
                         min_nodes=spec.min_nodes if spec.min_nodes != spec.nodes else None)
     kind = f"{spec.setup}, launcher {spec.launcher}" + (" (CPU, gloo)" if spec.cpu else "")
     return Plan(kind, spec.nodes, spec.spare_nodes, spec.procs, 0 if spec.cpu else spec.procs,
-                JobPaths.prefix(spec.log_dir, spec.job_name), launch, probe, recovery, check, sweep, not spec.cpu)
+                JobPaths.prefix(spec.log_dir, spec.job_name), launch, probe, recovery, check, sweep, not spec.cpu,
+                source=source())
 
 
 def driver_note(spec: LaunchSpec, shipped: bool) -> str | None:
