@@ -55,7 +55,8 @@ from ._runtime import compiling
 from ._runtime import layout as _layout
 from ._runtime import loop as _loop
 from ._runtime import preload as _preload
-from ._runtime.layout import ProcessPlan, WorkerContext, plan_processes
+from ._runtime.identity import ProcessIdentity
+from ._runtime.layout import WorkerContext
 from ._runtime.parallel import Layout, Parallelism, plan_layout
 from ._runtime.pgsession import can_abort
 from ._runtime.placement import on_copy_stream
@@ -64,7 +65,7 @@ from ._runtime.startup import freeze_loaded
 from ._runtime.watchdog import heartbeat, resolve_timeout, watched
 from ._runtime.wrapping import wrap_model
 from .data import DictDataLoader
-from .environment import detect_environment, warn_if_outside_step
+from .environment import warn_if_outside_step
 from .errors import ConfigError, LaunchError
 
 if TYPE_CHECKING:
@@ -156,9 +157,7 @@ class Accelerator(AccelerateAPI):
         self.data_dtype = _DATA_DTYPE.get(dtype, dtype) if dtype is not None else None
         self.use_cuda = _resolve_cuda(compute_setup)
         self.backend = _resolve_backend(backend, self.use_cuda, compute_setup)
-        self._plan: ProcessPlan | None = None
-        self._home: WorkerContext | None = None
-        self._device: tuple[WorkerContext, torch.device] | None = None
+        self.identity = ProcessIdentity(nprocs, self.use_cuda, compute_setup)  # the plan, this process, its device
         options = AccelerateOptions.check(
             device_placement=device_placement, mixed_precision=mixed_precision,
             gradient_accumulation_steps=gradient_accumulation_steps, log_with=log_with, project_dir=project_dir,
@@ -207,46 +206,21 @@ class Accelerator(AccelerateAPI):
         if joined is not None:
             joined.stop(ok=False)
         os.environ.update(env)
-        self._plan = self._home = self._device = None
+        self.identity.forget()
         if joined is not None:
             self._join_now()
 
-    @property
-    def plan(self) -> ProcessPlan:
-        """The process layout for this Accelerator in the current environment (computed once)."""
-        if self._plan is None:
-            self._plan = plan_processes(detect_environment(), self.nprocs)
-            self._check_devices(self._plan)
-        return self._plan
-
-    def _check_devices(self, plan: ProcessPlan) -> None:
-        """One GPU per process: NCCL refuses two ranks on one device (with a raw 'Duplicate GPU detected')."""
-        if not self.use_cuda:
-            return
-        count = torch.cuda.device_count()
-        if plan.local_world_size > count:
-            raise LaunchError(
-                f"compute_setup={self.compute_setup!r} runs on the GPU here, with {plan.local_world_size} processes "
-                f"on this node but only {count} visible CUDA device(s); NCCL needs one GPU per process. HINT: lower "
-                f"nprocs (or --nproc-per-node) to {count}, request more GPUs (--gpus-per-node), or use "
-                f"compute_setup='cpu' to train on CPU processes.")
+    plan = property(lambda self: self.identity.plan, doc="The process layout here (``ProcessIdentity``: once).")
 
     def __getstate__(self) -> dict[str, Any]:
-        # The plan and the identity describe the launching process; a worker works them out for itself.
-        return {**self.__dict__, "_plan": None, "_home": None, "_device": None, "_trackers": None, "_state": None,
+        # This process's handles and objects stay here (the identity pickles none of the launching process's).
+        return {**self.__dict__, "_trackers": None, "_state": None,
                 "_session": None, "_prepared": {k: [] for k in self.__dict__.get("_prepared", {})}}
 
-    _device_type = property(lambda self: "cuda" if self.use_cuda else "cpu")
     # ------------------------------------------------------------------ identity
     def _ctx(self) -> WorkerContext:
-        """Who this process is: the running worker's identity, else the first process of the plan (this one)."""
-        ctx = _layout.current()
-        if ctx is not None:
-            return ctx
-        if self._home is None:
-            gpus = torch.cuda.device_count() if self.use_cuda else 0
-            self._home = self.plan.context(0, self._device_type, gpus)
-        return self._home
+        """Who this process is: the running worker, else the first process of the plan (``ProcessIdentity``)."""
+        return self.identity.context()
 
     @property
     def rank(self) -> int:
@@ -269,14 +243,7 @@ class Accelerator(AccelerateAPI):
 
     is_local_main_process = property(lambda self: self.local_rank == 0, doc="The first process of its node.")
 
-    @property
-    def device(self) -> torch.device:
-        """This process's device (its ``torch.device`` is built once per identity: it sits on the per-step path)."""
-        ctx = self._ctx()
-        cached = self._device
-        if cached is None or cached[0] is not ctx:
-            cached = self._device = (ctx, torch.device(ctx.device))
-        return cached[1]
+    device = property(lambda self: self.identity.device(), doc="This process's ``torch.device`` (built once).")
 
     @property
     def pin_memory(self) -> bool:
@@ -312,8 +279,8 @@ class Accelerator(AccelerateAPI):
             plan = self.plan
             hang_dir = self._hang_dir()
             if plan.spawn:
-                return launch(fn, args, kwargs, plan, self.backend, self._device_type, self.hang_timeout, hang_dir,
-                              keep_open, interruptible, timeout_s=self.handlers.timeout_s)
+                return launch(fn, args, kwargs, plan, self.backend, self.identity.device_type, self.hang_timeout,
+                              hang_dir, keep_open, interruptible, timeout_s=self.handlers.timeout_s)
             ctx = self._ctx()
             with ProcessGroupSession(ctx, self.backend, host_store=plan.rank_offset == 0,
                                      timeout_s=self.handlers.timeout_s), \

@@ -308,20 +308,8 @@ class TrainConfig:
     def to_file(self, path: str | os.PathLike) -> Path:
         """Write the plain fields (not functions or callbacks) as YAML (``.yaml``/``.yml``) or JSON, atomically; what
         ``from_file`` reads back."""
-        from ._common.files import atomic_write
-
-        path = Path(path)
-        data = {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name in _FILE_FIELDS}
-        if path.suffix in (".yaml", ".yml"):
-            try:
-                import yaml
-            except ImportError:
-                raise ConfigError(f"writing {path} needs pyyaml: pip install 'trainstack[yaml]', or use a .json "
-                                  f"file.") from None
-            text = yaml.safe_dump(data, sort_keys=False)
-        else:
-            text = json.dumps(data, indent=2) + "\n"
-        return atomic_write(path, text)
+        return configread.write_settings(Path(path), {f.name: _plain(getattr(self, f.name)) for f in fields(self)
+                                                      if f.name in _FILE_FIELDS})
 
     @overload
     @classmethod

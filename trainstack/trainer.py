@@ -11,7 +11,7 @@ The loop (``Trainer._fit``, ``Trainer._train_epoch``, ``Trainer._at_step``, ``Tr
 reads top to bottom and calls the collaborators of its ``Run`` (one ``fit()`` on this rank, ``trainstack._train.run``)
 by name: ``run.step`` turns a batch into an optimizer step, ``run.schedule`` says which duties fall on which step
 (and at an epoch's end), ``run.cursor`` knows where a resumed epoch stands, ``run.checkpointer`` saves and restores,
-``run.stopper`` makes the ranks agree on stopping, ``run.evaluate`` validates, ``run.tracker`` prints, writes and
+``run.stops`` makes the ranks agree on stopping, ``run.validator`` validates, ``run.tracker`` prints, writes and
 plots (rank 0); ``self.callbacks`` are the user's.
 
 Counters: ``current_epoch`` (finished epochs), ``global_step`` (optimizer steps), ``global_batch`` (batches).
@@ -37,7 +37,7 @@ from ._runtime.watchdog import heartbeat
 from ._train import devrun, handoff, notes, run
 from ._train.evaluate import Evaluator, default_predict
 from ._train.live import timed
-from ._train.metrics import EpochSums, MetricLog, nonfinite_loss
+from ._train.metrics import EpochSums, MetricLog
 from ._train.peers import Held
 from ._train.progress import Progress, ProgressView, Stop
 from ._train.qadence import GradModes, check_optimizer, refuse_qadence_hooks
@@ -386,8 +386,8 @@ class Trainer(ProgressView, GradModes):
                 self.current_epoch += 1
                 self._end_epoch(active)
             finished = self.progress.finished
-            if finished:  # only a finished run has an end
-                self._finish(active)
+            if finished:  # only a finished run has an end: the final checkpoint, train_end, the summary
+                active.finish()
             with watchdog.phase("checkpoint"):
                 active.checkpointer.wait()  # an asynchronous save in flight is committed before the run ends
             if finished and self.accelerator.is_main_process:
@@ -472,7 +472,7 @@ class Trainer(ProgressView, GradModes):
         if "report" in due:
             tracker.print(notes.unbounded_progress(self.current_epoch, n))
         if not epoch_end and "val" in due:
-            self._validate(active, tracker.position(self.current_epoch, n))
+            active.validator(tracker.position(self.current_epoch, n))
         if not epoch_end and "checkpoint" in due:
             self.save_checkpoint()
         active.save_memory(due if not epoch_end else set())
@@ -483,60 +483,15 @@ class Trainer(ProgressView, GradModes):
         return False
 
     def _end_epoch(self, active: Run) -> None:
-        """Validation, callbacks and reports, then the ranks agree (one small collective) on stopping, then the
-        checkpoint."""
-        cfg, epoch, step = self.config, self.current_epoch, self.global_step
+        """Validation, callbacks and reports, then the ranks agree on stopping, the checkpoint, the stop."""
+        epoch, step = self.current_epoch, self.global_step
         due = active.schedule.due_at_epoch_end(epoch, step)
-        if "val" in due and active.val_loader is not None and active.val_step != step:
-            self._validate(active)
+        active.validator.at_epoch_end(due)
         self.callbacks.fire("train_epoch_end", self, epoch)
         self.metrics.update(self.log_values.collect(self.accelerator.all_reduce_dict))  # what no line showed yet
         with watchdog.phase("callback"):  # plots and tracker writes may take a while on rank 0
             active.tracker.epoch_end(epoch, self.metrics, self.model, step)
-        wants_stop = self.stop_training or bool(cfg.trainstop_criterion and cfg.trainstop_criterion(self))
-        agreed, preempt = active.stopper.agree(self.accelerator.world_size, stop=wants_stop,
-                                               nonfinite=cfg.stop_on_nonfinite and nonfinite_loss(self.metrics))
-        if agreed["nonfinite"]:  # before saving: the last finite checkpoint must survive rotation
-            active.stops.diverged()
-            return
-        if "checkpoint" in due:
-            self.save_checkpoint()
-        active.save_memory(due)
-        if preempt and epoch < active.last_epoch and step < active.last_step:
-            active.stops.gracefully(preempt)
-        elif agreed["stop"]:
-            self.progress.ask(Stop.REQUESTED, "trainstop_criterion returned True", unless_stopping=True)
-            active.tracker.print(f"Stopping after epoch {epoch}: {self.stop_reason}.")
-
-    def _validate(self, active: Run, position: float | None = None) -> None:
-        """Validation at an epoch's end, or inside one at ``position`` (its callbacks then see the epoch in progress,
-        1-based). What its callbacks log (``trainer.log`` in ``val_epoch_end``) belongs to it: every later callback
-        sees it, and it is on the validation's line and row, at its step."""
-        mid_epoch = position is not None
-        epoch = self.current_epoch + 1 if mid_epoch else self.current_epoch
-        training_log, self.log_values = self.log_values, MetricLog()
-        try:
-            self.callbacks.fire("val_epoch_start", self, epoch)
-            values = active.evaluate("val", active.model, active.val_loader)
-            self.metrics.update(values)
-            active.val_step = self.global_step
-            self.callbacks.fire("val_epoch_end", self, epoch)
-            values.update(self.log_values.collect(self.accelerator.all_reduce_dict))
-        finally:
-            self.log_values = training_log
-        self.metrics.update(values)
-        active.tracker.validation(self.current_epoch if position is None else position, self.global_step, values,
-                                  row=mid_epoch)
-
-    def _finish(self, active: Run) -> None:
-        """The end of a finished run: the final checkpoint, the user's train_end callbacks, the last reports."""
-        active.tracker.live.stop()  # the steps are done: the summary's throughput ends here
-        if active.schedule.periodic_checkpoints and self.config.checkpoint_final:
-            self.save_checkpoint()
-        self.callbacks.fire("train_end", self, self.current_epoch)
-        with watchdog.phase("callback"):
-            active.tracker.train_end(self.current_epoch, self.model)
-        active.finish(self.stop_reason, self.metrics)
+        active.stops.at_epoch_end(due)
 
     # ------------------------------------------------------------------ state
     def _active(self) -> Run | None:

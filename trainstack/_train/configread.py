@@ -1,6 +1,6 @@
-"""``TrainConfig.from_cli`` and ``from_file``'s reading: a script's own options (``--name value``, typed as their
-defaults; a close miss named) and a YAML/TOML/JSON settings file (a top-level table or one under ``[train]``). The
-fields themselves are ``TrainConfig``'s; this is only the reading."""
+"""``TrainConfig.from_cli``, ``from_file`` and ``to_file``'s formats: a script's own options (``--name value``, typed
+as their defaults; a close miss named), a YAML/TOML/JSON settings file read (a top-level table or one under
+``[train]``) and written. The fields themselves are ``TrainConfig``'s; this is only their reading and writing."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["parse_options", "typed_option", "closest", "read_settings"]
+__all__ = ["parse_options", "typed_option", "closest", "read_settings", "write_settings"]
 
 
 def parse_options(own: dict[str, Any], rest: list[str], suggestion: Callable[[str], str]) -> dict[str, Any]:
@@ -95,3 +95,19 @@ def read_settings(path: Path, convert: Callable[[str, Any], Any]) -> dict[str, A
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a table of TrainConfig fields, got {type(data).__name__}.")
     return {str(k).replace("-", "_"): convert(str(k).replace("-", "_"), v) for k, v in data.items()}
+
+
+def write_settings(path: Path, data: dict[str, Any]) -> Path:
+    """``data`` as YAML (``.yaml``/``.yml``, needs pyyaml) or JSON (any other name), written atomically."""
+    from .._common.files import atomic_write
+
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ConfigError(f"writing {path} needs pyyaml: pip install 'trainstack[yaml]', or use a .json "
+                              f"file.") from None
+        text = yaml.safe_dump(data, sort_keys=False)
+    else:
+        text = json.dumps(data, indent=2) + "\n"
+    return atomic_write(path, text)

@@ -4,7 +4,9 @@ numbers; and the values users log with ``trainer.log`` (``MetricLog``)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -78,6 +80,16 @@ class MetricLog:
         else:
             entry[0] = max(acc, value) if reduce == "max" else min(acc, value)
         entry[1] += 1
+
+    @contextlib.contextmanager
+    def apart(self) -> Iterator[None]:
+        """What is logged inside belongs to what runs inside (a validation): the interval's values so far are set
+        aside, and back after it, whatever it collected."""
+        kept, self.values = self.values, {}
+        try:
+            yield
+        finally:
+            self.values = kept
 
     def current(self) -> dict[str, Any]:
         """This rank's values of the interval so far (no communication, nothing reset)."""

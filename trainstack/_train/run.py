@@ -57,6 +57,7 @@ from .steps import (
 )
 from .stopping import RunStops
 from .tracker import Span, Tracker, banner_info
+from .validation import Validator
 
 if TYPE_CHECKING:
     from ..checkpoint import MemoryCheckpoints
@@ -101,7 +102,7 @@ class Run:
     per_epoch: int | None  # batches per epoch (None: until the loader ends)
     capped: bool  # stop after per_epoch batches even if the loader has more
     step: Step
-    evaluate: Evaluator
+    validator: Validator
     stopper: GracefulStop
     folder: RunFolder
     path: Path  # the run folder
@@ -122,7 +123,6 @@ class Run:
         self.accelerator, self.config = trainer.accelerator, trainer.config
         self.running = False
         self.run_start = self.run_start_step = 0  # where this run (not this fit) started: checkpoints record it
-        self.val_step = -1  # the step of the latest validation (never twice at one step)
         self.first_epoch = self.first_step = 0  # where this fit() started (the summary, the first-step note)
         self.last_epoch, self.last_step = 0, NEVER
         self.started = time.monotonic()
@@ -216,7 +216,8 @@ class Run:
                               acc.device, acc.data_dtype)
         if cfg.seed_every_step and cfg.seed is not None:
             self.step = SeededStep(self.step, cfg.seed, acc.rank, lambda: self.progress.step)
-        self.evaluate = Evaluator(acc, trainer.loss_fn, fire, AMP_DTYPES.get(autocast_precision(cfg)))
+        self.validator = Validator(self, Evaluator(acc, trainer.loss_fn, fire,
+                                                   AMP_DTYPES.get(autocast_precision(cfg))))
 
     def _resume(self, continues: bool, held: Held | None = None) -> Restored | None:
         """Continue from a checkpoint when asked (before the banner, so it shows where training continues), and say
@@ -354,7 +355,7 @@ class Run:
         trainer, c, acc = self.trainer, restored.counters, self.accelerator
         self.progress.restore(c)
         self.run_start, self.run_start_step = int(c.get("run_start_epoch", 0)), int(c.get("run_start_step", 0))
-        self.val_step = int(c.get("val_step", -1))
+        self.validator.last_step = int(c.get("val_step", -1))
         self.identity = c.get("identity") or self.identity
         if c.get("stopped_by"):  # the run ended by its own stop: nothing to train (resume_notes says so)
             self.progress.ask(Stop.REQUESTED, str(c["stopped_by"]))
@@ -387,7 +388,7 @@ class Run:
         found = self.best() or {}
         return {"epoch": self.progress.epoch, "global_step": self.progress.step,
                 "global_batch": self.progress.batch, "run_start_epoch": self.run_start,
-                "run_start_step": self.run_start_step, "val_step": self.val_step,
+                "run_start_step": self.run_start_step, "val_step": self.validator.last_step,
                 "partial_epoch": self.cursor.checkpoint() if partial is None else partial, "best": found or None,
                 "best_val_loss": found["value"] if found.get("name") == "val_loss" else None,
                 "saved_at": time.time(), "identity": self.identity, "run_id": self.run_id,
@@ -403,18 +404,25 @@ class Run:
             rng = None if self.config.seed_every_step else capture_rng()  # ~65 us; derived when seeded per step
             self.mark = Mark(self.progress.step, self.counters(partial), rng, acc.world_size)
 
-    def finish(self, reason: str, final: dict[str, Any] | None) -> None:
-        """The end of a finished run (every rank): the final model exported when asked, then the summary (rank 0):
-        its steps, time, throughput, best and final values."""
-        trainer = self.trainer
+    def finish(self) -> None:
+        """The end of a finished run (every rank): the final checkpoint, the user's ``train_end`` callbacks and
+        reports, the final model exported when asked, then the summary (rank 0): its steps, time, throughput, best
+        and final values."""
+        trainer, epoch = self.trainer, self.progress.epoch
+        self.tracker.live.stop()  # the steps are done: the summary's throughput ends here
+        if self.schedule.periodic_checkpoints and self.config.checkpoint_final:
+            trainer.save_checkpoint()
+        trainer.callbacks.fire("train_end", trainer, epoch)
+        with watchdog.phase("callback"):
+            self.tracker.train_end(epoch, trainer.model)
         if self.config.export_final_model:
             start, folder = time.perf_counter(), self.path / "export"
             files = export_model(self.model, folder, self.config.export_final_model, self.accelerator.is_main_process)
             if files:
                 trainer.console_print(f"Exported the final model to {folder} ({self.config.export_final_model}: "
                                       f"{', '.join(f.name for f in files)}, {time.perf_counter() - start:.1f} s).")
-        self.tracker.summary(time.monotonic() - self.started, (self.progress.epoch, self.progress.step),
-                             (self.first_epoch, self.first_step), self.best(), reason, final)
+        self.tracker.summary(time.monotonic() - self.started, (epoch, self.progress.step),
+                             (self.first_epoch, self.first_step), self.best(), trainer.stop_reason, trainer.metrics)
         self.tracker.goodput()
 
     def best(self) -> dict[str, Any] | None:

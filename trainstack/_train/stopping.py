@@ -11,6 +11,7 @@ from .._common import jobevents as jobevents
 from .._runtime import watchdog
 from .._runtime.preemption import INTERRUPT
 from . import notes
+from .metrics import nonfinite_loss
 from .progress import Stop
 
 if TYPE_CHECKING:
@@ -41,6 +42,27 @@ class RunStops:
         if "max_steps" in due and not epoch_end:
             run.progress.ask(Stop.MAX_STEPS, f"max_steps={run.config.max_steps} reached", unless_stopping=True)
         return trainer.stop_training and not epoch_end
+
+    def at_epoch_end(self, due: set[str]) -> None:
+        """An epoch's end: the ranks agree (one small collective) on stopping -- a stop asked for or by
+        ``trainstop_criterion``, a non-finite loss on any rank, a graceful stop -- then the checkpoint the schedule
+        puts here (none for a diverged run: the last finite one must survive rotation), then the stop."""
+        run = self.run
+        trainer, cfg, epoch, step = run.trainer, run.config, run.progress.epoch, run.progress.step
+        wants_stop = trainer.stop_training or bool(cfg.trainstop_criterion and cfg.trainstop_criterion(trainer))
+        agreed, preempt = run.stopper.agree(run.accelerator.world_size, stop=wants_stop,
+                                            nonfinite=cfg.stop_on_nonfinite and nonfinite_loss(trainer.metrics))
+        if agreed["nonfinite"]:
+            self.diverged()
+            return
+        if "checkpoint" in due:
+            trainer.save_checkpoint()
+        run.save_memory(due)
+        if preempt and epoch < run.last_epoch and step < run.last_step:
+            self.gracefully(preempt)
+        elif agreed["stop"]:
+            run.progress.ask(Stop.REQUESTED, "trainstop_criterion returned True", unless_stopping=True)
+            run.tracker.print(f"Stopping after epoch {epoch}: {trainer.stop_reason}.")
 
     def gracefully(self, why: str) -> None:
         """A signal, the stop file or Ctrl-C: checkpoint (committed), tell the batch script, say how to resume."""
