@@ -34,10 +34,11 @@ class FakeSlurm(Slurm):
 
     def __init__(self, hosts: list[str], steps: list[dict], lost: tuple[str, ...] = (), left: int | None = None,
                  rates: dict[str, float] | None = None, serving: dict[str, bool] | None = None,
-                 answer_s: float = 0.0) -> None:
+                 answer_s: float = 0.0, live_s: float = 0.0) -> None:
         super().__init__("100", {})
         self.hosts, self.steps, self.lost, self.left = hosts, list(steps), set(lost), left
         self.answer_s = answer_s  # how long a probe of the hosts takes (a lost host's silence: seconds)
+        self.live_s = live_s  # how long a live host takes to answer it
         self.rates = rates or {}
         self.serving = serving if serving is not None else dict.fromkeys(hosts, True)
         self.launched: list[list[str]] = []
@@ -85,10 +86,15 @@ class FakeSlurm(Slurm):
                                                           "gpus_visible": 0, "gpus": []}))
         return 0
 
-    def each(self, hosts, argv, timeout, settle_s=None):  # noqa: ANN001 -- as Slurm.each
+    def each(self, hosts, argv, timeout, settle_s=None, into=None):  # noqa: ANN001 -- as Slurm.each
+        """Live hosts answer after ``live_s``, the lost ones' silence is known after ``answer_s``."""
         self.calls.append(("each", tuple(hosts), argv[0]))
-        time.sleep(self.answer_s)
-        return {h: h not in self.lost for h in hosts}
+        answers = into if into is not None else {}
+        time.sleep(min(self.live_s, self.answer_s))
+        answers.update({h: True for h in hosts if h not in self.lost})
+        time.sleep(max(self.answer_s - self.live_s, 0))
+        answers.update({h: h not in self.lost for h in hosts})
+        return {h: answers[h] for h in hosts}
 
     def kill_steps(self, keep: str = "") -> None:
         self.calls.append(("kill_steps",))
@@ -229,15 +235,36 @@ def test_a_host_presumed_lost_that_answers_after_all_is_a_spare_again(tmp_path, 
     assert alloc.pool.lost == [] and "answered" in [e["kind"] for e in _events(alloc)]
 
 
-@pytest.mark.parametrize("why", ["no spare", "an exit recorded", "torchrun"])
+def test_a_silent_host_slurm_does_not_answer_for_is_shrunk_away_before_the_probe_ends(tmp_path, job):
+    """No spare, --min-nodes 1: node2's ranks are silent and Slurm's probe heard node1 (0.2 s) but not node2 for as
+    long again -- node2 is presumed lost and the run continues shrunk on node1 without waiting out the probe's 3 s
+    (its settle window); the probe's final answer then confirms it."""
+    slurm = FakeSlurm(["node1", "node2"], [
+        {"peer_lost": [{"rank": 0, "host": "node1"}, {"rank": 1, "host": "node1"}], "hang": True}, {}],
+        lost=("node2",), answer_s=3.0, live_s=0.2)
+    status, alloc = job(plan(tmp_path, min_nodes=1), slurm)
+    assert status == 0, job.said
+    assert [nodelist(a) for a in slurm.launched] == ["node1,node2", "node1"]
+    at = {e["kind"]: e for e in _events(alloc)}
+    assert at["presumed_lost"]["nodes"] == "node2", at
+    assert at["relaunch"]["time"] - at["detected"]["time"] < 2.0, at  # not the probe's 3 s
+    assert alloc.pool.lost == ["node2"] and "answered" not in at
+    assert any("continuing on 1 of 2 nodes (node1)" in line for line in job.said), job.said
+
+
+@pytest.mark.parametrize("why", ["no spare", "slurm silent everywhere", "an exit recorded", "torchrun"])
 def test_a_silent_host_is_not_presumed_lost_where_a_mistake_would_cost_more_or_exits_come_late(tmp_path, job, why):
-    """No spare (a shrink or a requeue waits for the probe's answer), a task's exit record (a crash: the hosts are
-    there), torchrun (its agent records a worker's exit ~1 s late): the probe decides."""
-    hosts = ["node1", "node2"] if why == "no spare" else ["node1", "node2", "node3"]
+    """No spare and no --min-nodes (a requeue waits for the probe's answer), a shrink where Slurm has not answered
+    for any host yet (no evidence beyond the ranks' silence), a task's exit record (a crash: the hosts are there),
+    torchrun (its agent records a worker's exit ~1 s late): the probe decides."""
+    two = why in ("no spare", "slurm silent everywhere")
+    hosts = ["node1", "node2"] if two else ["node1", "node2", "node3"]
     fail = [{"rank": 3, "host": "node2", "code": 1}] if why == "an exit recorded" else []
     slurm = FakeSlurm(hosts, [{"peer_lost": [{"rank": 0, "host": "node1"}, {"rank": 1, "host": "node1"}],
-                               "fail": fail, "hang": True}, {}], lost=("node2",), answer_s=1.0)
-    p = plan(tmp_path, spare=0 if why == "no spare" else 1, max_retries=1)
+                               "fail": fail, "hang": True}, {}], lost=("node2",), answer_s=1.0,
+                      live_s=1.0 if why == "slurm silent everywhere" else 0.0)
+    p = plan(tmp_path, spare=0 if two else 1, max_retries=1,
+             **({"min_nodes": 1} if why == "slurm silent everywhere" else {}))
     if why == "torchrun":
         p = Plan(**{**p.__dict__, "launch": Launch(**{**p.launch.__dict__, "task_log": "none", "torchrun": True})})
     _, alloc = job(p, slurm)

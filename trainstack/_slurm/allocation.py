@@ -201,7 +201,7 @@ class Allocation:
             self.held.lost(self.pool.lost, self.step)
         watch = self.watch = StepWatch(self.files, self.plan, self.slurm, self.in_place, self.step, nodes, new, procs,
                                        self.kill_after_s, lambda: self.job.event("detected", nodes, self.step),
-                                       self._spare_for)
+                                       self._continues_without)
         while True:
             self._reconcile()
             self.standbys.tend(self.pool.usable(), nodes, time.monotonic())
@@ -250,10 +250,13 @@ class Allocation:
         """The job steps a failed step's teardown never kills: the sentinel's, the idle standbys'."""
         return {SENTINEL, *self.standbys.names()}
 
-    def _spare_for(self, hosts: list[str]) -> bool:
-        """Can a spare take the place of ``hosts`` (presumed lost)? Then the step is killed at once and the next one
-        launched on the spare while the probe still asks (a host that answers is usable again, ``_reconcile``)."""
-        if len([h for h in self.pool.usable() if h not in hosts]) < self.plan.nodes:
+    def _continues_without(self, hosts: list[str], confirmed: bool) -> bool:
+        """Can the run go on without ``hosts`` (presumed lost)? A spare takes their place; or, where Slurm's probe
+        heard every other host but not these (``confirmed``), the survivors are at least ``--min-nodes``. Then the
+        step ends at once and the next one is launched while the probe still asks (a host that answers after all is
+        usable again, ``_reconcile``)."""
+        left, low = len([h for h in self.pool.usable() if h not in hosts]), self.plan.recovery.min_nodes
+        if left < self.plan.nodes and not (confirmed and low and left >= low):
             return False
         self.job.event("presumed_lost", hosts, self.step)
         return True

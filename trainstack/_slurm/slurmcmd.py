@@ -194,19 +194,21 @@ class Slurm:
                 proc.kill()
                 return proc.wait()
 
-    def answering(self, hosts: Sequence[str], timeout: float = 5) -> dict[str, bool]:
+    def answering(self, hosts: Sequence[str], timeout: float = 5,
+                  into: dict[str, bool] | None = None) -> dict[str, bool]:
         """{host: answers a trivial one-task step?}, all hosts asked at once: within ``timeout``, and within
         ``ANSWER_SETTLE_S`` (or 3x the first answer's time) of the first host that answered -- a live slurmd
-        answers a trivial step in well under a second, as its peers show, so a lost node costs seconds less."""
-        return self.each(hosts, ["true"], timeout, settle_s=ANSWER_SETTLE_S)
+        answers a trivial step in well under a second, as its peers show, so a lost node costs seconds less.
+        ``into``: filled as the answers come (a watcher reads them before the last one)."""
+        return self.each(hosts, ["true"], timeout, settle_s=ANSWER_SETTLE_S, into=into)
 
     def each(self, hosts: Sequence[str], argv: Sequence[str], timeout: float,
-             settle_s: float | None = None) -> dict[str, bool]:
+             settle_s: float | None = None, into: dict[str, bool] | None = None) -> dict[str, bool]:
         """``argv`` as a one-task step on every host at once (``srun --overlap``): {host: it succeeded in time?} (a
-        host that does not answer is killed; ``settle_s``: see ``wait_answers``)."""
+        host that does not answer is killed; ``settle_s`` and ``into``: see ``wait_answers``)."""
         probes = {h: self.launch(["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={h}", *argv],
                                  self.env, output=Path(os.devnull)) for h in hosts}
-        return wait_answers(probes, timeout, settle_s)
+        return wait_answers(probes, timeout, settle_s, into)
 
     def kill_steps(self, keep: str | Collection[str] = ()) -> None:
         """SIGKILL to every job step of this job still known to Slurm but those named in ``keep`` (the sentinel's,
@@ -256,11 +258,12 @@ ANSWER_SETTLE_S = 1.5
 
 
 def wait_answers(procs: Mapping[str, subprocess.Popen[bytes]], timeout: float,
-                 settle_s: float | None = None) -> dict[str, bool]:
+                 settle_s: float | None = None, into: dict[str, bool] | None = None) -> dict[str, bool]:
     """{name: its process exited 0 in time?}: all waited for at once until ``timeout``; with ``settle_s``, the
-    slow ones only until max(``settle_s``, 3x the first exit's time) after the first exit. Late ones are killed."""
+    slow ones only until max(``settle_s``, 3x the first exit's time) after the first exit. Late ones are killed.
+    ``into`` (where given) holds each answer as soon as it is known."""
     start = time.monotonic()
-    deadline, answers = start + timeout, dict[str, bool]()
+    deadline, answers = start + timeout, into if into is not None else {}
     while len(answers) < len(procs) and time.monotonic() < deadline:
         for name, proc in procs.items():
             if name not in answers and proc.poll() is not None:

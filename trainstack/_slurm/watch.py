@@ -25,6 +25,7 @@ __all__ = ["StepWatch", "Probe", "Running", "Ended", "Held", "TearDown", "ForceK
 
 GONE = "a host of the step is gone"
 PRESUME_LOST_S = 0.5  # ranks elsewhere lost a peer this long ago, a host's ranks silent: presumed lost (srun)
+QUORUM_S = 0.3  # Slurm's probe heard every other host this long ago (and as long again as they took): not this one
 FINISHED_GRACE_S = 5.0  # the run finished: an srun still waiting on a lost host's tasks is ended this much later
 
 
@@ -65,25 +66,40 @@ StepState = Running | Ended | Held | TearDown | ForceKill
 
 class Probe:
     """Are a failed step's hosts still there? Asked in the background from the moment the failure is known, so the
-    answer (a lost host's silence: 1.5 s after its peers answered, 5 s at most) overlaps the step's teardown."""
+    answer (a lost host's silence: 1.5 s after its peers answered, 5 s at most) overlaps the step's teardown; the
+    answers so far are read before it ends (``silent_beside_answers``)."""
 
     def __init__(self, slurm: Slurm, hosts: list[str]) -> None:
-        self._answers: dict[str, bool] = {}
-        self._thread = threading.Thread(target=lambda: self._answers.update(slurm.answering(hosts)), daemon=True,
+        self.hosts, self.started = list(hosts), time.monotonic()
+        self._answers: dict[str, bool] = {}  # filled by the thread as the hosts answer
+        self._seen: dict[str, float] = {}  # when each answer was first read here
+        self._thread = threading.Thread(target=lambda: slurm.answering(hosts, into=self._answers), daemon=True,
                                         name="trainstack-probe")
         self._thread.start()
 
     def answers(self) -> dict[str, bool]:
         self._thread.join()
-        return dict(self._answers)
+        return {h: self._answers.get(h, False) for h in self.hosts}
 
     def gone(self) -> set[str]:
         """The hosts that did not answer, once the probe has ended (none before)."""
-        return {h for h, ok in self._answers.items() if not ok} if self.done() else set()
+        return {h for h, ok in self.answers().items() if not ok} if self.done() else set()
 
     def found_lost(self) -> bool:
         """Has the probe ended with a host that did not answer? (Without waiting for it.)"""
-        return self.done() and not all(self._answers.values())
+        return self.done() and not all(self.answers().values())
+
+    def silent_beside_answers(self, now: float) -> set[str]:
+        """Slurm's evidence before the probe's settle window is out: the hosts that have not answered while every
+        other one answered, since at least as long again as the slowest of those took (``QUORUM_S`` at least)."""
+        answers = dict(self._answers)
+        for host in answers:
+            self._seen.setdefault(host, now)
+        silent = set(self.hosts) - set(answers)
+        if not silent or not answers or not all(answers.values()):
+            return set()
+        last = max(self._seen.values())
+        return silent if now - last >= max(QUORUM_S, last - self.started) else set()
 
     def done(self) -> bool:
         return not self._thread.is_alive()
@@ -92,14 +108,15 @@ class Probe:
 class StepWatch:
     """The watch over job step ``step`` on ``nodes``: its sruns (``procs``; ``new`` the one this step started, None
     when it continues every rank in place), its records, its probe. ``detected`` is called once, at the step's first
-    failure (the timeline's event); ``spare_for`` says whether a spare could take a presumed-lost host's place."""
+    failure (the timeline's event); ``continues_without`` says whether the run can go on without hosts presumed lost
+    (a spare takes their place, or -- Slurm's probe confirming them silent -- the survivors shrink)."""
 
     def __init__(self, files: JobFiles, plan: Plan, slurm: Slurm, in_place: Survivors, step: int, nodes: list[str],
                  new: subprocess.Popen[bytes] | None, procs: list[subprocess.Popen[bytes]], kill_after_s: float,
-                 detected: Callable[[], None], spare_for: Callable[[list[str]], bool]) -> None:
+                 detected: Callable[[], None], continues_without: Callable[[list[str], bool], bool]) -> None:
         self.files, self.plan, self.slurm, self.in_place = files, plan, slurm, in_place
         self.step, self.nodes, self.new, self.procs = step, nodes, new, procs
-        self.kill_after_s, self._on_detected, self._spare_for = kill_after_s, detected, spare_for
+        self.kill_after_s, self._on_detected, self._continues_without = kill_after_s, detected, continues_without
         self.base = plan.recovery.teardown_grace_s
         self.world = len(nodes) * plan.procs_per_node
         self.probe: Probe | None = None  # the step's hosts, asked since its failure
@@ -170,7 +187,7 @@ class StepWatch:
                                                          f"its offer")
         grace = self.grace()
         if (self.failed_at is None or self.failed_at > now - grace) and self.why != GONE and \
-                self.probe is not None and (self.probe.found_lost() or (self.detected and self._presume_lost())):
+                self.probe is not None and (self.probe.found_lost() or (self.detected and self._presume_lost(now))):
             # the others may wait in place; without that the step is torn down at once
             self.failed_at = (self.failed_at or now) if self.in_place.enabled else now - grace
             self.why = GONE
@@ -184,12 +201,14 @@ class StepWatch:
         if self.plan.recovery.requeue:
             self.probe = Probe(self.slurm, self.nodes)
 
-    def _presume_lost(self) -> bool:
-        """A lost node's mark seen before the probe can answer (``presumed_lost``), where a spare can take its
-        place: the step is killed at once and the next one launched on the spare while the probe still asks; a
-        shrink or a requeue waits for the probe."""
+    def _presume_lost(self, now: float) -> bool:
+        """A lost node's mark seen before the probe's answer is in (``presumed_lost``), where the run goes on without
+        it: a spare takes its place, or, Slurm's probe having heard every other host but not it
+        (``Probe.silent_beside_answers``), the survivors shrink. The step is killed (or held) at once and the next
+        one launched while the probe still asks; a requeue waits for the probe."""
         silent = presumed_lost(self.files, self.step, self.nodes) if self.plan.launch.task_log == "rank" else []
-        if not silent or not self._spare_for(silent):
+        confirmed = self.probe is not None and set(silent) <= self.probe.silent_beside_answers(now)
+        if not silent or not self._continues_without(silent, confirmed):
             return False
         self.presumed = silent
         return True
