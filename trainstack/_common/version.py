@@ -4,8 +4,6 @@ it runs is another)."""
 from __future__ import annotations
 
 import functools
-import hashlib
-import subprocess
 from pathlib import Path
 
 __version__ = "0.1.0"
@@ -17,6 +15,8 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 def source_digest(package: Path = _PACKAGE) -> str:
     """sha256 (first 16 hex digits) of the package's Python files, names and contents in name order: the same for
     an editable checkout, an installed wheel and the copy ``trainstack submit`` ships in a job folder."""
+    import hashlib  # here: every command line imports this module for __version__
+
     digest = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):
         if "__pycache__" not in path.parts:
@@ -28,6 +28,8 @@ def source_digest(package: Path = _PACKAGE) -> str:
 def source_commit(package: Path = _PACKAGE) -> str:
     """The git commit of the checkout the package is tracked in (``<sha>`` or ``<sha>+changes``), "" for an
     installed package (a site-packages folder inside someone's repository is not tracked there)."""
+    import subprocess
+
     def git(*args: str) -> str:
         try:
             out = subprocess.run(["git", "-C", str(package.parent), *args], capture_output=True, text=True,
