@@ -922,10 +922,12 @@ def test_a_job_without_requeue_runs_one_step_and_ends_with_its_first_failure(tmp
     assert JobFiles(alloc.files.folder).exit_code() == "3"
 
 
-def test_a_host_that_does_not_answer_while_its_peers_do_is_not_waited_for_to_the_timeout():
+@pytest.mark.parametrize("case", ["a silent host beside answers", "no answer at all", "a slow live host"])
+def test_a_host_that_does_not_answer_while_its_peers_do_is_not_waited_for_to_the_timeout(case):
     """The failed step's probe: real processes stand in for the trivial srun steps -- one answers at once, one
     fails at once, one never answers: the silent one is given up ANSWER_SETTLE_S after the first answer, not at the
-    5 s timeout, and killed; without peers' answers the timeout holds."""
+    5 s timeout, and killed; without peers' answers the timeout holds; a slow but live host within the window is
+    waited for. The answers reach ``into`` as they come."""
     import subprocess
 
     from trainstack._slurm.slurmcmd import ANSWER_SETTLE_S, wait_answers
@@ -934,16 +936,18 @@ def test_a_host_that_does_not_answer_while_its_peers_do_is_not_waited_for_to_the
         return {name: subprocess.Popen(a, stdin=subprocess.DEVNULL) for name, a in argv.items()}
 
     started = time.monotonic()
-    running = procs(node1=["true"], node2=["false"], node3=["sleep", "30"])
-    assert wait_answers(running, timeout=5, settle_s=ANSWER_SETTLE_S) == {"node1": True, "node2": False,
-                                                                           "node3": False}
-    assert time.monotonic() - started < ANSWER_SETTLE_S + 1.0
-    assert running["node3"].returncode is not None  # killed, not left behind
-    started = time.monotonic()
-    assert wait_answers(procs(node1=["sleep", "30"]), timeout=1.0, settle_s=ANSWER_SETTLE_S) == {"node1": False}
-    assert 1.0 <= time.monotonic() - started < 2.0
-    slow_peer = procs(node1=["sleep", "0.2"], node2=["sleep", "1.0"])  # a slow but live host within the window
-    assert wait_answers(slow_peer, timeout=5, settle_s=ANSWER_SETTLE_S) == {"node1": True, "node2": True}
+    if case == "a silent host beside answers":
+        running, seen = procs(node1=["true"], node2=["false"], node3=["sleep", "30"]), {}
+        assert wait_answers(running, timeout=5, settle_s=ANSWER_SETTLE_S, into=seen) == {
+            "node1": True, "node2": False, "node3": False} == seen
+        assert time.monotonic() - started < ANSWER_SETTLE_S + 1.0
+        assert running["node3"].returncode is not None  # killed, not left behind
+    elif case == "no answer at all":
+        assert wait_answers(procs(node1=["sleep", "30"]), timeout=1.0, settle_s=ANSWER_SETTLE_S) == {"node1": False}
+        assert 1.0 <= time.monotonic() - started < 2.0
+    else:
+        slow_peer = procs(node1=["sleep", "0.2"], node2=["sleep", "1.0"])
+        assert wait_answers(slow_peer, timeout=5, settle_s=ANSWER_SETTLE_S) == {"node1": True, "node2": True}
 
 
 def test_the_task_wrapper_records_a_failure_under_its_ranks_global_rank_and_current_step(tmp_path):
