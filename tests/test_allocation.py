@@ -203,22 +203,28 @@ def _events(alloc: Allocation) -> list[dict]:
     return [json.loads(line) for line in alloc.files.events_file.read_text().splitlines()]
 
 
-def test_a_host_whose_ranks_fell_silent_is_replaced_by_the_spare_before_the_probe_answers(tmp_path, job):
+@pytest.mark.parametrize("rung", ["spare", "shrink"])
+def test_a_host_whose_ranks_fell_silent_is_left_out_before_the_probe_answers(tmp_path, job, rung):
     """node2 lost whole under srun: node1's ranks say they lost a peer, node2's say nothing and no task records an
-    exit. PRESUME_LOST_S later node2 is presumed lost: the step is killed and step 1 launched on the spare at once,
-    while the probe (3 s here) still asks -- the new step never waits for Slurm's answer on the dead node."""
-    slurm = FakeSlurm(["node1", "node2", "node3"], [
+    exit. PRESUME_LOST_S later node2 is presumed lost -- with a spare at once; without one (--min-nodes 1) once
+    Slurm's probe has heard node1 (0.2 s) but not node2 for as long again -- and the step is ended and the next one
+    launched (on the spare, or shrunk on node1) while the probe (3 s here: its settle window) still asks: the new
+    step never waits for Slurm's answer on the dead node, which then confirms it."""
+    spare = rung == "spare"
+    slurm = FakeSlurm(["node1", "node2", "node3"] if spare else ["node1", "node2"], [
         {"peer_lost": [{"rank": 0, "host": "node1"}, {"rank": 1, "host": "node1"}], "hang": True}, {}],
-        lost=("node2",), answer_s=3.0)
-    status, alloc = job(plan(tmp_path, spare=1), slurm)
+        lost=("node2",), answer_s=3.0, live_s=0.0 if spare else 0.2)
+    status, alloc = job(plan(tmp_path, spare=1) if spare else plan(tmp_path, min_nodes=1), slurm)
     assert status == 0, job.said
-    assert [nodelist(a) for a in slurm.launched] == ["node1,node2", "node1,node3"]
+    assert [nodelist(a) for a in slurm.launched] == ["node1,node2", "node1,node3" if spare else "node1"]
     at = {e["kind"]: e for e in _events(alloc)}
     assert at["presumed_lost"]["nodes"] == "node2", at
     assert at["relaunch"]["time"] - at["detected"]["time"] < 2.0, at  # not the probe's 3 s
-    assert alloc.pool.lost == ["node2"]
+    assert alloc.pool.lost == ["node2"] and "answered" not in at
     (row,) = rows(alloc)
     assert row["kind"] == "node failure" and row["blamed"] == "node2", row
+    if not spare:
+        assert any("continuing on 1 of 2 nodes (node1)" in line for line in job.said), job.said
 
 
 def test_a_host_presumed_lost_that_answers_after_all_is_a_spare_again(tmp_path, job):
@@ -233,23 +239,6 @@ def test_a_host_presumed_lost_that_answers_after_all_is_a_spare_again(tmp_path, 
     assert "node2 answered Slurm after all (presumed lost when its ranks fell silent): usable again, as a spare" \
         in job.said
     assert alloc.pool.lost == [] and "answered" in [e["kind"] for e in _events(alloc)]
-
-
-def test_a_silent_host_slurm_does_not_answer_for_is_shrunk_away_before_the_probe_ends(tmp_path, job):
-    """No spare, --min-nodes 1: node2's ranks are silent and Slurm's probe heard node1 (0.2 s) but not node2 for as
-    long again -- node2 is presumed lost and the run continues shrunk on node1 without waiting out the probe's 3 s
-    (its settle window); the probe's final answer then confirms it."""
-    slurm = FakeSlurm(["node1", "node2"], [
-        {"peer_lost": [{"rank": 0, "host": "node1"}, {"rank": 1, "host": "node1"}], "hang": True}, {}],
-        lost=("node2",), answer_s=3.0, live_s=0.2)
-    status, alloc = job(plan(tmp_path, min_nodes=1), slurm)
-    assert status == 0, job.said
-    assert [nodelist(a) for a in slurm.launched] == ["node1,node2", "node1"]
-    at = {e["kind"]: e for e in _events(alloc)}
-    assert at["presumed_lost"]["nodes"] == "node2", at
-    assert at["relaunch"]["time"] - at["detected"]["time"] < 2.0, at  # not the probe's 3 s
-    assert alloc.pool.lost == ["node2"] and "answered" not in at
-    assert any("continuing on 1 of 2 nodes (node1)" in line for line in job.said), job.said
 
 
 @pytest.mark.parametrize("why", ["no spare", "slurm silent everywhere", "an exit recorded", "torchrun"])
