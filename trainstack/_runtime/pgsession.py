@@ -29,6 +29,7 @@ __all__ = ["ProcessGroupSession", "wait_for_count", "can_abort", "abort_groups"]
 _EXITED_KEY = "trainstack/exited"
 _GROUPS = itertools.count()  # the process groups this process made under torchrun's agent store, for their prefixes
 EXIT_SETTLE_S = 0.1  # at a process's exit, after leaving its group: gloo's run-loop threads drop their last work
+_settling = False  # settle_at_exit registered in this process
 
 
 def _timeout(seconds: float | None = None) -> datetime.timedelta:
@@ -72,6 +73,7 @@ class ProcessGroupSession:
         self.stop(ok=kind is None or (isinstance(exc, SystemExit) and not exc.code))
 
     def start(self) -> None:
+        settle_at_exit()
         ctx = self.ctx
         _layout.activate(ctx)
         _ranklog.tee_rank_output(ctx.rank)
@@ -113,20 +115,9 @@ class ProcessGroupSession:
     def start_for_process(self) -> None:
         """Join for the rest of the process and leave cleanly at its exit: a group left to the interpreter's
         teardown can abort a finished rank ("terminate called without an active exception", exit 134)."""
-        atexit.register(self.leave_at_exit)
+        settle_at_exit()  # first: atexit runs it after the leave registered next
+        atexit.register(self.stop, True, False)
         self.start()
-
-    def leave_at_exit(self) -> None:
-        """Leave the group (no barrier: a rank that died must not hold the others), then let go of the GIL for
-        ``EXIT_SETTLE_S``: gloo's run-loop thread destroys a finished collective's work object after the caller's
-        wait returned, and that destructor takes the GIL (the work captured Python state); a run-loop thread that
-        takes it once the interpreter is finalizing aborts the finished process (SIGABRT: a completed job read as
-        crashed, seen under load in about 1 run in 12). Torch keeps the group's threads to the process's end, so
-        they cannot be joined; sleeping here lets a late one finish while the interpreter lives."""
-        self.stop(True, False)
-        deadline = time.monotonic() + EXIT_SETTLE_S
-        while time.monotonic() < deadline:
-            time.sleep(0.01)
 
     def stop(self, ok: bool, barrier: bool = True) -> None:
         """Leave the group. After success, a barrier first so no rank tears down mid-collective (``barrier=False``
@@ -148,6 +139,25 @@ class ProcessGroupSession:
         finally:
             self.store = None
             _layout.deactivate()
+
+
+def settle_at_exit() -> None:
+    """Once per process that forms a group: at its exit, the last thing before the interpreter finalizes, let go of
+    the GIL for ``EXIT_SETTLE_S``. Gloo's run-loop thread destroys a finished collective's work object after the
+    caller's wait returned, and that destructor takes the GIL (the work captured Python state); taken once the
+    interpreter is finalizing, it aborts the finished process (SIGABRT: a completed job read as crashed, seen under
+    load in about 1 run in 12). Torch keeps the group's threads to the process's end, so they cannot be joined; the
+    pause lets a late one finish while the interpreter lives. (Spawned workers end with ``os._exit``: no atexit.)"""
+    global _settling
+    if not _settling:
+        _settling = True
+        atexit.register(_settle)
+
+
+def _settle() -> None:
+    deadline = time.monotonic() + EXIT_SETTLE_S
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def can_abort(backend: str) -> bool:
