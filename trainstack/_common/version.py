@@ -8,11 +8,11 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
-_PACKAGE = Path(__file__).resolve().parents[1]
+PACKAGE = Path(__file__).resolve().parents[1]  # the trainstack package folder this code runs from
 
 
 @functools.cache
-def source_digest(package: Path = _PACKAGE) -> str:
+def source_digest(package: Path = PACKAGE) -> str:
     """sha256 (first 16 hex digits) of the package's Python files, names and contents in name order: the same for
     an editable checkout, an installed wheel and the copy ``trainstack submit`` ships in a job folder."""
     import hashlib  # here: every command line imports this module for __version__
@@ -25,7 +25,7 @@ def source_digest(package: Path = _PACKAGE) -> str:
 
 
 @functools.cache
-def source_commit(package: Path = _PACKAGE) -> str:
+def source_commit(package: Path = PACKAGE) -> str:
     """The git commit of the checkout the package is tracked in (``<sha>`` or ``<sha>+changes``), "" for an
     installed package (a site-packages folder inside someone's repository is not tracked there)."""
     import subprocess

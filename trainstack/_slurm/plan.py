@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .._common.choices import PORT_BASE, PORT_SPAN
-from .._common.version import __version__, source, source_digest
+from .._common.version import PACKAGE, __version__, source, source_digest
 from .attempt import parse_retry_on
 from .jobfolder import JobPaths
 from .rungs import LADDER
@@ -158,7 +157,7 @@ class Plan:
         if not self.source or self.source.split()[0] == mine:
             return None
         return (f"this driver runs other code than the code that wrote the job's plan: trainstack {__version__} "
-                f"{mine} from {Path(__file__).resolve().parents[1]}, the plan's trainstack {self.trainstack} "
+                f"{mine} from {PACKAGE}, the plan's trainstack {self.trainstack} "
                 f"{self.source}; it runs the plan (its format is this driver's); generate the script again with "
                 f"the trainstack the job runs to pin the code it runs")
 
