@@ -14,6 +14,10 @@ steps). Cases, one run each (``--repeats`` for more):
   requeued job released.
 * ``shrink after node loss``: the same without a spare, ``--min-nodes 1``: the run continues on node1 in the same
   allocation (2 ranks, the global batch kept by gradient accumulation).
+* ``hsdp crash``, ``hsdp spare after node loss``, ``hsdp shrink after node loss``: the same faults with the program
+  under HSDP (one replica group per node, ``STRATEGY=hsdp``): a survivor shards its model again over the new mesh
+  and a new rank takes its shard from the other replica group. A baseline tree runs this tree's program (its own
+  may not know ``STRATEGY``).
 * ``requeue today`` (``--today REF``, ~3 min): a crash under the trainstack of git commit REF (before in-allocation
   recovery): requeued, Slurm's hold and the queue in between.
 
@@ -50,7 +54,8 @@ def submit(out: Path, env: dict[str, str], launcher: str, spare: int, trainstack
            min_nodes: int | None = None, job_env: dict[str, str] | None = None) -> str:
     """The recovery program as a --requeue job on partition spares; its job id."""
     extra = {**({"PYTHONPATH": str(trainstack)} if trainstack != REPO else {}), **(job_env or {})}
-    program = trainstack / PROGRAM.relative_to(REPO)  # that tree's own program: its config knows that tree's fields
+    hsdp = (job_env or {}).get("STRATEGY") == "hsdp"  # that tree's own program (its config knows that tree's
+    program = (REPO if hsdp else trainstack) / PROGRAM.relative_to(REPO)  # fields), or this one's for HSDP
     args = [sys.executable, "-m", "trainstack", "submit", "--setup", "multi-node", "--nodes", "2", "--cpu",
             "--procs-per-node", "2", "--launcher", launcher, "--time", "10", "--job-name", "bench-recovery",
             "--log-dir", str(out / "logs"), "--requeue", "--partition", "spares", "--no-snapshot",
@@ -69,16 +74,18 @@ def measure(case: str, env: dict[str, str], launcher: str, work: Path, today: Pa
     out = Path(tempfile.mkdtemp(prefix=case.replace(" ", "-") + "-", dir=work))
     out.chmod(0o777)
     node_loss = "node loss" in case
-    whole = case.startswith("whole-step")
+    kind = case.removeprefix("hsdp ")  # the fault; "hsdp ...": the program under HSDP
+    whole = kind.startswith("whole-step")
     tree = today or REPO
-    job = submit(out, env, launcher, spare=1 if case.startswith("spare") else 0, trainstack=tree,
-                 min_nodes=1 if case.startswith("shrink") else None,
-                 job_env={"TRAINSTACK_IN_PLACE": "0", "TRAINSTACK_STANDBY": "2"} if whole else None)
+    job_env = {"TRAINSTACK_IN_PLACE": "0", "TRAINSTACK_STANDBY": "2"} if whole else {}
+    job = submit(out, env, launcher, spare=1 if kind.startswith("spare") else 0, trainstack=tree,
+                 min_nodes=1 if kind.startswith("shrink") else None,
+                 job_env={**job_env, **({"STRATEGY": "hsdp"} if kind != case else {})})
     # the second node of the step: node2, or the spare when the node check at the start named node2 (a loaded box)
     second = lambda: next((h for h in ("node2", "node3") if len(rank_pids(out, h)) == 2), None)  # noqa: E731
     wait_until(lambda: reached(out) >= FAULT_AT and second() is not None, 180, f"step {FAULT_AT}")
     if (tree / "trainstack" / "_runtime" / "standby.py").exists():  # the standbys the recovery will take, ready
-        need = {"node3": 2} if case.startswith("spare") else {"node1": 2, "node2": 2} if whole or \
+        need = {"node3": 2} if kind.startswith("spare") else {"node1": 2, "node2": 2} if whole or \
             (launcher == "torchrun" and "crash" in case) else {"node1": 1} if "crash" in case else {}
         if not wait_ready(out, need, 60):
             print(f"{case}: the warm standbys {need} were not ready 60 s after step {FAULT_AT}", flush=True)
@@ -160,15 +167,18 @@ def main() -> None:
     parser.add_argument("--today", metavar="REF", help="also the requeue of git commit REF (before this feature)")
     parser.add_argument("--baseline", metavar="REF", help="every case also under git commit REF, side by side")
     parser.add_argument("--only", metavar="WORDS", default="crash,whole-step,spare,shrink,requeue",
-                        help="the cases whose names hold one of these comma-separated words (default: all)")
+                        help="the cases whose names hold one of these comma-separated words (default: all but "
+                             "HSDP's: --only hsdp)")
     args = parser.parse_args()
     env = dict(os.environ)
     env.setdefault("SLURM_CONF", "/tmp/trainstack-slurm/slurm.conf")
     work = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
     work.chmod(0o777)
+    words = [w.strip() for w in args.only.split(",")]
     cases = [c for c in ("in-allocation crash", "whole-step relaunch", "spare after node loss",
-                         "shrink after node loss", "requeue after node loss")
-             if any(w.strip() in c for w in args.only.split(","))]
+                         "shrink after node loss", "requeue after node loss", "hsdp crash",
+                         "hsdp spare after node loss", "hsdp shrink after node loss")
+             if any(w in c for w in words) and (c.startswith("hsdp") == any("hsdp" in w for w in words))]
     today = worktree(args.today, work) if args.today else None
     base = worktree(args.baseline, work / "base") if args.baseline else None
     if today is not None:

@@ -195,9 +195,16 @@ class Accelerator(AccelerateAPI):
                                             timeout_s=self.handlers.timeout_s)
         self._session.start_for_process()
 
-    restarts_in_place = property(lambda self: self.strategy == "ddp" and self.parallelism.tensor_parallel_size == 1
-                                 and self.parallelism.parallelize_fn is None and not self.plan.spawn and can_abort(
-                                     self.backend) and self.plan.environment.name == "slurm", doc="srun, DDP: rejoin()")
+    @property
+    def restarts_in_place(self) -> bool:
+        """Can a rank of this run join a new group after losing a peer (``rejoin``): srun, a backend that can leave
+        a failed group, and a model whose every shard has a copy -- DDP, or HSDP over several replica groups on gloo
+        (whose connections a leaving rank can close: a peer blocked on it fails; NCCL's: unchecked on a GPU)."""
+        p = self.parallelism
+        copies = self.strategy == "ddp" or \
+            self.strategy == "hsdp" and self.backend == "gloo" and self.layout.replicate > 1
+        return copies and p.tensor_parallel_size == 1 and p.parallelize_fn is None and not self.plan.spawn and \
+            can_abort(self.backend) and self.plan.environment.name == "slurm"
 
     def rejoin(self, env: Mapping[str, str]) -> None:
         """Leave the failed process group and take the next job step's rendezvous and counters (``env``: an Offer's):
@@ -370,6 +377,10 @@ class Accelerator(AccelerateAPI):
         if laid_out:
             self.device_mesh = mesh
         return wrapped
+
+    def forget_mesh(self) -> None:
+        """Let go of the mesh the last model was laid out on (its groups failed: held, they stay connected)."""
+        self.device_mesh = None
 
     def prepare_batch(self, batch: Any) -> Any:
         """Move a (nested) batch to the device; floating tensors are cast to ``dtype``, labels never."""

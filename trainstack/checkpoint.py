@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from ._checkpoint.export import check_exportable, export_model
 from ._checkpoint.failures import why_failed
+from ._checkpoint.memformat import laid_out, staged
 from ._checkpoint.parts import Restored, load_parts, model_config, state_of
 from ._checkpoint.reading import (
     BEST,
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     from ._checkpoint.memory import MemoryCheckpoints
 
 __all__ = ["CheckpointError", "Checkpointer", "Restored", "atomic_save", "capture_rng", "restore_rng", "state_of",
-           "load_parts",
+           "load_parts", "staged", "laid_out",
            "checkpoint_name", "has_checkpoint", "load_file", "find", "consolidate", "describe", "load_checkpoint",
            "write_checkpoint", "Store", "Uploads", "export_model", "check_exportable", "stage", "adopt", "check_fits",
            "step_of", "SAVE_STATE", "FORMAT_VERSION"]

@@ -33,6 +33,7 @@ from torch import nn
 from ._common import jobevents as jobevents
 from ._common.choices import SHARDING
 from ._runtime import compiling, inplace, watchdog
+from ._runtime.fsdp import Blueprint, is_sharded
 from ._runtime.watchdog import heartbeat
 from ._train import devrun, handoff, notes, run
 from ._train.evaluate import Evaluator, default_predict
@@ -53,7 +54,7 @@ from ._train.steps import (
     optimize_step,
 )
 from ._train.tracker import Tracker
-from .accelerator import Accelerator, seed_everything
+from .accelerator import Accelerator, retarget_optimizer, seed_everything
 from .callbacks import CallbackManager, LRScheduler, ModelCheckpoint, OptimizeResult
 from .checkpoint import Checkpointer, restore_rng
 from .config import TrainConfig
@@ -122,23 +123,36 @@ def _fit_in_place(trainer: Trainer, entry: Callable[[Trainer, Claim], dict[str, 
     """``entry`` (the loop on every rank); where a peer died and the driver continues this rank in place
     (``_runtime/inplace.py``), again in the next job step's process group, from this ``fit``'s start, holding the
     state of its last complete step (``_train/peers.py``): the restore then sets the position from it, or from the
-    newest checkpoint where no rank holds one, as it would in a fresh process."""
+    newest checkpoint where no rank holds one, as it would in a fresh process. A sharded model (HSDP) is built
+    again over the new group's mesh from its blueprint, kept here before the first sharding."""
     start = copy.deepcopy(trainer.progress)
+    blueprint = Blueprint(trainer.model) if trainer.config.strategy in SHARDING and not is_sharded(trainer.model) \
+        and inplace.enabled(trainer.accelerator) else None
+    if blueprint is not None:
+        trainer.model = blueprint.own(trainer.model)  # the model passed in keeps placeholders: trainer.model trains
     while True:
         try:
             return entry(trainer, claim)
         except Exception as exc:
             if not inplace.may_wait(exc, trainer.accelerator):
                 raise
+            held = trainer._run.held() if trainer._run is not None else Held(None, moved=True)
+            if trainer.config.strategy in SHARDING and (blueprint is None or held.state is None):
+                raise  # a sharded model without its own complete step has nothing to continue with: relaunched
             error = inplace.detach(exc)
-        mark = trainer._run.mark if trainer._run is not None else None
-        claim = dataclasses.replace(claim, held=Held(mark, moved=mark is None or mark.step != trainer.global_step))
+        claim = dataclasses.replace(claim, held=held)
         trainer._let_go()
+        if blueprint is not None:  # the old model is bound to the failed group's mesh: a fresh one, the same names
+            trainer.model, moved = blueprint.build(trainer.model, trainer.accelerator.device)
+            if trainer.optimizer is not None:
+                retarget_optimizer(trainer.optimizer, moved)
+                trainer.optimizer.state.clear()  # the peers' state (or a checkpoint's) replaces it
+        else:
+            trainer.model.zero_grad(set_to_none=True)  # as in a fresh process: the failed step's gradients add up
         offer = inplace.next_step(error, trainer.accelerator)
         if offer is None:
             raise error
         trainer.progress, trainer.metrics = copy.deepcopy(start), {}
-        trainer.model.zero_grad(set_to_none=True)  # as in a fresh process: the failed step's gradients would add up
         inplace.join(trainer.accelerator, offer)
 
 
@@ -175,7 +189,9 @@ class Trainer(ProgressView, GradModes):
     (``estimated_stepping_batches``).
 
     The Trainer holds what crosses processes -- the user's objects, the config, the callbacks, the counters, the
-    metrics and the stop state; what one ``fit()`` holds on a rank is its ``Run`` (``trainstack._train.run``)."""
+    metrics and the stop state; what one ``fit()`` holds on a rank is its ``Run`` (``trainstack._train.run``).
+    ``trainer.model`` is the model trained: where HSDP continues in place after a crash (srun under the driver), a
+    module of ``model``'s structure the Trainer alone holds, ``model`` keeping meta placeholders."""
 
     _use_grad: ClassVar[bool] = True
 
@@ -307,8 +323,10 @@ class Trainer(ProgressView, GradModes):
     unwrapped_model = property(lambda self: self.model, doc="The user's module (the DDP wrapper is internal).")
 
     def _let_go(self) -> None:
-        """The failed run goes, with its wrapped model: its process group's connections close (restart in place)."""
+        """The failed run goes, with its wrapped model and the mesh it was laid out on: its process groups'
+        connections close (restart in place)."""
         self._run = None
+        self.accelerator.forget_mesh()
 
     @property
     def tracker(self) -> Tracker:

@@ -4,7 +4,8 @@ step it reached and the final parameters; with RECORD_IDS=1 every rank records t
 (ids/<job step>-rank<r>.jsonl); STOP_AT=N stops the run gracefully at step N (a reference's checkpoint). Every
 optimizer step's random streams (dropout) derive from the seed, the rank and the step (``seed_every_step``): a rank
 started beside survivors draws what the killed one would have. Under the
-spawn launcher each node's task spawns its share of the 4 processes (TRAINSTACK_NPROCS, set by the job script)."""
+spawn launcher each node's task spawns its share of the 4 processes (TRAINSTACK_NPROCS, set by the job script).
+STRATEGY=hsdp: one replica group per node, each Linear a block; the final parameters gathered whole."""
 
 import json
 import os
@@ -60,8 +61,13 @@ def leave_pid(trainer, config, writer):
 
 
 def save_final(trainer, config, writer):
+    state = trainer.model.state_dict()
+    if config.strategy == "hsdp":  # every rank: the shards gathered whole
+        from trainstack._runtime.fsdp import full_state
+
+        state, _ = full_state(trainer.model, None)
     if trainer.accelerator.rank == 0:
-        torch.save(trainer.model.state_dict(), OUT / "final.pt")
+        torch.save(state, OUT / "final.pt")
 
 
 if __name__ == "__main__":
@@ -74,6 +80,8 @@ if __name__ == "__main__":
                       verbose=False,
                       memory_checkpoint_every_n_steps=int(os.environ.get("MEMORY_EVERY", "0")),
                       root_folder=OUT / "runs", backend="gloo", compute_setup="cpu",
+                      **({"strategy": "hsdp", "fsdp_blocks": ("Linear",)} if os.environ.get("STRATEGY") == "hsdp"
+                         else {}),
                       # STOP_AT (a reference run, outside Slurm): its own stop file, checked every step; under the
                       # driver the job's stop file (TRAINSTACK_STOP_FILE) carries the graceful stops
                       **({"stop_file": OUT / "STOP", "stop_check_every": 1} if os.environ.get("STOP_AT") else {}),

@@ -41,7 +41,7 @@ FAULT = str(Path(__file__).with_name("_fault.py"))
 
 def spec(out: Path, launcher: str = "srun", spare: int = 1, requeue: bool = True, step_sleep: float = 0.3,
          program: list[str] | None = None, nodes: int = 2, memory_every: int = 0,
-         min_nodes: int | None = None, record_ids: bool = False) -> LaunchSpec:
+         min_nodes: int | None = None, record_ids: bool = False, strategy: str = "ddp") -> LaunchSpec:
     """4 ranks on 2 nodes (plus ``spare``), partition spares, the recovery program unless ``program``. No node
     check: the faults here hit chosen nodes (node1's rank 1, node2), and the "nodes" of this box share its two cores,
     so a check could leave out the very node a test is about (test_node_health.py tests the check)."""
@@ -50,7 +50,7 @@ def spec(out: Path, launcher: str = "srun", spare: int = 1, requeue: bool = True
                       min_nodes=min_nodes, node_check=False,
                       partition="spares", env={"PROBE_OUT": str(out), "STEP_SLEEP": str(step_sleep),
                                                "MEMORY_EVERY": str(memory_every),
-                                               "RECORD_IDS": "1" if record_ids else "0"},
+                                               "RECORD_IDS": "1" if record_ids else "0", "STRATEGY": strategy},
                       venv=str(Path(sys.executable).parents[1]), program=program or [PROBE])
 
 
@@ -107,18 +107,19 @@ def slurm_default_timeout(cluster):
 _REFERENCE: dict[str, Path] = {}
 
 
-def reference(tmp_root: Path, launcher: str = "srun") -> Path:
-    """The uninterrupted run's final parameters, once per session: srun, torchrun and the spawn launcher train this
-    program bitwise alike (their uninterrupted runs were compared), so every launcher's recovery is held to the
-    srun run's result."""
+def reference(tmp_root: Path, launcher: str = "srun", strategy: str = "ddp") -> Path:
+    """The uninterrupted run's final parameters, once per session and strategy: srun, torchrun and the spawn
+    launcher train this program bitwise alike (their uninterrupted runs were compared), so every launcher's recovery
+    is held to the srun run's result."""
     del launcher
-    if "run" not in _REFERENCE:
-        out = tmp_root / "reference"
+    if strategy not in _REFERENCE:
+        out = tmp_root / f"reference-{strategy}"
         out.mkdir(mode=0o777)
-        job = submit_spec(spec(out, "srun", spare=0, requeue=False, step_sleep=0.02), wait=True, timeout=240)
+        job = submit_spec(spec(out, "srun", spare=0, requeue=False, step_sleep=0.02, strategy=strategy), wait=True,
+                          timeout=240)
         assert job.exit_code == 0, job.log_path.read_text()
-        _REFERENCE["run"] = out / "final.pt"
-    return _REFERENCE["run"]
+        _REFERENCE[strategy] = out / "final.pt"
+    return _REFERENCE[strategy]
 
 
 def samples_by_step(out: Path) -> dict[int, list[int]]:
@@ -238,6 +239,40 @@ def test_a_killed_rank_restarts_alone_and_the_others_continue_in_place_bitwise(c
     open_to_others = [str(p) for p in [folder, *folder.rglob("*")] if not p.is_symlink() and p.lstat().st_mode & 0o022]
     assert not open_to_others and (folder / "rejoin" / "joined-1-rank-0").is_file(), open_to_others
     assert planted == [], planted  # the probe's A3/A28/E2/E32 writes, as a member of the job folder's group
+
+
+def test_hsdp_a_killed_rank_takes_its_shard_from_the_other_replica_group_bitwise(cluster, tmp_root):
+    """HSDP, one replica group per node (2 x 2), rank 1 (node1's group, shard 1) SIGKILLed: ranks 0, 2, 3 keep their
+    processes -- rank 2, blocked in a collective with rank 0 rather than with the dead rank, fails too once the
+    survivors close their failed groups' connections --, shard their models again over job step 1's mesh from their
+    own local shards, and the new rank 1 takes shard 1 from rank 3 (node2's group): no checkpoint read, no step
+    redone, every step trained once, the final parameters bitwise equal to the uninterrupted HSDP run's (issue 67)."""
+    ref = reference(tmp_root, strategy="hsdp")
+    out = tmp_root / "hsdp-in-place"
+    out.mkdir(mode=0o777)
+    job = submit_spec(spec(out, "srun", spare=0, record_ids=True, strategy="hsdp"))
+    standbys = job.log_path.with_suffix("") / "standby"
+    wait_until(lambda: reached(out) >= 22 and len(list((out / "pids").glob("*"))) == 4 and
+               any(standbys.glob("*-node1-*.ready")), 120, "step 22 and a warm standby on node1")
+    before = {p.name: p.read_text().split()[0] for p in (out / "pids").glob("*")}
+    killed = kill_rank(out, "node1", 1)
+    assert wait_for(job, timeout=240) == 0, job.log_path.read_text()
+    log = job.log_path.read_text()
+    assert "rank(s) 0, 2, 3 continue in place; starting rank(s) 1 on node1" in log, log
+    after = {p.name: p.read_text().split()[0] for p in (out / "pids").glob("*")}
+    assert {k: v for k, v in after.items() if k != "node1-1"} == {k: v for k, v in before.items() if k != "node1-1"}
+    print(f"hsdp in place: crash -> first resumed step {first_step_after(job, killed) - killed:.1f} s")
+    assert same_parameters(out / "final.pt", ref)
+    (rec,) = json.loads(ts(cluster, "why", "--json", job.job_id))["recoveries"]
+    assert rec["where"] == "in allocation" and rec["steps_lost"] == 0, rec
+    (sent,) = [e for e in events(job) if e["kind"] == "peer_state"]
+    assert sent["receivers"] == [1] and sent["sources"] == {"1": 3} and sent["bytes"] > 0, sent
+    (resumed,) = [e for e in events(job) if e["kind"] == "resumed"]
+    assert resumed["origin"] == "live" and resumed["step"] == sent["step"], resumed
+    steps = [json.loads(line)["step"] for f in sorted((out / "ids").glob("*-rank0.jsonl"))
+             for line in f.read_text().splitlines()]
+    assert sorted(steps) == list(range(1, 61)), steps
+    print(f"hsdp in place: {sent['bytes']} bytes from rank 3 in {sent['seconds']} s, steps redone: 0")
 
 
 @ci_leaves_out("a whole-step relaunch in standbys: test_allocation.py; the warm path on real Slurm: the in-place "

@@ -8,12 +8,12 @@ hashing and sending them releases the GIL.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["staged", "unstaged", "packed", "unpacked", "is_dtensor"]
+__all__ = ["staged", "unstaged", "laid_out", "packed", "unpacked", "is_dtensor"]
 
 _LOCAL = "__trainstack_local_shard__"  # a DTensor's local shard, in a staged state
 
@@ -58,6 +58,23 @@ def unstaged(obj: Any, like: Any) -> Any:
                  for i, v in enumerate(obj)]
         return items if isinstance(obj, list) else tuple(items)
     return obj
+
+
+def laid_out(state: Mapping[str, Any], parts: Mapping[str, Any]) -> dict[str, Any]:
+    """A staged checkpoint state (``model``, ``optimizer``, the rest) with every local shard a DTensor again, laid
+    out as ``parts``' model and optimizer (this run's: the same shard layout, perhaps another mesh)."""
+    from .parts import state_of
+
+    state = dict(state)
+    model, optimizer = parts.get("model"), parts.get("optimizer")
+    if model is not None and state.get("model") is not None:
+        state["model"] = unstaged(state["model"], state_of(model))
+    if optimizer is not None and state.get("optimizer") is not None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        like = {"state": {i: {k: params[int(i)] for k in entry}
+                          for i, entry in state["optimizer"]["state"].items() if int(i) < len(params)}}
+        state["optimizer"] = unstaged(state["optimizer"], like)
+    return state
 
 
 def is_dtensor(t: Any) -> bool:

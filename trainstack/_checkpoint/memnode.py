@@ -9,12 +9,12 @@ import json
 import os
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .memformat import unstaged
-from .parts import state_of
+from .memformat import laid_out
 
 __all__ = ["Copy", "Found", "Node", "read_copy", "NAME"]
 
@@ -52,18 +52,9 @@ class Found:
             f"rank{'s' if len(moved) > 1 else ''} {', '.join(map(str, moved))} from {' and '.join(others)}"
         return f"memory at step {self.step} ({how})"
 
-    def laid_out(self, parts: dict[str, Any] | Any) -> dict[str, Any]:
+    def laid_out(self, parts: Mapping[str, Any]) -> dict[str, Any]:
         """The state with every local shard a DTensor again, laid out as this run's model and optimizer."""
-        state = dict(self.state)
-        model, optimizer = parts.get("model"), parts.get("optimizer")
-        if model is not None and state.get("model") is not None:
-            state["model"] = unstaged(state["model"], state_of(model))
-        if optimizer is not None and state.get("optimizer") is not None:
-            params = [p for group in optimizer.param_groups for p in group["params"]]
-            like = {"state": {i: {k: params[int(i)] for k in entry}
-                              for i, entry in state["optimizer"]["state"].items() if int(i) < len(params)}}
-            state["optimizer"] = unstaged(state["optimizer"], like)
-        return state
+        return laid_out(self.state, parts)
 
 
 class Node:

@@ -3,11 +3,15 @@
 
 Blocks are chosen by class name (``fsdp_blocks=("TransformerEncoderLayer",)``) or, by default, as the largest
 submodules holding at least ``fsdp_min_params`` parameters each (a size-based policy, bottom-up).
+
+FSDP2 binds a model's parameters to one mesh for good: a rank restarted in place (HSDP) shards a fresh copy of the
+model over the next group's mesh, built from the ``Blueprint`` kept before the first sharding.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,13 +24,64 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["ONE_PROCESS_NOTE", "shard", "pick_blocks", "is_sharded", "module_classes", "check_blocks", "full_state",
-           "fqn_optimizer_to_indexed"]
+           "fqn_optimizer_to_indexed", "Blueprint", "at_rest"]
 
 
 def is_sharded(model: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
+
+
+def at_rest(model: nn.Module) -> None:
+    """Every FSDP module of ``model`` with its sharded parameters registered (none left gathered by a forward that
+    failed): its state dict is then its local shards. No collective."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+class Blueprint:
+    """A model's structure kept before it is sharded: its parameters on the meta device (no memory), its buffers as
+    they were (a non-persistent buffer -- a rotary table -- is in no state dict, so a restore would not set it).
+
+    FSDP2 binds a sharded model to its group's mesh for good, so a rank continued in place trains a fresh one
+    (``build``); the model trained is one trainstack alone holds from the start (``own``), so the module passed in
+    is the same (placeholders) whether a failure came or not, and a failed model's memory is released at once."""
+
+    def __init__(self, model: nn.Module) -> None:
+        memo: dict[int, Any] = {id(p): nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+                                for p in model.parameters()}
+        self._model = copy.deepcopy(model, memo)
+
+    @staticmethod
+    def own(model: nn.Module) -> nn.Module:
+        """A module of ``model``'s structure holding its parameters and buffers (the same objects: an optimizer
+        made from ``model`` points at them still); ``model`` keeps meta placeholders of them."""
+        tensors = [*model.parameters(), *model.buffers()]
+        owned = copy.deepcopy(model, {id(t): t for t in tensors})
+        for module in model.modules():
+            for name, p in list(module.named_parameters(recurse=False)):
+                setattr(module, name, nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad))
+            for name, b in list(module.named_buffers(recurse=False)):
+                setattr(module, name, torch.empty_like(b, device="meta"))
+        return owned
+
+    def build(self, old: nn.Module, device: torch.device) -> tuple[nn.Module, dict[int, nn.Parameter]]:
+        """A fresh unsharded copy on ``device`` (its parameters allocated, not set: a restore fills them) and each
+        of ``old``'s parameters by id -> the fresh one of its name (the optimizer follows); ``old``'s memory is
+        released at once."""
+        fresh = copy.deepcopy(self._model)
+        fresh.to_empty(device=device)
+        with torch.no_grad():
+            for (_, buffer), (_, kept) in zip(fresh.named_buffers(), self._model.named_buffers(), strict=True):
+                buffer.copy_(kept)
+        by_name = dict(fresh.named_parameters())
+        moved = {id(p): by_name[name] for name, p in old.named_parameters() if name in by_name}
+        old.to_empty(device="meta")
+        return fresh, moved
 
 
 def module_classes(model: nn.Module) -> list[str]:

@@ -3,17 +3,17 @@ process group in place, so only the crashed ranks start afresh (their Python, to
 relaunch; the survivors skip it). NVRx's in-process restart and torchft's stepping survivors are the models.
 
 On by the driver for a ``--requeue`` job with one srun task per rank (``TRAINSTACK_IN_PLACE=1``; ``0`` in the job's
-environment turns it off) where the model is data-parallel (DDP, or one process group) on gloo (an NCCL survivor's
-communicator may still hang on the lost peer: unchecked on a GPU, relaunched as before): a rank that lost a peer says
-it waits (``peers-lost/``, marked ``waiting``), the driver decides as for any crash and, where the next step keeps
-this rank at its place (the same nodes, a spare for a lost one, a shrink to the survivors), offers that step
+environment turns it off) where every shard of the model has a copy on another rank (DDP; HSDP over several replica
+groups on gloo) and the backend can leave a failed group (``Accelerator.restarts_in_place``): a rank that lost a
+peer closes its failed groups' connections (``groupsockets``: a peer blocked on it fails too), says it waits
+(``peers-lost/``, marked ``waiting``), the driver decides as for any crash and, where the next step keeps this rank
+at its place (the same nodes, a spare for a lost one, a shrink to the survivors), offers that step
 (``rejoin/step-<n>.json``: its rendezvous, counters and sizes -- nothing else is taken from it, and only from a file
 of this user's) before it starts only the missing ranks (``TRAINSTACK_TASK_RANKS``). The survivor then leaves the
-failed group, takes the offer's environment (keeping its rank), clears its gradients, joins the new group within
-``JOIN_S`` (else it leaves, saying where it could not join) and runs ``fit`` again from the newest complete
-checkpoint, as a fresh process would -- the same restore, the same exactness. No offer within ``WAIT_S`` (the driver
-requeued, stopped or relaunches the whole step and kills it anyway), or one without this rank: the original error
-ends the process as before.
+failed group, takes the offer's environment (keeping its rank), joins the new group within ``JOIN_S`` (else it
+leaves, saying where it could not join) and runs ``fit`` again, continuing from the state of its last complete
+step (``_train/peers.py``) -- no step redone. No offer within ``WAIT_S`` (the driver requeued, stopped or relaunches
+the whole step and kills it anyway), or one without this rank: the original error ends the process as before.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Protocol
 
 from .._common import envvars as envvars
 from .._common.jobfiles import OFFERED, JobFiles, Offer
-from . import fastexit
+from . import fastexit, groupsockets
 
 __all__ = ["enabled", "may_wait", "in_place_step", "detach", "next_step", "join", "joined", "environment", "WAIT_S",
            "JOIN_S", "Rejoining"]
@@ -87,16 +87,18 @@ def detach(exc: BaseException) -> BaseException:
 
 def next_step(exc: BaseException, accelerator: Rejoining) -> Offer | None:
     """After ``exc`` (``detach``-ed) ended this rank's ``fit``, and the failed run was let go: the failed group's
-    last references collected (its connections close: a rank blocked on this one fails too), then the driver's
+    last references collected and its connections shut down (``groupsockets``: a rank blocked on this one fails
+    too, also where torch's caches still hold the group -- a sharded model's mesh), then the driver's
     offer of the next job step where it continues this rank in place (it waits for the offer), else None. Only the
     driver's own offer counts (``JobFiles.rejoin_offer``: this user's file, checked)."""
     gc.collect()
+    closed = groupsockets.shut()
     folder = JobFiles.current()
     assert folder is not None
     rank, step = accelerator.rank, int(os.environ.get(envvars.STEP, "0") or 0)
     folder.step.peer_lost(rank, fastexit.this_host(), step, waiting=True)
-    print(f"trainstack: rank {rank} lost a peer in job step {step} ({type(exc).__name__}): waiting in place for the "
-          f"next step", file=sys.stderr, flush=True)
+    print(f"trainstack: rank {rank} lost a peer in job step {step} ({type(exc).__name__}): its group's {closed} "
+          f"connection(s) closed, waiting in place for the next step", file=sys.stderr, flush=True)
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         offer = folder.step.offer_after(step)

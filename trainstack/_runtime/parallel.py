@@ -17,6 +17,7 @@ from torch import nn
 
 from .._common.choices import SHARDING, check_int
 from ..errors import ConfigError
+from . import groupsockets
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -276,7 +277,10 @@ def lay_out(model: nn.Module, layout: Layout, parallelism: Parallelism, strategy
 
     world = layout.replicate * layout.shard * layout.tp
     wanted = (strategy != "ddp" and world > 1) or parallelism.parallelize_fn is not None
-    mesh = layout.mesh(device_type) if dist.is_initialized() and wanted else None
+    mesh = None
+    if dist.is_initialized() and wanted:
+        with groupsockets.opening(gloo=dist.get_backend() == "gloo"):  # shut down if this rank leaves them failed
+            mesh = layout.mesh(device_type)
     if strategy == "hsdp" and layout.replicate == 1 and world > 1 and is_main:
         print(HSDP_ONE_REPLICA_NOTE, flush=True)
     if parallelism.float8:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from .._common import envvars as envvars
 from .._common import transport as _transport
 from ..errors import LaunchError
-from . import fastexit, inplace
+from . import fastexit, groupsockets, inplace
 from . import layout as _layout
 from . import ranklog as _ranklog
 from .layout import WorkerContext
@@ -101,8 +101,9 @@ class ProcessGroupSession:
         # init lines (eager with device_id) must show that network -- a silent fallback to TCP is an error
         required = _transport.check_before_init() if self.backend == "nccl" else None
         try:
-            dist.init_process_group(self.pg_backend, store=store, rank=ctx.rank, world_size=ctx.world_size,
-                                    timeout=timeout, device_id=device_id)
+            with groupsockets.opening(ctx.master_port, gloo=self.backend == "gloo"):  # shut down if left failed
+                dist.init_process_group(self.pg_backend, store=store, rank=ctx.rank, world_size=ctx.world_size,
+                                        timeout=timeout, device_id=device_id)
         except Exception as exc:
             if required:
                 _transport.confirm_after_init(required, error=exc)
@@ -132,6 +133,10 @@ class ProcessGroupSession:
                     how = abort_groups()
                     print(f"trainstack: rank {self.ctx.rank} left its failed NCCL group: communicators aborted "
                           f"({how})", file=sys.stderr, flush=True)
+            if ok:
+                groupsockets.forget()
+            else:  # its connections closed now, not when nothing holds the groups: a peer blocked on this rank fails
+                groupsockets.shut()
             if self.store is not None and ok:
                 self.store.add(_EXITED_KEY, 1)
                 if self.host_store:

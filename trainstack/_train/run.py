@@ -35,12 +35,12 @@ from ..checkpoint import (
     step_of,
 )
 from ..data import batches_per_epoch, is_infinite, prepare_train
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 from . import notes, runstore, throughput
 from .evaluate import Evaluator, prepare_eval
 from .live import hold_warnings
 from .metrics import EpochSums
-from .peers import Held, Mark, agree
+from .peers import NOTHING_TO_RESTORE, Held, Mark, agree, commit_points, holding, shard_of
 from .progress import Stop
 from .resume import EpochCursor, derived_seed
 from .runfolder import Claim, RunFolder, check_same_experiment, record_config, run_identity
@@ -186,6 +186,8 @@ class Run:
             if acc.is_main_process:
                 self.memory.say = trainer.console_print
             self.releases.callback(lambda memory: memory.close(finished=not self.failed), self.memory)
+        if self.marking:
+            commit_points(trainer.optimizer, self.model, cfg.mixed_precision, self.releases)
         watchdog.start(acc.rank, acc.world_size, watchdog.resolve_timeout(cfg.hang_timeout), self.path,
                        watchdog.default_store(), armed=True)
         self.releases.callback(watchdog.stop)
@@ -241,6 +243,8 @@ class Run:
             if restored is None:
                 restored = self.checkpointer.restore(self.parts(), None if cfg.resume == "auto" else cfg.resume,
                                                      rank=self.accelerator.rank, check=check)
+            if restored is None and held is not None and held.state is not None:
+                raise CheckpointError(NOTHING_TO_RESTORE.format(rank=self.accelerator.rank))
             if restored is not None:
                 self.apply(restored)
                 if main:
@@ -263,7 +267,7 @@ class Run:
         """Collective: the newest step a rank continued in place holds, taken from it by every rank holding another
         (no checkpoint read, no step redone); None: none holds one (said)."""
         acc = self.accelerator
-        restored, why = agree(held, self.parts(), acc.rank, acc.world_size)
+        restored, why = agree(held, self.parts(), acc.rank, acc.world_size, shard_of(acc.layout, acc.rank))
         if restored is None:
             self.trainer.console_print(f"trainstack: {why}: resuming from the newest checkpoint.")
         return restored
@@ -403,6 +407,11 @@ class Run:
             partial = {**at, "loss_sum": sums.loss_sum, "sums": dict(sums.sums), "interval": None}
             rng = None if self.config.seed_every_step else capture_rng()  # ~65 us; derived when seeded per step
             self.mark = Mark(self.progress.step, self.counters(partial), rng, acc.world_size)
+
+    def held(self) -> Held:
+        """What this rank holds as it leaves its failed group to continue in place (``peers.holding``)."""
+        return holding(self.mark, self.progress.step, self.model, self.parts(), shard_of(self.accelerator.layout,
+                                                                                      self.accelerator.rank))
 
     def finish(self) -> None:
         """The end of a finished run (every rank): the final checkpoint, the user's ``train_end`` callbacks and
