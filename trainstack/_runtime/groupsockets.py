@@ -5,9 +5,8 @@ groups -- stays in torch's own DTensor caches: a survivor that gave up on a fail
 the other replica group, blocked in a collective with it, waiting for the collective timeout (gloo's ``abort`` and
 ``shutdown`` close no connection). So the sockets each group's creation opens here are noted (its connections to
 its peers: not its listener, whose shutdown gloo's accept loop does not survive, nor the store's, on the store's
-port) and shut down when this rank leaves a failed
-group: the blocked peer fails at once ("Connection closed by peer") and can wait in place too. Linux (``/proc``);
-elsewhere nothing is noted and a group closes as before.
+port) and shut down when this rank leaves a failed group: the blocked peer fails at once ("Connection closed by
+peer") and can wait in place too. Linux (``/proc``); elsewhere nothing is noted and a group closes as before.
 """
 
 from __future__ import annotations
