@@ -5,6 +5,7 @@ and MFU by the published formula, next to the MFU the Trainer reports.
 
     python bench/llm.py                                  # 1b and 8b-proxy, seq 2048, compile on, 3 repetitions
     python bench/llm.py --sizes 1b --compile off,on --precision bf16,fp8
+    python bench/llm.py --sizes 8b --systems raw --steps 20   # the full 8B shape, seq 4096 (where it fits)
     python bench/llm.py --device cpu --size tiny         # the dry run CI runs (the same code paths, a few steps)
     python bench/llm.py --device cpu --size small        # CPU rows (fp32): the Trainer's overhead beside the raw loop
 
@@ -47,6 +48,11 @@ SIZES = {
     # Llama 3 8B's widths (d 4096, FFN 14336, 32 / 8 heads) on 6 of its 32 layers: fits one 80 GB GPU with AdamW
     "8b-proxy": {"layers": 6, "d": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, "vocab": 128256, "seq": 2048,
                  "batch": 2},
+    # Llama 3 8B's whole shape (8.03 B) at seq 4096 with full activation checkpointing and each block compiled on
+    # its own: KempnerForge's single-H200 configuration (docs/how-to/gpus.md). fp32 weights, gradients and AdamW
+    # moments alone are 16 bytes a parameter (128 GB): built on the GPU, run only where the device holds that
+    "8b": {"layers": 32, "d": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, "vocab": 128256, "seq": 4096,
+           "batch": 1, "activation_checkpointing": True},
     # the CPU rows: compute-bound enough that a framework's per-step work shows as a ratio, quick enough to run
     "small": {"layers": 4, "d": 256, "heads": 8, "kv_heads": 2, "ffn": 768, "vocab": 2048, "seq": 256, "batch": 4},
     # the dry run: the same code paths, a few steps
@@ -56,8 +62,8 @@ SYSTEMS = ("raw", "raw-resident", "trainer")
 
 
 # ------------------------------------------------------------------------------------------------ the model
-def build(spec: dict):
-    """The decoder of ``spec``, seeded (every system trains the same weights)."""
+def build(spec: dict, device: str = "cpu"):
+    """The decoder of ``spec`` on ``device``, seeded (every system trains the same weights)."""
     import torch
     from torch import nn
     from torch.nn import functional as F
@@ -118,7 +124,21 @@ def build(spec: dict):
             return self.head(self.norm(x))
 
     torch.manual_seed(0)
-    return Decoder()
+    with torch.device(device):
+        return Decoder()
+
+
+def fits(spec: dict) -> str | None:
+    """Why ``spec`` cannot train on this GPU (fp32 weights, gradients and two AdamW moments: 16 bytes a parameter,
+    and 4 GiB besides for activations and workspaces), or None where it may."""
+    import torch
+
+    params = sum(p.numel() for p in build(spec, "meta").parameters())
+    need, total = 16 * params + 4 * 2**30, torch.cuda.get_device_properties(0).total_memory
+    if need <= total:
+        return None
+    return (f"{params / 1e9:.2f} B parameters need {need / 2**30:.0f} GiB (16 bytes each for fp32 weights, gradients "
+            f"and AdamW moments, 4 GiB besides); this GPU has {total / 2**30:.0f} GiB")
 
 
 def flops_per_token(spec: dict, params: int) -> float:
@@ -156,12 +176,20 @@ def _raw(model, dataset, spec, device, steps, compile_, precision, resident: boo
     from torch.utils.data import DataLoader
 
     model = model.to(device)
+    if spec.get("activation_checkpointing"):  # as torchtitan: each block checkpointed, then compiled on its own
+        from torch.utils.checkpoint import checkpoint
+
+        for block in model.blocks:
+            block.forward = (lambda f: lambda *a: checkpoint(f, *a, use_reentrant=False))(block.forward)
     if precision == "fp8":  # what mixed_precision="fp8" does: float8 Linear layers (torchao), bf16 autocast
         from torchao.float8 import convert_to_float8_training
 
         convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn != "head")
     opt = _optimizer(model, device)
-    step_model = torch.compile(model) if compile_ else model
+    step_model = torch.compile(model) if compile_ and not spec.get("activation_checkpointing") else model
+    if compile_ and spec.get("activation_checkpointing"):
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = torch.compile(block)
     loader = DataLoader(dataset, batch_size=spec["batch"], shuffle=True, pin_memory=device == "cuda")
     batches = [tuple(t.to(device) for t in b) for _, b in zip(range(steps), loader, strict=False)] if resident \
         else loader
@@ -188,7 +216,8 @@ def _trainer(model, dataset, spec, device, steps, compile_, precision, out: str)
     # writes after the timed window
     cfg = TrainConfig(max_iter=1, max_batches=steps, compute_setup="gpu" if device == "cuda" else "cpu",
                       mixed_precision=precision, compile=compile_, log_folder=Path(out) / "run", print_every=10,
-                      checkpoint_final=False)
+                      checkpoint_final=False, **({"activation_checkpointing": "full", "fsdp_blocks": ("Block",)}
+                                                 if spec.get("activation_checkpointing") else {}))
     Trainer(model, _optimizer(model, device), cfg, loss_fn=loss_fn).fit(
         DataLoader(dataset, batch_size=spec["batch"], shuffle=True))
 
@@ -199,7 +228,7 @@ def worker(system: str, size: str, device: str, steps: int, compile_: bool, prec
     from gpu import Probe
 
     spec = SIZES[size]
-    model, dataset = build(spec), data(spec, steps)
+    model, dataset = build(spec, device if size == "8b" else "cpu"), data(spec, steps)
     params = sum(p.numel() for p in model.parameters())
     tiny = size == "tiny"
     warmup, window = (2, steps - 3) if tiny else (10, steps - 15)
@@ -320,6 +349,11 @@ def main() -> int:
         precisions = [x for x in precisions if x != "fp8"] or ["bf16"]
     systems = [s for s in args.systems.split(",") if s != "raw-resident" or args.device == "cuda"]
     rows, failed = [], []
+    if args.device == "cuda":
+        for size in [s for s in sizes if s == "8b"]:
+            if why := fits(SIZES[size]):
+                print(f"bench-llm: {size} does not fit: {why}", flush=True)
+                sizes.remove(size)
     for rep in range(reps):
         for size in sizes:
             for comp in compiles:

@@ -66,3 +66,142 @@ def test_an_nccl_group_is_aborted_and_formed_again_in_the_same_process(run_py, t
     proc = run_py([sys.executable, str(script)], timeout=120)
     assert "formed again and reduced" in proc.stdout and "[1.0, 1.0, 1.0, 1.0]" in proc.stdout, proc.stdout
     print(proc.stdout.strip())
+
+
+def _peer_worker(rank: int, port: int, out: dict, device: str = "cuda") -> None:
+    """Two processes on the one GPU over gloo (NCCL refuses two ranks on one device): rank 0 trained three steps
+    on ``device`` and holds its mark; rank 1 is a replacement with other weights and no optimizer state."""
+    import os
+    import time
+
+    import torch.distributed as dist
+
+    from trainstack._train.peers import Held, Mark, agree
+
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(rank)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        held = None
+        if rank == 0:
+            for _ in range(3):
+                opt.zero_grad()
+                model(torch.randn(32, 256, device=device)).square().mean().backward()
+                opt.step()
+            held = Held(Mark(3, {"global_step": 3, "epoch": 0}, None, 2), moved=False)
+        started = time.perf_counter()
+        restored, why = agree(held, {"model": model, "optimizer": opt}, rank, 2)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+        assert restored is not None, why
+        moments = [s["exp_avg"] for s in opt.state.values()]
+        out[rank] = {"source": restored.source, "seconds": seconds,
+                     "devices": sorted({t.device.type for t in [*model.parameters(), *moments]}),
+                     "params": [p.detach().cpu() for p in model.parameters()],
+                     "moments": [m.cpu() for m in moments]}
+    finally:
+        dist.destroy_process_group()
+
+
+def peer_transfer(device: str) -> dict:
+    """What each of the two ranks holds after the survivor's live state moved to the replacement."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_peer_worker, args=(port, out, device), nprocs=2, join=True)
+        return dict(out)
+
+
+def test_a_replacement_takes_a_survivors_live_cuda_state_bitwise():
+    """Zero rollback on CUDA: the replacement takes the survivor's weights and AdamW moments (CUDA tensors, sent
+    point to point) and holds them on its GPU, equal bit for bit; the survivor keeps its own."""
+    got = peer_transfer("cuda")
+    assert got[0]["source"] == "its own live state at step 3 (no step redone)", got[0]["source"]
+    assert got[1]["source"] == "rank 0's live state at step 3 (no step redone)", got[1]["source"]
+    assert got[1]["devices"] == ["cuda"], got[1]["devices"]
+    for key in ("params", "moments"):
+        assert len(got[1][key]) == len(got[0][key]) > 0
+        assert all(torch.equal(a, b) for a, b in zip(got[0][key], got[1][key], strict=True)), key
+    print(f"live CUDA state moved to rank 1 in {got[1]['seconds']:.3f} s")
+
+
+STANDBY_PROGRAM = """\
+import os, time
+import torch
+x = torch.randn(1024, 1024, device=os.environ.get("DEVICE", "cuda"))
+(x @ x).sum().item()
+print(f"rank {os.environ['TRAINSTACK_TASK_RANKS']}: first result at {time.time()!r}", flush=True)
+"""
+
+
+def _first_result(said: str, since: float) -> float:
+    """Seconds from ``since`` to the program's first result, read from what it printed."""
+    import re
+
+    found = re.findall(r"first result at ([0-9.]+)", said)
+    assert found, said
+    return float(found[-1]) - since
+
+
+def standby_then_cold(tmp_path, device: str) -> tuple[float, float]:
+    """(order -> first result through a warm standby, start -> first result of a cold ``python``) on ``device``;
+    a waiting standby on a GPU holds no CUDA context (not among nvidia-smi's compute processes)."""
+    import os
+    import subprocess
+    import time
+
+    from trainstack._common.jobfiles import JobFiles
+
+    files = JobFiles.mine(tmp_path / "job")
+    files.make_own()
+    program = tmp_path / "rank.py"
+    program.write_text(STANDBY_PROGRAM)
+    env = {**os.environ, "TRAINSTACK_JOB_DIR": str(files.folder), "TRAINSTACK_RANK_LOG": str(tmp_path / "rank.out"),
+           "PYTHONUNBUFFERED": "1", "DEVICE": device}
+    name = "trainstack-standby-gpu-1"
+    standby = subprocess.Popen([sys.executable, "-m", "trainstack._runtime.standby", name, "--", str(program)],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while name not in files.standby.ready_ones() and time.monotonic() < deadline:
+            assert standby.poll() is None, standby.communicate()[0]
+            time.sleep(0.05)
+        assert name in files.standby.ready_ones(), "the standby never said it was ready"
+        if device == "cuda":
+            apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                                  capture_output=True, text=True, timeout=30).stdout.split()
+            assert str(standby.pid) not in apps, f"the waiting standby holds a CUDA context: {apps}"
+        ordered = time.time()
+        files.standby.order(name, 2, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29733", "TRAINSTACK_STEP": "2",
+                                      "TRAINSTACK_NPROCS": "1", "TRAINSTACK_ATTEMPT": "0"}, 0, 1)
+        said, _ = standby.communicate(timeout=120)
+    finally:
+        if standby.poll() is None:
+            standby.kill()
+            standby.wait(timeout=30)
+    assert standby.returncode == 0 and "rank 1/0: first result" in said, said
+    started = time.time()
+    cold = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=120,
+                          env={**env, "TRAINSTACK_TASK_RANKS": "1/0"})
+    assert cold.returncode == 0, cold.stderr
+    return _first_result(said, ordered), _first_result(cold.stdout, started)
+
+
+def test_a_standby_touches_no_gpu_while_waiting_and_computes_on_it_once_ordered(tmp_path):
+    """A warm standby has imported torch and trainstack but holds no CUDA context while it waits; ordered to be a
+    rank it creates the context and computes at once: order -> first CUDA result, beside a cold ``python`` start
+    doing the same."""
+    warm, cold = standby_then_cold(tmp_path, "cuda")
+    print(f"first CUDA result: {warm:.2f} s after the order through a standby, {cold:.2f} s for a cold python")
+    assert warm < cold, (warm, cold)
