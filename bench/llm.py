@@ -128,13 +128,11 @@ def build(spec: dict, device: str = "cpu"):
         return Decoder()
 
 
-def fits(spec: dict) -> str | None:
-    """Why ``spec`` cannot train on this GPU (fp32 weights, gradients and two AdamW moments: 16 bytes a parameter,
-    and 4 GiB besides for activations and workspaces), or None where it may."""
-    import torch
-
+def fits(spec: dict, total: int) -> str | None:
+    """Why ``spec`` cannot train on a GPU of ``total`` bytes (fp32 weights, gradients and two AdamW moments: 16
+    bytes a parameter, and 4 GiB besides for activations and workspaces), or None where it may."""
     params = sum(p.numel() for p in build(spec, "meta").parameters())
-    need, total = 16 * params + 4 * 2**30, torch.cuda.get_device_properties(0).total_memory
+    need = 16 * params + 4 * 2**30
     if need <= total:
         return None
     return (f"{params / 1e9:.2f} B parameters need {need / 2**30:.0f} GiB (16 bytes each for fp32 weights, gradients "
@@ -351,7 +349,7 @@ def main() -> int:
     rows, failed = [], []
     if args.device == "cuda":
         for size in [s for s in sizes if s == "8b"]:
-            if why := fits(SIZES[size]):
+            if why := fits(SIZES[size], torch.cuda.get_device_properties(0).total_memory):
                 print(f"bench-llm: {size} does not fit: {why}", flush=True)
                 sizes.remove(size)
     for rep in range(reps):

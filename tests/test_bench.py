@@ -81,3 +81,27 @@ def test_llm_bench_dry_run(run_py):
                   "off"], timeout=300).stdout
     assert "| tiny | off | no | raw |" in out and "| tiny | off | no | trainer |" in out, out  # fp32: the CPU default
     assert "MFU (formula)" in out and "torchtitan" in out, out
+
+
+def test_llm_bench_says_what_does_not_fit_and_checkpoints_each_compiled_block():
+    """The full 8B row: on an 80 GB GPU it is left out with the arithmetic (16 bytes a parameter); where it runs,
+    each block's activations are recomputed in the backward and each block is compiled on its own -- the same
+    path on the CPU at the tiny size."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import llm
+
+    why = llm.fits(llm.SIZES["8b"], 80 * 10**9)
+    assert why == ("8.03 B parameters need 124 GiB (16 bytes each for fp32 weights, gradients and AdamW moments, "
+                   "4 GiB besides); this GPU has 75 GiB"), why
+    assert llm.fits(llm.SIZES["8b"], 141 * 2**30) is None
+    spec = dict(llm.SIZES["tiny"], activation_checkpointing=True)
+    model, calls = llm.build(spec), []
+    forward = model.blocks[0].forward
+    model.blocks[0].forward = lambda *a: calls.append(torch.is_grad_enabled()) or forward(*a)
+    llm._raw(model, llm.data(spec, 2), spec, "cpu", 2, False, "no", resident=False)
+    assert len(calls) == 4, calls  # two steps: each block's forward, then again in the backward
+    model = llm.build(spec)
+    llm._raw(model, llm.data(spec, 2), spec, "cpu", 2, True, "no", resident=False)
+    assert {type(b).__name__ for b in model.blocks} == {"OptimizedModule"}
