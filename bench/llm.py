@@ -52,7 +52,7 @@ SIZES = {
     # its own: KempnerForge's single-H200 configuration (docs/how-to/gpus.md). fp32 weights, gradients and AdamW
     # moments alone are 16 bytes a parameter (128 GB): built on the GPU, run only where the device holds that
     "8b": {"layers": 32, "d": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, "vocab": 128256, "seq": 4096,
-           "batch": 1, "activation_checkpointing": True},
+           "batch": 1, "activation_checkpointing": True, "on_device": True},
     # the CPU rows: compute-bound enough that a framework's per-step work shows as a ratio, quick enough to run
     "small": {"layers": 4, "d": 256, "heads": 8, "kv_heads": 2, "ffn": 768, "vocab": 2048, "seq": 256, "batch": 4},
     # the dry run: the same code paths, a few steps
@@ -226,7 +226,7 @@ def worker(system: str, size: str, device: str, steps: int, compile_: bool, prec
     from gpu import Probe
 
     spec = SIZES[size]
-    model, dataset = build(spec, device if size == "8b" else "cpu"), data(spec, steps)
+    model, dataset = build(spec, device if spec.get("on_device") else "cpu"), data(spec, steps)
     params = sum(p.numel() for p in model.parameters())
     tiny = size == "tiny"
     warmup, window = (2, steps - 3) if tiny else (10, steps - 15)
@@ -347,11 +347,10 @@ def main() -> int:
         precisions = [x for x in precisions if x != "fp8"] or ["bf16"]
     systems = [s for s in args.systems.split(",") if s != "raw-resident" or args.device == "cuda"]
     rows, failed = [], []
-    if args.device == "cuda":
-        for size in [s for s in sizes if s == "8b"]:
-            if why := fits(SIZES[size], torch.cuda.get_device_properties(0).total_memory):
-                print(f"bench-llm: {size} does not fit: {why}", flush=True)
-                sizes.remove(size)
+    for size in list(sizes) if args.device == "cuda" else []:  # a row that cannot fit is said, not started to fail
+        if why := fits(SIZES[size], torch.cuda.get_device_properties(0).total_memory):
+            print(f"bench-llm: {size} does not fit: {why}", flush=True)
+            sizes.remove(size)
     for rep in range(reps):
         for size in sizes:
             for comp in compiles:
