@@ -135,6 +135,12 @@ def _raw_worker(rank: int, world: int, name: str, steps: int, out: Path, count: 
     report(out, rank, clock if rank == 0 else None)
     dist.barrier()
     dist.destroy_process_group()
+    # Its result written, the worker leaves without finalizing the interpreter: torch's gloo run-loop thread can
+    # take the GIL during finalization and abort a finished process (SIGABRT; CI, under load, 2026-12-05) --
+    # trainstack's own processes let it finish (pgsession.settle_at_exit); a raw loop has no such guard.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_raw(name: str, nprocs: int, steps: int, out: Path, count: bool) -> None:
