@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -252,11 +253,14 @@ def worker(system: str, size: str, device: str, steps: int, compile_: bool, prec
 
 # ------------------------------------------------------------------------------------------------ the driver
 def measure(system: str, size: str, device: str, steps: int, compile_: bool, precision: str) -> dict:
+    env = dict(os.environ)
+    if SIZES[size].get("on_device"):  # a GPU filled to the brim: segments that grow rather than fragment
+        env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     with tempfile.TemporaryDirectory(prefix="ts-llm-bench-") as out:
         start = time.time()
         proc = subprocess.run([sys.executable, str(Path(__file__)), "--worker", system, size, device, str(steps),
                                "1" if compile_ else "0", precision, out, repr(start)], capture_output=True,
-                              text=True, timeout=1800)
+                              text=True, timeout=1800, env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"{system}/{size} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
         said = re.findall(r"mfu ([0-9.]+)%", proc.stdout)  # the Trainer's end summary
