@@ -204,8 +204,6 @@ def _raw(model, dataset, spec, device, steps, compile_, precision, resident: boo
 
 
 def _trainer(model, dataset, spec, device, steps, compile_, precision, out: str) -> None:
-    import os
-
     from torch.utils.data import DataLoader
 
     from trainstack import TrainConfig, Trainer
