@@ -630,6 +630,36 @@ def test_a_crashed_rank_restarts_alone_beside_the_ranks_waiting_in_place(tmp_pat
     assert row["kind"] == "killed (signal 9)" and row["retried"], row
 
 
+def test_a_survivors_mark_written_between_the_watchs_reads_holds_the_step(tmp_path, monkeypatch):
+    """CI (dfae04b): rank 3 said it waits in place just after the watch read the waiting marks and just before it
+    read who is out -- counted out and not waiting, its step was torn down and relaunched whole. The records are read
+    first now, so a mark written between the reads is seen by the second: the step is held."""
+    from trainstack._slurm import watch as watching
+    from trainstack._slurm.inplace import Survivors
+
+    files, slurm = JobFiles(tmp_path / "job"), FakeSlurm(["node1", "node2"], [])
+    (files.folder / "exits").mkdir(parents=True)
+    (files.folder / "exits" / "rank-1").write_text(f"{time.time()} 137 rank-1 node1 0\n")
+    for rank, host in ((0, "node1"), (2, "node2")):
+        files.step.peer_lost(rank, host, 0, waiting=True)
+    read = watching.all_out
+
+    def racing(*args: object) -> bool:  # rank 3's mark lands between the watch's two reads
+        files.step.peer_lost(3, "node2", 0, waiting=True)
+        return read(*args)
+
+    monkeypatch.setattr(watching, "all_out", racing)
+    srun = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        watch = watching.StepWatch(files, plan(tmp_path), slurm, Survivors(files, slurm, set, True), 0,
+                                   ["node1", "node2"], srun, [srun], 0.3, lambda: None, lambda hosts, ok: False)
+        state = watch.poll(time.monotonic())
+    finally:
+        srun.kill()
+        srun.wait()
+    assert isinstance(state, watching.Held) and state.code == 137, state
+
+
 def test_a_survivor_that_never_joins_its_offered_step_fails_the_step(tmp_path, job, monkeypatch):
     """Probe A25: a survivor that took the offer but cannot join (a rendezvous nobody serves) -- the driver does not
     count the step as started: it is killed, said, and relaunched whole (the survivors are not held again)."""
