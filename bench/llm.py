@@ -174,8 +174,8 @@ def _raw(model, dataset, spec, device, steps, compile_, precision, resident: boo
     import torch
     from torch.utils.data import DataLoader
 
-    model = model.to(device)
-    if spec.get("activation_checkpointing"):  # as torchtitan: each block checkpointed, then compiled on its own
+    model, checkpointed = model.to(device), spec.get("activation_checkpointing", False)
+    if checkpointed:  # as torchtitan: each block checkpointed, then compiled on its own
         from torch.utils.checkpoint import checkpoint
 
         for block in model.blocks:
@@ -185,10 +185,10 @@ def _raw(model, dataset, spec, device, steps, compile_, precision, resident: boo
 
         convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn != "head")
     opt = _optimizer(model, device)
-    step_model = torch.compile(model) if compile_ and not spec.get("activation_checkpointing") else model
-    if compile_ and spec.get("activation_checkpointing"):
+    if compile_ and checkpointed:
         for i, block in enumerate(model.blocks):
             model.blocks[i] = torch.compile(block)
+    step_model = torch.compile(model) if compile_ and not checkpointed else model
     loader = DataLoader(dataset, batch_size=spec["batch"], shuffle=True, pin_memory=device == "cuda")
     batches = [tuple(t.to(device) for t in b) for _, b in zip(range(steps), loader, strict=False)] if resident \
         else loader

@@ -150,7 +150,7 @@ part facts 30 0 facts
 # the Llama-shaped rows (bench/llm.py), one process per row, interleaved: 1b compiled, raw and Trainer.fit in one run
 # (the >= 0.98x question; each row ~60 s on an H200 -- start-up 20 s, a cold compile 35 s); then bf16 vs fp8 + compile
 # on the 8b-proxy's widths; then the full 8B shape at seq 4096 with full activation checkpointing and each block
-# compiled (KempnerForge's single-H200 configuration), where its 128 GB of fp32 state fits -- else said, in a second
+# compiled (KempnerForge's single-H200 configuration) where its 128 GB of fp32 state fits, else said and not run
 part "llm 1b bf16 compile (raw, trainer)" 150 1 "$PY" bench/llm.py --sizes 1b --systems raw,trainer --reps 1 \
   --steps 30 --json "${REPORT%.md}-llm-1b.jsonl"
 part "llm 8b-proxy bf16 vs fp8 compile (trainer)" 150 1 "$PY" bench/llm.py --sizes 8b-proxy --systems trainer \

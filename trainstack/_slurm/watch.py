@@ -142,12 +142,12 @@ class StepWatch:
         grace = self.grace()
         gone = self.gone_ranks() if self.why == GONE else set()
         if self.failed_at is not None and self.kill_at is None:
-            # the ranks' records read before their waiting marks: a survivor's mark written between the two reads
-            # is then seen by the second, never counted as out and not waiting (its step torn down)
-            out = all_out(self.files, self.step, self.nodes, self.plan, gone)
+            # who is out is read before who waits: a survivor's mark written between the two reads is seen by the
+            # second (read the other way round, it was out but not waiting, and its step was torn down)
+            out = self.failed_at > now - grace and all_out(self.files, self.step, self.nodes, self.plan, gone)
             if self.in_place.all_waiting(self.step, self.world, gone):
                 return Held(next((x.code for x in self.files.step.exits(self.step)), 137))
-            if out and self.failed_at > now - grace:
+            if out:
                 self.failed_at, self.why = now - grace, "every rank of the step has left or lost a peer"
         if self.failed_at is not None and self.kill_at is None and self.plan.recovery.requeue and \
                 now - self.failed_at >= grace:
