@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
 import signal
 import sys
@@ -15,6 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainstack import Accelerator
+from trainstack._runtime import spawn
 from trainstack.errors import LaunchError, WorkerError
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
@@ -127,6 +129,25 @@ def _killed_on_rank_1(acc):
     if acc.rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     dist.barrier()
+
+
+def _fail_on_rank_1_and_linger(acc):
+    if acc.rank == 1:  # its report is written as it raises; its exit then lingers, as on a loaded machine
+        multiprocessing.util.Finalize(None, time.sleep, args=(4.0,), exitpriority=10)
+        raise ValueError("boom from the worker")
+    dist.barrier()
+
+
+def test_the_root_cause_is_named_though_its_rank_is_still_exiting_when_the_grace_ends(monkeypatch):
+    """make test, 2026-12-05: rank 1 raised, rank 0's barrier failed and it exited at once; rank 1, slow to exit
+    under load, was still alive when the grace ended -- the launch named rank 0's lost-peer error. A rank whose
+    failure report is written counts, exited or not: rank 1 is named, and stopped."""
+    monkeypatch.setattr(spawn, "GRACE_PERIOD_S", 0.5)
+    acc = Accelerator(nprocs=2, compute_setup="cpu")
+    with pytest.raises(WorkerError) as exc:
+        acc.distribute(_fail_on_rank_1_and_linger)(acc)
+    assert exc.value.rank == 1 and "ValueError: boom from the worker" in str(exc.value), exc.value
+    assert not own_children(), "workers outlived the failed launch"
 
 
 @pytest.mark.parametrize("fn, needle", [(_fail_on_rank_1, "ValueError: boom from the worker"),

@@ -451,17 +451,20 @@ def _monitor(context: tmp.ProcessContext, private_dir: str) -> tuple[int, str, i
             break  # the rest is stopped by _reap
         wait = 1.0 if deadline is None else max(deadline - now, 0.01)
         multiprocessing.connection.wait([p.sentinel for p in alive], timeout=wait)
+    for i in range(len(procs)):  # still exiting at the deadline, its failure report written: it failed as well
+        if i not in failed and os.path.exists(os.path.join(private_dir, f"error-{i}.txt")):
+            failed[i] = time.time()
     if not failed:
         return None
     reports = []
     for i, observed in failed.items():
         detail, when = _read_error(os.path.join(private_dir, f"error-{i}.txt"), observed)
-        code = procs[i].exitcode or 0
+        code = procs[i].exitcode  # None: still exiting (it is stopped next)
         if detail is None:
             started = os.path.exists(os.path.join(private_dir, f"started-{i}"))
-            detail = _describe_exit(code) if started else _died_while_importing(code)
+            detail = _describe_exit(code or 0) if started else _died_while_importing(code or 0)
         secondary = any(marker in detail for marker in _SECONDARY) and code != 0
-        reports.append((secondary, when, i, detail, code))
+        reports.append((secondary, when, i, detail, code or 0))
     _, _, index, detail, code = min(reports)
     return index, detail, code
 
