@@ -52,6 +52,19 @@ def test_prepare_single_process_keeps_objects_and_count():
     assert acc.prepare(model) is model  # one object in, one object out
 
 
+def test_accelerators_of_other_plans_in_the_launching_process_each_describe_their_own():
+    """Running tests/distributed/test_accelerator_dist.py alone (2026-12-05): an Accelerator(nprocs=2) made in the
+    launching process left the shared state saying "process 0 of 2", and a later Accelerator(nprocs=1) there failed
+    its prepare() with "it was made in another process". Nothing is joined here: each one describes its own plan."""
+    two = Accelerator(nprocs=2, compute_setup="cpu")
+    one = Accelerator(nprocs=1, compute_setup="cpu")
+    model = one.prepare(nn.Linear(2, 2))
+    assert isinstance(model, nn.Linear) and one.state.num_processes == 1 and one.num_processes == 1
+    assert two.state.num_processes == 2 and one.state.num_processes == 1
+    with pytest.raises(LaunchError, match="only distribute"):  # nprocs=2 still needs distribute() here
+        two.prepare(nn.Linear(2, 2))
+
+
 def test_prepare_with_dtype_keeps_optimizer_on_the_model_parameters():
     model = nn.Linear(3, 1)
     opt = torch.optim.Adam(model.parameters(), lr=0.1)

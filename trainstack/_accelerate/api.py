@@ -78,8 +78,9 @@ class AccelerateAPI(AccelerateLoop):
     # ------------------------------------------------------------------ state
     @property
     def state(self) -> AcceleratorState:
-        """The process's ``AcceleratorState`` (made when first asked, also after unpickling)."""
-        if self._state is None:
+        """The process's ``AcceleratorState`` (made when first asked, also after unpickling, and again where the
+        shared state describes another process since: a forked parent's, another Accelerator's plan)."""
+        if self._state is None or self._state.__dict__.get("ctx") not in (None, self._ctx()):
             self._state = AcceleratorState(self.mixed_precision, cpu=not self.use_cuda, backend=self.backend,
                                            strategy=self.strategy, _context=self._ctx())
         return self._state

@@ -19,7 +19,8 @@ from .._runtime import layout as _layout
 from .._runtime import loop as _loop
 from ..environment import detect_environment
 
-__all__ = ["DistributedType", "PartialState", "AcceleratorState", "GradientState", "join_process_group"]
+__all__ = ["DistributedType", "PartialState", "AcceleratorState", "GradientState", "join_process_group",
+           "describes_a_plan"]
 
 
 class DistributedType(str, enum.Enum):
@@ -63,6 +64,12 @@ _RESET = ("`{cls}` object has no attribute `{name}`. This happens if `{cls}._res
           "`Accelerator` or `PartialState` was not reinitialized.")
 
 
+def describes_a_plan() -> bool:
+    """Is this process's state only a description -- no worker running here, no process group joined (the process
+    that spawns the workers, or a notebook) -- so that each Accelerator made here may describe its own plan?"""
+    return _layout.current() is None and not (dist.is_available() and dist.is_initialized())
+
+
 class PartialState:
     """Who this process is -- index, local index, device, number of processes -- and the process-level helpers
     (``wait_for_everyone``, ``main_process_first``, ``split_between_processes``, ``on_main_process`` ...). One
@@ -72,9 +79,12 @@ class PartialState:
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
         self.__dict__ = self._shared_state
-        running = _layout.current()
+        running, given = _layout.current(), kwargs.get("_context")
         if self.__dict__.get("initialized") and running is not None and self.__dict__.get("ctx") is not running:
             self.__dict__.clear()  # made before this worker started (a forked parent's): describe this one
+        elif self.__dict__.get("initialized") and describes_a_plan() and given is not None and \
+                self.__dict__.get("ctx") != given:
+            self.__dict__.clear()  # the launching process: another Accelerator's plan (nothing joined), now this one
         if not self.__dict__.get("initialized"):
             # an Accelerator passes who this process is (it joins, or spawns, by its own plan of nprocs)
             ctx = kwargs.get("_context") or join_process_group(kwargs.get("backend"), use_cuda=False if cpu else None)
